@@ -1,0 +1,197 @@
+"""Composition: builds every adapter from the `Config` and runs them as named, supervised tasks.
+
+Start-up order: GPU backend (retried with backoff until it starts) -> inventory -> device state
+-> device plugin (serving, then registered) -> health monitor. Shutdown (SIGTERM/SIGINT or
+`stop()`): the task group is cancelled; the plugin runner removes its socket on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from vgpu_agent.config import Config
+from vgpu_agent.deviceplugin.allocation import Split
+from vgpu_agent.deviceplugin.registration import PluginRunner
+from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState
+from vgpu_agent.gpu.health import HealthMonitor
+from vgpu_agent.gpu.model import GpuBackend, GpuError, Inventory
+
+log = structlog.get_logger(__name__)
+
+
+def make_backend(config: Config) -> GpuBackend:
+    if config.backend == "sim":
+        from vgpu_agent.gpu.sim import SimBackend
+
+        return SimBackend(config.sim_gpus)
+    from vgpu_agent.gpu.nvml import NvmlBackend
+
+    return NvmlBackend(config.nvml_library)
+
+
+@dataclass
+class TaskHealth:
+    """Liveness of the supervised tasks, for /healthz."""
+
+    restarts: dict[str, int] = field(default_factory=dict)
+    running: set[str] = field(default_factory=set)
+    loop_heartbeat: float = field(default_factory=time.monotonic)
+
+
+class Agent:
+    def __init__(self, config: Config, *, backend: GpuBackend | None = None):
+        self.config = config
+        self.backend = backend or make_backend(config)
+        self.split = Split(config.split_count, config.memory_scaling, config.cores_scaling)
+        self.inventory: Inventory | None = None
+        self.backend_error = ""
+        self.state: DeviceState | None = None
+        self.runner: PluginRunner | None = None
+        self.health: HealthMonitor | None = None
+        self.tasks = TaskHealth()
+        self.ready = asyncio.Event()  # set once the plugin is serving and the inventory is known
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Run until `stop()` or a signal; returns after an orderly shutdown."""
+        with _signals(self.stop):
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._main(group), name="main")
+                    group.create_task(self._heartbeat(), name="loop-heartbeat")
+                    await self._stop.wait()
+                    raise _Shutdown
+            except* _Shutdown:
+                pass
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.backend.shutdown)
+        log.info("agent_stopped")
+
+    async def _main(self, group: asyncio.TaskGroup) -> None:
+        self.inventory = await self._start_backend()
+        for uuid, reason in self.inventory.skipped.items():
+            log.warning("gpu_skipped", uuid=uuid, reason=reason)
+        gpus = self.inventory.gpus
+        log.info(
+            "inventory",
+            gpus=[{"index": g.index, "uuid": g.uuid, "name": g.name, "memory_mib": g.memory_total >> 20} for g in gpus],
+            split_count=self.split.count,
+        )
+        self.state = DeviceState(gpus, self.split)
+        servicer = DevicePluginServicer(
+            self.state,
+            policy=self.config.allocation_policy,
+            strategy=self.config.device_list_strategy,
+            cdi_vendor_class=self.config.cdi_vendor_class,
+        )
+        self.runner = PluginRunner(
+            servicer,
+            plugin_dir=self.config.device_plugin_dir,
+            endpoint=self.config.endpoint_name,
+            resource_name=self.config.resource_name,
+        )
+        self.health = HealthMonitor(
+            self.backend,
+            gpus,
+            frozenset(self.config.xid_ignore),
+            self.config.health_recovery_seconds,
+            check_interval_s=self.config.health_check_seconds,
+        )
+        self._supervise(group, "device-plugin", self.runner.run)
+        self._supervise(group, "health", self.health.run)
+        self._supervise(group, "health-to-plugin", self._apply_health)
+        self.ready.set()
+
+    async def _start_backend(self) -> Inventory:
+        delay = 0.5
+        while True:
+            try:
+                await asyncio.to_thread(self.backend.start)
+                inventory = await asyncio.to_thread(self.backend.discover)
+                self.backend_error = ""
+                return inventory
+            except GpuError as err:
+                self.backend_error = str(err)
+                log.error("gpu_backend_start_failed", error=str(err), call=err.call, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _apply_health(self) -> None:
+        assert self.health is not None and self.state is not None
+        changes = self.health.subscribe()
+        while True:
+            change = await changes.get()
+            log.warning(
+                "gpu_health_changed",
+                uuid=change.uuid,
+                healthy=change.healthy,
+                reason=change.reason,
+                xid=change.xid,
+            )
+            await self.state.set_health(change.uuid, change.healthy)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            self.tasks.loop_heartbeat = time.monotonic()
+            await asyncio.sleep(1.0)
+
+    def _supervise(
+        self, group: asyncio.TaskGroup, name: str, factory: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Run `factory()` as a named task; restart it with backoff if it fails, never silently."""
+
+        async def supervised() -> None:
+            delay = 0.5
+            while True:
+                self.tasks.running.add(name)
+                try:
+                    await factory()
+                    log.info("task_finished", task=name)
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("task_failed", task=name, restart_in_s=delay)
+                    self.tasks.restarts[name] = self.tasks.restarts.get(name, 0) + 1
+                finally:
+                    self.tasks.running.discard(name)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+        group.create_task(supervised(), name=name)
+
+
+class _Shutdown(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _signals(stop: Callable[[], None]):  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, _on_signal, sig, stop)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def _on_signal(sig: signal.Signals, stop: Callable[[], None]) -> None:
+    log.info("signal_received", signal=sig.name)
+    stop()

@@ -1,0 +1,127 @@
+"""Command line: parses arguments, builds the `Config`, hands it to the agent. Nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+from vgpu_agent import __version__
+from vgpu_agent.config import Config, ConfigError, ConfigSources, build_config
+
+EXIT_CONFIG = 2
+
+# flag -> config key; every flag defaults to "not given" so lower layers show through.
+_FLAGS: dict[str, tuple[str, str]] = {
+    "--device-plugin-dir": ("device_plugin_dir", "kubelet device plugin directory"),
+    "--pod-resources-socket": ("pod_resources_socket", "kubelet PodResources socket"),
+    "--nvml-library": ("nvml_library", "load this libnvidia-ml instead of the system one"),
+    "--backend": ("backend", "GPU backend: nvml or sim"),
+    "--sim-gpus": ("sim_gpus", "simulated GPUs, e.g. 2xA100-80GB,1xL4-24GB"),
+    "--split-count": ("split_count", "slices per physical GPU (K >= 1)"),
+    "--memory-scaling": ("memory_scaling", "memory scaling S (> 0; > 1 needs --allow-memory-oversubscription)"),
+    "--cores-scaling": ("cores_scaling", "cores scaling (0 < x <= 1)"),
+    "--allocation-policy": ("allocation_policy", "spread or binpack"),
+    "--device-list-strategy": ("device_list_strategy", "envvar or cdi"),
+    "--state-dir": ("state_dir", "host directory for regions and the shim"),
+    "--metrics-address": ("metrics_address", "HOST:PORT for /metrics, /healthz, /readyz"),
+    "--node-name": ("node_name", "this node's name (default: $NODE_NAME)"),
+    "--log-format": ("log_format", "json or console"),
+    "--log-level": ("log_level", "debug, info, warning or error"),
+    "--kubeconfig": ("kubeconfig", "kubeconfig file (default: in-cluster config when present)"),
+    "--core-policy": ("core_policy", "default core policy: off, strict or work-conserving"),
+    "--resource-name": ("resource_name", "extended resource name to advertise"),
+}
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    for flag, (key, text) in _FLAGS.items():
+        parser.add_argument(flag, dest=key, default=argparse.SUPPRESS, help=text)
+    parser.add_argument(
+        "--allow-memory-oversubscription",
+        dest="allow_memory_oversubscription",
+        action="store_const",
+        const=True,
+        default=argparse.SUPPRESS,
+        help="allow memory scaling above 1",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vgpu-agent", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"vgpu-agent {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser("run", help="run the node agent")
+    _add_config_flags(run)
+    simulate = commands.add_parser(
+        "simulate", help="run the agent on simulated GPUs with an in-process kubelet stand-in"
+    )
+    _add_config_flags(simulate)
+    simulate.add_argument("--duration", type=float, default=0.0, help="stop after SECONDS (0: until Ctrl-C)")
+    check = commands.add_parser("check-config", help="validate the configuration and print it")
+    _add_config_flags(check)
+    install = commands.add_parser("install-shim", help="install libvgpu.so into the host state dir")
+    install.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def load_config(args: argparse.Namespace, env: dict[str, str], overrides: dict[str, object] | None = None) -> Config:
+    flags = {key: getattr(args, key) for key, _ in _FLAGS.values() if hasattr(args, key)}
+    if hasattr(args, "allow_memory_oversubscription"):
+        flags["allow_memory_oversubscription"] = True
+    text, name = None, "config file"
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as err:
+            raise ConfigError("--config", args.config, f"must be a readable file ({err.strerror})") from None
+        name = args.config
+    merged_flags: dict[str, object] = {**(overrides or {}), **flags}
+    return build_config(ConfigSources(file_text=text, file_name=name, env=env, flags=merged_flags))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_CONFIG
+    if args.command == "install-shim":
+        from vgpu_agent.shiminstall import main as install_main
+
+        return install_main(list(args.args))
+    env = dict(os.environ)
+    try:
+        if args.command == "simulate":
+            from vgpu_agent.simulate import simulate_defaults
+
+            config = load_config(args, env, simulate_defaults())
+        else:
+            config = load_config(args, env)
+    except ConfigError as err:
+        print(f"vgpu-agent: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    from vgpu_agent.logging import configure
+
+    configure(config.log_format, config.log_level)
+    if args.command == "check-config":
+        for key, value in sorted(vars(config).items()):
+            print(f"{key}: {value!r}")
+        return 0
+    if args.command == "simulate":
+        from vgpu_agent.simulate import simulate
+
+        return asyncio.run(simulate(config, duration=args.duration))
+    from vgpu_agent.agent import Agent
+
+    asyncio.run(Agent(config).run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The agent's configuration: one validated `Config` from defaults < YAML file < environment < flags.
+
+Pure: callers hand in the file's text, the environment mapping and the parsed flags; nothing here
+reads files or the process environment. Every rejected value raises `ConfigError`, whose message
+names the key, the value, where it came from and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+ENV_PREFIX = "VGPU_AGENT_"
+DEFAULT_XID_IGNORE = (13, 31, 43, 45, 68, 109)
+
+AllocationPolicy = Literal["spread", "binpack"]
+DeviceListStrategy = Literal["envvar", "cdi"]
+Backend = Literal["nvml", "sim"]
+LogFormat = Literal["json", "console"]
+CorePolicy = Literal["off", "strict", "work-conserving"]
+
+# An extended resource name: a DNS-subdomain prefix outside kubernetes.io, a slash, and a
+# qualified name (alphanumerics, '-', '_', '.', starting and ending alphanumeric, <= 63 chars).
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_RESOURCE_PREFIX = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})+$")
+_RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s\[\]]*):(?P<port>\d{1,5})$")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used. The message says which, why, and what is allowed."""
+
+    def __init__(self, key: str, value: object, allowed: str, source: str = ""):
+        where = f" (from {source})" if source else ""
+        super().__init__(f"invalid configuration: {key}={value!r}{where}: {allowed}")
+        self.key = key
+        self.value = value
+        self.allowed = allowed
+        self.source = source
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the agent's behaviour depends on. Field names are the YAML keys."""
+
+    resource_name: str = "nvidia.com/gpu"
+    split_count: int = 4
+    memory_scaling: float = 1.0
+    allow_memory_oversubscription: bool = False
+    cores_scaling: float = 1.0
+    allocation_policy: AllocationPolicy = "spread"
+    device_list_strategy: DeviceListStrategy = "envvar"
+    cdi_vendor_class: str = "nvidia.com/gpu"
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    nvml_library: str | None = None
+    backend: Backend = "nvml"
+    sim_gpus: str = "2xA100-80GB"
+    state_dir: str = "/var/lib/vgpu-agent"
+    container_region_dir: str = "/run/vgpu"
+    container_shim_path: str = "/usr/local/vgpu/libvgpu.so"
+    metrics_address: str = "0.0.0.0:9394"
+    node_name: str = ""
+    xid_ignore: tuple[int, ...] = DEFAULT_XID_IGNORE
+    health_recovery_seconds: float = 300.0
+    health_check_seconds: float = 1.0
+    log_format: LogFormat = "json"
+    log_level: str = "info"
+    kubeconfig: str | None = None
+    core_policy: CorePolicy = "strict"
+    throttle_tick_seconds: float = 0.1
+    region_gc_grace_seconds: float = 30.0
+    pod_resources_refresh_seconds: float = 5.0
+    nvml_poll_seconds: float = 1.0
+    hami_metrics: bool = False
+    endpoint_name: str = "vgpu-agent.sock"
+
+    @property
+    def plugin_socket(self) -> str:
+        return f"{self.device_plugin_dir.rstrip('/')}/{self.endpoint_name}"
+
+    @property
+    def kubelet_socket(self) -> str:
+        return f"{self.device_plugin_dir.rstrip('/')}/kubelet.sock"
+
+    def metrics_host_port(self) -> tuple[str, int]:
+        match = _ADDRESS.match(self.metrics_address)
+        assert match is not None  # validated at construction
+        host = match.group("host").strip("[]") or "0.0.0.0"
+        return host, int(match.group("port"))
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Config))
+
+
+# --- field checks: each turns a raw value (YAML type or env string) into the field's type -------
+
+
+def _as_int(minimum: int) -> Callable[[str, object, str], int]:
+    def check(key: str, raw: object, source: str) -> int:
+        if isinstance(raw, bool):
+            raise ConfigError(key, raw, f"must be an integer >= {minimum}", source)
+        if isinstance(raw, str):
+            try:
+                raw = int(raw.strip(), 10)
+            except ValueError:
+                raise ConfigError(key, raw, f"must be an integer >= {minimum}", source) from None
+        if not isinstance(raw, int) or raw < minimum:
+            raise ConfigError(key, raw, f"must be an integer >= {minimum}", source)
+        return raw
+
+    return check
+
+
+def _as_float(allowed: str, ok: Callable[[float], bool]) -> Callable[[str, object, str], float]:
+    def check(key: str, raw: object, source: str) -> float:
+        value: float
+        if isinstance(raw, bool):
+            raise ConfigError(key, raw, allowed, source)
+        if isinstance(raw, str):
+            try:
+                value = float(raw.strip())
+            except ValueError:
+                raise ConfigError(key, raw, allowed, source) from None
+        elif isinstance(raw, int | float):
+            value = float(raw)
+        else:
+            raise ConfigError(key, raw, allowed, source)
+        if value != value or not ok(value):  # NaN never passes
+            raise ConfigError(key, raw, allowed, source)
+        return value
+
+    return check
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _as_bool(key: str, raw: object, source: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise ConfigError(key, raw, "must be a boolean (true/false)", source)
+
+
+def _as_choice(*choices: str) -> Callable[[str, object, str], str]:
+    def check(key: str, raw: object, source: str) -> str:
+        if not isinstance(raw, str) or raw not in choices:
+            raise ConfigError(key, raw, "must be one of " + ", ".join(choices), source)
+        return raw
+
+    return check
+
+
+def _as_str(allow_empty: bool = True) -> Callable[[str, object, str], str]:
+    def check(key: str, raw: object, source: str) -> str:
+        if not isinstance(raw, str) or (not allow_empty and not raw):
+            need = "a string" if allow_empty else "a non-empty string"
+            raise ConfigError(key, raw, f"must be {need}", source)
+        return raw
+
+    return check
+
+
+def _as_abs_path(key: str, raw: object, source: str) -> str:
+    if not isinstance(raw, str) or not raw.startswith("/"):
+        raise ConfigError(key, raw, "must be an absolute path", source)
+    return raw
+
+
+def _as_optional_path(key: str, raw: object, source: str) -> str | None:
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise ConfigError(key, raw, "must be a file path or empty", source)
+    return raw
+
+
+def _as_resource_name(key: str, raw: object, source: str) -> str:
+    allowed = (
+        "must be an extended resource name '<domain>/<name>' such as nvidia.com/gpu "
+        "(domain a DNS subdomain outside kubernetes.io, name of letters, digits, '-', '_', '.')"
+    )
+    if not isinstance(raw, str) or raw.count("/") != 1:
+        raise ConfigError(key, raw, allowed, source)
+    prefix, name = raw.split("/")
+    if (
+        not _RESOURCE_PREFIX.match(prefix)
+        or len(prefix) > 253
+        or prefix == "kubernetes.io"
+        or prefix.endswith(".kubernetes.io")
+        or not _RESOURCE_NAME.match(name)
+        or len(name) > 63
+    ):
+        raise ConfigError(key, raw, allowed, source)
+    return raw
+
+
+def _as_address(key: str, raw: object, source: str) -> str:
+    allowed = "must be HOST:PORT (e.g. 0.0.0.0:9394, 127.0.0.1:9394, [::]:9394) with port 1-65535"
+    if not isinstance(raw, str):
+        raise ConfigError(key, raw, allowed, source)
+    match = _ADDRESS.match(raw)
+    if not match or not 1 <= int(match.group("port")) <= 65535:
+        raise ConfigError(key, raw, allowed, source)
+    return raw
+
+
+def _as_xid_list(key: str, raw: object, source: str) -> tuple[int, ...]:
+    allowed = "must be a list of XID numbers (non-negative integers), e.g. 13,31,43"
+    items: list[object]
+    if isinstance(raw, str):
+        items = [part.strip() for part in raw.split(",") if part.strip()]
+    elif isinstance(raw, list | tuple):
+        items = list(raw)
+    else:
+        raise ConfigError(key, raw, allowed, source)
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, bool):
+            raise ConfigError(key, raw, allowed, source)
+        try:
+            number = int(item) if isinstance(item, int | str) else -1
+        except ValueError:
+            raise ConfigError(key, raw, allowed, source) from None
+        if number < 0:
+            raise ConfigError(key, raw, allowed, source)
+        out.append(number)
+    return tuple(sorted(set(out)))
+
+
+def _as_sim_gpus(key: str, raw: object, source: str) -> str:
+    from vgpu_agent.gpu.simspec import parse_sim_spec
+
+    if not isinstance(raw, str):
+        raise ConfigError(key, raw, "must be an inventory such as 2xA100-80GB,1xL4-24GB", source)
+    try:
+        parse_sim_spec(raw)
+    except ValueError as err:
+        raise ConfigError(key, raw, str(err), source) from None
+    return raw
+
+
+_CHECKS: dict[str, Callable[[str, object, str], Any]] = {
+    "resource_name": _as_resource_name,
+    "split_count": _as_int(1),
+    "memory_scaling": _as_float("must be a number > 0", lambda v: v > 0),
+    "allow_memory_oversubscription": _as_bool,
+    "cores_scaling": _as_float("must be a number > 0 and <= 1", lambda v: 0 < v <= 1),
+    "allocation_policy": _as_choice("spread", "binpack"),
+    "device_list_strategy": _as_choice("envvar", "cdi"),
+    "cdi_vendor_class": _as_str(allow_empty=False),
+    "device_plugin_dir": _as_abs_path,
+    "pod_resources_socket": _as_abs_path,
+    "nvml_library": _as_optional_path,
+    "backend": _as_choice("nvml", "sim"),
+    "sim_gpus": _as_sim_gpus,
+    "state_dir": _as_abs_path,
+    "container_region_dir": _as_abs_path,
+    "container_shim_path": _as_abs_path,
+    "metrics_address": _as_address,
+    "node_name": _as_str(),
+    "xid_ignore": _as_xid_list,
+    "health_recovery_seconds": _as_float("must be a number >= 0 (0 disables recovery)", lambda v: v >= 0),
+    "health_check_seconds": _as_float("must be a number > 0", lambda v: v > 0),
+    "log_format": _as_choice("json", "console"),
+    "log_level": _as_choice("debug", "info", "warning", "error"),
+    "kubeconfig": _as_optional_path,
+    "core_policy": _as_choice("off", "strict", "work-conserving"),
+    "throttle_tick_seconds": _as_float("must be a number between 0.01 and 10", lambda v: 0.01 <= v <= 10),
+    "region_gc_grace_seconds": _as_float("must be a number >= 0", lambda v: v >= 0),
+    "pod_resources_refresh_seconds": _as_float("must be a number > 0", lambda v: v > 0),
+    "nvml_poll_seconds": _as_float("must be a number between 0.1 and 60", lambda v: 0.1 <= v <= 60),
+    "hami_metrics": _as_bool,
+    "endpoint_name": _as_str(allow_empty=False),
+}
+assert set(_CHECKS) == set(FIELD_NAMES), "every Config field needs a check"
+
+
+@dataclass
+class ConfigSources:
+    """The raw inputs, lowest precedence first. Flags hold only what was given on the command line."""
+
+    file_text: str | None = None
+    file_name: str = "config file"
+    env: Mapping[str, str] = field(default_factory=dict)
+    flags: Mapping[str, object] = field(default_factory=dict)
+
+
+def _parse_file(text: str, name: str) -> dict[str, object]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError("config", name, f"must be valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("config", name, "must be a YAML mapping of key: value")
+    return {str(k): v for k, v in data.items()}
+
+
+def build_config(sources: ConfigSources) -> Config:
+    """Merge defaults < file < environment < flags, validating every value on the way."""
+    values: dict[str, object] = {}
+    layers: list[tuple[str, Mapping[str, object]]] = []
+    if sources.file_text is not None:
+        layers.append((sources.file_name, _parse_file(sources.file_text, sources.file_name)))
+    env_values = {
+        name[len(ENV_PREFIX) :].lower(): value
+        for name, value in sources.env.items()
+        if name.startswith(ENV_PREFIX)
+    }
+    layers.append(("environment", env_values))
+    layers.append(("command line", sources.flags))
+    for source, layer in layers:
+        for key, raw in layer.items():
+            if key not in _CHECKS:
+                shown = ENV_PREFIX + key.upper() if source == "environment" else key
+                raise ConfigError(
+                    shown, raw, "unknown key; known keys: " + ", ".join(FIELD_NAMES), source
+                )
+            label = ENV_PREFIX + key.upper() if source == "environment" else key
+            values[key] = _CHECKS[key](label, raw, source)
+    if "node_name" not in values and "NODE_NAME" in sources.env:
+        values["node_name"] = sources.env["NODE_NAME"]
+    config = Config(**values)  # type: ignore[arg-type]
+    _check_combinations(config)
+    return config
+
+
+def _check_combinations(config: Config) -> None:
+    if config.memory_scaling > 1 and not config.allow_memory_oversubscription:
+        raise ConfigError(
+            "memory_scaling",
+            config.memory_scaling,
+            "values above 1 hand out more memory than the GPU has; "
+            "set allow_memory_oversubscription: true to accept that",
+        )
+    if len(config.plugin_socket) > 107:
+        raise ConfigError(
+            "device_plugin_dir",
+            config.device_plugin_dir,
+            "the plugin socket path must fit a unix socket address (107 bytes)",
+        )

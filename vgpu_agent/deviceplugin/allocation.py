@@ -1,0 +1,221 @@
+"""Splitting arithmetic, the preferred-allocation policies and what a container is granted.
+
+Pure: the device plugin servicer hands in kubelet requests as plain lists and gets plain values
+back. A GPU of memory M split K ways with memory scaling S and cores scaling C offers K slices,
+each worth floor(S*M/K) bytes and C*100/K percent of its compute. Slices of one GPU given to one
+container add up: the container sees that GPU once, with the summed share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from vgpu_agent.deviceplugin.ids import DeviceIdError, format_device_id, parse_device_id
+from vgpu_agent.gpu.model import MIB, GpuInfo
+
+Policy = Literal["spread", "binpack"]
+Strategy = Literal["envvar", "cdi"]
+
+
+@dataclass(frozen=True)
+class Split:
+    """How every GPU is cut: K slices, memory scaling S, cores scaling C."""
+
+    count: int
+    memory_scaling: float = 1.0
+    cores_scaling: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"split count {self.count} must be >= 1")
+        if not self.memory_scaling > 0:
+            raise ValueError(f"memory scaling {self.memory_scaling} must be > 0")
+        if not self.cores_scaling > 0:
+            raise ValueError(f"cores scaling {self.cores_scaling} must be > 0")
+
+    def slice_memory(self, gpu_memory: int) -> int:
+        return math.floor(self.memory_scaling * gpu_memory / self.count)
+
+    def slice_cores(self) -> float:
+        return self.cores_scaling * 100.0 / self.count
+
+
+@dataclass(frozen=True)
+class AdvertisedDevice:
+    device_id: str
+    healthy: bool
+    numa_node: int | None
+
+
+def device_list(gpus: Iterable[GpuInfo], split: Split, healthy: Mapping[str, bool]) -> list[AdvertisedDevice]:
+    """The complete device set for ListAndWatch: every slice of every GPU, in GPU then slice order."""
+    return [
+        AdvertisedDevice(format_device_id(gpu.uuid, n), healthy.get(gpu.uuid, True), gpu.numa_node)
+        for gpu in sorted(gpus, key=lambda g: g.index)
+        for n in range(split.count)
+    ]
+
+
+# --- GetPreferredAllocation --------------------------------------------------------------------
+
+
+def preferred_allocation(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    policy: Policy,
+    gpu_order: Mapping[str, int] | None = None,
+) -> list[str]:
+    """Choose `size` IDs from `available`, keeping every must-include ID that is available.
+
+    spread: a container's slices land on distinct GPUs first, each time on the GPU with the most
+    free slices. binpack: slices go to the GPU with the fewest free slices (the fullest) first.
+    Only IDs from `available` are returned; malformed ones are never chosen. If fewer than `size`
+    can be chosen the answer is short and the kubelet falls back to its own choice.
+    """
+    order = gpu_order or {}
+    free: dict[str, list[tuple[int, str]]] = {}
+    for device_id in dict.fromkeys(available):
+        try:
+            uuid, index = parse_device_id(device_id)
+        except DeviceIdError:
+            continue
+        free.setdefault(uuid, []).append((index, device_id))
+    for slices in free.values():
+        slices.sort()
+
+    chosen: list[str] = []
+    used_on: dict[str, int] = {}
+
+    def take(uuid: str, device_id: str) -> None:
+        chosen.append(device_id)
+        free[uuid] = [s for s in free[uuid] if s[1] != device_id]
+        used_on[uuid] = used_on.get(uuid, 0) + 1
+
+    for device_id in dict.fromkeys(must_include):
+        if len(chosen) >= size:
+            break
+        try:
+            uuid, _ = parse_device_id(device_id)
+        except DeviceIdError:
+            continue
+        if any(s[1] == device_id for s in free.get(uuid, [])):
+            take(uuid, device_id)
+
+    while len(chosen) < size:
+        candidates = [uuid for uuid, slices in free.items() if slices]
+        if not candidates:
+            break
+
+        def rank(uuid: str) -> tuple[int, int, int, str]:
+            tie = (order.get(uuid, 1 << 30), uuid)
+            if policy == "spread":
+                return (used_on.get(uuid, 0), -len(free[uuid]), *tie)
+            return (-used_on.get(uuid, 0), len(free[uuid]), *tie)
+
+        best = min(candidates, key=rank)
+        take(best, free[best][0][1])
+    return chosen
+
+
+# --- Allocate ----------------------------------------------------------------------------------
+
+
+class AllocationError(ValueError):
+    """The kubelet asked for IDs this plugin cannot grant; the message names the ID."""
+
+    def __init__(self, device_id: str, reason: str):
+        super().__init__(f"cannot allocate device ID {device_id!r}: {reason}")
+        self.device_id = device_id
+
+
+@dataclass(frozen=True)
+class GrantedDevice:
+    """One physical GPU as a container sees it, with the container's share of it."""
+
+    uuid: str
+    gpu_index: int
+    slices: int
+    memory_limit: int  # bytes
+    core_percent: float
+
+    @property
+    def memory_limit_mib(self) -> int:
+        return self.memory_limit // MIB
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What one container request is given: its devices in the order the container sees them."""
+
+    device_ids: tuple[str, ...]
+    devices: tuple[GrantedDevice, ...]
+
+
+def grant(device_ids: Sequence[str], gpus: Mapping[str, GpuInfo], split: Split) -> Grant:
+    """Group the kubelet's chosen IDs by physical GPU and size each GPU's share.
+
+    Raises AllocationError for a malformed ID, an unknown GPU, a slice number >= K, a repeated ID
+    or an empty request.
+    """
+    if not device_ids:
+        raise AllocationError("", "the container request has no device IDs")
+    per_gpu: dict[str, set[int]] = {}
+    for device_id in device_ids:
+        try:
+            uuid, index = parse_device_id(device_id)
+        except DeviceIdError as err:
+            raise AllocationError(device_id, str(err)) from None
+        if uuid not in gpus:
+            raise AllocationError(device_id, f"GPU {uuid} is not on this node")
+        if index >= split.count:
+            raise AllocationError(device_id, f"slice {index} is out of range 0..{split.count - 1}")
+        if index in per_gpu.setdefault(uuid, set()):
+            raise AllocationError(device_id, "the ID is listed twice")
+        per_gpu[uuid].add(index)
+
+    devices = []
+    for uuid in sorted(per_gpu, key=lambda u: gpus[u].index):
+        gpu, slices = gpus[uuid], len(per_gpu[uuid])
+        memory = min(slices * split.slice_memory(gpu.memory_total), _memory_cap(gpu, split))
+        cores = min(100.0, slices * split.slice_cores())
+        devices.append(GrantedDevice(uuid, gpu.index, slices, memory, cores))
+    return Grant(tuple(device_ids), tuple(devices))
+
+
+def _memory_cap(gpu: GpuInfo, split: Split) -> int:
+    # Without oversubscription no container may be promised more than the card has.
+    return math.floor(max(1.0, split.memory_scaling) * gpu.memory_total)
+
+
+def container_envs(grant: Grant, strategy: Strategy) -> dict[str, str]:
+    """Environment for the container: visible devices and per-device shares.
+
+    Our own variables and the ones HAMi-core reads, so either interposer enforces the grant.
+    HAMi-core takes one SM limit for all devices; it gets the smallest share (never too much).
+    """
+    envs: dict[str, str] = {}
+    uuids = [d.uuid for d in grant.devices]
+    if strategy == "envvar":
+        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+    envs["VGPU_DEVICE_UUIDS"] = ",".join(uuids)
+    for i, device in enumerate(grant.devices):
+        cores = core_percent_value(device.core_percent)
+        envs[f"VGPU_MEMORY_LIMIT_{i}"] = f"{device.memory_limit_mib}m"
+        envs[f"VGPU_CORE_LIMIT_{i}"] = str(cores)
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{device.memory_limit_mib}m"
+    envs["CUDA_DEVICE_SM_LIMIT"] = str(min(core_percent_value(d.core_percent) for d in grant.devices))
+    return envs
+
+
+def core_percent_value(percent: float) -> int:
+    """A share as the whole percent handed to containers: rounded down, at least 1."""
+    return max(1, math.floor(percent + 1e-9))
+
+
+def cdi_device_names(grant: Grant, vendor_class: str) -> list[str]:
+    """Fully qualified CDI names (`vendor.com/class=<uuid>`) for the cdi strategy."""
+    return [f"{vendor_class}={d.uuid}" for d in grant.devices]

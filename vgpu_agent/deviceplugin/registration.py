@@ -1,0 +1,167 @@
+"""The plugin's lifecycle against the kubelet: serve, register, notice restarts, serve again.
+
+The kubelet deletes every plugin socket when it starts and recreates `kubelet.sock`, so a kubelet
+restart shows up as a new `kubelet.sock` (another inode) or as our own socket vanishing. Either
+restarts the plugin as a whole: stop the gRPC server, bind a fresh socket, register again.
+Polling two `stat` calls every 100 ms keeps re-registration well under a second without inotify.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+API_VERSION = "v1beta1"
+
+
+@dataclass
+class RegistrationStatus:
+    """What the agent reports on /readyz and in metrics."""
+
+    registered: bool = False
+    registrations: int = 0
+    kubelet_restarts: int = 0
+    last_error: str = ""
+    listeners: list[Callable[[], None]] = field(default_factory=list)
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+class PluginRunner:
+    """Runs the device plugin server on `<plugin_dir>/<endpoint>` and keeps it registered."""
+
+    def __init__(
+        self,
+        servicer: api_pb2_grpc.DevicePluginServicer,
+        *,
+        plugin_dir: str,
+        endpoint: str,
+        resource_name: str,
+        poll_s: float = 0.1,
+        register_timeout_s: float = 15.0,
+        backoff_max_s: float = 5.0,
+    ):
+        self._servicer = servicer
+        self._plugin_dir = plugin_dir
+        self._endpoint = endpoint
+        self._resource_name = resource_name
+        self._poll_s = poll_s
+        self._register_timeout_s = register_timeout_s
+        self._backoff_max_s = backoff_max_s
+        self._server: grpc.aio.Server | None = None
+        self.status = RegistrationStatus()
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self._plugin_dir, self._endpoint)
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self._plugin_dir, "kubelet.sock")
+
+    async def run(self) -> None:
+        """Until cancelled: wait for the kubelet, serve, register, and start over on restarts."""
+        try:
+            waited = False
+            while True:
+                kubelet = _inode(self.kubelet_socket)
+                if kubelet is None:
+                    if not waited:
+                        log.info("kubelet_socket_waiting", path=self.kubelet_socket)
+                        waited = True
+                    self.status.registered = False
+                    await asyncio.sleep(self._poll_s)
+                    continue
+                waited = False
+                await self._serve()
+                await self._register_with_backoff(kubelet)
+                await self._watch(kubelet)
+                self.status.kubelet_restarts += 1
+                self.status.registered = False
+                log.info("kubelet_restart_detected", kubelet_socket=self.kubelet_socket)
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Stop serving and remove our socket (the kubelet then marks our devices unhealthy)."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace=0.5)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self.status.registered = False
+
+    async def _serve(self) -> None:
+        await self.stop()
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self._servicer, server)
+        server.add_insecure_port(f"unix:{self.socket_path}")
+        await server.start()
+        self._server = server
+        log.info("plugin_serving", socket=self.socket_path)
+
+    async def _register_with_backoff(self, kubelet: tuple[int, int]) -> None:
+        delay = 0.1
+        while True:
+            try:
+                await self._register()
+                return
+            except grpc.aio.AioRpcError as err:
+                self.status.last_error = f"{err.code().name}: {err.details()}"
+                log.warning(
+                    "registration_failed",
+                    code=err.code().name,
+                    details=err.details(),
+                    retry_in_s=round(delay, 2),
+                )
+            # A kubelet that restarted meanwhile needs a fresh server, not another attempt.
+            if _inode(self.kubelet_socket) != kubelet or _inode(self.socket_path) is None:
+                await self._serve()
+                kubelet = _inode(self.kubelet_socket) or kubelet
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._backoff_max_s)
+
+    async def _register(self) -> None:
+        request = api_pb2.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self._endpoint,
+            resource_name=self._resource_name,
+            options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
+        )
+        async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)
+            await stub.Register(request, timeout=self._register_timeout_s)
+        self.status.registered = True
+        self.status.registrations += 1
+        self.status.last_error = ""
+        log.info(
+            "registered",
+            resource=self._resource_name,
+            endpoint=self._endpoint,
+            kubelet_socket=self.kubelet_socket,
+        )
+        for listener in self.status.listeners:
+            listener()
+
+    async def _watch(self, kubelet: tuple[int, int]) -> None:
+        """Return when the kubelet restarted: its socket changed, or ours was deleted."""
+        while True:
+            await asyncio.sleep(self._poll_s)
+            if _inode(self.kubelet_socket) != kubelet or _inode(self.socket_path) is None:
+                return

@@ -1,0 +1,94 @@
+"""`vgpu-agent simulate`: the whole agent on simulated GPUs, with an in-process kubelet stand-in.
+
+It shows, in readable log lines, the registration, the advertised devices and one sample
+allocation per policy, then keeps running (until Ctrl-C or `--duration`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+
+import structlog
+
+from vgpu_agent.agent import Agent
+from vgpu_agent.config import Config
+from vgpu_agent.deviceplugin.allocation import preferred_allocation
+from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
+
+log = structlog.get_logger("vgpu_agent.simulate")
+
+DEMO_NAMESPACE = "demo"
+
+
+def simulate_defaults() -> dict[str, object]:
+    """Defaults for simulate: simulated GPUs, a fresh temporary root, loopback metrics."""
+    root = tempfile.mkdtemp(prefix="vgpu-agent-sim-")
+    return {
+        "backend": "sim",
+        "sim_gpus": "2xA100-80GB,1xL4-24GB",
+        "device_plugin_dir": os.path.join(root, "device-plugins"),
+        "pod_resources_socket": os.path.join(root, "pod-resources", "kubelet.sock"),
+        "state_dir": os.path.join(root, "state"),
+        "metrics_address": "127.0.0.1:9394",
+        "log_format": "console",
+        "node_name": "sim-node",
+    }
+
+
+async def simulate(config: Config, duration: float = 0.0) -> int:
+    kubelet = KubeletStandIn(config.device_plugin_dir, config.pod_resources_socket)
+    await kubelet.start()
+    agent = Agent(config)
+    agent_task = asyncio.create_task(agent.run(), name="agent")
+    try:
+        resource = config.resource_name
+        await kubelet.wait_for(
+            lambda: bool(kubelet.registrations) and bool(_devices(kubelet, resource)), timeout=30
+        )
+        reg = kubelet.registrations[-1]
+        log.info(
+            "kubelet_saw_registration",
+            resource=reg.resource_name,
+            endpoint=reg.endpoint,
+            preferred_allocation=reg.options.get_preferred_allocation_available,
+        )
+        devices = _devices(kubelet, resource)
+        log.info("kubelet_saw_devices", count=len(devices), first=devices[:3], last=devices[-1])
+        for policy in ("spread", "binpack"):
+            admission = await _sample_allocation(kubelet, resource, policy)
+            log.info(
+                "sample_allocation",
+                policy=policy,
+                pod=f"{admission.namespace}/{admission.pod}",
+                device_ids=admission.device_ids,
+                envs=dict(sorted(admission.response.envs.items())),
+                mounts=[m.container_path for m in admission.response.mounts],
+            )
+        if duration > 0:
+            await asyncio.wait({agent_task}, timeout=duration)
+        else:
+            await agent_task
+    finally:
+        agent.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await agent_task
+        await kubelet.stop()
+    return 0
+
+
+def _devices(kubelet: KubeletStandIn, resource: str) -> list[str]:
+    state = kubelet.resources.get(resource)
+    return sorted(state.devices) if state else []
+
+
+async def _sample_allocation(kubelet: KubeletStandIn, resource: str, policy: str) -> Admission:
+    """Choose two slices by `policy` among the free ones and allocate them for a demo pod."""
+    free = kubelet.free_devices(resource)
+    chosen = preferred_allocation(free, [], 2, "spread" if policy == "spread" else "binpack")
+    response = await kubelet.allocate(resource, chosen)
+    admission = Admission(DEMO_NAMESPACE, f"{policy}-pod", "main", resource, chosen, response)
+    kubelet.admissions.append(admission)
+    return admission
