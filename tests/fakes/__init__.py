@@ -1,0 +1,1 @@
+"""Fakes of the outside systems the agent talks to (NVML, the kubelet, ...)."""
