@@ -1,4 +1,6 @@
-"""The agent's configuration: one validated `Config` from defaults < YAML file < environment < flags.
+"""The agent's configuration: one validated `Config`.
+
+Layers, lowest first: defaults < YAML file < environment < flags.
 
 Pure: callers hand in the file's text, the environment mapping and the parsed flags; nothing here
 reads files or the process environment. Every rejected value raises `ConfigError`, whose message
@@ -33,7 +35,7 @@ _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s\[\]]*):(?P<port>\d{1,
 
 
 class ConfigError(ValueError):
-    """A configuration value that cannot be used. The message says which, why, and what is allowed."""
+    """A configuration value that cannot be used; the message says which, why and what is allowed."""
 
     def __init__(self, key: str, value: object, allowed: str, source: str = ""):
         where = f" (from {source})" if source else ""
@@ -103,16 +105,16 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Config))
 
 def _as_int(minimum: int) -> Callable[[str, object, str], int]:
     def check(key: str, raw: object, source: str) -> int:
-        if isinstance(raw, bool):
-            raise ConfigError(key, raw, f"must be an integer >= {minimum}", source)
+        allowed = f"must be an integer >= {minimum}"
+        value = raw
         if isinstance(raw, str):
             try:
-                raw = int(raw.strip(), 10)
+                value = int(raw.strip(), 10)
             except ValueError:
-                raise ConfigError(key, raw, f"must be an integer >= {minimum}", source) from None
-        if not isinstance(raw, int) or raw < minimum:
-            raise ConfigError(key, raw, f"must be an integer >= {minimum}", source)
-        return raw
+                raise ConfigError(key, raw, allowed, source) from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(key, raw, allowed, source)
+        return value
 
     return check
 
@@ -268,13 +270,17 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "metrics_address": _as_address,
     "node_name": _as_str(),
     "xid_ignore": _as_xid_list,
-    "health_recovery_seconds": _as_float("must be a number >= 0 (0 disables recovery)", lambda v: v >= 0),
+    "health_recovery_seconds": _as_float(
+        "must be a number >= 0 (0 disables recovery)", lambda v: v >= 0
+    ),
     "health_check_seconds": _as_float("must be a number > 0", lambda v: v > 0),
     "log_format": _as_choice("json", "console"),
     "log_level": _as_choice("debug", "info", "warning", "error"),
     "kubeconfig": _as_optional_path,
     "core_policy": _as_choice("off", "strict", "work-conserving"),
-    "throttle_tick_seconds": _as_float("must be a number between 0.01 and 10", lambda v: 0.01 <= v <= 10),
+    "throttle_tick_seconds": _as_float(
+        "must be a number between 0.01 and 10", lambda v: 0.01 <= v <= 10
+    ),
     "region_gc_grace_seconds": _as_float("must be a number >= 0", lambda v: v >= 0),
     "pod_resources_refresh_seconds": _as_float("must be a number > 0", lambda v: v > 0),
     "nvml_poll_seconds": _as_float("must be a number between 0.1 and 60", lambda v: 0.1 <= v <= 60),
@@ -286,7 +292,7 @@ assert set(_CHECKS) == set(FIELD_NAMES), "every Config field needs a check"
 
 @dataclass
 class ConfigSources:
-    """The raw inputs, lowest precedence first. Flags hold only what was given on the command line."""
+    """The raw inputs, lowest precedence first. Flags hold only what the command line gave."""
 
     file_text: str | None = None
     file_name: str = "config file"
