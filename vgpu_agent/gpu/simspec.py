@@ -11,8 +11,6 @@ MAX_GPUS = 256  # far above any real node; stops a typo from building a huge inv
 _PART = re.compile(
     r"^(?:(?P<count>\d+)x)?(?P<model>[A-Za-z0-9][A-Za-z0-9_.-]*?)-(?P<mem>\d+)GB$", re.IGNORECASE
 )
-    r"^(?:(?P<count>\d+)x)?(?P<model>[A-Za-z0-9][A-Za-z0-9_.-]*?)-(?P<mem>\d+)GB$", re.I
-)
 
 
 @dataclass(frozen=True)
