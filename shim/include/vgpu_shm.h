@@ -1,0 +1,191 @@
+/*
+ * vgpu_shm.h - the region ABI shared by the node agent and libvgpu.so.
+ *
+ * This header is the single source of truth for the two files of one allocation's region.
+ * The Python mirror (vgpu_agent/shm/layout.py) is checked against it by a test that compiles
+ * a program printing every offsetof/sizeof below.
+ *
+ * Location. Per allocation the agent creates, on the host, <state_dir>/regions/<alloc_id>/
+ * holding `control` and `state`. Inside the container that directory is mounted read-write at
+ * /run/vgpu; the shim finds it through VGPU_REGION_DIR (default /run/vgpu).
+ *
+ *   control  written only by the agent (file mode 0444; the shim maps it PROT_READ and never
+ *            writes it): limits, token-bucket parameters, policy, heartbeat, identity.
+ *   state    created by the agent (header filled in, everything else zero); afterwards written
+ *            only by the shim with C11 atomics; the agent only reads it and never trusts it.
+ *
+ * Versioning. Every file starts with magic, ABI major/minor, header size and total size.
+ * A reader refuses another magic or major version. Minor versions only add fields in space that
+ * is reserved (zero) in older minors, so sizes and offsets below never move within a major.
+ *
+ * Integers are little-endian, every field is naturally aligned. All timestamps are
+ * CLOCK_MONOTONIC nanoseconds (Python: time.monotonic_ns()), the same clock for every
+ * container on the host.
+ *
+ * Updates to control (no read-modify-write by the agent). The agent stores naturally aligned
+ * 64-bit values only, framed by the generation counter like a seqlock: generation is made odd,
+ * the fields are stored, generation is made even again. A reader that needs several fields to be
+ * mutually consistent reads generation before and after (equal and even = consistent). The shim
+ * reads the few fields a launch needs (policy, core limit, rate, burst) directly at every launch,
+ * so a change is seen at the next launch; a torn (rate, burst) pair lasts one launch at most and is
+ * harmless. The heartbeat is a single store, outside the generation protocol.
+ *
+ * Token bucket (the spending rule; vgpu_agent/shm/layout.py implements the same rule in Python,
+ * `refill`, `admits`, `spend`, `wait_ns_for`, and a test runs both on the same inputs):
+ *   - a kernel launch costs gridX*gridY*gridZ * blockX*blockY*blockZ tokens (threads);
+ *     a graph launch costs the device's `graph_cost` (VGPU_DEFAULT_GRAPH_COST when 0);
+ *   - refill(balance, last, now, rate, burst): elapsed = now - last (nothing when now <= last or
+ *     rate == 0, except clamping to burst); add = floor(elapsed * rate / 1e9); if add >= burst the
+ *     bucket is full: balance = burst, last = now; otherwise balance = min(burst, balance + add) and
+ *     last advances only by the time those whole tokens took, floor(add * 1e9 / rate), so fractions
+ *     of a token carry over to the next refill instead of being lost;
+ *   - a launch of cost c is admitted when balance >= min(c, burst); it then subtracts c. So the
+ *     balance is negative only after a launch that costs more than the burst: that launch runs when
+ *     the bucket is full and leaves a debt that refill pays back, which keeps the long-run rate
+ *     exact for kernels of any size;
+ *   - when not admitted the launch waits wait_ns_for = ceil((min(c, burst) - balance) * 1e9 / rate)
+ *     in bounded sleeps (at most VGPU_MAX_SLEEP_NS each, re-reading the rate between them), and at
+ *     most VGPU_MAX_WAIT_NS in total: after that it is admitted anyway and its cost is still
+ *     subtracted (so rate == 0 cannot hang a process forever; it slows it to one launch per
+ *     VGPU_MAX_WAIT_NS);
+ *   - balance and last_refill_ns live in `state` and are shared by all processes of the container;
+ *     the shim claims elapsed time by compare-and-swap on last_refill_ns and adds the tokens with a
+ *     CAS loop on balance, so every nanosecond of refill is credited exactly once.
+ *   The bucket is unlimited (nothing is spent) when the policy is VGPU_POLICY_OFF, or the core
+ *   limit is >= VGPU_CORE_LIMIT_FULL, or burst == 0 and rate == 0 (never configured).
+ *
+ * Memory accounting: state.devices[d].memory_used is the container's total (all processes),
+ * changed only by CAS (allocation: check limit and add in one step) and atomic subtraction;
+ * slots[i].devices[d].memory_used is one process's share. Slots of dead processes are reclaimed by
+ * the shim (their memory stops counting). memory_limit == 0 means no memory limit.
+ *
+ * Process slots: VGPU_MAX_PROCS (1024) per region, enough for containers with many worker
+ * processes; the state file stays under 1 MiB. A slot is free when pid == 0; a process claims it by
+ * CAS 0 -> pid. pid is the pid inside the container; host_pid is the pid in the host's pid namespace
+ * when the shim could learn it (NSpid in /proc/self/status), else 0. start_time is the process
+ * start time in clock ticks since boot (field 22 of /proc/<pid>/stat), to tell a reused pid apart.
+ * A slot being reclaimed holds VGPU_PID_RECLAIMING | reclaimer_pid in pid for a moment.
+ */
+#ifndef VGPU_SHM_H
+#define VGPU_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define VGPU_CONTROL_MAGIC UINT64_C(0x314C52544E435056) /* "VPCNTRL1" little-endian */
+#define VGPU_STATE_MAGIC UINT64_C(0x3145544154535056)   /* "VPSTATE1" little-endian */
+#define VGPU_ABI_MAJOR 1u
+#define VGPU_ABI_MINOR 0u
+
+#define VGPU_MAX_DEVICES 16        /* physical GPUs per allocation */
+#define VGPU_MAX_DEVICE_IDS 64     /* kubelet device IDs per allocation */
+#define VGPU_DEVICE_ID_LEN 64      /* "GPU-<uuid>::<n>", NUL-terminated, up to 63 chars */
+#define VGPU_UUID_LEN 96           /* "GPU-xxxxxxxx-...", or a MIG UUID; NUL-terminated */
+#define VGPU_MAX_PROCS 1024        /* process slots per region */
+
+/* Policy per device (control_device.policy). */
+#define VGPU_POLICY_OFF 0u
+#define VGPU_POLICY_STRICT 1u
+#define VGPU_POLICY_WORK_CONSERVING 2u
+
+/* core_limit unit: parts per million of the GPU's SM time; 1,000,000 = 100%. */
+#define VGPU_CORE_LIMIT_FULL UINT64_C(1000000)
+
+/* control_device.flags: none are defined in 1.0; readers ignore bits they do not know. */
+
+/* A graph launch's cost when control_device.graph_cost is 0: 4096 blocks x 256 threads. */
+#define VGPU_DEFAULT_GRAPH_COST UINT64_C(1048576)
+
+/* Waiting for tokens: each sleep is at most this long, and one launch waits at most this long. */
+#define VGPU_MAX_SLEEP_NS UINT64_C(10000000)    /* 10 ms */
+#define VGPU_MAX_WAIT_NS UINT64_C(2000000000)   /* 2 s */
+
+/* Marker in a slot's pid while a dead process's slot is being reclaimed. */
+#define VGPU_PID_RECLAIMING (UINT64_C(1) << 63)
+
+/* ------------------------------------------------------------------ control */
+
+struct vgpu_control_device {
+    char uuid[VGPU_UUID_LEN];   /* physical GPU UUID as NVML/CUDA print it, NUL-terminated */
+    uint64_t memory_limit;      /* bytes; 0 = no limit */
+    uint64_t core_limit;        /* parts per million of SM time (VGPU_CORE_LIMIT_FULL = 100%) */
+    uint64_t rate;              /* token refill rate, tokens per second */
+    uint64_t burst;             /* bucket capacity, tokens */
+    uint64_t policy;            /* VGPU_POLICY_* */
+    uint64_t flags;             /* none defined yet */
+    uint64_t graph_cost;        /* tokens charged per cuGraphLaunch; 0 = VGPU_DEFAULT_GRAPH_COST */
+    uint64_t reserved[5];
+};
+
+struct vgpu_control {
+    uint64_t magic;             /* VGPU_CONTROL_MAGIC */
+    uint32_t abi_major;
+    uint32_t abi_minor;
+    uint32_t header_size;       /* offsetof(struct vgpu_control, device_ids) */
+    uint32_t device_count;      /* 0..VGPU_MAX_DEVICES valid entries in devices[] */
+    uint64_t total_size;        /* sizeof(struct vgpu_control) */
+    uint64_t generation;        /* even = stable; odd while the agent is storing */
+    uint64_t heartbeat_ns;      /* agent's last write (CLOCK_MONOTONIC) */
+    uint64_t created_ns;        /* when the allocation was made (CLOCK_MONOTONIC) */
+    uint64_t seq;               /* creation sequence number: later allocations are larger */
+    int64_t priority;           /* larger = served first when the GPU is oversubscribed */
+    uint32_t device_id_count;   /* 0..VGPU_MAX_DEVICE_IDS valid entries in device_ids[] */
+    uint32_t reserved0;
+    uint64_t reserved[6];
+    char device_ids[VGPU_MAX_DEVICE_IDS][VGPU_DEVICE_ID_LEN];
+    struct vgpu_control_device devices[VGPU_MAX_DEVICES];
+};
+
+/* ------------------------------------------------------------------ state */
+
+struct vgpu_state_device {
+    int64_t balance;            /* tokens; negative only as a debt, see the rule above */
+    uint64_t last_refill_ns;    /* CLOCK_MONOTONIC; 0 = never (the first refill fills the bucket) */
+    uint64_t memory_used;       /* accounted bytes, all processes of the container */
+    uint64_t tokens_spent;      /* cumulative, all processes; dead slots' spending stays counted */
+    uint64_t launches;          /* cumulative, all processes */
+    uint64_t wait_ns;           /* cumulative time launches waited for tokens */
+    uint64_t reserved[2];
+};
+
+struct vgpu_proc_device {
+    uint64_t memory_used;       /* bytes this process holds on the device */
+    uint64_t launches;
+    uint64_t tokens_spent;
+    uint64_t wait_ns;
+    uint64_t last_launch_ns;    /* CLOCK_MONOTONIC; 0 = never */
+};
+
+struct vgpu_proc_slot {
+    uint64_t pid;               /* in-container pid; 0 = free */
+    uint64_t host_pid;          /* 0 when unknown */
+    uint64_t start_time;        /* clock ticks since boot, /proc/<pid>/stat field 22 */
+    uint64_t reserved;
+    struct vgpu_proc_device devices[VGPU_MAX_DEVICES];
+};
+
+struct vgpu_state {
+    uint64_t magic;             /* VGPU_STATE_MAGIC */
+    uint32_t abi_major;
+    uint32_t abi_minor;
+    uint32_t header_size;       /* offsetof(struct vgpu_state, slots) */
+    uint32_t device_count;      /* copied from control when the agent created the file */
+    uint64_t total_size;        /* sizeof(struct vgpu_state) */
+    uint32_t slot_count;        /* VGPU_MAX_PROCS */
+    uint32_t reserved0;
+    uint64_t reserved[3];
+    struct vgpu_state_device devices[VGPU_MAX_DEVICES];
+    struct vgpu_proc_slot slots[VGPU_MAX_PROCS];
+};
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct vgpu_control_device) == 192, "control device entry size");
+_Static_assert(offsetof(struct vgpu_control, device_ids) == 128, "control header size");
+_Static_assert(sizeof(struct vgpu_control) == 128 + 64 * 64 + 16 * 192, "control size");
+_Static_assert(sizeof(struct vgpu_state_device) == 64, "state device entry size");
+_Static_assert(sizeof(struct vgpu_proc_slot) == 32 + 16 * 40, "process slot size");
+_Static_assert(offsetof(struct vgpu_state, slots) == 64 + 16 * 64, "state header size");
+_Static_assert(offsetof(struct vgpu_control, generation) % 8 == 0, "aligned generation");
+#endif
+
+#endif /* VGPU_SHM_H */
