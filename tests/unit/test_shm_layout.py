@@ -124,7 +124,7 @@ def test_store_rejects_misaligned_offsets_and_out_of_range_values() -> None:
     buf = bytearray(64)
     with pytest.raises(RegionFormatError, match="offset 4 is not 8-byte aligned"):
         layout.store_u64(buf, 4, 1)
-    with pytest.raises(RegionFormatError, match="0..18446744073709551615"):
+    with pytest.raises(RegionFormatError, match=r"0\.\.18446744073709551615"):
         layout.store_u64(buf, 8, 2**64)
     with pytest.raises(RegionFormatError, match="device index 16"):
         layout.set_rate(buf, 16, 1, 1)

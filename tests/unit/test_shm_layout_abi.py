@@ -94,8 +94,8 @@ def test_constants_match_header(c_layout: dict[tuple[str, str], int]) -> None:
 
 
 def test_header_sizes_are_the_documented_ones() -> None:
-    assert layout.CONTROL_HEADER_SIZE == layout.CONTROL_OFFSETS["device_ids"]
-    assert layout.STATE_HEADER_SIZE == layout.STATE_OFFSETS["slots"]
+    assert layout.CONTROL_OFFSETS["device_ids"] == layout.CONTROL_HEADER_SIZE
+    assert layout.STATE_OFFSETS["slots"] == layout.STATE_HEADER_SIZE
     # every 64-bit field the agent stores must be naturally aligned in the file
     for field in ("generation", "heartbeat_ns"):
         assert layout.CONTROL_OFFSETS[field] % 8 == 0

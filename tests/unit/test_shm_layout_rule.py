@@ -22,14 +22,14 @@ def _cases() -> list[tuple[str, tuple[int, ...]]]:
     edge_time = [0, 1, 10**6, S, 10**15, 2**63, 2**64 - 1]
     cases: list[tuple[str, tuple[int, ...]]] = []
     for _ in range(3000):
-        last = rng.choice(edge_time + [rng.randrange(2**64)])
+        last = rng.choice([*edge_time, rng.randrange(2 ** 64)])
         now = rng.choice([last, last + rng.randrange(10**9), rng.choice(edge_time)])
         now = min(now, 2**64 - 1)
-        rate = rng.choice(edge_tokens + [rng.randrange(10**10)])
-        burst = rng.choice(edge_tokens + [rng.randrange(10**9)])
-        balance = rng.choice(edge_balance + [rng.randrange(-(10**9), 10**9)])
+        rate = rng.choice([*edge_tokens, rng.randrange(10 ** 10)])
+        burst = rng.choice([*edge_tokens, rng.randrange(10 ** 9)])
+        balance = rng.choice([*edge_balance, rng.randrange(-10 ** 9, 10 ** 9)])
         balance = min(balance, T62)
-        cost = rng.choice(edge_tokens + [rng.randrange(10**8)])
+        cost = rng.choice([*edge_tokens, rng.randrange(10 ** 8)])
         cases.append(("refill", (balance, last, now, rate, burst)))
         cases.append(("admits", (balance, cost, burst)))
         cases.append(("spend", (balance, min(cost, T62))))
