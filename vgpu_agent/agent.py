@@ -84,7 +84,15 @@ class Agent:
         gpus = self.inventory.gpus
         log.info(
             "inventory",
-            gpus=[{"index": g.index, "uuid": g.uuid, "name": g.name, "memory_mib": g.memory_total >> 20} for g in gpus],
+            gpus=[
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "memory_mib": g.memory_total >> 20,
+                }
+                for g in gpus
+            ],
             split_count=self.split.count,
         )
         self.state = DeviceState(gpus, self.split)
@@ -122,7 +130,9 @@ class Agent:
                 return inventory
             except GpuError as err:
                 self.backend_error = str(err)
-                log.error("gpu_backend_start_failed", error=str(err), call=err.call, retry_in_s=delay)
+                log.error(
+                    "gpu_backend_start_failed", error=str(err), call=err.call, retry_in_s=delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 

@@ -21,7 +21,10 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--backend": ("backend", "GPU backend: nvml or sim"),
     "--sim-gpus": ("sim_gpus", "simulated GPUs, e.g. 2xA100-80GB,1xL4-24GB"),
     "--split-count": ("split_count", "slices per physical GPU (K >= 1)"),
-    "--memory-scaling": ("memory_scaling", "memory scaling S (> 0; > 1 needs --allow-memory-oversubscription)"),
+    "--memory-scaling": (
+        "memory_scaling",
+        "memory scaling S (> 0; > 1 needs --allow-memory-oversubscription)",
+    ),
     "--cores-scaling": ("cores_scaling", "cores scaling (0 < x <= 1)"),
     "--allocation-policy": ("allocation_policy", "spread or binpack"),
     "--device-list-strategy": ("device_list_strategy", "envvar or cdi"),
@@ -60,7 +63,9 @@ def _parser() -> argparse.ArgumentParser:
         "simulate", help="run the agent on simulated GPUs with an in-process kubelet stand-in"
     )
     _add_config_flags(simulate)
-    simulate.add_argument("--duration", type=float, default=0.0, help="stop after SECONDS (0: until Ctrl-C)")
+    simulate.add_argument(
+        "--duration", type=float, default=0.0, help="stop after SECONDS (0: until Ctrl-C)"
+    )
     check = commands.add_parser("check-config", help="validate the configuration and print it")
     _add_config_flags(check)
     install = commands.add_parser("install-shim", help="install libvgpu.so into the host state dir")
@@ -68,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_config(args: argparse.Namespace, env: dict[str, str], overrides: dict[str, object] | None = None) -> Config:
+def load_config(
+    args: argparse.Namespace, env: dict[str, str], overrides: dict[str, object] | None = None
+) -> Config:
     flags = {key: getattr(args, key) for key, _ in _FLAGS.values() if hasattr(args, key)}
     if hasattr(args, "allow_memory_oversubscription"):
         flags["allow_memory_oversubscription"] = True
@@ -78,7 +85,9 @@ def load_config(args: argparse.Namespace, env: dict[str, str], overrides: dict[s
             with open(args.config, encoding="utf-8") as handle:
                 text = handle.read()
         except OSError as err:
-            raise ConfigError("--config", args.config, f"must be a readable file ({err.strerror})") from None
+            raise ConfigError(
+                "--config", args.config, f"must be a readable file ({err.strerror})"
+            ) from None
         name = args.config
     merged_flags: dict[str, object] = {**(overrides or {}), **flags}
     return build_config(ConfigSources(file_text=text, file_name=name, env=env, flags=merged_flags))

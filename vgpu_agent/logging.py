@@ -1,4 +1,4 @@
-"""structlog set-up: key-value events as JSON lines (for log collectors) or readable console lines."""
+"""structlog set-up: key-value events as JSON lines or readable console lines."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import sys
 
 import structlog
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def configure(log_format: str = "json", level: str = "info") -> None:

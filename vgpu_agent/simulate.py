@@ -46,7 +46,7 @@ async def simulate(config: Config, duration: float = 0.0) -> int:
     try:
         resource = config.resource_name
         await kubelet.wait_for(
-            lambda: bool(kubelet.registrations) and bool(_devices(kubelet, resource)), timeout=30
+            lambda: bool(kubelet.registrations) and bool(_devices(kubelet, resource)), limit_s=30
         )
         reg = kubelet.registrations[-1]
         log.info(

@@ -50,8 +50,10 @@ class AdvertisedDevice:
     numa_node: int | None
 
 
-def device_list(gpus: Iterable[GpuInfo], split: Split, healthy: Mapping[str, bool]) -> list[AdvertisedDevice]:
-    """The complete device set for ListAndWatch: every slice of every GPU, in GPU then slice order."""
+def device_list(
+    gpus: Iterable[GpuInfo], split: Split, healthy: Mapping[str, bool]
+) -> list[AdvertisedDevice]:
+    """The complete device set for ListAndWatch: every slice of every GPU, in order."""
     return [
         AdvertisedDevice(format_device_id(gpu.uuid, n), healthy.get(gpu.uuid, True), gpu.numa_node)
         for gpu in sorted(gpus, key=lambda g: g.index)
@@ -207,7 +209,9 @@ def container_envs(grant: Grant, strategy: Strategy) -> dict[str, str]:
         envs[f"VGPU_MEMORY_LIMIT_{i}"] = f"{device.memory_limit_mib}m"
         envs[f"VGPU_CORE_LIMIT_{i}"] = str(cores)
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{device.memory_limit_mib}m"
-    envs["CUDA_DEVICE_SM_LIMIT"] = str(min(core_percent_value(d.core_percent) for d in grant.devices))
+    envs["CUDA_DEVICE_SM_LIMIT"] = str(
+        min(core_percent_value(d.core_percent) for d in grant.devices)
+    )
     return envs
 
 

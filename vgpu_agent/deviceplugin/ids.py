@@ -17,10 +17,10 @@ _SLICE = re.compile(r"^(0|[1-9][0-9]{0,5})$")
 
 class SliceId(NamedTuple):
     uuid: str
-    index: int
+    number: int
 
     def __str__(self) -> str:
-        return format_device_id(self.uuid, self.index)
+        return format_device_id(self.uuid, self.number)
 
 
 class DeviceIdError(ValueError):

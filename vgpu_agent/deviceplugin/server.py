@@ -86,7 +86,9 @@ class DeviceState:
                 topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=dev.numa_node)])
             devices.append(
                 api_pb2.Device(
-                    ID=dev.device_id, health=HEALTHY if dev.healthy else UNHEALTHY, topology=topology
+                    ID=dev.device_id,
+                    health=HEALTHY if dev.healthy else UNHEALTHY,
+                    topology=topology,
                 )
             )
         return api_pb2.ListAndWatchResponse(devices=devices)
@@ -123,12 +125,16 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         version = self._state.version
         response = self._state.list_response()
-        log.info("list_and_watch_sent", devices=len(response.devices), unhealthy=_unhealthy(response))
+        log.info(
+            "list_and_watch_sent", devices=len(response.devices), unhealthy=_unhealthy(response)
+        )
         yield response
         while True:
             version = await self._state.wait_change(version)
             response = self._state.list_response()
-            log.info("list_and_watch_sent", devices=len(response.devices), unhealthy=_unhealthy(response))
+            log.info(
+                "list_and_watch_sent", devices=len(response.devices), unhealthy=_unhealthy(response)
+            )
             yield response
 
     async def GetPreferredAllocation(
@@ -195,7 +201,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             envs.update(extras.envs)
             response.annotations.update(extras.annotations)
             response.mounts.extend(
-                api_pb2.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in extras.mounts
+                api_pb2.Mount(container_path=c, host_path=h, read_only=ro)
+                for c, h, ro in extras.mounts
             )
         response.envs.update(envs)
         return response

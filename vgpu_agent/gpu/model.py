@@ -13,7 +13,7 @@ MIB = 1024 * 1024
 
 
 class GpuError(Exception):
-    """A GPU backend call failed. `call` names the NVML (or simulated) call, `code` its error code."""
+    """A GPU backend call failed: `call` names the NVML (or simulated) call, `code` its code."""
 
     def __init__(self, message: str, *, call: str = "", code: int = 0, gpu_lost: bool = False):
         super().__init__(message)

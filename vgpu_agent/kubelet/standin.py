@@ -20,6 +20,7 @@ import contextlib
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -171,15 +172,14 @@ class KubeletStandIn:
             await state.channel.close()
             state.channel = None
 
-    async def wait_for(self, predicate: object, timeout: float = 10.0) -> None:
-        """Wait until `predicate()` (a callable) is true, woken by stream updates."""
-        assert callable(predicate)
+    async def wait_for(self, predicate: Callable[[], bool], limit_s: float = 10.0) -> None:
+        """Wait until `predicate()` is true, woken by registrations and stream updates."""
 
         async def _wait() -> None:
             async with self.changed:
                 await self.changed.wait_for(predicate)
 
-        await asyncio.wait_for(_wait(), timeout)
+        await asyncio.wait_for(_wait(), limit_s)
 
     def _stub(self, resource: str) -> api_pb2_grpc.DevicePluginStub:
         state = self.resources.get(resource)
@@ -194,7 +194,9 @@ class KubeletStandIn:
         taken = {d for a in self.admissions if a.resource_name == resource for d in a.device_ids}
         return [d for d, h in state.devices.items() if h == "Healthy" and d not in taken]
 
-    async def preferred(self, resource: str, available: list[str], must: list[str], size: int) -> list[str]:
+    async def preferred(
+        self, resource: str, available: list[str], must: list[str], size: int
+    ) -> list[str]:
         request = api_pb2.PreferredAllocationRequest(
             container_requests=[
                 api_pb2.ContainerPreferredAllocationRequest(
@@ -205,7 +207,9 @@ class KubeletStandIn:
         response = await self._stub(resource).GetPreferredAllocation(request)
         return list(response.container_responses[0].deviceIDs)
 
-    async def allocate(self, resource: str, device_ids: list[str]) -> api_pb2.ContainerAllocateResponse:
+    async def allocate(
+        self, resource: str, device_ids: list[str]
+    ) -> api_pb2.ContainerAllocateResponse:
         request = api_pb2.AllocateRequest(
             container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=device_ids)]
         )
@@ -218,7 +222,9 @@ class KubeletStandIn:
         """Admit one container asking for `count` devices, as the kubelet would."""
         free = self.free_devices(resource)
         if len(free) < count:
-            raise RuntimeError(f"only {len(free)} free healthy {resource} devices, {count} requested")
+            raise RuntimeError(
+                f"only {len(free)} free healthy {resource} devices, {count} requested"
+            )
         chosen = free[:count]
         if self.resources[resource].options.get_preferred_allocation_available:
             preferred = await self.preferred(resource, free, [], count)
@@ -255,7 +261,7 @@ class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
             )
         try:
             options = await kubelet._connect(request.resource_name, request.endpoint)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError) as err:
+        except (TimeoutError, grpc.aio.AioRpcError) as err:
             await context.abort(grpc.StatusCode.UNKNOWN, f"cannot connect to plugin: {err!r}")
         kubelet.registrations.append(
             Registration(request.resource_name, request.endpoint, options, time.monotonic())
@@ -276,7 +282,9 @@ class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         for a in self._kubelet.admissions:
             containers = pods.setdefault((a.namespace, a.pod), {})
             ctr = containers.setdefault(a.container, pr_pb2.ContainerResources(name=a.container))
-            ctr.devices.append(pr_pb2.ContainerDevices(resource_name=a.resource_name, device_ids=a.device_ids))
+            ctr.devices.append(
+                pr_pb2.ContainerDevices(resource_name=a.resource_name, device_ids=a.device_ids)
+            )
         return pr_pb2.ListPodResourcesResponse(
             pod_resources=[
                 pr_pb2.PodResources(name=pod, namespace=ns, containers=list(containers.values()))
