@@ -1,0 +1,78 @@
+"""Kubernetes Events (core/v1) that say a GPU went bad or came back. Pure.
+
+Events are attached to the Node object so `kubectl describe node` shows them; they live in the
+agent's own namespace, which lets the agent's RBAC grant `create events` there only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+COMPONENT = "vgpu-agent"
+REASON_UNHEALTHY = "GpuUnhealthy"
+REASON_HEALTHY = "GpuHealthy"
+_MAX_MESSAGE = 1024  # the API server rejects longer event messages
+
+
+class HealthChangeLike(Protocol):
+    """What the GPU health watcher reports: one GPU turning unhealthy or healthy."""
+
+    @property
+    def uuid(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def xid(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """The node an event is about. The UID is what `kubectl describe node` matches on."""
+
+    name: str
+    uid: str
+
+
+def health_message(change: HealthChangeLike) -> str:
+    state = "healthy again" if change.healthy else "unhealthy"
+    parts = [f"GPU {change.uuid} is {state}"]
+    if change.xid is not None:
+        parts.append(f"XID {change.xid}")
+    if change.reason:
+        parts.append(change.reason)
+    return ": ".join(parts)[:_MAX_MESSAGE]
+
+
+def health_event(
+    change: HealthChangeLike, node: NodeRef, namespace: str, now: dt.datetime, seq: int
+) -> dict[str, Any]:
+    """The body of a core/v1 Event for one health change. `seq` keeps names unique in a second."""
+    if now.tzinfo is None:
+        raise ValueError("event time must carry a time zone")
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{node.name[:200].rstrip('.-')}.{int(now.timestamp() * 1e9):x}.{seq}",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": COMPONENT},
+        },
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid},
+        "reason": REASON_HEALTHY if change.healthy else REASON_UNHEALTHY,
+        "message": health_message(change),
+        "type": "Normal" if change.healthy else "Warning",
+        "source": {"component": COMPONENT, "host": node.name},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": node.name,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
