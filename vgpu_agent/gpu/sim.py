@@ -78,7 +78,7 @@ def build_inventory(spec: str) -> list[GpuInfo]:
                     name=f"NVIDIA {entry.model}-{entry.memory_gib}GB",
                     memory_total=entry.memory_gib * GIB,
                     minor=index,
-                    pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0",
+                    pci_bus_id=f"{index // 16:08X}:{0x18 + (index % 16) * 8:02X}:00.0",
                     numa_node=index % 2,
                     compute_capability=compute_capability(entry.model),
                 )
