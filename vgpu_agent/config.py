@@ -206,11 +206,11 @@ def _as_resource_name(key: str, raw: object, source: str) -> str:
 
 
 def _as_address(key: str, raw: object, source: str) -> str:
-    allowed = "must be HOST:PORT (e.g. 0.0.0.0:9394, 127.0.0.1:9394, [::]:9394) with port 1-65535"
+    allowed = "must be HOST:PORT (e.g. 0.0.0.0:9394, 127.0.0.1:9394, [::]:9394) with port 0-65535 (0: any free port)"
     if not isinstance(raw, str):
         raise ConfigError(key, raw, allowed, source)
     match = _ADDRESS.match(raw)
-    if not match or not 1 <= int(match.group("port")) <= 65535:
+    if not match or not 0 <= int(match.group("port")) <= 65535:
         raise ConfigError(key, raw, allowed, source)
     return raw
 

@@ -47,7 +47,7 @@ def test_node_name_defaults_from_node_name_variable():
         ("resource_name", "kubernetes.io/gpu", "outside kubernetes.io"),
         ("resource_name", "nvidia.com/g pu", "extended resource name"),
         ("metrics_address", "9394", "HOST:PORT"),
-        ("metrics_address", "0.0.0.0:99999", "port 1-65535"),
+        ("metrics_address", "0.0.0.0:99999", "port 0-65535"),
         ("state_dir", "relative/dir", "absolute path"),
         ("xid_ignore", "13,abc", "XID numbers"),
         ("log_format", "xml", "json, console"),
