@@ -25,6 +25,7 @@ import contextlib
 import copy
 import json
 import re
+import ssl
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -64,6 +65,7 @@ class _Fault:
     status: int = 0  # 0: stall instead of answering
     seconds: float = 0.0
     action: Any = None  # called after the request was answered
+    handled: bool = False  # stall after the request took effect (only the answer is late)
 
 
 @dataclass
@@ -73,6 +75,7 @@ class FakeKubeAPI:
     events: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # ns -> name -> obj
     requests: list[Recorded] = field(default_factory=list)
     port: int = 0
+    ssl_context: ssl.SSLContext | None = None
     _rv: int = 100
     _faults: list[_Fault] = field(default_factory=list)
     _runner: web.AppRunner | None = None
@@ -89,7 +92,9 @@ class FakeKubeAPI:
         app.router.add_get("/api/v1/namespaces/{ns}/events", self._list_events)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        site = web.TCPSite(
+            self._runner, "127.0.0.1", self.port, reuse_address=True, ssl_context=self.ssl_context
+        )
         await site.start()
         if self.port == 0:
             server = site._server
@@ -106,7 +111,8 @@ class FakeKubeAPI:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.ssl_context else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def write_kubeconfig(self, path: Path, token: str | None = None) -> Path:
         token = token if token is not None else (self.token or "")
@@ -175,10 +181,18 @@ class FakeKubeAPI:
         self._faults.append(_Fault(method, re.compile(path), times, status=status))
 
     def stall(
-        self, seconds: float, times: int = 1, method: str | None = None, path: str = ".*"
+        self,
+        seconds: float,
+        times: int = 1,
+        method: str | None = None,
+        path: str = ".*",
+        handled: bool = False,
     ) -> None:
-        """Hold the next matching requests for `seconds` before answering them normally."""
-        self._faults.append(_Fault(method, re.compile(path), times, seconds=seconds))
+        """Hold the next matching requests for `seconds`. With handled=True the request takes
+        effect at once and only its answer is late (a client that times out never learns)."""
+        self._faults.append(
+            _Fault(method, re.compile(path), times, seconds=seconds, handled=handled)
+        )
 
     def after(self, method: str, action: Any, times: int = 1, path: str = ".*") -> None:
         """Run action() right after the next matching requests were answered, e.g. to change
@@ -232,11 +246,13 @@ class FakeKubeAPI:
         fault = self._take_fault(request)
         if fault is not None and fault.status:
             return status(fault.status, "InternalError", f"injected failure {fault.status}")
-        if fault is not None:
+        if fault is not None and not fault.handled:
             await asyncio.sleep(fault.seconds)
         if isinstance(request[_BODY], bytes):
             return status(400, "BadRequest", "request body is not JSON")
         response: web.StreamResponse = await handler(request)
+        if fault is not None and fault.handled:
+            await asyncio.sleep(fault.seconds)
         return response
 
     async def _get_node(self, request: web.Request) -> web.Response:
