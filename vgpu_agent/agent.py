@@ -140,14 +140,7 @@ class Agent:
         assert self.health is not None and self.state is not None
         changes = self.health.subscribe()
         while True:
-            change = await changes.get()
-            log.warning(
-                "gpu_health_changed",
-                uuid=change.uuid,
-                healthy=change.healthy,
-                reason=change.reason,
-                xid=change.xid,
-            )
+            change = await changes.get()  # the monitor logs each change itself
             await self.state.set_health(change.uuid, change.healthy)
 
     async def _heartbeat(self) -> None:

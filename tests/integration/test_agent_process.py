@@ -22,7 +22,10 @@ def root():
 
 async def start_agent(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "vgpu_agent.cli", *args,
+        sys.executable,
+        "-m",
+        "vgpu_agent.cli",
+        *args,
         env={**os.environ, **env},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -32,14 +35,22 @@ async def start_agent(args: list[str], env: dict[str, str]) -> asyncio.subproces
 def agent_args(root, fake) -> list[str]:
     return [
         "run",
-        "--backend", "nvml",
-        "--nvml-library", str(fake.library_path),
-        "--device-plugin-dir", str(root / "dp"),
-        "--pod-resources-socket", str(root / "pr.sock"),
-        "--state-dir", str(root / "state"),
-        "--metrics-address", "127.0.0.1:0",
-        "--split-count", "3",
-        "--log-format", "json",
+        "--backend",
+        "nvml",
+        "--nvml-library",
+        str(fake.library_path),
+        "--device-plugin-dir",
+        str(root / "dp"),
+        "--pod-resources-socket",
+        str(root / "pr.sock"),
+        "--state-dir",
+        str(root / "state"),
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--split-count",
+        "3",
+        "--log-format",
+        "json",
     ]
 
 
@@ -50,6 +61,7 @@ async def test_run_with_fake_nvml_serves_ids_health_and_cleans_up_on_sigterm(roo
     env = {"VGPU_AGENT_HEALTH_RECOVERY_SECONDS": "1", "VGPU_AGENT_HEALTH_CHECK_SECONDS": "0.2"}
     proc = await start_agent(agent_args(root, fake_nvml), {**fake_nvml.env(), **env})
     try:
+
         def devices():
             state = kubelet.resources.get(RESOURCE)
             return dict(state.devices) if state else {}
@@ -86,6 +98,7 @@ async def test_gpu_lost_marks_its_slices_unhealthy(root, fake_nvml):
     env = {"VGPU_AGENT_HEALTH_RECOVERY_SECONDS": "0", "VGPU_AGENT_HEALTH_CHECK_SECONDS": "0.2"}
     proc = await start_agent(agent_args(root, fake_nvml), {**fake_nvml.env(), **env})
     try:
+
         def devices():
             state = kubelet.resources.get(RESOURCE)
             return dict(state.devices) if state else {}
@@ -109,7 +122,11 @@ async def test_gpu_lost_marks_its_slices_unhealthy(root, fake_nvml):
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (["--split-count", "0"], {}, "split_count='0' (from command line): must be an integer >= 1"),
+        (
+            ["--split-count", "0"],
+            {},
+            "split_count='0' (from command line): must be an integer >= 1",
+        ),
         (["--backend", "cuda"], {}, "backend='cuda' (from command line): must be one of nvml, sim"),
         ([], {"VGPU_AGENT_MEMORY_SCALING": "2"}, "allow_memory_oversubscription"),
         ([], {"VGPU_AGENT_BOGUS": "1"}, "VGPU_AGENT_BOGUS='1' (from environment): unknown key"),

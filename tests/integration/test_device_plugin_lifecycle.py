@@ -70,7 +70,10 @@ async def test_cdi_strategy_returns_cdi_devices(root):
 
 @pytest.mark.parametrize(
     ("bad_id", "named"),
-    [("not-a-device", "not-a-device"), ("GPU-00000000-dead-beef-0000-000000000000::1", "not on this node")],
+    [
+        ("not-a-device", "not-a-device"),
+        ("GPU-00000000-dead-beef-0000-000000000000::1", "not on this node"),
+    ],
 )
 async def test_unknown_or_malformed_ids_fail_with_invalid_argument(root, bad_id, named):
     async with running_agent(config_for(root)) as run:
@@ -140,7 +143,7 @@ async def test_xid_makes_slices_unhealthy_then_they_recover(root):
     config = config_for(root, health_recovery_seconds=0.5)
     backend = SimBackend(config.sim_gpus)
     async with running_agent(config, backend=backend) as run:
-        uuid = backend.discover().gpus[1].uuid
+        uuid = backend.uuids[1]
         backend.inject_xid(uuid, 79)
         await run.kubelet.wait_for(
             lambda: {h for d, h in run.devices().items() if d.startswith(uuid)} == {"Unhealthy"},
@@ -156,7 +159,7 @@ async def test_ignored_xid_changes_nothing(root):
     backend = SimBackend(config.sim_gpus)
     async with running_agent(config, backend=backend) as run:
         updates = run.kubelet.resources[RESOURCE].updates
-        backend.inject_xid(backend.discover().gpus[0].uuid, 13)
+        backend.inject_xid(backend.uuids[0], 13)
         await asyncio.sleep(0.5)
         assert run.kubelet.resources[RESOURCE].updates == updates
         assert set(run.devices().values()) == {"Healthy"}

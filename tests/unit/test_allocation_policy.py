@@ -20,8 +20,15 @@ GIB = 1024 * MIB
 
 
 def gpu(index, memory_gib=80, numa=None):
-    return GpuInfo(index, f"GPU-{index:08x}-0000-0000-0000-000000000000", "A100", memory_gib * GIB,
-                   index, f"0000:{index:02x}:00.0", numa)
+    return GpuInfo(
+        index,
+        f"GPU-{index:08x}-0000-0000-0000-000000000000",
+        "A100",
+        memory_gib * GIB,
+        index,
+        f"0000:{index:02x}:00.0",
+        numa,
+    )
 
 
 GPUS = [gpu(i, numa=i % 2) for i in range(4)]
@@ -81,7 +88,9 @@ available_sets = st.lists(
 
 @given(available_sets, st.integers(0, 10), st.sampled_from(["spread", "binpack"]), st.data())
 def test_answers_are_valid_subsets_of_available(available, size, policy, data):
-    must = data.draw(st.lists(st.sampled_from(available), unique=True) if available else st.just([]))
+    must = data.draw(
+        st.lists(st.sampled_from(available), unique=True) if available else st.just([])
+    )
     chosen = preferred_allocation(available, must, size, policy)
     assert len(chosen) == min(size, len(available))
     assert len(set(chosen)) == len(chosen)
@@ -113,8 +122,9 @@ def test_binpack_uses_as_few_gpus_as_the_free_slices_allow(available, size):
 @given(st.integers(1, 16), st.floats(0.1, 1.0), st.floats(0.1, 1.0), st.data())
 def test_grant_sums_slices_per_gpu_and_never_exceeds_the_card(k, mem_scale, core_scale, data):
     split = Split(k, mem_scale, core_scale)
-    picks = data.draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, k - 1)), min_size=1,
-                               unique=True))
+    picks = data.draw(
+        st.lists(st.tuples(st.integers(0, 3), st.integers(0, k - 1)), min_size=1, unique=True)
+    )
     ids = [format_device_id(GPUS[g].uuid, n) for g, n in picks]
     result = grant(ids, BY_UUID, split)
     assert [d.gpu_index for d in result.devices] == sorted({g for g, _ in picks})

@@ -66,7 +66,9 @@ def test_bad_flag_values_name_key_value_and_what_is_allowed(key, value, expected
 
 
 def test_unknown_file_key_is_rejected_with_the_known_keys():
-    with pytest.raises(ConfigError, match=r"splitcount=3 \(from cfg.yaml\): unknown key; known keys: "):
+    with pytest.raises(
+        ConfigError, match=r"splitcount=3 \(from cfg.yaml\): unknown key; known keys: "
+    ):
         build_config(ConfigSources(file_text="splitcount: 3\n", file_name="cfg.yaml"))
 
 

@@ -6,7 +6,9 @@ from hypothesis import strategies as st
 
 from vgpu_agent.deviceplugin.ids import DeviceIdError, SliceId, format_device_id, parse_device_id
 
-UUIDS = st.from_regex(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", fullmatch=True)
+UUIDS = st.from_regex(
+    r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", fullmatch=True
+)
 
 
 @given(UUIDS, st.integers(min_value=0, max_value=999))
@@ -29,8 +31,17 @@ def test_parse_never_raises_anything_but_device_id_error(text):
 
 @pytest.mark.parametrize(
     "bad",
-    ["GPU-abc", "GPU-abc::", "::3", "GPU-abc::-1", "GPU-abc::01", "GPU-abc::1.5", "GPU abc::1",
-     "GPU-abc::1::2", "GPU-" + "a" * 60 + "::1"],
+    [
+        "GPU-abc",
+        "GPU-abc::",
+        "::3",
+        "GPU-abc::-1",
+        "GPU-abc::01",
+        "GPU-abc::1.5",
+        "GPU abc::1",
+        "GPU-abc::1::2",
+        "GPU-" + "a" * 60 + "::1",
+    ],
 )
 def test_malformed_ids_are_rejected(bad):
     with pytest.raises(DeviceIdError):

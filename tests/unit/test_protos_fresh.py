@@ -16,7 +16,8 @@ def test_generated_code_is_not_stale(tmp_path):
     committed = ROOT / "vgpu_agent" / "_proto"
     names = sorted(p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file())
     assert names == sorted(
-        p.relative_to(committed) for p in committed.rglob("*")
+        p.relative_to(committed)
+        for p in committed.rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     )
     stale = [str(n) for n in names if not filecmp.cmp(fresh / n, committed / n, shallow=False)]
@@ -29,30 +30,53 @@ def field_numbers(message):
 
 def test_device_plugin_wire_names_and_numbers():
     assert dp.DESCRIPTOR.package == "v1beta1"
-    services = {s.name: [m.name for m in s.methods] for s in dp.DESCRIPTOR.services_by_name.values()}
+    services = {
+        s.name: [m.name for m in s.methods] for s in dp.DESCRIPTOR.services_by_name.values()
+    }
     assert services["Registration"] == ["Register"]
     assert services["DevicePlugin"] == [
-        "GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate",
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
         "PreStartContainer",
     ]
-    assert field_numbers(dp.RegisterRequest) == {"version": 1, "endpoint": 2, "resource_name": 3, "options": 4}
+    assert field_numbers(dp.RegisterRequest) == {
+        "version": 1,
+        "endpoint": 2,
+        "resource_name": 3,
+        "options": 4,
+    }
     assert field_numbers(dp.Device) == {"ID": 1, "health": 2, "topology": 3}
     assert field_numbers(dp.ContainerPreferredAllocationRequest) == {
-        "available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3,
+        "available_deviceIDs": 1,
+        "must_include_deviceIDs": 2,
+        "allocation_size": 3,
     }
     assert field_numbers(dp.ContainerAllocateResponse) == {
-        "envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5,
+        "envs": 1,
+        "mounts": 2,
+        "devices": 3,
+        "annotations": 4,
+        "cdi_devices": 5,
     }
     assert field_numbers(dp.Mount) == {"container_path": 1, "host_path": 2, "read_only": 3}
     assert field_numbers(dp.DevicePluginOptions) == {
-        "pre_start_required": 1, "get_preferred_allocation_available": 2,
+        "pre_start_required": 1,
+        "get_preferred_allocation_available": 2,
     }
 
 
 def test_pod_resources_wire_names_and_numbers():
     assert pr.DESCRIPTOR.package == "v1"
     assert [m.name for m in pr.DESCRIPTOR.services_by_name["PodResourcesLister"].methods] == [
-        "List", "GetAllocatableResources", "Get",
+        "List",
+        "GetAllocatableResources",
+        "Get",
     ]
     assert field_numbers(pr.PodResources) == {"name": 1, "namespace": 2, "containers": 3}
-    assert field_numbers(pr.ContainerDevices) == {"resource_name": 1, "device_ids": 2, "topology": 3}
+    assert field_numbers(pr.ContainerDevices) == {
+        "resource_name": 1,
+        "device_ids": 2,
+        "topology": 3,
+    }
