@@ -35,7 +35,7 @@ _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s\[\]]*):(?P<port>\d{1,
 
 
 class ConfigError(ValueError):
-    """A configuration value that cannot be used; the message says which, why and what is allowed."""
+    """A value that cannot be used; the message says which, why and what is allowed."""
 
     def __init__(self, key: str, value: object, allowed: str, source: str = ""):
         where = f" (from {source})" if source else ""
@@ -206,7 +206,10 @@ def _as_resource_name(key: str, raw: object, source: str) -> str:
 
 
 def _as_address(key: str, raw: object, source: str) -> str:
-    allowed = "must be HOST:PORT (e.g. 0.0.0.0:9394, 127.0.0.1:9394, [::]:9394) with port 0-65535 (0: any free port)"
+    allowed = (
+        "must be HOST:PORT (e.g. 0.0.0.0:9394, 127.0.0.1:9394, [::]:9394) "
+        "with port 0-65535 (0: any free port)"
+    )
     if not isinstance(raw, str):
         raise ConfigError(key, raw, allowed, source)
     match = _ADDRESS.match(raw)

@@ -77,7 +77,7 @@ def test_must_include_is_kept_and_unavailable_must_include_is_dropped():
 
 
 def test_short_answer_when_not_enough_and_malformed_ids_never_chosen():
-    available = ids_of(GPUS[0], [0]) + ["garbage", "GPU-x::01"]
+    available = [*ids_of(GPUS[0], [0]), "garbage", "GPU-x::01"]
     assert preferred_allocation(available, [], 3, "spread") == ids_of(GPUS[0], [0])
 
 
