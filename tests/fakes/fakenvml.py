@@ -290,7 +290,9 @@ class FakeNvml:
         }
         if system_library:
             previous = os.environ.get("LD_LIBRARY_PATH", "")
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(self.library_dir), previous) if p)
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(self.library_dir), previous) if p
+            )
         return env
 
     # --- internals -----------------------------------------------------------------------------
@@ -307,7 +309,8 @@ class FakeNvml:
         lines += [g.config_line() for g in s.gpus]
         for uuid, samples in s.samples.items():
             lines += [
-                f"procutil {uuid} {x.pid} {x.timestamp_us} {x.sm_util} {x.mem_util}" for x in samples
+                f"procutil {uuid} {x.pid} {x.timestamp_us} {x.sm_util} {x.mem_util}"
+                for x in samples
             ]
         for uuid, procs in s.processes.items():
             lines += [f"proc {uuid} {pid} {used}" for pid, used in procs]
@@ -323,4 +326,3 @@ class FakeNvml:
         tmp = self.config_path.with_name(f".{self.config_path.name}.{self._generation}")
         tmp.write_text(text, encoding="utf-8")
         tmp.rename(self.config_path)
-

@@ -46,8 +46,15 @@ def test_pci_ids_stay_valid_for_large_inventories():
 
 @pytest.mark.parametrize(
     ("model", "cc"),
-    [("A100", (8, 0)), ("H100", (9, 0)), ("H200", (9, 0)), ("L4", (8, 9)), ("T4", (7, 5)),
-     ("L40S", (8, 9)), ("Quadro", (8, 0))],
+    [
+        ("A100", (8, 0)),
+        ("H100", (9, 0)),
+        ("H200", (9, 0)),
+        ("L4", (8, 9)),
+        ("T4", (7, 5)),
+        ("L40S", (8, 9)),
+        ("Quadro", (8, 0)),
+    ],
 )
 def test_compute_capability_by_model(model, cc):
     assert compute_capability(model) == cc
