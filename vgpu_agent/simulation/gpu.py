@@ -1,0 +1,261 @@
+"""A discrete-time model of one GPU shared by containers (1 ms steps by default).
+
+Each simulated process launches kernels of one kind (duration alone on the GPU, occupancy, token
+cost, grid size) whenever its launch queue has room and its launch gate admits them. The gate is
+the shim's token rule on a region (`ShimGate`) or the peer model (`peer.PeerGate`). Kernels of
+different processes time-share the GPU: every step the busy processes split the step equally
+(what the driver's time-slicing does between contexts), and a process with less queued work than
+its slice leaves the rest to the others. A process's SM time is the GPU time it held times the
+occupancy of its kernels.
+
+NVML's view: every `sample_period_s` each process with a context gets one sample whose `sm_util`
+is its integer SM percent over that period, stamped with the period's end; readers see only
+finished periods, so what they read describes the recent past, like the real driver's samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from vgpu_agent.gpu.model import GpuError, ProcessSample
+from vgpu_agent.shm.api import CorePolicy
+from vgpu_agent.simulation import tokens
+from vgpu_agent.simulation.region import ProcessCounters, SimRegion
+
+NVML_ERROR_NOT_SUPPORTED = 3  # pynvml's code, repeated so the pure simulator needs no pynvml
+START_NS = 1_000 * tokens.NS_PER_S  # a monotonic clock never starts at zero
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One process's kernels and when it runs them."""
+
+    kernel_s: float  # duration of one kernel alone on the GPU
+    blocks: int = 1024
+    threads_per_block: int = 256
+    occupancy: float = 1.0  # fraction of the SMs a kernel keeps busy
+    queue_s: float = 0.01  # how much work the process keeps queued ahead of the GPU
+    busy: tuple[tuple[float, float], ...] = ((0.0, math.inf),)  # [start, end) seconds
+
+    def __post_init__(self) -> None:
+        if not self.kernel_s > 0:
+            raise ValueError(f"kernel duration must be > 0 s, got {self.kernel_s!r}")
+        if self.blocks < 1 or self.threads_per_block < 1:
+            raise ValueError(
+                f"blocks and threads per block must be >= 1, got {self.blocks}, "
+                f"{self.threads_per_block}"
+            )
+        if not 0 < self.occupancy <= 1:
+            raise ValueError(f"occupancy must be in (0, 1], got {self.occupancy!r}")
+
+    @property
+    def cost(self) -> int:
+        """What the shim charges per launch: blocks x threads per block."""
+        return self.blocks * self.threads_per_block
+
+    def busy_at(self, t_s: float) -> bool:
+        return any(start <= t_s < end for start, end in self.busy)
+
+
+class LaunchGate(Protocol):
+    def admit(self, now_ns: int, want: int) -> int:
+        """How many of `want` launches run now (the rest wait)."""
+
+
+class ShimGate:
+    """The shim's token rule on one device of a region: refill, admit, spend, bounded waits."""
+
+    def __init__(self, region: SimRegion, dev: int, slot: ProcessCounters, cost: int):
+        self.region, self.dev, self.slot, self.cost = region, dev, slot, cost
+        self.blocked_until_ns = 0
+        self.waiting_since_ns = -1
+
+    def _unlimited(self, policy: CorePolicy, limit: float, rate: int, burst: int) -> bool:
+        return policy == "off" or limit >= 100 or (rate == 0 and burst == 0)
+
+    def admit(self, now_ns: int, want: int) -> int:
+        region, dev, cost = self.region, self.dev, self.cost
+        rate, burst = region.rates[dev]
+        if self._unlimited(region.policies[dev], region.core_limits[dev], rate, burst):
+            region.last_refill_ns[dev], self.waiting_since_ns = now_ns, -1
+            region.balances[dev] = burst
+            return self._record(now_ns, want)
+        if now_ns < self.blocked_until_ns:
+            return 0
+        balance, region.last_refill_ns[dev] = tokens.refill(
+            region.balances[dev], region.last_refill_ns[dev] or now_ns, now_ns, rate, burst
+        )
+        admitted = 0
+        if tokens.admits(balance, cost, burst):
+            admitted = min(want, balance // cost) if cost <= burst else 1
+            balance = tokens.spend(balance, cost * admitted)
+        elif self.waiting_since_ns >= 0 and now_ns - self.waiting_since_ns >= tokens.MAX_WAIT_NS:
+            admitted = 1  # waited as long as the shim ever waits: runs anyway, in debt
+            balance = tokens.spend(balance, cost)
+        region.balances[dev] = balance
+        if admitted < want:
+            if admitted or self.waiting_since_ns < 0:
+                self.waiting_since_ns = now_ns
+            need = tokens.wait_ns_for(balance, cost, rate, burst)
+            sleep = max(1, min(need, tokens.MAX_SLEEP_NS))
+            self.blocked_until_ns = now_ns + sleep
+            self.slot.wait_ns[dev] += sleep
+        else:
+            self.waiting_since_ns = -1
+        return self._record(now_ns, admitted)
+
+    def _record(self, now_ns: int, admitted: int) -> int:
+        if admitted:
+            slot, dev = self.slot, self.dev
+            slot.launches[dev] += admitted
+            slot.tokens_spent[dev] += admitted * self.cost
+            slot.last_launch_ns[dev] = now_ns
+        return admitted
+
+
+@dataclass(eq=False)
+class SimProcess:
+    name: str
+    pid: int
+    workload: Workload
+    gate: LaunchGate
+    queued_s: float = 0.0
+    window_sm_s: float = 0.0  # SM time in the current NVML sample period
+    total_sm_s: float = 0.0  # ground truth, cumulative
+    bins: list[float] = field(default_factory=list)  # SM seconds per recording bin
+
+
+class SimGpu:
+    """One simulated GPU. `advance` moves time; the samples and ground truth are read after."""
+
+    def __init__(
+        self,
+        uuid: str,
+        *,
+        step_s: float = 0.001,
+        sample_period_s: float = 1 / 6,
+        bin_s: float = 0.1,
+        per_process_samples: bool = True,
+        sample_history_s: float = 5.0,
+    ):
+        if not 0 < step_s <= 0.01:
+            raise ValueError(f"step must be in (0, 10 ms], got {step_s!r}")
+        self.uuid = uuid
+        self.step_ns = round(step_s * tokens.NS_PER_S)
+        self.sample_ns = round(sample_period_s * tokens.NS_PER_S)
+        self.bin_ns = round(bin_s * tokens.NS_PER_S)
+        self.per_process_samples = per_process_samples
+        self.now_ns = START_NS
+        self.processes: list[SimProcess] = []
+        self.samples: deque[ProcessSample] = deque()
+        self._history_ns = round(sample_history_s * tokens.NS_PER_S)
+        self._next_sample_ns = START_NS + self.sample_ns
+        self._next_bin_ns = START_NS + self.bin_ns
+        self._next_pid = 10_000
+
+    @property
+    def elapsed_s(self) -> float:
+        return (self.now_ns - START_NS) / tokens.NS_PER_S
+
+    def add_process(self, name: str, workload: Workload, gate: LaunchGate,
+                    pid: int | None = None) -> SimProcess:
+        if pid is None:
+            pid = self._next_pid
+            self._next_pid += 1
+        past_bins = (self._next_bin_ns - START_NS) // self.bin_ns - 1
+        proc = SimProcess(name, pid, workload, gate, bins=[0.0] * past_bins)
+        self.processes.append(proc)
+        return proc
+
+    def shim_process(self, name: str, workload: Workload, region: SimRegion, dev: int = 0,
+                     pid: int | None = None, report_host_pid: bool = True) -> SimProcess:
+        """A process whose launches go through the shim's rule on `region`'s device `dev`."""
+        if pid is None:
+            pid = self._next_pid
+            self._next_pid += 1
+        slot = region.add_process(pid=pid, host_pid=pid if report_host_pid else 0)
+        return self.add_process(name, workload, ShimGate(region, dev, slot, workload.cost), pid)
+
+    def advance(self, seconds: float) -> None:
+        end_ns = self.now_ns + round(seconds * tokens.NS_PER_S)
+        step_ns = self.step_ns
+        step_s = step_ns / tokens.NS_PER_S
+        procs = self.processes
+        while self.now_ns < end_ns:
+            now = self.now_ns
+            t_s = (now - START_NS) / tokens.NS_PER_S
+            for p in procs:
+                w = p.workload
+                room = max(w.queue_s, w.kernel_s) - p.queued_s
+                if room >= w.kernel_s * 0.999 and w.busy_at(t_s):
+                    want = int(room / w.kernel_s + 1e-9)
+                    admitted = p.gate.admit(now, want)
+                    p.queued_s += admitted * w.kernel_s
+            self._execute(step_s)
+            self.now_ns = now + step_ns
+            if self.now_ns >= self._next_sample_ns:
+                self._sample()
+            if self.now_ns >= self._next_bin_ns:
+                for p in procs:
+                    p.bins.append(p.total_sm_s)
+                self._next_bin_ns += self.bin_ns
+
+    def _execute(self, step_s: float) -> None:
+        busy = sorted((p for p in self.processes if p.queued_s > 0), key=lambda p: p.queued_s)
+        left = step_s
+        for i, p in enumerate(busy):
+            ran = min(p.queued_s, left / (len(busy) - i))
+            p.queued_s -= ran
+            if p.queued_s < 1e-12:
+                p.queued_s = 0.0
+            left -= ran
+            sm = ran * p.workload.occupancy
+            p.window_sm_s += sm
+            p.total_sm_s += sm
+
+    def _sample(self) -> None:
+        period_s = self.sample_ns / tokens.NS_PER_S
+        stamp_us = self._next_sample_ns // 1000
+        for p in self.processes:
+            util = round(100 * p.window_sm_s / period_s)
+            self.samples.append(ProcessSample(p.pid, stamp_us, util))
+            p.window_sm_s = 0.0
+        self._next_sample_ns += self.sample_ns
+        oldest_us = (self.now_ns - self._history_ns) // 1000
+        while self.samples and self.samples[0].timestamp_us < oldest_us:
+            self.samples.popleft()
+
+    def process_utilization(self, since_us: int) -> list[ProcessSample]:
+        if not self.per_process_samples:
+            raise GpuError("per-process utilization is not supported",
+                           call="nvmlDeviceGetProcessUtilization", code=NVML_ERROR_NOT_SUPPORTED)
+        return [s for s in self.samples if s.timestamp_us > since_us]
+
+    def shares(self, proc: SimProcess, window_s: float) -> list[tuple[float, float]]:
+        """(end time s, SM percent over the preceding `window_s`) for every recorded bin."""
+        per = max(1, round(window_s * tokens.NS_PER_S / self.bin_ns))
+        bin_s = self.bin_ns / tokens.NS_PER_S
+        cumulative = [0.0, *proc.bins]
+        return [
+            (i * bin_s, 100 * (cumulative[i] - cumulative[i - per]) / (per * bin_s))
+            for i in range(per, len(cumulative))
+        ]
+
+
+class SimBackend:
+    """The slice of a GPU backend the controller uses, served by simulated GPUs."""
+
+    def __init__(self, gpus: Sequence[SimGpu]):
+        self.gpus = {gpu.uuid: gpu for gpu in gpus}
+        self.calls = 0
+
+    def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+        self.calls += 1
+        gpu = self.gpus.get(uuid)
+        if gpu is None:
+            raise GpuError(f"no simulated GPU {uuid!r}", call="nvmlDeviceGetHandleByUUID", code=13)
+        return gpu.process_utilization(since_us)

@@ -1,0 +1,172 @@
+"""Run scenarios on a simulated GPU: under the real throttle controller, or under the peer model.
+
+The controlled run wires the real `ThrottleController` (and so the real control law) to the
+simulator: its clock is the simulated clock, its backend serves the simulator's NVML samples, its
+regions are the simulated containers' regions. Shares are measured from the simulator's ground
+truth (SM time actually used), not from what the controller believed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vgpu_agent.shm.api import CorePolicy
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimProcess, Workload
+from vgpu_agent.simulation.peer import PeerGate, PeerGpu, PeerWatchers
+from vgpu_agent.simulation.region import SimRegion
+from vgpu_agent.throttle.control import ControlParams
+from vgpu_agent.throttle.controller import ThrottleController
+
+SIM_UUID = "GPU-5a11ce00-0000-4000-8000-000000000001"
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    limit: float  # percent
+    workload: Workload
+    policy: CorePolicy = "work-conserving"
+    priority: int = 0
+    processes: int = 1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    containers: tuple[ContainerSpec, ...]
+    expected: Callable[[str, float], float]  # the share container `name` should have at time t
+    duration_s: float = 60.0
+    changes: tuple[float, ...] = ()  # moments the expected shares change (besides t=0)
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    series: dict[str, list[tuple[float, float]]]  # name -> (window end s, share percent)
+    cpu_s: float
+    window_s: float
+
+
+@dataclass(frozen=True)
+class Stats:
+    mean_abs_error: float  # points, steady state, all containers
+    p95_error: float
+    settling_s: list[float | None] = field(default_factory=list)  # per change incl. t=0; None=never
+
+    @property
+    def worst_settling_s(self) -> float:
+        return max((math.inf if s is None else s) for s in self.settling_s) if self.settling_s \
+            else 0.0
+
+
+def _series(gpu: SimGpu, procs: dict[str, list[SimProcess]], window_s: float
+            ) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list[tuple[float, float]]] = {}
+    for name, plist in procs.items():
+        per = [gpu.shares(p, window_s) for p in plist]
+        out[name] = [(per[0][i][0], sum(s[i][1] for s in per)) for i in range(len(per[0]))] \
+            if per else []
+    return out
+
+
+class ControlledRun:
+    """A simulated GPU whose containers the real controller steers; step it with `advance`."""
+
+    def __init__(self, containers: tuple[ContainerSpec, ...], *, tick_s: float = 0.1,
+                 params: ControlParams | None = None, per_process_samples: bool = True,
+                 uuid: str = SIM_UUID):
+        self.gpu = SimGpu(uuid, per_process_samples=per_process_samples)
+        self.regions: dict[str, SimRegion] = {}
+        self.procs: dict[str, list[SimProcess]] = {}
+        for seq, spec in enumerate(containers):
+            region = SimRegion(spec.name, (uuid,), (spec.limit,), (spec.policy,),
+                               priority=spec.priority, seq=seq)
+            self.regions[spec.name] = region
+            self.procs[spec.name] = [
+                self.gpu.shim_process(f"{spec.name}-{i}", spec.workload, region)
+                for i in range(spec.processes)
+            ]
+        self.tick_s = tick_s
+        self.controller = ThrottleController(
+            SimBackend([self.gpu]), lambda: list(self.regions.values()), tick_s=tick_s,
+            params=params, clock=lambda: self.gpu.now_ns,
+        )
+
+    async def advance(self, seconds: float) -> None:
+        end = self.gpu.elapsed_s + seconds
+        while self.gpu.elapsed_s < end - 1e-9:
+            self.gpu.advance(min(self.tick_s, end - self.gpu.elapsed_s))
+            await self.controller.tick()
+
+
+async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: float = 0.5,
+                         params: ControlParams | None = None) -> RunResult:
+    started = time.process_time()
+    run = ControlledRun(scenario.containers, tick_s=tick_s, params=params)
+    await run.advance(scenario.duration_s)
+    return RunResult(scenario, _series(run.gpu, run.procs, window_s),
+                     time.process_time() - started, window_s)
+
+
+def run_peer(scenario: Scenario, *, window_s: float = 0.5, peer_gpu: PeerGpu | None = None
+             ) -> RunResult:
+    """The same workloads limited by the peer model instead of the controller."""
+    started = time.process_time()
+    peer_gpu = peer_gpu or PeerGpu()
+    gpu = SimGpu(SIM_UUID)
+    procs: dict[str, list[SimProcess]] = {}
+    watched: dict[str, tuple[PeerGate, list[SimProcess]]] = {}
+    for spec in scenario.containers:
+        gate = PeerGate(spec.limit, spec.workload.blocks, peer_gpu)
+        procs[spec.name] = [
+            gpu.add_process(f"{spec.name}-{i}", spec.workload, gate) for i in range(spec.processes)
+        ]
+        watched[spec.name] = (gate, procs[spec.name])
+    watchers = PeerWatchers(gpu, watched)
+    while gpu.elapsed_s < scenario.duration_s - 1e-9:
+        gpu.advance(0.01)
+        watchers.run_due()
+    return RunResult(scenario, _series(gpu, procs, window_s), time.process_time() - started,
+                     window_s)
+
+
+def evaluate(result: RunResult, *, tolerance: float = 2.0, settle_exclude_s: float = 5.0,
+             hold_s: float = 2.0) -> Stats:
+    """Steady-state errors (from `settle_exclude_s` after each change) and settling times.
+
+    Settling after a change: from the change to the first window end after which every
+    container's share stays within `tolerance` of its expected share for `hold_s`.
+    """
+    sc = result.scenario
+    bounds = [0.0, *sc.changes, sc.duration_s]
+    errors: list[float] = []
+    for name, points in result.series.items():
+        for t, share in points:
+            start = max(b for b in bounds[:-1] if b <= t - 1e-9)  # last change before window end
+            if t - result.window_s >= start + settle_exclude_s - 1e-9:
+                errors.append(abs(share - sc.expected(name, t - result.window_s / 2)))
+    errors.sort()
+    mae = sum(errors) / len(errors) if errors else math.nan
+    p95 = errors[min(len(errors) - 1, int(0.95 * len(errors)))] if errors else math.nan
+    settling: list[float | None] = []
+    times = [t for t, _ in next(iter(result.series.values()))]
+    for i, change in enumerate(bounds[:-1]):
+        end = bounds[i + 1]
+        ok = [
+            all(abs(result.series[n][j][1] - sc.expected(n, t - result.window_s / 2)) <= tolerance
+                for n in result.series)
+            for j, t in enumerate(times)
+        ]
+        found: float | None = None
+        for t in times:
+            if t < change + result.window_s - 1e-9 or t > end - hold_s:
+                continue
+            span = [ok[k] for k, tt in enumerate(times) if t <= tt <= t + hold_s]
+            if all(span):
+                found = t - change
+                break
+        settling.append(found)
+    return Stats(mae, p95, settling)

@@ -1,0 +1,349 @@
+"""The core-throttle control law: from measured use to token refill rates, one GPU at a time.
+
+Pure: no I/O, no clocks, no asyncio. `controller.py` feeds it one `Observation` per container
+and physical GPU every tick and writes the resulting rates into the regions.
+
+How it works (the note the design asks for)
+-------------------------------------------
+*Shares.* `allocate` turns limits, policies, priorities and demands into a target share per
+container, in percent of the GPU's SM time:
+
+1. Guarantee, by priority: highest priority first, each container gets what it can use of its
+   limit (all of it when it is waiting for tokens); when the limits add up to more than the GPU,
+   a priority level splits what is left in proportion to its members' limits.
+2. Lend: capacity nobody uses goes to waiting `work-conserving` containers in proportion to their
+   limits. A `strict` container never gets more than its limit.
+3. Reserve: a container keeps a rate for its full guarantee even while idle, so the moment it
+   launches again it is served; the next tick sees its spending and takes the loan back.
+
+*Rates.* The shim charges whatever a launch costs (grid blocks x threads), so the law never
+assumes a token unit. It learns, per container, `k` = tokens per second that buy one percent of
+SM time, from the tokens the container spent divided by the utilization NVML measured, and sets
+`rate = k * target`. A change of target is therefore applied in one step (feed-forward), and the
+quality of the loop rests on `k` alone, which is a property of the workload, not of the share:
+
+- `k` is updated only from evidence that describes a steady state: the container's spending has
+  stayed within a tolerance for `spend_window_s` (long enough to cover NVML's averaging window)
+  and utilization is above a floor where integer percentages are still precise. Transients
+  (a target change, a queue filling, the GPU being contended) never reach the model: this gating
+  is the anti-windup.
+- Updates are geometric (`k *= (observed / k) ** gain`): the learned gain is itself an integral
+  action on the multiplicative error, so a workload whose utilization is not exactly
+  proportional to its spending still converges to its target at the operating point.
+- Cold start: a container with no model runs unthrottled for one tick; its spending then gives a
+  lower bound for `k` (utilization cannot have exceeded 100%), so the first limited rate never
+  exceeds the limit. The exact `k` follows once the spending is steady.
+
+Kernel length does not matter to this law: long kernels make the spending lumpy within a tick,
+which the burst (a couple of launches at least) absorbs, and the learning window averages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy
+
+# Written for `off` containers (and for ones the law knows nothing about yet): large enough
+# that no bucket ever runs dry, small enough that the shim's 64-bit arithmetic cannot overflow.
+UNLIMITED_RATE = 1 << 52
+
+FULL_SHARE = 100.0
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class ControlParams:
+    """Tuning of the law. Times in seconds, shares in percent of the GPU's SM time."""
+
+    spend_window_s: float = 0.4  # spending must be steady this long before `k` learns from it
+    steady_tolerance: float = 0.15  # max relative spread of spending inside that window
+    model_gain: float = 0.5  # weight of a new observation in the geometric update of `k`
+    min_util_to_learn: float = 3.0  # below this NVML's integer percent is too coarse
+    hungry_wait_fraction: float = 0.02  # waiting this fraction of a tick means rate-limited
+    hungry_spend_fraction: float = 0.9  # spending this fraction of the rate means rate-limited
+    saturation_margin: float = 3.0  # a GPU this close to 100% busy is treated as full
+    demand_margin: float = 3.0  # headroom kept for a container that is not rate-limited
+    demand_ticks: int = 3  # demand is the peak spending of this many recent ticks
+    burst_s: float = 0.02  # bucket depth in seconds of refill
+    burst_launches: float = 2.0  # and never less than this many of the largest launches
+    min_rate: int = 1  # tokens/s; zero would starve a squeezed-out container forever
+
+    def __post_init__(self) -> None:
+        for name in ("spend_window_s", "steady_tolerance", "model_gain", "burst_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"ControlParams.{name} must be > 0, got {value!r}")
+        if not 0 < self.model_gain <= 1:
+            raise ValueError(f"ControlParams.model_gain must be in (0, 1], got {self.model_gain!r}")
+        if self.demand_ticks < 1:
+            raise ValueError(f"ControlParams.demand_ticks must be >= 1, got {self.demand_ticks!r}")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One container on one physical GPU during the tick that just ended."""
+
+    key: str
+    limit: float  # percent, 0 < limit <= 100
+    policy: CorePolicy
+    priority: int = 0
+    spent: int = 0  # tokens spent during the tick (all processes of the container)
+    launches: int = 0  # kernel launches during the tick
+    waited_s: float = 0.0  # time its processes spent waiting for tokens during the tick
+    util: float | None = None  # measured SM percent, None when NVML gave nothing new
+    rate: int = UNLIMITED_RATE  # the refill rate that was in force during the tick
+
+    def __post_init__(self) -> None:
+        if not 0 < self.limit <= FULL_SHARE:
+            raise ValueError(f"core limit of {self.key!r} must be in (0, 100], got {self.limit!r}")
+        if self.policy not in CORE_POLICIES:
+            raise ValueError(
+                f"core policy of {self.key!r} must be one of {CORE_POLICIES}, got {self.policy!r}"
+            )
+        if self.spent < 0 or self.launches < 0 or self.waited_s < 0 or self.rate < 0:
+            raise ValueError(f"negative usage figures for {self.key!r}: {self!r}")
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """What the law remembers about one container between ticks."""
+
+    tokens_per_pct: float = 0.0  # k, tokens/s buying one percent of SM time; 0 = unknown
+    lower_bound: bool = False  # k is only the cold-start bound, not yet learned
+    spend_history: tuple[float, ...] = ()  # tokens/s per recent tick, newest last
+    limited_history: tuple[float, ...] = ()  # rate in force per recent tick when rate-limited,
+    # 0 when it was not: a container held at one rate the whole window spends exactly that rate
+    cost_per_launch: float = 0.0  # largest recent average cost of one launch
+    util: float | None = None  # last measured SM percent
+    util_history: tuple[float, ...] = ()  # the last fresh measurements, newest last
+    learned: int = 0  # how many observations `k` has been learned from
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A container's entry in the share allocation."""
+
+    key: str
+    limit: float
+    policy: CorePolicy
+    priority: int
+    hungry: bool  # rate-limited: it would use more than it has
+    demand: float  # percent it uses (plus margin) when not hungry
+
+
+@dataclass(frozen=True)
+class Shares:
+    guarantee: dict[str, float] = field(default_factory=dict)  # reserved when it asks
+    target: dict[str, float] = field(default_factory=dict)  # what it should get now
+
+
+@dataclass(frozen=True)
+class Decision:
+    rate: int
+    burst: int
+    target: float  # percent, what the rate aims at
+    hungry: bool
+    demand: float
+    state: LoopState
+
+
+def _water_fill(
+    amount: float, weights: Mapping[str, float], caps: Mapping[str, float]
+) -> dict[str, float]:
+    """Split `amount` in proportion to `weights`, nobody above their cap; returns the gifts."""
+    given = {key: 0.0 for key in caps}
+    open_keys = [key for key in caps if caps[key] > _EPS and weights[key] > 0]
+    while amount > _EPS and open_keys:
+        total_weight = sum(weights[key] for key in open_keys)
+        room = min((caps[key] - given[key]) * total_weight / weights[key] for key in open_keys)
+        step = min(amount, room)
+        for key in open_keys:
+            given[key] += step * weights[key] / total_weight
+        amount -= step
+        open_keys = [key for key in open_keys if caps[key] - given[key] > _EPS]
+    return given
+
+
+def _by_priority(
+    claims: Sequence[Claim], wants: Mapping[str, float], capacity: float
+) -> dict[str, float]:
+    """Highest priority first; within a level, proportional to limits, capped at what each wants."""
+    granted: dict[str, float] = {}
+    left = capacity
+    for level in sorted({c.priority for c in claims}, reverse=True):
+        members = [c for c in claims if c.priority == level]
+        gifts = _water_fill(
+            left, {c.key: c.limit for c in members}, {c.key: wants[c.key] for c in members}
+        )
+        granted.update(gifts)
+        left = max(0.0, left - sum(gifts.values()))
+    return granted
+
+
+def allocate(claims: Sequence[Claim], capacity: float = FULL_SHARE) -> Shares:
+    """Target shares for the limited containers of one GPU (see the module note).
+
+    `capacity` is what the limited containers may divide: 100 minus what `off` containers use.
+    """
+    limited = [c for c in claims if c.policy != "off"]
+    guarantee = _by_priority(limited, {c.key: c.limit for c in limited}, capacity)
+    wants = {c.key: c.limit if c.hungry else min(c.limit, c.demand) for c in limited}
+    used = _by_priority(limited, wants, capacity)
+    spare = capacity - sum(used.values())
+    lend_caps: dict[str, float] = {}
+    for c in limited:
+        if c.policy == "work-conserving":
+            ceiling = math.inf if c.hungry else max(c.demand, used[c.key])
+        else:
+            ceiling = c.limit if c.hungry else min(c.limit, c.demand)
+        lend_caps[c.key] = max(0.0, ceiling - used[c.key])
+    lent = _water_fill(spare, {c.key: c.limit for c in limited}, lend_caps)
+    target = {c.key: max(guarantee[c.key], used[c.key] + lent[c.key]) for c in limited}
+    return Shares(guarantee=guarantee, target=target)
+
+
+def _steady(history: Sequence[float], tolerance: float) -> bool:
+    mean = sum(history) / len(history)
+    return mean > 0 and (max(history) - min(history)) <= 2 * tolerance * mean
+
+
+def _steady_spend(
+    spends: Sequence[float], limited: Sequence[float], window: int, tolerance: float
+) -> float | None:
+    """The container's long-run spending over the window, when the window shows one.
+
+    Held at one rate and waiting for tokens all along, it spent that rate, however lumpy its
+    per-tick spending (a few long kernels per second); otherwise its spending must itself be
+    steady.
+    """
+    if len(spends) < window:
+        return None
+    if min(limited) > 0 and max(limited) <= min(limited) * (1 + tolerance / 10):
+        return sum(limited) / window
+    if _steady(spends, tolerance):
+        return sum(spends) / window
+    return None
+
+
+def _observe(
+    obs: Observation,
+    prev: LoopState,
+    dt_s: float,
+    window: int,
+    saturated: bool,
+    params: ControlParams,
+) -> tuple[LoopState, bool, float]:
+    """Update the container's model from one tick; returns (state, hungry, demand)."""
+    spend_rate = obs.spent / dt_s
+    history = (*prev.spend_history, spend_rate)[-window:]
+    cost = prev.cost_per_launch * 0.99  # forget slowly, so one odd launch does not stick
+    if obs.launches:
+        cost = max(cost, obs.spent / obs.launches)
+    waited = obs.waited_s >= params.hungry_wait_fraction * dt_s
+    spent_all = obs.rate < UNLIMITED_RATE and spend_rate >= params.hungry_spend_fraction * obs.rate
+    hungry = waited or spent_all
+
+    k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
+    if k <= 0 and spend_rate > 0:
+        k, lower_bound = spend_rate / FULL_SHARE, True
+    limited = (*prev.limited_history, float(obs.rate) if hungry else 0.0)[-window:]
+    long_run = _steady_spend(history, limited, window, params.steady_tolerance)
+    utils = prev.util_history if obs.util is None else (*prev.util_history, obs.util)[-2:]
+    if obs.util is None or len(utils) < 2 or abs(utils[0] - utils[1]) > max(
+        1.0, params.steady_tolerance * max(utils)
+    ):
+        # Utilization still moving: queued work draining or NVML's window straddling a
+        # change; spending and utilization do not describe the same moment yet.
+        long_run = None
+    if long_run is not None and obs.util is not None:
+        seen = long_run / obs.util if obs.util > 0 else math.inf
+        if obs.util >= params.min_util_to_learn and not saturated:
+            if lower_bound or k <= 0:
+                k, lower_bound = seen, False
+            else:
+                k *= (seen / k) ** params.model_gain
+            learned += 1
+        elif obs.util >= params.min_util_to_learn and not lower_bound and seen < k:
+            # On a full GPU work queues up, so spending overstates use and `seen` overstates
+            # k: only a correction downwards is trustworthy, and it is what relieves the GPU.
+            k *= (seen / k) ** params.model_gain
+            learned += 1
+        elif not saturated:
+            # Too coarse to learn from, but NVML rounds, so the true share was below
+            # util + 0.5 and k is at least this: a safe lower bound to climb by.
+            k = max(k, long_run / (obs.util + 0.5))
+    # Never spent a token: idle. Otherwise its recent peak, which a waking owner shows at once.
+    demand = max(history[-params.demand_ticks :]) / k + params.demand_margin if k > 0 else 0.0
+    state = LoopState(
+        tokens_per_pct=k,
+        lower_bound=lower_bound,
+        spend_history=history,
+        limited_history=limited,
+        cost_per_launch=cost,
+        util=obs.util if obs.util is not None else prev.util,
+        util_history=utils,
+        learned=learned,
+    )
+    return state, hungry, demand
+
+
+def control_step(
+    observations: Sequence[Observation],
+    states: Mapping[str, LoopState],
+    dt_s: float,
+    params: ControlParams | None = None,
+) -> dict[str, Decision]:
+    """One tick of the law for the containers of one physical GPU."""
+    if not dt_s > 0:
+        raise ValueError(f"tick length must be > 0 s, got {dt_s!r}")
+    params = params or ControlParams()
+    keys = [o.key for o in observations]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"duplicate container keys in one GPU's observations: {keys}")
+    window = max(1, round(params.spend_window_s / dt_s))
+
+    fresh = [o.util for o in observations if o.util is not None]
+    saturated = bool(fresh) and sum(fresh) >= FULL_SHARE - params.saturation_margin
+    updated: dict[str, tuple[LoopState, bool, float]] = {
+        o.key: _observe(o, states.get(o.key, LoopState()), dt_s, window, saturated, params)
+        for o in observations
+    }
+    off_use = sum(
+        (updated[o.key][0].util or 0.0) for o in observations if o.policy == "off"
+    )
+    claims = [
+        Claim(o.key, o.limit, o.policy, o.priority, updated[o.key][1], updated[o.key][2])
+        for o in observations
+    ]
+    shares = allocate(claims, max(0.0, FULL_SHARE - off_use))
+
+    decisions: dict[str, Decision] = {}
+    for o in observations:
+        state, hungry, demand = updated[o.key]
+        if o.policy == "off":
+            decisions[o.key] = Decision(UNLIMITED_RATE, UNLIMITED_RATE, FULL_SHARE, hungry, demand,
+                                        state)
+            continue
+        target = shares.target[o.key]
+        if state.tokens_per_pct <= 0:
+            # Cold start: nothing spent yet, so nothing to scale by. Let it run one tick.
+            decisions[o.key] = Decision(UNLIMITED_RATE, UNLIMITED_RATE, target, hungry, demand,
+                                        state)
+            continue
+        rate = max(params.min_rate, round(state.tokens_per_pct * target))
+        burst = max(
+            round(rate * params.burst_s),
+            math.ceil(params.burst_launches * state.cost_per_launch),
+            1,
+        )
+        decisions[o.key] = Decision(rate, burst, target, hungry, demand, state)
+    return decisions
+
+
+def forget(states: Mapping[str, LoopState], keep: set[str]) -> dict[str, LoopState]:
+    """Drop the memory of containers that are gone."""
+    return {key: state for key, state in states.items() if key in keep}
+
