@@ -1,0 +1,818 @@
+"""Per-allocation regions on disk: created at Allocate, adopted, bound to containers, collected.
+
+Layout under the state dir:
+
+    regions/<alloc_id>/control   0444, written only by the agent (mmap'd read-write here)
+    regions/<alloc_id>/state     0666, written by the shim in the container (read here by pread)
+    regions/.new-<alloc_id>/     a region being built; renamed into place when complete
+    regions/.gc-<alloc_id>/      a region being deleted
+    regions.corrupt/<alloc_id>/  regions found unreadable at start, kept for inspection
+    shim/libvgpu.so, shim/ld.so.preload   installed by `vgpu-agent install-shim`
+
+`alloc_id` is `<seq:012d>-<8 hex>`: names sort by creation, and `seq` (also stored in `control`)
+keeps growing across agent restarts because it continues from the largest one on disk.
+
+Crash safety: a region is built in a `.new-` directory and renamed into place, so a crash leaves
+either a complete region or a leftover that `adopt()` deletes. Files are not fsync'd: after a
+power loss the containers that used the regions are gone too, and the next start collects them.
+
+Why `state` is read with `pread` into a private buffer and not through an mmap: the container can
+truncate the file, and touching an mmap'd page past the end of a file kills the reader with
+SIGBUS. A short read is just a short buffer, which the decoder bounds-checks.
+
+Why `control` gets its own read-only mount on top of the read-write region dir: the dir must be
+writable (the shim writes `state`, HAMi-core creates its cache file), and in a writable dir a
+process could unlink `control` and put its own limits in its place. A file that is a mount point
+cannot be unlinked or renamed from inside the container.
+
+Identity and collection (`reconcile`, rules in `plan_regions`): PodResources says which container
+holds which device IDs. A region belongs to the container whose device IDs are exactly the
+region's. When the IDs of several regions match one container (IDs reused after an earlier
+container ended, or a pod recreated under the same name), the newest region (highest seq) is the
+container's: the kubelet allocates IDs again only after their previous holder has ended, so the
+last Allocate of those IDs is the one the running container was started with. The older ones
+are garbage. Garbage is removed at once, a region nobody holds after `gc_grace_s` of not being
+held; a region younger than `gc_grace_s` is never removed, because PodResources shows a container
+only some time after its Allocate. A region whose container is gone keeps its last known labels
+until it is removed. Without a PodResources answer nothing is ever removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import mmap
+import os
+import re
+import shutil
+import stat
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
+from vgpu_agent.deviceplugin.server import Extras
+from vgpu_agent.shm import layout
+from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionUsage
+
+log = structlog.get_logger(__name__)
+
+REGIONS_DIR = "regions"
+QUARANTINE_DIR = "regions.corrupt"
+SHIM_DIR = "shim"
+SHIM_FILE = "libvgpu.so"
+PRELOAD_FILE = "ld.so.preload"
+CONTROL_FILE = "control"
+STATE_FILE = "state"
+HAMI_CACHE_FILE = "hami.cache"
+PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
+REGION_DIR_ENV = "VGPU_REGION_DIR"
+HAMI_CACHE_ENV = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+
+CONTROL_MODE = 0o444
+STATE_MODE = 0o666  # the container's processes write it, whatever their uid
+DIR_MODE = 0o755
+QUARANTINE_KEEP = 16  # corrupt regions kept for inspection; older ones are deleted
+
+_NEW_PREFIX = ".new-"
+_GC_PREFIX = ".gc-"
+_ALLOC_ID = re.compile(r"^(?P<seq>\d{12})-[0-9a-f]{8}$")
+_POLICY_CODES: dict[CorePolicy, int] = {
+    name: code for code, name in layout.POLICY_NAMES.items()  # type: ignore[misc]
+}
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+ContainerKey = tuple[str, str, str]  # namespace, pod, container
+InitialRate = Callable[[GrantedDevice, CorePolicy], tuple[int, int]]
+
+
+class RegionError(Exception):
+    """A region cannot be created or opened; the message names the path and the reason."""
+
+
+def unconfigured_rate(device: GrantedDevice, policy: CorePolicy) -> tuple[int, int]:
+    """The (rate, burst) a new region starts with: (0, 0), "never configured".
+
+    The shim spends no tokens until the controller writes the first rate (its first tick, long
+    before a new container launches a kernel). A fixed limited start cannot be right: a token is
+    one thread of one launch, and how many a GPU runs per second differs by orders of magnitude
+    between workloads. The control law itself starts unthrottled for one tick and then derives a
+    first rate that is at most the limit.
+    """
+    return 0, 0
+
+
+def format_alloc_id(seq: int, device_ids: Sequence[str], created_ns: int) -> str:
+    if not 0 <= seq < 10**12:
+        raise RegionError(f"sequence number {seq} out of range 0..{10**12 - 1}")
+    text = "\n".join((str(created_ns), *device_ids))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return f"{seq:012d}-{digest[:8]}"
+
+
+def alloc_seq(name: str) -> int | None:
+    """The sequence number in a region directory's name, None for anything else."""
+    match = _ALLOC_ID.match(name)
+    return int(match.group("seq")) if match else None
+
+
+def core_limit_ppm(percent: float) -> int:
+    """A core share in percent as the ABI stores it: parts per million, 1..CORE_LIMIT_FULL."""
+    if not percent > 0 or math.isnan(percent):
+        raise RegionError(f"core share {percent!r}% is not allowed: more than 0 and at most 100")
+    return max(1, min(layout.CORE_LIMIT_FULL, round(percent * layout.CORE_LIMIT_FULL / 100)))
+
+
+# ------------------------------------------------------------------ one region
+
+
+class Region:
+    """One allocation's region: `control` mmap'd read-write, `state` read with pread.
+
+    Implements `vgpu_agent.shm.api.RegionHandle`. The identity and limits are read once when the
+    region is opened (only this agent writes them, and it never changes them); rate, burst and
+    heartbeat are read live.
+    """
+
+    def __init__(self, path: Path, alloc_id: str, control_map: mmap.mmap, control: layout.Control):
+        self.path = path
+        self._alloc_id = alloc_id
+        self._map: mmap.mmap | None = control_map
+        self._view: memoryview | None = memoryview(control_map)
+        self._control = control
+        self._policies: tuple[CorePolicy, ...] = tuple(
+            layout.POLICY_NAMES[d.policy]  # type: ignore[misc]
+            for d in control.devices
+        )
+        self._state_fd: int | None = None
+        self._buffer = bytearray(layout.STATE_SIZE)
+        self._read_lock = threading.Lock()
+        self.corrupt_reads = 0  # usage() calls that found `state` unreadable
+        self.skipped_records = 0  # nonsense values skipped over all reads
+        self._reported_corrupt = False
+
+    @classmethod
+    def open(cls, path: Path) -> Region:
+        """Open an existing region directory; RegionError if `control` is not a valid region."""
+        alloc_id = path.name
+        control_path = path / CONTROL_FILE
+        try:
+            fd = os.open(control_path, os.O_RDWR | _NOFOLLOW)
+        except OSError as err:
+            raise RegionError(f"cannot open {control_path}: {err.strerror}") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size != layout.CONTROL_SIZE:
+                raise RegionError(
+                    f"{control_path} is {info.st_size} bytes (mode {info.st_mode:o}): "
+                    f"a regular file of {layout.CONTROL_SIZE} bytes expected"
+                )
+            control_map = mmap.mmap(fd, layout.CONTROL_SIZE, access=mmap.ACCESS_WRITE)
+        finally:
+            os.close(fd)
+        try:
+            control = _validated_control(control_map, control_path, alloc_id)
+        except RegionError:
+            control_map.close()
+            raise
+        region = cls(path, alloc_id, control_map, control)
+        region._open_state()
+        return region
+
+    # --- RegionHandle -------------------------------------------------------------------------
+
+    @property
+    def alloc_id(self) -> str:
+        return self._alloc_id
+
+    @property
+    def seq(self) -> int:
+        return self._control.seq
+
+    @property
+    def priority(self) -> int:
+        return self._control.priority
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return self._control.device_ids
+
+    @property
+    def device_uuids(self) -> tuple[str, ...]:
+        return tuple(d.uuid for d in self._control.devices)
+
+    @property
+    def created_ns(self) -> int:
+        return self._control.created_ns
+
+    def memory_limit(self, dev: int) -> int:
+        return self._device(dev).memory_limit
+
+    def core_limit(self, dev: int) -> float:
+        return self._device(dev).core_limit * 100 / layout.CORE_LIMIT_FULL
+
+    def policy(self, dev: int) -> CorePolicy:
+        self._device(dev)
+        return self._policies[dev]
+
+    def rate(self, dev: int) -> tuple[int, int]:
+        self._device(dev)
+        buf = self._live()
+        return (
+            layout.load_u64(buf, layout.control_device_offset(dev, "rate")),
+            layout.load_u64(buf, layout.control_device_offset(dev, "burst")),
+        )
+
+    def set_rate(self, dev: int, rate: int, burst: int) -> None:
+        self._device(dev)
+        layout.set_rate(self._live(), dev, rate, burst)
+
+    def beat(self, now_ns: int) -> None:
+        layout.set_heartbeat(self._live(), now_ns)
+
+    def usage(self) -> RegionUsage:
+        """What the shim reports; never raises. An unreadable file gives `corrupt=True`."""
+        try:
+            with self._read_lock:
+                usage = self._read_usage()
+        except Exception as err:  # whatever the container did to the file, the agent goes on
+            log.warning("region_state_read_failed", alloc_id=self._alloc_id, error=str(err))
+            usage = RegionUsage(corrupt=True)
+        if usage.corrupt:
+            self.corrupt_reads += 1
+            if not self._reported_corrupt:
+                log.warning("region_state_corrupt", alloc_id=self._alloc_id, path=str(self.path))
+                self._reported_corrupt = True
+        else:
+            self._reported_corrupt = False
+            self.skipped_records += usage.skipped_records
+        return usage
+
+    # --- the rest -----------------------------------------------------------------------------
+
+    @property
+    def device_count(self) -> int:
+        return len(self._control.devices)
+
+    @property
+    def heartbeat_ns(self) -> int:
+        return layout.load_u64(self._live(), layout.CONTROL_OFFSETS["heartbeat_ns"])
+
+    @property
+    def generation(self) -> int:
+        return layout.load_u64(self._live(), layout.CONTROL_OFFSETS["generation"])
+
+    @property
+    def closed(self) -> bool:
+        return self._view is None
+
+    def control(self) -> layout.Control:
+        """The whole `control` file as it is now."""
+        return layout.decode_control(self._live())
+
+    def close(self) -> None:
+        view, self._view = self._view, None
+        if view is not None:
+            view.release()
+        control_map, self._map = self._map, None
+        if control_map is not None:
+            control_map.close()
+        fd, self._state_fd = self._state_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"Region({self._alloc_id!r}, ids={list(self.device_ids)})"
+
+    def _device(self, dev: int) -> layout.ControlDevice:
+        devices = self._control.devices
+        if not isinstance(dev, int) or not 0 <= dev < len(devices):
+            raise IndexError(
+                f"device index {dev!r} out of range for region {self._alloc_id}: "
+                f"allowed 0..{len(devices) - 1}"
+            )
+        return devices[dev]
+
+    def _live(self) -> memoryview:
+        if self._view is None:
+            raise RegionError(f"region {self._alloc_id} is closed")
+        return self._view
+
+    def _open_state(self) -> bool:
+        # O_NONBLOCK: a FIFO put in place of the file must not hang the agent in open().
+        try:
+            fd = os.open(self.path / STATE_FILE, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+        except OSError:
+            return False
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return False
+        self._state_fd = fd
+        return True
+
+    def _read_usage(self) -> RegionUsage:
+        if self._state_fd is None and not self._open_state():
+            return RegionUsage(corrupt=True)
+        assert self._state_fd is not None
+        size = os.preadv(self._state_fd, [self._buffer], 0)
+        with memoryview(self._buffer) as whole, whole[:size] as view:
+            return layout.decode_state(_used_slots_only(view), self.device_count)
+
+
+def _validated_control(buf: mmap.mmap, path: Path, alloc_id: str) -> layout.Control:
+    try:
+        with memoryview(buf) as view:
+            control = layout.decode_control(view)
+    except layout.RegionFormatError as err:
+        raise RegionError(f"{path}: {err}") from None
+    problems = []
+    if not control.devices:
+        problems.append("no devices")
+    if not control.device_ids:
+        problems.append("no device IDs")
+    for i, d in enumerate(control.devices):
+        if not d.uuid:
+            problems.append(f"devices[{i}] has no UUID")
+        if d.policy not in layout.POLICY_NAMES:
+            problems.append(f"devices[{i}].policy={d.policy}, allowed {sorted(layout.POLICIES)}")
+        if not 0 < d.core_limit <= layout.CORE_LIMIT_FULL:
+            problems.append(f"devices[{i}].core_limit={d.core_limit} not in 1..1000000")
+    if alloc_seq(alloc_id) != control.seq:
+        problems.append(f"seq {control.seq} does not match the directory name {alloc_id}")
+    if problems:
+        raise RegionError(f"{path}: " + "; ".join(problems))
+    return control
+
+
+_SLOT_COUNT = struct.Struct("<I")
+
+
+def _used_slots_only(view: memoryview) -> memoryview | bytearray:
+    """The state bytes with free slots (pid 0) left out, for a cheaper decode.
+
+    `decode_state` skips free slots without counting them, so leaving them out changes nothing in
+    its result; walking 1024 slots in Python costs about a millisecond a region, gathering the pids
+    with one strided view about 20 us. Files that are odd in any way are passed on unchanged.
+    """
+    header = layout.STATE_HEADER_SIZE
+    if len(view) != layout.STATE_SIZE:
+        return view
+    (slot_count,) = _SLOT_COUNT.unpack_from(view, layout.STATE_OFFSETS["slot_count"])
+    if slot_count > layout.MAX_PROCS or layout.load_u64(view, 16) != layout.STATE_SIZE:
+        return view
+    step = layout.SLOT_SIZE // 8
+    with view[header : header + slot_count * layout.SLOT_SIZE].cast("Q") as words:
+        pids = words[::step].tolist()
+    used = [i for i, pid in enumerate(pids) if pid]
+    compact = bytearray(header + len(used) * layout.SLOT_SIZE)
+    compact[:header] = view[:header]
+    _SLOT_COUNT.pack_into(compact, layout.STATE_OFFSETS["slot_count"], len(used))
+    for n, i in enumerate(used):
+        start = header + i * layout.SLOT_SIZE
+        compact[header + n * layout.SLOT_SIZE : header + (n + 1) * layout.SLOT_SIZE] = view[
+            start : start + layout.SLOT_SIZE
+        ]
+    return compact
+
+
+# ------------------------------------------------------------------ identity and collection
+
+
+@dataclass(frozen=True)
+class RegionFacts:
+    """What the binding rules need to know of a region."""
+
+    alloc_id: str
+    seq: int
+    device_ids: frozenset[str]
+    created_ns: int
+
+
+@dataclass(frozen=True)
+class RegionPlan:
+    bound: dict[str, ContainerKey]  # alloc_id -> the container it belongs to (or belonged to)
+    unheld_since: dict[str, int]  # alloc_id -> when it was first seen not held
+    remove: dict[str, str]  # alloc_id -> why
+
+
+def plan_regions(
+    regions: Sequence[RegionFacts],
+    assignments: Mapping[str, ContainerKey],
+    bound: Mapping[str, ContainerKey],
+    unheld_since: Mapping[str, int],
+    now_ns: int,
+    grace_ns: int,
+) -> RegionPlan:
+    """Bind regions to containers and choose what to remove (the rules are in the module note).
+
+    Pure: `bound` and `unheld_since` are the previous plan's, the result replaces them.
+    """
+    held: dict[ContainerKey, set[str]] = {}
+    for device_id, ref in assignments.items():
+        held.setdefault(tuple(ref), set()).add(device_id)  # type: ignore[arg-type]
+
+    def holder(facts: RegionFacts) -> ContainerKey | None:
+        if not facts.device_ids:
+            return None
+        ref = assignments.get(next(iter(facts.device_ids)))
+        if ref is None:
+            return None
+        key: ContainerKey = tuple(ref)  # type: ignore[assignment]
+        return key if held.get(key) == facts.device_ids else None
+
+    by_holder: dict[ContainerKey, list[RegionFacts]] = {}
+    for facts in regions:
+        key = holder(facts)
+        if key is not None:
+            by_holder.setdefault(key, []).append(facts)
+
+    new_bound: dict[str, ContainerKey] = {}
+    garbage: dict[str, str] = {}
+    current: set[str] = set()
+    for key, candidates in by_holder.items():
+        owner = max(candidates, key=lambda f: f.seq)
+        new_bound[owner.alloc_id] = key
+        current.add(owner.alloc_id)
+        for f in candidates:
+            if f.alloc_id != owner.alloc_id:
+                garbage[f.alloc_id] = "superseded by a newer region of the same device IDs"
+
+    new_unheld: dict[str, int] = {}
+    remove: dict[str, str] = {}
+    for facts in regions:
+        if facts.alloc_id not in new_bound and facts.alloc_id in bound:
+            new_bound[facts.alloc_id] = bound[facts.alloc_id]  # keep its last known labels
+        if facts.alloc_id in current:
+            continue
+        age = now_ns - facts.created_ns if facts.created_ns <= now_ns else math.inf
+        if facts.alloc_id in garbage:
+            if age >= grace_ns:
+                remove[facts.alloc_id] = garbage[facts.alloc_id]
+            else:
+                new_unheld[facts.alloc_id] = unheld_since.get(facts.alloc_id, now_ns)
+            continue
+        since = unheld_since.get(facts.alloc_id, now_ns)
+        if now_ns - since >= grace_ns and age >= grace_ns:
+            remove[facts.alloc_id] = "no container holds its device IDs"
+        else:
+            new_unheld[facts.alloc_id] = since
+    for alloc_id in remove:
+        new_bound.pop(alloc_id, None)
+    return RegionPlan(new_bound, new_unheld, remove)
+
+
+# ------------------------------------------------------------------ the store
+
+
+@dataclass
+class RegionCounters:
+    """Monotonic counts for the metrics."""
+
+    created: int = 0
+    adopted: int = 0
+    removed: int = 0
+    corrupt: int = 0  # regions found unreadable at start (moved to regions.corrupt/)
+    create_failures: int = 0
+    shim_missing: int = 0  # allocations answered without the shim mounts (shim not installed)
+
+
+@dataclass
+class _Binding:
+    bound: dict[str, ContainerKey] = field(default_factory=dict)
+    unheld_since: dict[str, int] = field(default_factory=dict)
+
+
+class RegionStore:
+    """All regions of this node: creates, adopts, binds to containers and collects them."""
+
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        default_policy: CorePolicy = "strict",
+        container_region_dir: str = "/run/vgpu",
+        container_shim_path: str = "/usr/local/vgpu/libvgpu.so",
+        gc_grace_s: float = 30.0,
+        initial_rate: InitialRate = unconfigured_rate,
+        clock: Callable[[], int] = time.monotonic_ns,
+        offload_io: bool = False,
+    ):
+        if default_policy not in CORE_POLICIES:
+            raise ValueError(
+                f"default core policy {default_policy!r} is not allowed: one of {CORE_POLICIES}"
+            )
+        if not gc_grace_s >= 0:
+            raise ValueError(f"region GC grace must be >= 0 s, got {gc_grace_s!r}")
+        for name, value in (
+            ("container_region_dir", container_region_dir),
+            ("container_shim_path", container_shim_path),
+        ):
+            if not value.startswith("/"):
+                raise ValueError(f"{name}={value!r} is not allowed: an absolute path")
+        self.state_dir = Path(state_dir)
+        self.root = self.state_dir / REGIONS_DIR
+        self.quarantine = self.state_dir / QUARANTINE_DIR
+        self.shim_dir = self.state_dir / SHIM_DIR
+        self.default_policy: CorePolicy = default_policy
+        self.container_region_dir = container_region_dir.rstrip("/") or "/"
+        self.container_shim_path = container_shim_path
+        self.gc_grace_ns = round(gc_grace_s * 1e9)
+        self.initial_rate = initial_rate
+        self.clock = clock
+        self.offload_io = offload_io
+        self.counters = RegionCounters()
+        self._regions: dict[str, Region] = {}
+        self._binding = _Binding()
+        self._next_seq: int | None = None
+        self._seq_lock = threading.Lock()
+        self._state_headers: dict[int, bytes] = {}
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def regions(self) -> list[Region]:
+        """Open regions, oldest first."""
+        return sorted(self._regions.values(), key=lambda r: r.seq)
+
+    def get(self, alloc_id: str) -> Region | None:
+        return self._regions.get(alloc_id)
+
+    def identity(self, alloc_id: str) -> ContainerKey | None:
+        """(namespace, pod, container) the region belongs (or last belonged) to; None if unknown."""
+        return self._binding.bound.get(alloc_id)
+
+    def corrupt_reads(self) -> int:
+        """`state` reads that found the file unreadable, over the open regions."""
+        return sum(r.corrupt_reads for r in self._regions.values())
+
+    # --- creation -----------------------------------------------------------------------------
+
+    async def on_grant(self, grant: Grant) -> Extras:
+        """The Allocate hook: create the grant's region, return its mounts and variables."""
+        seq = self._take_seq()
+        if self.offload_io:
+            region = await asyncio.to_thread(self._build, seq, grant)
+        else:
+            region = self._build(seq, grant)
+        self._add(region)
+        return self.extras_for(region)
+
+    def create(self, grant: Grant) -> Region:
+        """Create the region of one container's grant. Raises RegionError."""
+        region = self._build(self._take_seq(), grant)
+        self._add(region)
+        return region
+
+    def extras_for(self, region: Region) -> Extras:
+        """What the container's Allocate response gets for `region`."""
+        inside = self.container_region_dir
+        control_inside = f"{inside.rstrip('/')}/{CONTROL_FILE}"
+        mounts = [
+            (inside, str(region.path), False),
+            (control_inside, str(region.path / CONTROL_FILE), True),
+        ]
+        shim = self.shim_dir / SHIM_FILE
+        preload = self.shim_dir / PRELOAD_FILE
+        if shim.exists() and preload.exists():
+            mounts.append((self.container_shim_path, str(shim), True))
+            mounts.append((PRELOAD_CONTAINER_PATH, str(preload), True))
+        else:
+            # Mounting a missing file would keep the container from starting at all.
+            self.counters.shim_missing += 1
+            log.warning(
+                "shim_not_installed",
+                alloc_id=region.alloc_id,
+                expected=[str(shim), str(preload)],
+                effect="the container runs without memory and core enforcement",
+            )
+        envs = {
+            REGION_DIR_ENV: inside,
+            HAMI_CACHE_ENV: f"{inside.rstrip('/')}/{HAMI_CACHE_FILE}",
+        }
+        return Extras(envs=envs, mounts=mounts)
+
+    def _take_seq(self) -> int:
+        with self._seq_lock:
+            if self._next_seq is None:
+                self._next_seq = self._largest_seq_on_disk() + 1
+            seq = self._next_seq
+            self._next_seq += 1
+            return seq
+
+    def _largest_seq_on_disk(self) -> int:
+        largest = 0
+        for directory in (self.root, self.quarantine):
+            with contextlib.suppress(FileNotFoundError):
+                for name in os.listdir(directory):
+                    bare = name
+                    for prefix in (_NEW_PREFIX, _GC_PREFIX):
+                        bare = bare.removeprefix(prefix)
+                    seq = alloc_seq(bare.split(".", 1)[0])
+                    if seq is not None:
+                        largest = max(largest, seq)
+        largest = max([largest, *(r.seq for r in self._regions.values())])
+        return largest
+
+    def _control_for(self, seq: int, grant: Grant, created_ns: int) -> layout.Control:
+        policy = self.default_policy
+        devices = []
+        for device in grant.devices:
+            rate, burst = self.initial_rate(device, policy)
+            devices.append(
+                layout.ControlDevice(
+                    uuid=device.uuid,
+                    memory_limit=device.memory_limit,
+                    core_limit=core_limit_ppm(device.core_percent),
+                    rate=rate,
+                    burst=burst,
+                    policy=_POLICY_CODES[policy],
+                )
+            )
+        return layout.Control(
+            devices=tuple(devices),
+            device_ids=tuple(grant.device_ids),
+            priority=0,
+            seq=seq,
+            created_ns=created_ns,
+            heartbeat_ns=created_ns,
+        )
+
+    def _build(self, seq: int, grant: Grant) -> Region:
+        created_ns = self.clock()
+        alloc_id = format_alloc_id(seq, grant.device_ids, created_ns)
+        final = self.root / alloc_id
+        temp = self.root / (_NEW_PREFIX + alloc_id)
+        try:
+            control = layout.encode_control(self._control_for(seq, grant, created_ns))
+            self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            os.mkdir(temp, DIR_MODE)
+            os.chmod(temp, DIR_MODE)  # the umask must not take the container's read access
+            _write_new(temp / CONTROL_FILE, control, CONTROL_MODE)
+            self._write_state(temp / STATE_FILE, len(grant.devices))
+            os.rename(temp, final)
+            region = Region.open(final)
+        except (OSError, layout.RegionFormatError, RegionError) as err:
+            self.counters.create_failures += 1
+            shutil.rmtree(temp, ignore_errors=True)
+            log.error("region_create_failed", alloc_id=alloc_id, error=str(err))
+            raise RegionError(f"cannot create region {final}: {err}") from err
+        self.counters.created += 1
+        log.info(
+            "region_created",
+            alloc_id=alloc_id,
+            device_ids=list(grant.device_ids),
+            policy=self.default_policy,
+        )
+        return region
+
+    def _write_state(self, path: Path, device_count: int) -> None:
+        header = self._state_headers.get(device_count)
+        if header is None:
+            header = layout.encode_state(device_count)[: layout.STATE_HEADER_SIZE]
+            self._state_headers[device_count] = header
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, STATE_MODE)
+        try:
+            os.fchmod(fd, STATE_MODE)
+            # Blocks reserved now: a shim writing to a sparse page of a full disk gets SIGBUS.
+            os.posix_fallocate(fd, 0, layout.STATE_SIZE)
+            os.pwrite(fd, header, 0)
+        finally:
+            os.close(fd)
+
+    def _add(self, region: Region) -> None:
+        self._regions[region.alloc_id] = region
+
+    # --- adoption -----------------------------------------------------------------------------
+
+    def adopt(self) -> list[Region]:
+        """Open every region on disk as it is (limits untouched); quarantine unreadable ones.
+
+        Call once at start, before serving Allocate (it does file I/O: run it in a thread if the
+        loop is busy). Leftovers of interrupted creations and removals are deleted.
+        """
+        self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        adopted: list[Region] = []
+        for name in sorted(os.listdir(self.root)):
+            path = self.root / name
+            if name.startswith((_NEW_PREFIX, _GC_PREFIX)):
+                shutil.rmtree(path, ignore_errors=True)
+                log.info("region_leftover_removed", path=str(path))
+                continue
+            if alloc_seq(name) is None or not path.is_dir() or path.is_symlink():
+                log.warning("region_dir_unknown_entry", path=str(path))
+                continue
+            if name in self._regions:
+                continue
+            try:
+                region = Region.open(path)
+            except RegionError as err:
+                self.counters.corrupt += 1
+                self._move_aside(path, str(err))
+                continue
+            self._add(region)
+            adopted.append(region)
+            self.counters.adopted += 1
+            log.info(
+                "region_adopted",
+                alloc_id=region.alloc_id,
+                device_ids=list(region.device_ids),
+                rates=[region.rate(d) for d in range(region.device_count)],
+            )
+        with self._seq_lock:
+            floor = self._largest_seq_on_disk() + 1
+            self._next_seq = max(self._next_seq or 0, floor)
+        return adopted
+
+    def _move_aside(self, path: Path, reason: str) -> None:
+        target = self.quarantine / f"{path.name}.{time.time_ns()}"
+        try:
+            self.quarantine.mkdir(mode=0o700, exist_ok=True)
+            os.rename(path, target)
+        except OSError as err:
+            log.error("region_corrupt", path=str(path), reason=reason, moved=False, error=str(err))
+            return
+        log.error("region_corrupt", path=str(path), reason=reason, moved_to=str(target))
+        kept = sorted(os.listdir(self.quarantine))
+        for name in kept[: max(0, len(kept) - QUARANTINE_KEEP)]:
+            shutil.rmtree(self.quarantine / name, ignore_errors=True)
+
+    # --- identity and collection --------------------------------------------------------------
+
+    async def reconcile(self, assignments: Mapping[str, ContainerKey]) -> dict[str, str]:
+        """Bind regions to the containers PodResources reports and remove garbage.
+
+        `assignments` maps device ID -> (namespace, pod, container) for our resource. Returns the
+        removed regions (alloc_id -> reason).
+        """
+        facts = [
+            RegionFacts(r.alloc_id, r.seq, frozenset(r.device_ids), r.created_ns)
+            for r in self._regions.values()
+        ]
+        plan = plan_regions(
+            facts,
+            assignments,
+            self._binding.bound,
+            self._binding.unheld_since,
+            self.clock(),
+            self.gc_grace_ns,
+        )
+        newly = {
+            alloc_id: key
+            for alloc_id, key in plan.bound.items()
+            if self._binding.bound.get(alloc_id) != key
+        }
+        for alloc_id, key in newly.items():
+            log.info(
+                "region_bound", alloc_id=alloc_id, namespace=key[0], pod=key[1], container=key[2]
+            )
+        last_known = dict(self._binding.bound)
+        self._binding = _Binding(plan.bound, plan.unheld_since)
+        for alloc_id, reason in plan.remove.items():
+            region = self._regions.pop(alloc_id, None)
+            if region is None:
+                continue
+            region.close()
+            await asyncio.to_thread(self._delete, region.path)
+            self.counters.removed += 1
+            last = last_known.get(alloc_id)
+            log.info(
+                "region_removed",
+                alloc_id=alloc_id,
+                reason=reason,
+                container="/".join(last) if last else None,
+            )
+        return plan.remove
+
+    def _delete(self, path: Path) -> None:
+        doomed = path.with_name(_GC_PREFIX + path.name)
+        try:
+            os.rename(path, doomed)  # gone from the region namespace in one step
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            log.error("region_remove_failed", path=str(path), error=str(err))
+            return
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def close(self) -> None:
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+    finally:
+        os.close(fd)
