@@ -15,7 +15,6 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from tests.conftest import REPO_ROOT
 from tests.fakes.fakenvml import (
     NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_INVALID_ARGUMENT,
@@ -27,6 +26,7 @@ from tests.fakes.fakenvml import (
 )
 
 INSUFFICIENT_SIZE = 7
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
