@@ -54,9 +54,11 @@ static inline bool vgpu_admits(int64_t balance, uint64_t cost, uint64_t burst)
     return balance >= (c < b ? c : b);
 }
 
+/* balance - cost, floored at -VGPU_TOKEN_MAX (a debt never needs more range than that). */
 static inline int64_t vgpu_spend(int64_t balance, uint64_t cost)
 {
-    return balance - vgpu_clamp_tokens(cost);
+    int64_t after = balance - vgpu_clamp_tokens(cost);
+    return after < -VGPU_TOKEN_MAX ? -VGPU_TOKEN_MAX : after;
 }
 
 /* ns until min(cost, burst) tokens are there at this rate, capped at VGPU_MAX_WAIT_NS. */

@@ -558,8 +558,11 @@ def admits(balance: int, cost: int, burst: int) -> bool:
 
 
 def spend(balance: int, cost: int) -> int:
-    """The balance after an admitted launch (a debt when the cost exceeded the burst)."""
-    return balance - min(cost, TOKEN_MAX)
+    """The balance after an admitted launch (a debt when the cost exceeded the burst).
+
+    Floored at -TOKEN_MAX: only launches admitted after MAX_WAIT_NS can push a debt that far.
+    """
+    return max(balance - min(cost, TOKEN_MAX), -TOKEN_MAX)
 
 
 def wait_ns_for(balance: int, cost: int, rate: int, burst: int | None = None) -> int:

@@ -1,0 +1,230 @@
+/*
+ * interpose.c - how calls reach the hooks, and how the hooks reach the real driver.
+ *
+ * Three ways into the driver are covered:
+ *   1. direct calls: the hooks are exported under the driver's names and the shim is preloaded;
+ *   2. dlsym(handle, "cuX"): the shim exports dlsym; for a hooked name it remembers the library's
+ *      own function (the real one) and returns the hook;
+ *   3. cuGetProcAddress / cuGetProcAddress_v2 (how the CUDA 12/13 runtime finds entry points):
+ *      the real lookup runs first, and when the pointer it returns is the driver's own export of a
+ *      hooked versioned name (compared by address), the hook for that name is returned instead.
+ *
+ * Every other dlsym call is answered by the C library's dlsym. dlsym(RTLD_NEXT, ...) must search
+ * after the *caller's* object, not after the shim, so it is answered by walking the link map
+ * from the caller onwards.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <string.h>
+
+#include "shim.h"
+
+typedef void *(*dlsym_fn)(void *, const char *);
+
+static const char *const g_names[HOOK_COUNT] = {
+#define HOOK(name, base) [HOOK_##name] = #name,
+#include "hooks.def"
+#undef HOOK
+};
+
+static const char *const g_bases[HOOK_COUNT] = {
+#define HOOK(name, base) [HOOK_##name] = #base,
+#include "hooks.def"
+#undef HOOK
+};
+
+static void *hook_address(enum hook_id id)
+{
+    switch (id) {
+#define HOOK(name, base)                                                                          \
+    case HOOK_##name:                                                                             \
+        return (void *)&name;
+#include "hooks.def"
+#undef HOOK
+    default:
+        return NULL;
+    }
+}
+
+static void *g_real[HOOK_COUNT]; /* atomic pointers */
+static void *g_cuda_handle;      /* atomic: the library dlsym'd for cu* names */
+static void *g_nvml_handle;      /* atomic: the library dlsym'd for nvml* names */
+
+static dlsym_fn real_dlsym(void)
+{
+    static dlsym_fn fn; /* atomic */
+    dlsym_fn f = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+    if (f != NULL)
+        return f;
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0] && f == NULL; i++)
+        f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
+    return f;
+}
+
+static int hook_index(const char *name)
+{
+    if (name == NULL || !((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0))
+        return -1;
+    for (int i = 0; i < HOOK_COUNT; i++)
+        if (strcmp(g_names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+static bool is_nvml(enum hook_id id)
+{
+    return strncmp(g_names[id], "nvml", 4) == 0;
+}
+
+static void remember_real(enum hook_id id, void *real)
+{
+    void *expected = NULL;
+    if (real != NULL && real != hook_address(id))
+        __atomic_compare_exchange_n(&g_real[id], &expected, real, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+}
+
+void *shim_real_by_name(const char *name, bool nvml)
+{
+    dlsym_fn sym = real_dlsym();
+    if (sym == NULL)
+        return NULL;
+    void *handle = __atomic_load_n(nvml ? &g_nvml_handle : &g_cuda_handle, __ATOMIC_ACQUIRE);
+    void *p = handle != NULL ? sym(handle, name) : NULL;
+    if (p == NULL)
+        p = sym(RTLD_NEXT, name);
+    return p;
+}
+
+void *shim_real(enum hook_id id)
+{
+    void *p = __atomic_load_n(&g_real[id], __ATOMIC_ACQUIRE);
+    if (p != NULL)
+        return p;
+    p = shim_real_by_name(g_names[id], is_nvml(id));
+    if (p == hook_address(id))
+        return NULL;
+    remember_real(id, p);
+    return __atomic_load_n(&g_real[id], __ATOMIC_ACQUIRE);
+}
+
+/* dlsym(RTLD_NEXT, name) as seen from `caller`: the first object after it that defines name. */
+static void *next_after(void *caller, const char *name)
+{
+    dlsym_fn sym = real_dlsym();
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || lm == NULL)
+        return sym(RTLD_NEXT, name);
+    for (struct link_map *l = lm->l_next; l != NULL; l = l->l_next) {
+        if (l->l_name == NULL || l->l_name[0] == '\0')
+            continue;
+        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (h == NULL)
+            continue;
+        void *p = sym(h, name);
+        dlclose(h);
+        struct link_map *owner = NULL;
+        if (p != NULL && dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP) != 0 && owner == l)
+            return p;
+    }
+    return NULL;
+}
+
+SHIM_EXPORT void *dlsym(void *handle, const char *name)
+{
+    void *caller = __builtin_return_address(0);
+    dlsym_fn sym = real_dlsym();
+    if (sym == NULL)
+        return NULL;
+    int id = hook_index(name);
+    void *found = handle == RTLD_NEXT ? next_after(caller, name) : sym(handle, name);
+    if (id < 0 || found == NULL || shim_mode() == SHIM_DISABLED)
+        return found;
+    if (found != hook_address((enum hook_id)id)) {
+        remember_real((enum hook_id)id, found);
+        if (handle != RTLD_NEXT && handle != RTLD_DEFAULT) {
+            void *expected = NULL;
+            __atomic_compare_exchange_n(is_nvml((enum hook_id)id) ? &g_nvml_handle : &g_cuda_handle,
+                                        &expected, handle, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE);
+        }
+    }
+    return hook_address((enum hook_id)id);
+}
+
+/* Which hook answers cuGetProcAddress(symbol) when the driver returned `p`; -1 for none. */
+static int hook_for_proc(const char *symbol, void *p, int cuda_version, cuuint64_t flags)
+{
+    /* know the driver library: the one that defines p */
+    if (__atomic_load_n(&g_cuda_handle, __ATOMIC_ACQUIRE) == NULL) {
+        Dl_info info;
+        if (dladdr(p, &info) != 0 && info.dli_fname != NULL) {
+            void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+            void *expected = NULL;
+            if (h != NULL && !__atomic_compare_exchange_n(&g_cuda_handle, &expected, h, false,
+                                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                dlclose(h); /* someone else stored one; ours keeps nothing alive extra */
+        }
+    }
+    dlsym_fn sym = real_dlsym();
+    void *handle = __atomic_load_n(&g_cuda_handle, __ATOMIC_ACQUIRE);
+    int fallback = -1;
+    for (int i = 0; i < HOOK_COUNT; i++) {
+        if (strcmp(g_bases[i], symbol) != 0 && strcmp(g_names[i], symbol) != 0)
+            continue;
+        if (handle != NULL && sym != NULL && sym(handle, g_names[i]) == p)
+            return i; /* exactly the driver's export of this versioned name */
+        bool ptsz = strstr(g_names[i], "_ptsz") != NULL;
+        bool want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+        if (strcmp(g_bases[i], "cuGetProcAddress") == 0) {
+            bool v2 = strcmp(g_names[i], "cuGetProcAddress_v2") == 0;
+            if (v2 == (cuda_version >= 12000))
+                fallback = i;
+        } else if (ptsz == want_ptsz) {
+            fallback = i;
+        }
+    }
+    return fallback;
+}
+
+static void substitute(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags)
+{
+    if (symbol == NULL || pfn == NULL || *pfn == NULL || shim_mode() == SHIM_DISABLED)
+        return;
+    if (!(symbol[0] == 'c' && symbol[1] == 'u'))
+        return;
+    int id = hook_for_proc(symbol, *pfn, cuda_version, flags);
+    if (id < 0 || *pfn == hook_address((enum hook_id)id))
+        return;
+    remember_real((enum hook_id)id, *pfn);
+    *pfn = hook_address((enum hook_id)id);
+}
+
+SHIM_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                      cuuint64_t flags)
+{
+    __typeof__(&cuGetProcAddress) real = REAL(cuGetProcAddress);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(symbol, pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS)
+        substitute(symbol, pfn, cudaVersion, flags);
+    return r;
+}
+
+SHIM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                         cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *symbolStatus)
+{
+    __typeof__(&cuGetProcAddress_v2) real = REAL(cuGetProcAddress_v2);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = real(symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (r == CUDA_SUCCESS)
+        substitute(symbol, pfn, cudaVersion, flags);
+    return r;
+}

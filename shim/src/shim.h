@@ -1,0 +1,73 @@
+/*
+ * shim.h - internals of libvgpu.so shared by its source files (nothing here is exported).
+ */
+#ifndef VGPU_SHIM_H
+#define VGPU_SHIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda_subset.h"
+#include "nvml_subset.h"
+#include "vgpu_shm.h"
+
+#define SHIM_EXPORT __attribute__((visibility("default")))
+
+/* What the shim does, decided once per process at the first hooked call. */
+enum shim_mode {
+    SHIM_UNSET = 0,
+    SHIM_ACTIVE,      /* region mapped: enforce and report */
+    SHIM_PASSTHROUGH, /* no usable region: call the driver as if the shim were not there */
+    SHIM_FAIL_CLOSED, /* no usable region and VGPU_FAIL_CLOSED=1: refuse hooked calls */
+    SHIM_DISABLED     /* VGPU_DISABLE=1 */
+};
+
+struct shim {
+    const struct vgpu_control *ctl; /* read-only mapping */
+    struct vgpu_state *st;          /* read-write shared mapping */
+    int device_count;
+};
+
+/* ---- region.c */
+enum shim_mode shim_mode(void); /* initialises on first use */
+extern struct shim g_shim;
+struct vgpu_proc_slot *shim_slot(void); /* this process's slot, claimed lazily; may be NULL */
+void shim_reclaim_dead_slots(void);
+void shim_after_fork_child(void);
+uint64_t shim_now_ns(void);
+void shim_warn_once(const char *what);
+
+/* ---- device.c: map a CUDA device / NVML device to a region device index (-1: not governed) */
+int shim_region_dev_for_cuda(CUdevice dev);
+int shim_region_dev_current(void);
+int shim_region_dev_for_uuid(const char *uuid);
+void shim_format_uuid(const CUuuid *uuid, char out[48]);
+
+/* ---- memory.c */
+CUresult shim_mem_reserve(int rdev, uint64_t bytes);
+void shim_mem_unreserve(int rdev, uint64_t bytes);
+void shim_track_add(int kind, uint64_t key, int rdev, uint64_t bytes);
+bool shim_track_take(int kind, uint64_t key, int *rdev, uint64_t *bytes);
+void shim_track_reset(void);
+void shim_track_lock(void);
+void shim_track_unlock(void);
+#define TRACK_PTR 1
+#define TRACK_HANDLE 2
+
+/* ---- launch.c */
+CUresult shim_launch_gate(uint64_t cost, bool graph);
+
+/* ---- interpose.c: real entry points, found through dlsym/cuGetProcAddress/RTLD_NEXT */
+enum hook_id {
+#define HOOK(name, base) HOOK_##name,
+#include "hooks.def"
+#undef HOOK
+    HOOK_COUNT
+};
+void *shim_real(enum hook_id id);
+void *shim_real_by_name(const char *name, bool nvml); /* driver functions the shim calls, unhooked */
+
+#define REAL(name) ((__typeof__(&name))shim_real(HOOK_##name))
+
+#endif /* VGPU_SHIM_H */

@@ -1,0 +1,501 @@
+/*
+ * fake_cuda.c - a stand-in libcuda.so.1 for testing the shim without a GPU.
+ *
+ * It keeps real bookkeeping: devices with a fixed amount of memory (FAKE_CUDA_MEMORY bytes each,
+ * default 16 GiB; FAKE_CUDA_DEVICES devices, default 2), allocations that fail with
+ * CUDA_ERROR_OUT_OF_MEMORY when the device is full, frees of unknown pointers that fail with
+ * CUDA_ERROR_INVALID_VALUE, a per-thread current context (CUDA_ERROR_INVALID_CONTEXT without one),
+ * and cuGetProcAddress resolving base names to versioned entry points as the driver does.
+ * Launches do no work; they are counted (fakeCudaCounter) so tests can see they arrived.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_subset.h"
+#include "fake_ids.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define MAX_DEV 8
+#define MAX_ALLOCS 65536
+
+enum counter { C_LAUNCH, C_LAUNCH_EX, C_COOP, C_GRAPH, C_ALLOC, C_FREE, C_PROC, C_COUNT };
+static const char *const counter_names[C_COUNT] = {"launch", "launch_ex", "coop",   "graph",
+                                                   "alloc",  "free",      "getproc"};
+static unsigned long long g_counters[C_COUNT];
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_inited;
+static int g_devices = 2;
+static uint64_t g_memory = 16ull << 30;
+static uint64_t g_used[MAX_DEV];
+static struct {
+    uint64_t key;
+    uint64_t bytes;
+    int dev;
+    int kind; /* 1 pointer, 2 handle */
+} g_allocs[MAX_ALLOCS];
+static uint64_t g_next_ptr = 0x7f0000000000ull;
+static uint64_t g_next_handle = 1;
+static __thread int t_dev = -1;
+
+static void count(enum counter c)
+{
+    __atomic_fetch_add(&g_counters[c], 1, __ATOMIC_RELAXED);
+}
+
+EXPORT unsigned long long fakeCudaCounter(const char *name)
+{
+    for (int i = 0; i < C_COUNT; i++)
+        if (strcmp(counter_names[i], name) == 0)
+            return __atomic_load_n(&g_counters[i], __ATOMIC_RELAXED);
+    return ~0ull;
+}
+
+EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *n = getenv("FAKE_CUDA_DEVICES");
+    const char *m = getenv("FAKE_CUDA_MEMORY");
+    pthread_mutex_lock(&g_lock);
+    if (n != NULL)
+        g_devices = atoi(n) < 1 ? 1 : (atoi(n) > MAX_DEV ? MAX_DEV : atoi(n));
+    if (m != NULL)
+        g_memory = strtoull(m, NULL, 10);
+    g_inited = 1;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult need_init(void)
+{
+    return __atomic_load_n(&g_inited, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+static CUresult need_ctx(void)
+{
+    CUresult r = need_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    return t_dev >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count_out)
+{
+    CUresult r = need_init();
+    if (r == CUDA_SUCCESS)
+        *count_out = g_devices;
+    return r;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    CUresult r = need_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (ordinal < 0 || ordinal >= g_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    CUresult r = need_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (dev < 0 || dev >= g_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (uuid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_uuid_bytes(dev, (unsigned char *)uuid->bytes);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    return cuDeviceGetUuid_v2(uuid, dev);
+}
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CUresult r = need_init();
+    if (r == CUDA_SUCCESS && (dev < 0 || dev >= g_devices))
+        r = CUDA_ERROR_INVALID_DEVICE;
+    if (r == CUDA_SUCCESS)
+        *bytes = (size_t)g_memory;
+    return r;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    CUresult r = need_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (dev < 0 || dev >= g_devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    t_dev = dev;
+    *pctx = (CUcontext)(uintptr_t)(0x1000 + dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    uintptr_t v = (uintptr_t)ctx;
+    if (v == 0) {
+        t_dev = -1;
+        return CUDA_SUCCESS;
+    }
+    if (v < 0x1000 || v >= 0x1000 + (uintptr_t)g_devices)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    t_dev = (int)(v - 0x1000);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    (void)ctx;
+    t_dev = -1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *device)
+{
+    CUresult r = need_ctx();
+    if (r == CUDA_SUCCESS)
+        *device = t_dev;
+    return r;
+}
+
+static CUresult record(int kind, int dev, uint64_t bytes, uint64_t *key_out)
+{
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (g_used[dev] + bytes <= g_memory && g_used[dev] + bytes >= g_used[dev]) {
+        for (int i = 0; i < MAX_ALLOCS; i++) {
+            if (g_allocs[i].kind == 0) {
+                uint64_t key = kind == 1 ? g_next_ptr : g_next_handle++;
+                if (kind == 1)
+                    g_next_ptr += (bytes + 0xfffull) & ~0xfffull;
+                g_allocs[i].key = key;
+                g_allocs[i].bytes = bytes;
+                g_allocs[i].dev = dev;
+                g_allocs[i].kind = kind;
+                g_used[dev] += bytes;
+                *key_out = key;
+                r = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (r == CUDA_SUCCESS)
+        count(C_ALLOC);
+    return r;
+}
+
+static CUresult forget(int kind, uint64_t key)
+{
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        if (g_allocs[i].kind == kind && g_allocs[i].key == key) {
+            g_used[g_allocs[i].dev] -= g_allocs[i].bytes;
+            g_allocs[i].kind = 0;
+            r = CUDA_SUCCESS;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (r == CUDA_SUCCESS)
+        count(C_FREE);
+    return r;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t key;
+    r = record(1, t_dev, bytesize, &key);
+    if (r == CUDA_SUCCESS)
+        *dptr = key;
+    return r;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != 2 /* CU_MEM_ATTACH_HOST */)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAlloc_v2(dptr, bytesize);
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
+                                   unsigned int elementSize)
+{
+    if (pPitch == NULL || (elementSize != 4 && elementSize != 8 && elementSize != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (width + 511) & ~(size_t)511;
+    CUresult r = cuMemAlloc_v2(dptr, pitch * height);
+    if (r == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return r;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    (void)hStream;
+    return cuMemAlloc_v2(dptr, bytesize);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return cuMemAllocAsync(dptr, bytesize, hStream);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                        CUstream hStream)
+{
+    if (pool == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuMemAllocAsync(dptr, bytesize, hStream);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                             CUstream hStream)
+{
+    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    CUresult r = need_init();
+    return r != CUDA_SUCCESS ? r : forget(1, dptr);
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    (void)hStream;
+    return cuMemFree_v2(dptr);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    return cuMemFreeAsync(dptr, hStream);
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    CUresult r = need_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (handle == NULL || prop == NULL || flags != 0 ||
+        prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
+        prop->location.id >= g_devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t key;
+    r = record(2, prop->location.id, size, &key);
+    if (r == CUDA_SUCCESS)
+        *handle = key;
+    return r;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    CUresult r = need_init();
+    return r != CUDA_SUCCESS ? r : forget(2, handle);
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
+{
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (free_bytes == NULL || total_bytes == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    *total_bytes = (size_t)g_memory;
+    *free_bytes = (size_t)(g_memory - g_used[t_dev]);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                             unsigned by, unsigned bz)
+{
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (f == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 ||
+        (uint64_t)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params,
+                               void **extra)
+{
+    (void)shmem, (void)s, (void)params, (void)extra;
+    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz);
+    if (r == CUDA_SUCCESS)
+        count(C_LAUNCH);
+    return r;
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                    unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                    CUstream s, void **params, void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+}
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    (void)params, (void)extra;
+    if (c == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r =
+        check_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
+    if (r == CUDA_SUCCESS)
+        count(C_LAUNCH_EX);
+    return r;
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params,
+                                      void **extra)
+{
+    return cuLaunchKernelEx(c, f, params, extra);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                          CUstream s, void **params)
+{
+    (void)shmem, (void)s, (void)params;
+    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz);
+    if (r == CUDA_SUCCESS)
+        count(C_COOP);
+    return r;
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz,
+                                               unsigned shmem, CUstream s, void **params)
+{
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
+{
+    (void)s;
+    CUresult r = need_ctx();
+    if (r == CUDA_SUCCESS && g == NULL)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    if (r == CUDA_SUCCESS)
+        count(C_GRAPH);
+    return r;
+}
+
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
+{
+    return cuGraphLaunch(g, s);
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult *status);
+
+struct proc_entry {
+    const char *base;
+    void *plain;
+    void *ptsz; /* NULL: same as plain */
+    int min_version;
+};
+
+static const struct proc_entry *proc_table(size_t *n)
+{
+    static const struct proc_entry table[] = {
+        {"cuInit", (void *)cuInit, NULL, 2000},
+        {"cuDeviceGet", (void *)cuDeviceGet, NULL, 2000},
+        {"cuDeviceGetCount", (void *)cuDeviceGetCount, NULL, 2000},
+        {"cuDeviceGetUuid", (void *)cuDeviceGetUuid_v2, NULL, 11040},
+        {"cuDeviceTotalMem", (void *)cuDeviceTotalMem_v2, NULL, 3020},
+        {"cuCtxCreate", (void *)cuCtxCreate_v2, NULL, 3020},
+        {"cuCtxSetCurrent", (void *)cuCtxSetCurrent, NULL, 4000},
+        {"cuCtxGetDevice", (void *)cuCtxGetDevice, NULL, 2000},
+        {"cuMemAlloc", (void *)cuMemAlloc_v2, NULL, 3020},
+        {"cuMemAllocPitch", (void *)cuMemAllocPitch_v2, NULL, 3020},
+        {"cuMemAllocManaged", (void *)cuMemAllocManaged, NULL, 6000},
+        {"cuMemAllocAsync", (void *)cuMemAllocAsync, (void *)cuMemAllocAsync_ptsz, 11020},
+        {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync,
+         (void *)cuMemAllocFromPoolAsync_ptsz, 11020},
+        {"cuMemFree", (void *)cuMemFree_v2, NULL, 3020},
+        {"cuMemFreeAsync", (void *)cuMemFreeAsync, (void *)cuMemFreeAsync_ptsz, 11020},
+        {"cuMemCreate", (void *)cuMemCreate, NULL, 10020},
+        {"cuMemRelease", (void *)cuMemRelease, NULL, 10020},
+        {"cuMemGetInfo", (void *)cuMemGetInfo_v2, NULL, 3020},
+        {"cuLaunchKernel", (void *)cuLaunchKernel, (void *)cuLaunchKernel_ptsz, 4000},
+        {"cuLaunchKernelEx", (void *)cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz, 11060},
+        {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel,
+         (void *)cuLaunchCooperativeKernel_ptsz, 9000},
+        {"cuGraphLaunch", (void *)cuGraphLaunch, (void *)cuGraphLaunch_ptsz, 10000},
+        {"cuGetProcAddress", (void *)cuGetProcAddress_v2, NULL, 12000},
+        {"fakeCudaCounter", (void *)fakeCudaCounter, NULL, 0},
+    };
+    *n = sizeof table / sizeof table[0];
+    return table;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    count(C_PROC);
+    if (symbol == NULL || pfn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    if (strcmp(symbol, "cuGetProcAddress") == 0 && cudaVersion < 12000) {
+        *pfn = (void *)cuGetProcAddress;
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    size_t n;
+    const struct proc_entry *t = proc_table(&n);
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(t[i].base, symbol) != 0)
+            continue;
+        if (cudaVersion < t[i].min_version) {
+            if (status)
+                *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+        *pfn = want_ptsz && t[i].ptsz != NULL ? t[i].ptsz : t[i].plain;
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}
