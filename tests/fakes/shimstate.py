@@ -1,0 +1,159 @@
+"""Region files on disk as the agent and the shim leave them, for the metrics tests.
+
+`make_region` writes a real `control` file (what Allocate writes) and a fresh `state` file; a
+`ShimWriter` then fills process slots and device totals at the offsets of the region ABI, the way
+`libvgpu.so` does from inside a container. `FileRegion` is a read-only `RegionHandle` over the two
+files (mmap'd, decoded on every call with the project's defensive decoders), so the collectors
+read exactly the bytes a shim would have written, corrupt ones included.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from vgpu_agent.shm import layout
+from vgpu_agent.shm.api import CorePolicy, RegionUsage
+
+POLICY_CODES = {"off": layout.POLICY_OFF, "strict": layout.POLICY_STRICT,
+                "work-conserving": layout.POLICY_WORK_CONSERVING}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    uuid: str
+    memory_limit: int
+    core_percent: float
+    policy: CorePolicy = "strict"
+    rate: int = 0
+    burst: int = 0
+
+
+def make_region(
+    root: Path, alloc_id: str, devices: list[DeviceSpec], device_ids: list[str], seq: int = 1
+) -> Path:
+    directory = root / alloc_id
+    directory.mkdir(parents=True)
+    control = layout.Control(
+        devices=tuple(
+            layout.ControlDevice(
+                uuid=d.uuid,
+                memory_limit=d.memory_limit,
+                core_limit=int(d.core_percent / 100 * layout.CORE_LIMIT_FULL),
+                rate=d.rate,
+                burst=d.burst,
+                policy=POLICY_CODES[d.policy],
+            )
+            for d in devices
+        ),
+        device_ids=tuple(device_ids),
+        seq=seq,
+    )
+    (directory / "control").write_bytes(layout.encode_control(control))
+    (directory / "state").write_bytes(layout.encode_state(len(devices)))
+    return directory
+
+
+class ShimWriter:
+    """Writes a region's `state` the way the shim does (plain stores at ABI offsets)."""
+
+    def __init__(self, directory: Path):
+        self._fd = os.open(directory / "state", os.O_RDWR)
+        self._map = mmap.mmap(self._fd, 0)
+
+    def close(self) -> None:
+        self._map.close()
+        os.close(self._fd)
+
+    def process(
+        self,
+        slot: int,
+        pid: int,
+        host_pid: int,
+        dev: int,
+        *,
+        memory: int = 0,
+        launches: int = 0,
+        wait_ns: int = 0,
+        last_launch_ns: int = 0,
+        tokens: int = 0,
+    ) -> None:
+        base = layout.STATE_OFFSETS["slots"] + slot * layout.SLOT_SIZE
+        struct.pack_into("<QQ", self._map, base + layout.SLOT_OFFSETS["pid"], pid, host_pid)
+        dev_base = base + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE
+        o = layout.PROC_DEVICE_OFFSETS
+        struct.pack_into("<Q", self._map, dev_base + o["memory_used"], memory)
+        struct.pack_into("<Q", self._map, dev_base + o["launches"], launches)
+        struct.pack_into("<Q", self._map, dev_base + o["tokens_spent"], tokens)
+        struct.pack_into("<Q", self._map, dev_base + o["wait_ns"], wait_ns)
+        struct.pack_into("<Q", self._map, dev_base + o["last_launch_ns"], last_launch_ns)
+
+    def device_totals(self, dev: int, *, memory: int, tokens: int = 0) -> None:
+        base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+        o = layout.STATE_DEVICE_OFFSETS
+        struct.pack_into("<Q", self._map, base + o["memory_used"], memory)
+        struct.pack_into("<Q", self._map, base + o["tokens_spent"], tokens)
+
+    def scribble_header(self) -> None:
+        """What a buggy or hostile process in the container could do to the file."""
+        self._map[0:16] = b"\xde\xad\xbe\xef" * 4
+
+
+class FileRegion:
+    """A read-only `RegionHandle` over one region directory."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._control = layout.decode_control((directory / "control").read_bytes())
+
+    @property
+    def alloc_id(self) -> str:
+        return self.directory.name
+
+    @property
+    def seq(self) -> int:
+        return self._control.seq
+
+    @property
+    def priority(self) -> int:
+        return self._control.priority
+
+    @property
+    def device_ids(self) -> tuple[str, ...]:
+        return self._control.device_ids
+
+    @property
+    def device_uuids(self) -> tuple[str, ...]:
+        return tuple(d.uuid for d in self._control.devices)
+
+    def memory_limit(self, dev: int) -> int:
+        return self._control.devices[dev].memory_limit
+
+    def core_limit(self, dev: int) -> float:
+        return self._control.devices[dev].core_limit * 100 / layout.CORE_LIMIT_FULL
+
+    def policy(self, dev: int) -> CorePolicy:
+        name = layout.POLICY_NAMES[self._control.devices[dev].policy]
+        assert name in POLICY_CODES
+        return name  # type: ignore[return-value]
+
+    def rate(self, dev: int) -> tuple[int, int]:
+        d = self._control.devices[dev]
+        return d.rate, d.burst
+
+    def usage(self) -> RegionUsage:
+        with open(self.directory / "state", "rb") as handle:
+            data = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)
+            try:
+                return layout.decode_state(data, len(self._control.devices))
+            finally:
+                data.close()
+
+    def set_rate(self, dev: int, rate: int, burst: int) -> None:
+        raise NotImplementedError("read-only stand-in")
+
+    def beat(self, now_ns: int) -> None:
+        raise NotImplementedError("read-only stand-in")

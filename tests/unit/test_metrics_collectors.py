@@ -1,0 +1,343 @@
+"""The collectors, from real region files (written as the shim writes them) and cached readings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
+
+from tests.fakes.promtext import names, series, value
+from tests.fakes.shimstate import DeviceSpec, FileRegion, ShimWriter, make_region
+from vgpu_agent.gpu.model import GpuReadings
+from vgpu_agent.gpu.sim import build_inventory
+from vgpu_agent.metrics.collectors import (
+    AgentInstruments,
+    ScrapeView,
+    families,
+    take_snapshot,
+)
+from vgpu_agent.metrics.poller import GpuSample, RegionCache
+from vgpu_agent.metrics.sources import Identity, MetricsSources
+
+GIB = 1 << 30
+GPUS = build_inventory("2xA100-80GB,1xL4-24GB")
+G0, G1, G2 = (g.uuid for g in GPUS)
+
+
+@dataclass
+class Status:
+    measured_util: float | None
+    rate: int
+    open_loop: bool = False
+
+
+@dataclass
+class Registration:
+    registered: bool = True
+    registrations: int = 1
+    kubelet_restarts: int = 0
+    last_error: str = ""
+
+
+class Node:
+    """A node's worth of stand-in sources around real region files."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.handles: list[FileRegion] = []
+        self.identities: dict[str, Identity] = {}
+        self.throttle: dict[tuple[str, int], Status] = {}
+        self.gpu_samples = {
+            g.uuid: GpuSample(GpuReadings(5 * GIB, 0.5, 40.0, 120.0), False) for g in GPUS
+        }
+
+    def region(
+        self,
+        alloc_id: str,
+        identity: Identity | None,
+        devices: list[DeviceSpec],
+        slices: list[str],
+        seq: int = 1,
+    ) -> Path:
+        directory = make_region(self.root, alloc_id, devices, slices, seq)
+        self.handles.append(FileRegion(directory))
+        if identity is not None:
+            self.identities[alloc_id] = identity
+        return directory
+
+    def sources(self, **overrides: object) -> MetricsSources:
+        values: dict[str, object] = {
+            "node": "node-a",
+            "gpus": lambda: GPUS,
+            "slices_per_gpu": 4,
+            "regions": lambda: self.handles,
+            "identity": self.identities.get,
+            "throttle_status": lambda: self.throttle,
+        }
+        values.update(overrides)
+        return MetricsSources(**values)  # type: ignore[arg-type]
+
+    async def scrape(self, hami: bool = False, **overrides: object) -> str:
+        cache = RegionCache(lambda: self.handles)
+        await cache.refresh()
+        snap = take_snapshot(self.sources(**overrides), self.gpu_samples, cache.samples)
+        return generate_latest(ScrapeView(snap, AgentInstruments(), hami)).decode()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+def _labels(ns: str, pod: str, ctr: str, uuid: str, index: int) -> dict[str, str]:
+    return {"namespace": ns, "pod": pod, "container": ctr, "gpu_uuid": uuid, "gpu_index": str(index)}
+
+
+async def test_gpu_series_carry_node_uuid_index_model(node: Node) -> None:
+    node.gpu_samples[G2] = GpuSample(GpuReadings(3 * GIB, 0.25, 51.0, 70.5), False)
+    text = await node.scrape(healthy=lambda: {G0: True, G1: False, G2: True},
+                             xid_counts=lambda: {G1: 3})
+    l4 = {"node": "node-a", "gpu_uuid": G2, "gpu_index": "2", "model": "NVIDIA L4-24GB"}
+    assert value(text, "vgpu_gpu_memory_total_bytes", **l4) == 24 * GIB
+    assert value(text, "vgpu_gpu_memory_used_bytes", **l4) == 3 * GIB
+    assert value(text, "vgpu_gpu_utilization_ratio", **l4) == 0.25
+    assert value(text, "vgpu_gpu_temperature_celsius", **l4) == 51.0
+    assert value(text, "vgpu_gpu_power_watts", **l4) == 70.5
+    assert value(text, "vgpu_gpu_slices", **l4) == 4
+    assert value(text, "vgpu_gpu_healthy", gpu_uuid=G1) == 0
+    assert value(text, "vgpu_gpu_healthy", gpu_uuid=G0) == 1
+    assert value(text, "vgpu_gpu_critical_xid_events_total", gpu_uuid=G1) == 3
+    assert value(text, "vgpu_gpu_critical_xid_events_total", gpu_uuid=G0) == 0
+    assert len(series(text, "vgpu_gpu_memory_total_bytes")) == 3
+
+
+async def test_stale_gpu_loses_live_readings_but_keeps_its_other_series(node: Node) -> None:
+    node.gpu_samples[G1] = GpuSample(GpuReadings(1, 0.9, 80.0, 300.0), True, "lost", 0.0, 4)
+    node.region("a", ("ns", "p", "c"), [DeviceSpec(G1, 8 * GIB, 50)], [f"{G1}::0"])
+    text = await node.scrape()
+    assert value(text, "vgpu_gpu_readings_stale", gpu_uuid=G1) == 1
+    assert value(text, "vgpu_gpu_readings_stale", gpu_uuid=G0) == 0
+    assert value(text, "vgpu_gpu_poll_failures_total", gpu_uuid=G1) == 4
+    for name in ("vgpu_gpu_memory_used_bytes", "vgpu_gpu_utilization_ratio",
+                 "vgpu_gpu_temperature_celsius", "vgpu_gpu_power_watts"):
+        assert value(text, name, gpu_uuid=G1) is None, name
+        assert value(text, name, gpu_uuid=G0) is not None, name
+    assert value(text, "vgpu_gpu_memory_total_bytes", gpu_uuid=G1) == 80 * GIB
+    assert value(text, "vgpu_container_memory_limit_bytes", gpu_uuid=G1) == 8 * GIB
+
+
+async def test_container_without_gpu_use_yet_has_its_limit_series(node: Node) -> None:
+    node.region("a", ("team", "train-0", "main"), [DeviceSpec(G0, 20 * GIB, 25)], [f"{G0}::1"])
+    text = await node.scrape()
+    labels = _labels("team", "train-0", "main", G0, 0)
+    assert series(text, "vgpu_container_memory_limit_bytes") == [(labels, 20 * GIB)]
+    assert series(text, "vgpu_container_core_limit_ratio") == [(labels, 0.25)]
+    assert series(text, "vgpu_container_memory_used_bytes") == [(labels, 0)]
+    assert series(text, "vgpu_container_kernel_launches_total") == [(labels, 0)]
+    assert series(text, "vgpu_container_last_launch_age_seconds") == []  # never launched
+
+
+async def test_container_usage_comes_from_the_state_file(node: Node) -> None:
+    directory = node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, 20 * GIB, 50)], [f"{G0}::0"])
+    shim = ShimWriter(directory)
+    now = time.monotonic_ns()
+    shim.process(0, 17, 4017, 0, memory=GIB, launches=100, wait_ns=1_500_000_000,
+                 last_launch_ns=now - 2_000_000_000)
+    shim.process(5, 18, 4018, 0, memory=2 * GIB, launches=50, wait_ns=500_000_000,
+                 last_launch_ns=now - 4_000_000_000)
+    shim.device_totals(0, memory=3 * GIB)
+    shim.close()
+    node.throttle[("a", 0)] = Status(measured_util=42.0, rate=123_456)
+    text = await node.scrape()
+    assert value(text, "vgpu_container_memory_used_bytes", pod="p") == 3 * GIB
+    assert value(text, "vgpu_container_kernel_launches_total", pod="p") == 150
+    assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 2.0
+    age = value(text, "vgpu_container_last_launch_age_seconds", pod="p")
+    assert age is not None and 2.0 <= age < 5.0  # the newest launch of the two processes
+    assert value(text, "vgpu_container_core_utilization_ratio", pod="p") == 0.42
+    assert value(text, "vgpu_container_token_refill_rate", pod="p") == 123_456
+    assert value(text, "vgpu_container_throttle_open_loop", pod="p") == 0
+
+
+async def test_container_with_two_gpus_has_one_series_per_gpu(node: Node) -> None:
+    directory = node.region(
+        "a",
+        ("ns", "p", "c"),
+        [DeviceSpec(G1, 10 * GIB, 25), DeviceSpec(G2, 6 * GIB, 50)],
+        [f"{G1}::3", f"{G2}::0"],
+    )
+    shim = ShimWriter(directory)
+    shim.process(0, 9, 909, 1, memory=GIB, launches=7)
+    shim.device_totals(1, memory=GIB)
+    shim.close()
+    text = await node.scrape()
+    assert series(text, "vgpu_container_memory_limit_bytes") == [
+        (_labels("ns", "p", "c", G1, 1), 10 * GIB),
+        (_labels("ns", "p", "c", G2, 2), 6 * GIB),
+    ]
+    assert value(text, "vgpu_container_memory_used_bytes", gpu_uuid=G2) == GIB
+    assert value(text, "vgpu_container_memory_used_bytes", gpu_uuid=G1) == 0
+    assert value(text, "vgpu_container_kernel_launches_total", gpu_uuid=G2) == 7
+    assert value(text, "vgpu_gpu_slices_allocated", gpu_uuid=G1) == 1
+    assert value(text, "vgpu_gpu_slices_allocated", gpu_uuid=G2) == 1
+    assert value(text, "vgpu_gpu_slices_allocated", gpu_uuid=G0) == 0
+
+
+async def test_two_containers_in_one_pod_are_told_apart(node: Node) -> None:
+    node.region("a", ("ns", "p", "trainer"), [DeviceSpec(G0, 10 * GIB, 25)], [f"{G0}::0"])
+    node.region("b", ("ns", "p", "sidecar"), [DeviceSpec(G0, 5 * GIB, 25)], [f"{G0}::1"])
+    text = await node.scrape()
+    assert series(text, "vgpu_container_memory_limit_bytes") == [
+        (_labels("ns", "p", "sidecar", G0, 0), 5 * GIB),
+        (_labels("ns", "p", "trainer", G0, 0), 10 * GIB),
+    ]
+    assert value(text, "vgpu_gpu_slices_allocated", gpu_uuid=G0) == 2
+
+
+async def test_corrupt_state_file_keeps_limits_and_the_other_containers(node: Node) -> None:
+    bad = node.region("bad", ("ns", "p1", "c"), [DeviceSpec(G0, 10 * GIB, 25)], [f"{G0}::0"])
+    good = node.region("good", ("ns", "p2", "c"), [DeviceSpec(G0, 10 * GIB, 25)], [f"{G0}::1"])
+    for directory, memory in ((bad, GIB), (good, 2 * GIB)):
+        shim = ShimWriter(directory)
+        shim.process(0, 3, 303, 0, memory=memory, launches=1)
+        shim.device_totals(0, memory=memory)
+        if directory is bad:
+            shim.scribble_header()
+        shim.close()
+    text = await node.scrape()
+    assert value(text, "vgpu_container_memory_limit_bytes", pod="p1") == 10 * GIB
+    assert value(text, "vgpu_container_memory_used_bytes", pod="p1") is None
+    assert value(text, "vgpu_container_kernel_launches_total", pod="p1") is None
+    assert value(text, "vgpu_container_memory_used_bytes", pod="p2") == 2 * GIB
+    assert value(text, "vgpu_regions", state="corrupt") == 1
+    assert value(text, "vgpu_regions", state="active") == 1
+
+
+async def test_truncated_state_file_is_reported_not_fatal(node: Node) -> None:
+    directory = node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, GIB, 10)], [f"{G0}::0"])
+    (directory / "state").write_bytes(b"")  # mmap of an empty file fails
+    text = await node.scrape()
+    assert value(text, "vgpu_regions", state="unreadable") == 1
+    assert value(text, "vgpu_container_memory_limit_bytes", pod="p") == GIB
+
+
+async def test_newest_allocation_wins_when_a_container_appears_twice(node: Node) -> None:
+    node.region("old", ("ns", "p", "c"), [DeviceSpec(G0, 4 * GIB, 10)], [f"{G0}::0"], seq=1)
+    node.region("new", ("ns", "p", "c"), [DeviceSpec(G0, 8 * GIB, 20)], [f"{G0}::1"], seq=2)
+    text = await node.scrape()  # samples() raises on duplicate series
+    assert series(text, "vgpu_container_memory_limit_bytes") == [
+        (_labels("ns", "p", "c", G0, 0), 8 * GIB)
+    ]
+
+
+async def test_region_without_identity_is_counted_not_labelled(node: Node) -> None:
+    node.region("a", None, [DeviceSpec(G0, GIB, 10)], [f"{G0}::0"])
+    text = await node.scrape()
+    assert series(text, "vgpu_container_memory_limit_bytes") == []
+    assert value(text, "vgpu_regions", state="unidentified") == 1
+    assert value(text, "vgpu_gpu_slices_allocated", gpu_uuid=G0) == 1
+
+
+async def test_unlimited_rate_and_missing_throttle_data_leave_series_out(node: Node) -> None:
+    node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, GIB, 100, "off")], [f"{G0}::0"])
+    node.throttle[("a", 0)] = Status(measured_util=None, rate=1 << 52, open_loop=True)
+    text = await node.scrape()
+    assert value(text, "vgpu_container_token_refill_rate", pod="p") is None
+    assert value(text, "vgpu_container_core_utilization_ratio", pod="p") is None
+    assert value(text, "vgpu_container_throttle_open_loop", pod="p") == 1
+
+
+async def test_utilization_is_clamped_to_a_ratio(node: Node) -> None:
+    node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, GIB, 50)], [f"{G0}::0"])
+    node.throttle[("a", 0)] = Status(measured_util=180.0, rate=5)
+    text = await node.scrape()
+    assert value(text, "vgpu_container_core_utilization_ratio", pod="p") == 1.0
+
+
+async def test_agent_counters(node: Node) -> None:
+    text = await node.scrape(
+        registration=lambda: Registration(True, 3, 2),
+        nvml_errors=lambda: {"nvmlDeviceGetMemoryInfo": 5},
+        region_events=lambda: {"created": 4, "removed": 2, "corrupt": 1, "adopted": 1},
+        pod_resources_failures=lambda: 7,
+    )
+    assert value(text, "vgpu_plugin_registered") == 1
+    assert value(text, "vgpu_plugin_registrations_total") == 3
+    assert value(text, "vgpu_kubelet_restarts_total") == 2
+    assert value(text, "vgpu_nvml_errors_total", call="nvmlDeviceGetMemoryInfo") == 5
+    assert value(text, "vgpu_region_events_total", event="removed") == 2
+    assert value(text, "vgpu_region_events_total", event="corrupt") == 1
+    assert value(text, "vgpu_pod_resources_failures_total") == 7
+    assert value(text, "vgpu_build_info", version=__import__("vgpu_agent").__version__) == 1
+    assert "process_resident_memory_bytes" in names(text)
+
+
+async def test_absent_sources_mean_absent_series_not_zeroes(node: Node) -> None:
+    text = await node.scrape()
+    for name in ("vgpu_plugin_registered", "vgpu_pod_resources_failures_total",
+                 "vgpu_gpu_healthy", "vgpu_kubelet_restarts_total"):
+        assert name not in names(text), name
+
+
+def test_allocate_results_feed_the_counter_and_histogram() -> None:
+    instruments = AgentInstruments()
+    instruments.on_result("ok", 0.004)
+    instruments.on_result("ok", 0.2)
+    instruments.on_result("invalid", 0.001)
+    instruments.on_result("surprise", 0.001)  # unknown results count as errors
+    text = generate_latest(instruments.registry).decode()
+    assert value(text, "vgpu_allocate_requests_total", result="ok") == 2
+    assert value(text, "vgpu_allocate_requests_total", result="invalid") == 1
+    assert value(text, "vgpu_allocate_requests_total", result="error") == 1
+    assert value(text, "vgpu_allocate_duration_seconds_count") == 4
+    assert value(text, "vgpu_allocate_duration_seconds_bucket", le="0.005") == 3
+    assert value(text, "vgpu_allocate_duration_seconds_bucket", le="0.25") == 4
+
+
+async def test_hami_names_only_when_asked_for(node: Node) -> None:
+    node.region("a", ("ns", "p", "c"), [DeviceSpec(G1, 6 * GIB, 25)], [f"{G1}::0"])
+    node.throttle[("a", 0)] = Status(measured_util=30.0, rate=10)
+    plain = await node.scrape()
+    assert not any(n.startswith("hami_") or n[0].isupper() for n in names(plain))
+    text = await node.scrape(hami=True)
+    c = {"namespace": "ns", "pod": "p", "container": "c", "vdevice_index": "0", "device_uuid": G1}
+    assert value(text, "hami_vgpu_memory_limit_bytes", **c) == 6 * GIB
+    assert value(text, "hami_vgpu_memory_used_bytes", **c) == 0
+    assert value(text, "hami_container_device_utilization_ratio", **c) == 0.3
+    host = {"node": "node-a", "device_index": "1", "device_uuid": G1,
+            "device_type": "NVIDIA A100-80GB"}
+    assert value(text, "hami_host_gpu_memory_used_bytes", **host) == 5 * GIB
+    assert value(text, "hami_host_gpu_utilization_ratio", **host) == 0.5
+    legacy = {"podnamespace": "ns", "podname": "p", "ctrname": "c", "vdeviceid": "0",
+              "deviceuuid": G1}
+    assert value(text, "vGPU_device_memory_limit_in_bytes", **legacy) == 6 * GIB
+    assert value(text, "Device_utilization_desc_of_container", **legacy) == 30.0
+    assert value(text, "HostCoreUtilization", deviceuuid=G1) == 50.0
+    # the agent's own names are all still there
+    assert names(plain) <= names(text)
+
+
+async def test_openmetrics_exposition_parses(node: Node) -> None:
+    node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, GIB, 50)], [f"{G0}::0"])
+    cache = RegionCache(lambda: node.handles)
+    await cache.refresh()
+    snap = take_snapshot(node.sources(), node.gpu_samples, cache.samples)
+    text = om_latest(ScrapeView(snap, AgentInstruments())).decode()
+    assert text.endswith("# EOF\n")
+    parsed = {f.name: f for f in parse_om(text)}
+    assert parsed["vgpu_container_kernel_launches"].type == "counter"
+    assert parsed["vgpu_build"].type == "info"
+
+
+def test_families_without_samples_are_left_out() -> None:
+    snap = take_snapshot(
+        MetricsSources(node="n", gpus=lambda: (), slices_per_gpu=1), {}, ()
+    )
+    found = [f.name for f in families(snap)]
+    assert "vgpu_container_memory_limit_bytes" not in found
+    assert "vgpu_build" in found

@@ -1,0 +1,494 @@
+"""The metric families, built from a `Snapshot` of the caches and the agent's counters.
+
+A scrape has two halves: `take_snapshot` runs on the event loop and only copies what the caches
+and the other parts of the agent already hold; `families` turns the snapshot into metric
+families and runs in a worker thread together with the text encoding, so neither the formatting
+nor a slow client holds up the loop.
+
+Names follow Prometheus conventions (base units, `_bytes`, `_seconds_total`, `_ratio`), all with
+the `vgpu_` prefix. With `hami=True` the names HAMi's dashboards query are emitted as well.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from vgpu_agent import __version__
+from vgpu_agent.deviceplugin.ids import DeviceIdError, parse_device_id
+from vgpu_agent.gpu.model import GpuInfo
+from vgpu_agent.metrics.poller import GpuSample, RegionSample
+from vgpu_agent.metrics.sources import Identity, MetricsSources
+
+GPU_LABELS = ("node", "gpu_uuid", "gpu_index", "model")
+CONTAINER_LABELS = ("namespace", "pod", "container", "gpu_uuid", "gpu_index")
+HAMI_HOST_LABELS = ("node", "device_index", "device_uuid", "device_type")
+HAMI_CONTAINER_LABELS = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
+HAMI_LEGACY_HOST_LABELS = ("nodeid", "deviceidx", "deviceuuid", "devicetype")
+HAMI_LEGACY_CONTAINER_LABELS = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
+ALLOCATE_RESULTS = ("ok", "invalid", "error")
+# Allocate is a local call (region files, a few syscalls): buckets from 1 ms to 10 s
+ALLOCATE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+# ---------------------------------------------------------------------------------- snapshot
+
+
+@dataclass(frozen=True)
+class ContainerDevice:
+    """One device of one identified container, with everything its series need."""
+
+    identity: Identity
+    dev: int  # index inside the container
+    gpu: GpuInfo | None  # None when the region names a GPU this node does not have
+    uuid: str
+    memory_limit: int
+    core_limit: float  # percent
+    rate: int
+    burst: int
+    usage_known: bool  # False: state unreadable or corrupt, only the limits are known
+    memory_used: int = 0
+    launches: int = 0
+    wait_ns: int = 0
+    last_launch_ns: int = 0  # CLOCK_MONOTONIC ns, 0 = never
+    utilization: float | None = None  # percent, from the throttle controller
+    open_loop: bool | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    node: str
+    gpus: tuple[GpuInfo, ...]
+    gpu_samples: Mapping[str, GpuSample]
+    healthy: Mapping[str, bool] | None
+    xid_counts: Mapping[str, int] | None
+    slices_per_gpu: int
+    slices_allocated: Mapping[str, int]
+    containers: tuple[ContainerDevice, ...]
+    regions_by_state: Mapping[str, int]
+    region_events: Mapping[str, int]
+    region_read_errors: int
+    nvml_errors: Mapping[str, int]
+    registered: bool | None = None
+    registrations: int | None = None
+    kubelet_restarts: int | None = None
+    pod_resources_failures: int | None = None
+    task_restarts: Mapping[str, int] = field(default_factory=dict)
+    now_ns: int = 0  # CLOCK_MONOTONIC, for launch ages
+
+
+# The rate the throttle controller writes for devices it does not limit; not worth a series.
+_UNLIMITED_RATE = 1 << 52
+
+
+def take_snapshot(
+    sources: MetricsSources,
+    gpu_samples: Mapping[str, GpuSample],
+    regions: Sequence[RegionSample],
+    region_read_errors: int = 0,
+    now_ns: int | None = None,
+) -> Snapshot:
+    """Copy what a scrape needs. Runs on the loop; reads only memory the agent already holds."""
+    gpus = tuple(sources.gpus())
+    by_uuid = {gpu.uuid: gpu for gpu in gpus}
+    throttle = dict(sources.throttle_status()) if sources.throttle_status else {}
+    slices: dict[str, set[int]] = {}
+    chosen: dict[tuple[Identity, str], tuple[int, RegionSample, int]] = {}
+    states = {"active": 0, "corrupt": 0, "unreadable": 0, "unidentified": 0}
+    for region in regions:
+        for device_id in region.device_ids:
+            try:
+                slice_id = parse_device_id(device_id)
+            except DeviceIdError:
+                continue
+            slices.setdefault(slice_id.uuid, set()).add(slice_id.number)
+        if region.usage is None:
+            states["unreadable"] += 1
+        elif region.usage.corrupt:
+            states["corrupt"] += 1
+        else:
+            states["active"] += 1
+        identity = sources.identity(region.alloc_id)
+        if identity is None:
+            states["unidentified"] += 1
+            continue
+        for dev, limits in enumerate(region.devices):
+            key = (identity, limits.uuid)
+            # a container seen in two regions (an allocation replaced): the newest one counts
+            if key not in chosen or chosen[key][0] < region.seq:
+                chosen[key] = (region.seq, region, dev)
+
+    containers = []
+    for (identity, uuid), (_, region, dev) in chosen.items():
+        limits = region.devices[dev]
+        status = throttle.get((region.alloc_id, dev))
+        usage = region.usage
+        known = usage is not None and not usage.corrupt
+        procs = [p for p in usage.processes if dev < len(p.launches)] if usage else []
+        containers.append(
+            ContainerDevice(
+                identity=identity,
+                dev=dev,
+                gpu=by_uuid.get(uuid),
+                uuid=uuid,
+                memory_limit=limits.memory_limit,
+                core_limit=limits.core_limit,
+                rate=status.rate if status is not None else limits.rate,
+                burst=limits.burst,
+                usage_known=known,
+                memory_used=(
+                    usage.memory_used[dev] if usage and dev < len(usage.memory_used) else 0
+                ),
+                launches=sum(p.launches[dev] for p in procs),
+                wait_ns=sum(p.wait_ns[dev] for p in procs),
+                last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
+                utilization=status.measured_util if status is not None else None,
+                open_loop=status.open_loop if status is not None else None,
+            )
+        )
+
+    registration = sources.registration() if sources.registration else None
+    tasks = sources.tasks() if sources.tasks else None
+    return Snapshot(
+        node=sources.node,
+        gpus=gpus,
+        gpu_samples=gpu_samples,
+        healthy=dict(sources.healthy()) if sources.healthy else None,
+        xid_counts=dict(sources.xid_counts()) if sources.xid_counts else None,
+        slices_per_gpu=sources.slices_per_gpu,
+        slices_allocated={uuid: len(ids) for uuid, ids in slices.items()},
+        containers=tuple(containers),
+        regions_by_state=states,
+        region_events=dict(sources.region_events()),
+        region_read_errors=region_read_errors,
+        nvml_errors=dict(sources.nvml_errors()),
+        registered=registration.registered if registration is not None else None,
+        registrations=registration.registrations if registration is not None else None,
+        kubelet_restarts=registration.kubelet_restarts if registration is not None else None,
+        pod_resources_failures=(
+            sources.pod_resources_failures() if sources.pod_resources_failures else None
+        ),
+        task_restarts=dict(tasks.restarts) if tasks is not None else {},
+        now_ns=time.monotonic_ns() if now_ns is None else now_ns,
+    )
+
+
+# ---------------------------------------------------------------------------------- families
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str], unit: str = "") -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels), unit=unit)
+
+
+def _counter(name: str, doc: str, labels: Sequence[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=list(labels))
+
+
+def families(snap: Snapshot, hami: bool = False) -> list[Metric]:
+    """Every family of the agent's own metrics for one scrape. Pure."""
+    groups = [_gpu_families(snap), _container_families(snap), _agent_families(snap)]
+    if hami:
+        groups.append(_hami_families(snap))
+    # a family without samples is left out: it would only add HELP/TYPE lines
+    return [family for group in groups for family in group if family.samples]
+
+
+def _gpu_labels(snap: Snapshot, gpu: GpuInfo) -> list[str]:
+    return [snap.node, gpu.uuid, str(gpu.index), gpu.name]
+
+
+def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
+    mem_total = _gauge("vgpu_gpu_memory_total_bytes", "GPU memory in total.", GPU_LABELS)
+    mem_used = _gauge("vgpu_gpu_memory_used_bytes", "GPU memory in use (NVML).", GPU_LABELS)
+    util = _gauge(
+        "vgpu_gpu_utilization_ratio", "Fraction of time the GPU ran kernels (NVML).", GPU_LABELS
+    )
+    temp = _gauge("vgpu_gpu_temperature_celsius", "GPU temperature.", GPU_LABELS)
+    power = _gauge("vgpu_gpu_power_watts", "GPU power draw.", GPU_LABELS)
+    stale = _gauge(
+        "vgpu_gpu_readings_stale",
+        "1 when the last NVML poll of the GPU failed; its live readings are then absent.",
+        GPU_LABELS,
+    )
+    failures = _counter(
+        "vgpu_gpu_poll_failures", "NVML polls of the GPU that failed.", GPU_LABELS
+    )
+    healthy = _gauge("vgpu_gpu_healthy", "1 when the GPU is healthy, 0 when not.", GPU_LABELS)
+    xids = _counter(
+        "vgpu_gpu_critical_xid_events", "Critical XID events reported for the GPU.", GPU_LABELS
+    )
+    slices_total = _gauge("vgpu_gpu_slices", "vGPU slices the GPU is split into.", GPU_LABELS)
+    slices_alloc = _gauge(
+        "vgpu_gpu_slices_allocated", "Slices of the GPU held by allocations.", GPU_LABELS
+    )
+    for gpu in snap.gpus:
+        labels = _gpu_labels(snap, gpu)
+        mem_total.add_metric(labels, gpu.memory_total)
+        slices_total.add_metric(labels, snap.slices_per_gpu)
+        slices_alloc.add_metric(labels, snap.slices_allocated.get(gpu.uuid, 0))
+        if snap.healthy is not None and gpu.uuid in snap.healthy:
+            healthy.add_metric(labels, 1 if snap.healthy[gpu.uuid] else 0)
+        if snap.xid_counts is not None:
+            xids.add_metric(labels, snap.xid_counts.get(gpu.uuid, 0))
+        sample = snap.gpu_samples.get(gpu.uuid)
+        if sample is None:
+            continue
+        stale.add_metric(labels, 1 if sample.stale else 0)
+        failures.add_metric(labels, sample.failures)
+        if sample.stale or sample.readings is None:
+            continue
+        r = sample.readings
+        if r.memory_used is not None:
+            mem_used.add_metric(labels, r.memory_used)
+        if r.utilization is not None:
+            util.add_metric(labels, r.utilization)
+        if r.temperature_c is not None:
+            temp.add_metric(labels, r.temperature_c)
+        if r.power_w is not None:
+            power.add_metric(labels, r.power_w)
+    yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
+    yield from (slices_total, slices_alloc)
+
+
+def _container_labels(entry: ContainerDevice) -> list[str]:
+    index = str(entry.gpu.index) if entry.gpu is not None else ""
+    return [*entry.identity, entry.uuid, index]
+
+
+def _launch_age_s(snap: Snapshot, entry: ContainerDevice) -> float | None:
+    if not entry.usage_known or entry.last_launch_ns <= 0:
+        return None
+    return max(0.0, (snap.now_ns - entry.last_launch_ns) / 1e9)
+
+
+def _container_families(snap: Snapshot) -> Iterator[Metric]:
+    L = CONTAINER_LABELS
+    mem_limit = _gauge(
+        "vgpu_container_memory_limit_bytes", "GPU memory the container may use (0: no limit).", L
+    )
+    mem_used = _gauge(
+        "vgpu_container_memory_used_bytes", "GPU memory the container holds (shim's account).", L
+    )
+    core_limit = _gauge(
+        "vgpu_container_core_limit_ratio", "Share of the GPU's SM time the container is given.", L
+    )
+    core_util = _gauge(
+        "vgpu_container_core_utilization_ratio",
+        "Share of the GPU's SM time the container used (NVML per-process samples).",
+        L,
+    )
+    waited = _counter(
+        "vgpu_container_token_wait_seconds", "Time the container's launches waited for tokens.", L
+    )
+    launches = _counter("vgpu_container_kernel_launches", "Kernel launches by the container.", L)
+    rate = _gauge(
+        "vgpu_container_token_refill_rate",
+        "Tokens per second the container's bucket refills at (absent when unlimited).",
+        L,
+    )
+    age = _gauge(
+        "vgpu_container_last_launch_age_seconds", "Time since the container's last launch.", L
+    )
+    open_loop = _gauge(
+        "vgpu_container_throttle_open_loop",
+        "1 while the container's rate is not steered by measured use (no NVML samples).",
+        L,
+    )
+    for entry in snap.containers:
+        labels = _container_labels(entry)
+        mem_limit.add_metric(labels, entry.memory_limit)
+        core_limit.add_metric(labels, entry.core_limit / 100.0)
+        if 0 < entry.rate < _UNLIMITED_RATE:
+            rate.add_metric(labels, entry.rate)
+        if entry.utilization is not None:
+            core_util.add_metric(labels, max(0.0, min(100.0, entry.utilization)) / 100.0)
+        if entry.open_loop is not None:
+            open_loop.add_metric(labels, 1 if entry.open_loop else 0)
+        if not entry.usage_known:
+            continue
+        mem_used.add_metric(labels, entry.memory_used)
+        waited.add_metric(labels, entry.wait_ns / 1e9)
+        launches.add_metric(labels, entry.launches)
+        launch_age = _launch_age_s(snap, entry)
+        if launch_age is not None:
+            age.add_metric(labels, launch_age)
+    yield from (mem_limit, mem_used, core_limit, core_util, waited, launches, rate, age, open_loop)
+
+
+def _agent_families(snap: Snapshot) -> Iterator[Metric]:
+    build = InfoMetricFamily("vgpu_build", "The agent's version.")
+    build.add_metric([], {"version": __version__, "python_version": platform.python_version()})
+    yield build
+    if snap.registered is not None:
+        yield GaugeMetricFamily(
+            "vgpu_plugin_registered",
+            "1 while the device plugin is registered with the kubelet.",
+            value=1 if snap.registered else 0,
+        )
+    if snap.registrations is not None:
+        yield CounterMetricFamily(
+            "vgpu_plugin_registrations",
+            "Successful registrations with the kubelet.",
+            value=snap.registrations,
+        )
+    if snap.kubelet_restarts is not None:
+        yield CounterMetricFamily(
+            "vgpu_kubelet_restarts",
+            "Kubelet restarts the agent noticed.",
+            value=snap.kubelet_restarts,
+        )
+    if snap.pod_resources_failures is not None:
+        yield CounterMetricFamily(
+            "vgpu_pod_resources_failures",
+            "Failed PodResources List calls (container labels then keep their last known values).",
+            value=snap.pod_resources_failures,
+        )
+    nvml = _counter("vgpu_nvml_errors", "NVML calls that failed, by call.", ["call"])
+    for call, count in sorted(snap.nvml_errors.items()):
+        nvml.add_metric([call], count)
+    yield nvml
+    events = _counter(
+        "vgpu_region_events",
+        "Region lifecycle events: created, adopted after a restart, removed by GC, corrupt.",
+        ["event"],
+    )
+    for event, count in sorted(snap.region_events.items()):
+        events.add_metric([event], count)
+    yield events
+    regions = _gauge("vgpu_regions", "Allocation regions on the node, by state.", ["state"])
+    for state, count in sorted(snap.regions_by_state.items()):
+        regions.add_metric([state], count)
+    yield regions
+    yield CounterMetricFamily(
+        "vgpu_region_read_errors",
+        "Regions whose control file could not be read by the metrics.",
+        value=snap.region_read_errors,
+    )
+    restarts = _counter("vgpu_task_restarts", "Restarts of the agent's supervised tasks.", ["task"])
+    for task, count in sorted(snap.task_restarts.items()):
+        restarts.add_metric([task], count)
+    yield restarts
+
+
+def _hami_families(snap: Snapshot) -> Iterator[Metric]:
+    """The names and labels HAMi's exporter uses, current (v2.9+) and legacy."""
+    host_mem = _gauge(
+        "hami_host_gpu_memory_used_bytes", "GPU memory in use (HAMi name).", HAMI_HOST_LABELS
+    )
+    host_util = _gauge(
+        "hami_host_gpu_utilization_ratio", "GPU utilization (HAMi name).", HAMI_HOST_LABELS
+    )
+    old_mem = _gauge("HostGPUMemoryUsage", "GPU memory in use, bytes (HAMi legacy name).",
+                     HAMI_LEGACY_HOST_LABELS)
+    old_util = _gauge("HostCoreUtilization", "GPU utilization, percent (HAMi legacy name).",
+                      HAMI_LEGACY_HOST_LABELS)
+    for gpu in snap.gpus:
+        sample = snap.gpu_samples.get(gpu.uuid)
+        if sample is None or sample.stale or sample.readings is None:
+            continue
+        labels = [snap.node, str(gpu.index), gpu.uuid, gpu.name]
+        if sample.readings.memory_used is not None:
+            host_mem.add_metric(labels, sample.readings.memory_used)
+            old_mem.add_metric(labels, sample.readings.memory_used)
+        if sample.readings.utilization is not None:
+            host_util.add_metric(labels, sample.readings.utilization)
+            old_util.add_metric(labels, sample.readings.utilization * 100.0)
+    yield from (host_mem, host_util, old_mem, old_util)
+
+    C, OC = HAMI_CONTAINER_LABELS, HAMI_LEGACY_CONTAINER_LABELS
+    vmem_used = _gauge("hami_vgpu_memory_used_bytes", "vGPU memory in use (HAMi name).", C)
+    vmem_limit = _gauge("hami_vgpu_memory_limit_bytes", "vGPU memory limit (HAMi name).", C)
+    dev_mem = _gauge(
+        "hami_container_device_memory_bytes", "Container GPU memory (HAMi name).", C
+    )
+    dev_util = _gauge(
+        "hami_container_device_utilization_ratio", "Container GPU utilization (HAMi name).", C
+    )
+    last_kernel = _gauge(
+        "hami_container_last_kernel_elapsed_seconds",
+        "Time since the container's last kernel launch (HAMi name).",
+        C,
+    )
+    old_used = _gauge("vGPU_device_memory_usage_in_bytes", "vGPU memory in use (legacy).", OC)
+    old_limit = _gauge("vGPU_device_memory_limit_in_bytes", "vGPU memory limit (legacy).", OC)
+    old_cutil = _gauge(
+        "Device_utilization_desc_of_container", "Container GPU utilization, percent (legacy).", OC
+    )
+    for entry in snap.containers:
+        labels = [*entry.identity, str(entry.dev), entry.uuid]
+        vmem_limit.add_metric(labels, entry.memory_limit)
+        old_limit.add_metric(labels, entry.memory_limit)
+        if entry.utilization is not None:
+            percent = max(0.0, min(100.0, entry.utilization))
+            dev_util.add_metric(labels, percent / 100.0)
+            old_cutil.add_metric(labels, percent)
+        if not entry.usage_known:
+            continue
+        vmem_used.add_metric(labels, entry.memory_used)
+        dev_mem.add_metric(labels, entry.memory_used)
+        old_used.add_metric(labels, entry.memory_used)
+        launch_age = _launch_age_s(snap, entry)
+        if launch_age is not None:
+            last_kernel.add_metric(labels, launch_age)
+    yield from (vmem_used, vmem_limit, dev_mem, dev_util, last_kernel, old_used, old_limit)
+    yield old_cutil
+
+
+# ---------------------------------------------------------------------------------- agent events
+
+
+class AgentInstruments:
+    """Metrics the agent updates as things happen (Allocate calls), plus the process's own
+    figures (CPU, memory, GC). A private registry: no module-level state."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.allocations = Counter(
+            "vgpu_allocate_requests",
+            "Allocate calls by result (ok, invalid, error).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.allocate_seconds = Histogram(
+            "vgpu_allocate_duration_seconds",
+            "Time to answer an Allocate call.",
+            buckets=ALLOCATE_BUCKETS,
+            registry=self.registry,
+        )
+        for result in ALLOCATE_RESULTS:
+            self.allocations.labels(result)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+
+    def on_result(self, result: str, seconds: float) -> None:
+        """The device plugin's hook, called once per Allocate."""
+        self.allocations.labels(result if result in ALLOCATE_RESULTS else "error").inc()
+        self.allocate_seconds.observe(max(0.0, seconds))
+
+
+class ScrapeView:
+    """What one scrape exposes: the snapshot's families, then the instruments'. Anything with a
+    `collect()` is what prometheus_client's encoders take."""
+
+    def __init__(self, snap: Snapshot, instruments: AgentInstruments, hami: bool = False):
+        self.snap = snap
+        self.instruments = instruments
+        self.hami = hami
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.snap, self.hami)
+        yield from self.instruments.registry.collect()

@@ -1,0 +1,170 @@
+"""The metrics HTTP server (aiohttp): /metrics, /healthz, /readyz.
+
+`MetricsService.run()` serves and keeps the two caches fresh (NVML readings, region files)
+until cancelled. A scrape copies the caches on the loop, then builds and encodes the families
+in a worker thread; at most two scrapes encode at once, later ones wait their turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder
+
+from vgpu_agent.gpu.model import GpuBackend
+from vgpu_agent.metrics.collectors import AgentInstruments, ScrapeView, take_snapshot
+from vgpu_agent.metrics.poller import GpuPoller, RegionCache
+from vgpu_agent.metrics.probes import liveness, readiness
+from vgpu_agent.metrics.sources import MetricsSources
+
+log = structlog.get_logger(__name__)
+
+TEXT_PLAIN = "text/plain; charset=utf-8"
+MAX_CONCURRENT_RENDERS = 2
+
+
+class MetricsService:
+    def __init__(
+        self,
+        sources: MetricsSources,
+        *,
+        host: str = "0.0.0.0",
+        port: int = 9394,
+        backend: GpuBackend | None = None,
+        poll_s: float = 1.0,
+        region_refresh_s: float | None = None,
+        hami: bool = False,
+        instruments: AgentInstruments | None = None,
+    ):
+        if not 0 <= port <= 65535:
+            raise ValueError(f"metrics port {port!r} is not allowed: 0..65535 (0 picks a free one)")
+        self.sources = sources
+        self.host = host
+        self.port = port
+        self.hami = hami
+        self.instruments = instruments or AgentInstruments()
+        self.poller = GpuPoller(backend, sources.gpus, poll_s) if backend is not None else None
+        self.regions = RegionCache(sources.regions, region_refresh_s or poll_s)
+        self.scrapes = 0
+        self.scrape_errors = 0
+        self._renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
+        self._runner: web.AppRunner | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        shown = "127.0.0.1" if self.host in ("0.0.0.0", "") else host
+        return f"http://{shown}:{self.port}/metrics"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        return app
+
+    async def start(self) -> None:
+        """Bind and serve; `port` is the bound port afterwards (useful with port 0)."""
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+            await site.start()
+        except OSError as err:
+            await runner.cleanup()
+            raise OSError(
+                err.errno, f"cannot serve metrics on {self.host}:{self.port}: {err.strerror}"
+            ) from err
+        self._runner = runner
+        for address in runner.addresses:
+            if isinstance(address, tuple) and len(address) >= 2:
+                self.port = int(address[1])
+                break
+        log.info("metrics_serving", url=self.url, hami_metrics=self.hami)
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    async def run(self) -> None:
+        """Serve and refresh the caches until cancelled."""
+        await self.start()
+        try:
+            async with asyncio.TaskGroup() as group:
+                if self.poller is not None:
+                    group.create_task(_forever(self.poller.run, "gpu-poller"), name="metrics-gpu")
+                group.create_task(_forever(self.regions.run, "regions"), name="metrics-regions")
+        finally:
+            await self.stop()
+
+    async def refresh(self) -> None:
+        """One round of both caches now (tests, and a first scrape right after start)."""
+        if self.poller is not None:
+            await self.poller.poll_once()
+        await self.regions.refresh()
+
+    # ---- handlers ----------------------------------------------------------------------------
+
+    async def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition a scrape with this `Accept` header gets, and its content type."""
+        snap = take_snapshot(
+            self.sources,
+            self.poller.samples if self.poller is not None else {},
+            self.regions.samples,
+            self.regions.read_errors,
+        )
+        encoder, content_type = choose_encoder(accept)
+        view = ScrapeView(snap, self.instruments, self.hami)
+        async with self._renders:
+            body = await asyncio.to_thread(encoder, view)
+        return body, content_type
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        try:
+            body, content_type = await self.render(request.headers.get("Accept", ""))
+        except Exception as err:
+            self.scrape_errors += 1
+            log.exception("metrics_scrape_failed")
+            return web.Response(
+                status=500, text=f"metrics collection failed: {err!r}\n", content_type="text/plain"
+            )
+        self.scrapes += 1
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        ok, lines = liveness(self.sources)
+        return _probe_response(ok, lines)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ok, lines = readiness(self.sources)
+        return _probe_response(ok, lines)
+
+
+def _probe_response(ok: bool, lines: list[str]) -> web.Response:
+    head = "ok" if ok else "not ok"
+    return web.Response(
+        status=200 if ok else 503,
+        text="\n".join([head, *lines]) + "\n",
+        headers={"Content-Type": TEXT_PLAIN},
+    )
+
+
+async def _forever(loop_fn: Callable[[], Awaitable[None]], name: str) -> None:
+    """Keep a cache loop going: a failure is logged and the loop restarts after a pause."""
+    delay = 0.5
+    while True:
+        try:
+            await loop_fn()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("metrics_cache_failed", cache=name, restart_in_s=delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 30.0)

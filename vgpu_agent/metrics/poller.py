@@ -1,0 +1,222 @@
+"""Caches that scrapes read: per-GPU NVML readings and per-region limits and usage.
+
+A scrape must never wait on NVML (a call can hang for seconds on a sick GPU) nor decode a
+hundred region files on the event loop, so both are read here, in a worker thread, on a fixed
+interval; the scrape takes whatever the last round left. Each cache replaces its whole mapping
+at the end of a round, so a reader on the loop never sees half a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, GpuReadings
+from vgpu_agent.shm.api import CorePolicy, RegionHandle, RegionUsage
+
+log = structlog.get_logger(__name__)
+
+
+def _check_interval(interval_s: float) -> float:
+    if not interval_s > 0:
+        raise ValueError(f"poll interval {interval_s!r} s is not allowed: it must be > 0")
+    return interval_s
+
+
+# ---------------------------------------------------------------------------------- GPUs
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """The last poll of one GPU. `readings` is None until a poll has succeeded."""
+
+    readings: GpuReadings | None
+    stale: bool  # the last poll failed: `readings` (if any) are from an earlier round
+    error: str = ""
+    polled_at: float = 0.0  # time.monotonic() of the last successful poll
+    failures: int = 0  # failed polls since start
+
+
+class GpuPoller:
+    """Polls `backend.readings` for every GPU each `interval_s`; one failing GPU marks only its
+    own sample stale."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        gpus: Callable[[], Sequence[GpuInfo]],
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.backend = backend
+        self.gpus = gpus
+        self.interval_s = _check_interval(interval_s)
+        self.rounds = 0
+        self._clock = clock
+        self._samples: Mapping[str, GpuSample] = {}
+
+    @property
+    def samples(self) -> Mapping[str, GpuSample]:
+        return self._samples
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    async def poll_once(self) -> Mapping[str, GpuSample]:
+        uuids = [gpu.uuid for gpu in self.gpus()]
+        if not uuids:
+            return self._samples
+        results = await asyncio.to_thread(self._read_all, uuids)
+        now = self._clock()
+        previous = self._samples
+        samples: dict[str, GpuSample] = {}
+        for uuid, readings, error in results:
+            before = previous.get(uuid)
+            failures = before.failures if before else 0
+            if readings is not None:
+                samples[uuid] = GpuSample(readings, False, "", now, failures)
+                continue
+            if not before or not before.stale:
+                log.warning("gpu_readings_failed", uuid=uuid, error=error)
+            samples[uuid] = GpuSample(
+                before.readings if before else None,
+                True,
+                error,
+                before.polled_at if before else 0.0,
+                failures + 1,
+            )
+        self._samples = samples
+        self.rounds += 1
+        return samples
+
+    def _read_all(self, uuids: list[str]) -> list[tuple[str, GpuReadings | None, str]]:
+        out: list[tuple[str, GpuReadings | None, str]] = []
+        for uuid in uuids:
+            try:
+                out.append((uuid, self.backend.readings(uuid), ""))
+            except GpuError as err:
+                out.append((uuid, None, str(err) or err.call))
+            except Exception as err:  # a backend bug must not stop the other GPUs' readings
+                log.exception("gpu_readings_crashed", uuid=uuid)
+                out.append((uuid, None, repr(err)))
+        return out
+
+
+# ---------------------------------------------------------------------------------- regions
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """One region device's limits as written in its `control` file."""
+
+    uuid: str
+    memory_limit: int  # bytes, 0 = none
+    core_limit: float  # percent of SM time
+    policy: CorePolicy
+    rate: int  # tokens per second
+    burst: int
+
+
+@dataclass(frozen=True)
+class RegionSample:
+    """One region as read in one round. `usage` is None when the `state` file could not be read
+    at all (then `error` says why); a corrupt header gives `usage.corrupt`."""
+
+    alloc_id: str
+    seq: int
+    device_ids: tuple[str, ...]
+    devices: tuple[DeviceLimits, ...]
+    usage: RegionUsage | None
+    error: str = ""
+
+
+def read_region(region: RegionHandle) -> RegionSample:
+    """Read one region's limits and usage; raises whatever the handle raises for `control`."""
+    uuids = tuple(region.device_uuids)
+    devices = []
+    for dev, uuid in enumerate(uuids):
+        rate, burst = region.rate(dev)
+        devices.append(
+            DeviceLimits(
+                uuid=uuid,
+                memory_limit=int(region.memory_limit(dev)),
+                core_limit=float(region.core_limit(dev)),
+                policy=region.policy(dev),
+                rate=int(rate),
+                burst=int(burst),
+            )
+        )
+    usage: RegionUsage | None
+    error = ""
+    try:
+        usage = region.usage()
+    except Exception as err:  # the state file belongs to the container: never trust it
+        usage, error = None, f"state unreadable: {err}"
+    return RegionSample(
+        alloc_id=region.alloc_id,
+        seq=int(region.seq),
+        device_ids=tuple(region.device_ids),
+        devices=tuple(devices),
+        usage=usage,
+        error=error,
+    )
+
+
+class RegionCache:
+    """Reads every region each `interval_s` in a worker thread; scrapes read `samples`."""
+
+    def __init__(
+        self,
+        regions: Callable[[], Iterable[RegionHandle]],
+        interval_s: float = 1.0,
+    ):
+        self.regions = regions
+        self.interval_s = _check_interval(interval_s)
+        self.rounds = 0
+        self.read_errors = 0  # regions whose control could not be read, cumulative
+        self._samples: tuple[RegionSample, ...] = ()
+        self._lock = asyncio.Lock()
+
+    @property
+    def samples(self) -> tuple[RegionSample, ...]:
+        return self._samples
+
+    async def run(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self.interval_s)
+
+    async def refresh(self) -> tuple[RegionSample, ...]:
+        async with self._lock:
+            # the list is taken on the loop, where the region store changes it
+            handles = list(self.regions())
+            samples, failed = await asyncio.to_thread(self._read_all, handles)
+            self._samples = samples
+            self.read_errors += failed
+            self.rounds += 1
+            return samples
+
+    @staticmethod
+    def _read_all(handles: list[RegionHandle]) -> tuple[tuple[RegionSample, ...], int]:
+        samples: list[RegionSample] = []
+        failed = 0
+        for handle in handles:
+            try:
+                samples.append(read_region(handle))
+            except Exception as err:  # removed or unmapped while we read: skip this round
+                failed += 1
+                log.warning("region_unreadable", alloc_id=_safe_alloc_id(handle), error=str(err))
+        return tuple(samples), failed
+
+
+def _safe_alloc_id(handle: RegionHandle) -> str:
+    try:
+        return handle.alloc_id
+    except Exception:
+        return "?"

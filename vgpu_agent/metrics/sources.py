@@ -1,0 +1,98 @@
+"""What the metrics read, as one explicit object: every other part of the agent is reached only
+through the callables and views here, so the collectors can be tested with stand-ins and the
+agent decides the wiring.
+
+Every callable is called on the event loop (never from a worker thread) and must be cheap: it
+returns what its owner already holds in memory. A source the agent does not have (no throttle
+controller, no PodResources client) is left at its default and its series are simply absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from vgpu_agent.gpu.model import GpuInfo
+from vgpu_agent.shm.api import RegionHandle
+
+# (namespace, pod, container) of the container an allocation serves
+Identity = tuple[str, str, str]
+
+
+class ThrottleStatus(Protocol):
+    """The throttle controller's last decision for one device of one allocation."""
+
+    @property
+    def measured_util(self) -> float | None:
+        """Percent of the GPU's SM time the container used (NVML per-process samples, mapped)."""
+
+    @property
+    def rate(self) -> int:
+        """Refill rate written for the device, tokens per second."""
+
+    @property
+    def open_loop(self) -> bool:
+        """True while the GPU gives no per-process samples (rates are not steered by use)."""
+
+
+class RegistrationView(Protocol):
+    """The device plugin's standing with the kubelet."""
+
+    @property
+    def registered(self) -> bool: ...
+
+    @property
+    def registrations(self) -> int: ...
+
+    @property
+    def kubelet_restarts(self) -> int: ...
+
+    @property
+    def last_error(self) -> str: ...
+
+
+class TaskView(Protocol):
+    """Liveness of the agent's supervised tasks."""
+
+    @property
+    def running(self) -> set[str]: ...
+
+    @property
+    def restarts(self) -> dict[str, int]: ...
+
+    @property
+    def loop_heartbeat(self) -> float:
+        """`time.monotonic()` of the event loop's last heartbeat."""
+
+
+def _no_regions() -> Iterable[RegionHandle]:
+    return ()
+
+
+def _no_identity(alloc_id: str) -> Identity | None:
+    return None
+
+
+def _empty() -> Mapping[str, int]:
+    return {}
+
+
+@dataclass
+class MetricsSources:
+    """Where each metric comes from. `gpus` is empty until the GPU backend has started."""
+
+    node: str
+    gpus: Callable[[], Sequence[GpuInfo]]
+    slices_per_gpu: int
+    regions: Callable[[], Iterable[RegionHandle]] = _no_regions
+    identity: Callable[[str], Identity | None] = _no_identity
+    healthy: Callable[[], Mapping[str, bool]] | None = None
+    xid_counts: Callable[[], Mapping[str, int]] | None = None
+    throttle_status: Callable[[], Mapping[tuple[str, int], ThrottleStatus]] | None = None
+    registration: Callable[[], RegistrationView | None] | None = None
+    nvml_errors: Callable[[], Mapping[str, int]] = _empty
+    region_events: Callable[[], Mapping[str, int]] = _empty  # created/adopted/removed/corrupt
+    pod_resources_failures: Callable[[], int] | None = None
+    tasks: Callable[[], TaskView | None] | None = None
+    backend_error: Callable[[], str] | None = None
