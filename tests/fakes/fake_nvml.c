@@ -16,7 +16,8 @@
  *   procutil <uuid> <pid> <timestamp_us> <sm%> [mem%]
  *   proc <uuid> <pid> <used_bytes>
  *   fail <call|*> <uuid|*> <nvml error code>
- * A fail rule names an exported symbol (nvmlInit covers nvmlInit_v2 and nvmlInitWithFlags);
+ * A fail rule names an exported symbol, with or without its _vN suffix (nvmlInit covers
+ * nvmlInit_v2 and nvmlInitWithFlags);
  * "*" as call matches every call made on that device, "*" as uuid matches every device.
  */
 #include <errno.h>
@@ -263,11 +264,28 @@ static void refresh_locked(void)
 
 /* ---- failure rules ----------------------------------------------------------------------- */
 
+/* "nvmlDeviceGetPciInfo" names nvmlDeviceGetPciInfo_v3 too: rules may omit the version suffix */
+static int call_matches(const char *rule, const char *call)
+{
+    size_t n = strlen(rule);
+    if (strncmp(rule, call, n) != 0)
+        return 0;
+    const char *rest = call + n;
+    if (*rest == '\0')
+        return 1;
+    if (rest[0] != '_' || rest[1] != 'v' || rest[2] == '\0')
+        return 0;
+    for (rest += 2; *rest; rest++)
+        if (*rest < '0' || *rest > '9')
+            return 0;
+    return 1;
+}
+
 static nvmlReturn_t rule_for(const char *call, int gpu)
 {
     for (unsigned int i = 0; i < config.nrules; i++) {
         const struct fake_rule *r = &config.rules[i];
-        int call_ok = strcmp(r->call, call) == 0 || (strcmp(r->call, "*") == 0 && gpu >= 0);
+        int call_ok = call_matches(r->call, call) || (strcmp(r->call, "*") == 0 && gpu >= 0);
         int uuid_ok = strcmp(r->uuid, "*") == 0 ||
                       (gpu >= 0 && strcmp(r->uuid, config.gpus[gpu].uuid) == 0);
         if (call_ok && uuid_ok)

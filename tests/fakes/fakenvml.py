@@ -252,8 +252,9 @@ class FakeNvml:
     # --- faults --------------------------------------------------------------------------------
 
     def fail(self, call: str, uuid: str = "*", code: int = NVML_ERROR_UNKNOWN) -> None:
-        """Make `call` (an NVML symbol, "nvmlInit", or "*" for every call on a device) return
-        `code` for `uuid` ("*" for every device) until clear_failures()."""
+        """Make `call` return `code` for `uuid` ("*": every device) until clear_failures().
+        `call` is an NVML symbol with or without its _vN suffix, "nvmlInit" (both init
+        entry points) or "*" (every call made on a device)."""
         if not call or any(c.isspace() for c in call) or not uuid:
             raise ValueError(f"bad failure rule call={call!r} uuid={uuid!r}")
         with self._lock:

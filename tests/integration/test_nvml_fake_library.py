@@ -185,3 +185,18 @@ def test_library_is_built_once_per_source(fake_nvml_library: Path):
 
     assert build_fake_nvml() == fake_nvml_library
     assert fake_nvml_library.name == "libnvidia-ml.so.1"
+
+
+def test_failure_rules_match_whole_names_with_optional_version(fake_nvml: FakeNvml, lib):
+    dev = device(lib, 0)
+    name = ctypes.create_string_buffer(96)
+    count = ctypes.c_uint()
+    fake_nvml.fail("nvmlDeviceGet", code=999)  # a prefix, not a name: matches nothing
+    assert lib.nvmlDeviceGetName(dev, name, ctypes.c_uint(96)) == 0
+    fake_nvml.fail("nvmlDeviceGetCount", code=999)  # unversioned name of nvmlDeviceGetCount_v2
+    assert lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 999
+    fake_nvml.fail("nvmlDeviceGetName", fake_nvml.uuids[1], code=15)  # one GPU only
+    assert lib.nvmlDeviceGetName(dev, name, ctypes.c_uint(96)) == 0
+    assert lib.nvmlDeviceGetName(device(lib, 1), name, ctypes.c_uint(96)) == 15
+    fake_nvml.clear_failures()
+    assert lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
