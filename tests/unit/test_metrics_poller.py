@@ -1,0 +1,134 @@
+"""The NVML readings cache and the region cache that scrapes read."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.shimstate import DeviceSpec, FileRegion, make_region
+from vgpu_agent.gpu.model import GpuReadings
+from vgpu_agent.gpu.sim import SimBackend, build_inventory
+from vgpu_agent.metrics.poller import GpuPoller, RegionCache
+
+SPEC = "3xA100-80GB"
+GPUS = build_inventory(SPEC)
+
+
+@pytest.fixture
+def backend() -> SimBackend:
+    sim = SimBackend(SPEC)
+    sim.start()
+    return sim
+
+
+async def test_poll_caches_every_gpu(backend: SimBackend) -> None:
+    backend.set_readings(GPUS[1].uuid, util=0.75, temp=61.0, power=250.0, mem_used=7)
+    poller = GpuPoller(backend, lambda: GPUS, 1.0)
+    samples = await poller.poll_once()
+    assert set(samples) == {g.uuid for g in GPUS}
+    assert samples[GPUS[1].uuid].readings == GpuReadings(7, 0.75, 61.0, 250.0)
+    assert not any(s.stale for s in samples.values())
+
+
+async def test_one_failing_gpu_is_stale_alone_and_recovers(backend: SimBackend) -> None:
+    clock = iter(float(t) for t in range(100))
+    poller = GpuPoller(backend, lambda: GPUS, 1.0, clock=lambda: next(clock))
+    await poller.poll_once()
+    lost = GPUS[2].uuid
+    backend.set_lost(lost)
+    for _ in range(3):
+        samples = await poller.poll_once()
+    assert samples[lost].stale and samples[lost].failures == 3
+    assert lost in samples[lost].error  # the error names the GPU
+    assert samples[lost].polled_at == 0.0  # the last good poll, kept for its age
+    assert samples[lost].readings is not None  # the old figures stay, flagged stale
+    assert not samples[GPUS[0].uuid].stale and not samples[GPUS[1].uuid].stale
+    backend.set_lost(lost, False)
+    samples = await poller.poll_once()
+    assert not samples[lost].stale and samples[lost].failures == 3  # a counter never drops
+
+
+async def test_a_crashing_backend_call_marks_the_gpu_stale(backend: SimBackend) -> None:
+    class Broken(SimBackend):
+        def readings(self, uuid: str) -> GpuReadings:
+            if uuid == GPUS[0].uuid:
+                raise RuntimeError("bug in a backend")
+            return super().readings(uuid)
+
+    broken = Broken(SPEC)
+    broken.start()
+    samples = await GpuPoller(broken, lambda: GPUS).poll_once()
+    assert samples[GPUS[0].uuid].stale and "bug in a backend" in samples[GPUS[0].uuid].error
+    assert samples[GPUS[0].uuid].readings is None
+    assert not samples[GPUS[1].uuid].stale
+
+
+async def test_no_inventory_yet_means_no_poll(backend: SimBackend) -> None:
+    poller = GpuPoller(backend, lambda: (), 0.5)
+    assert await poller.poll_once() == {}
+    assert poller.rounds == 0
+
+
+async def test_poll_does_not_block_the_loop() -> None:
+    class Slow(SimBackend):
+        def readings(self, uuid: str) -> GpuReadings:
+            import time
+
+            time.sleep(0.3)  # a sick GPU can take seconds to answer
+            return super().readings(uuid)
+
+    slow = Slow("1xA100-80GB")
+    slow.start()
+    poller = GpuPoller(slow, lambda: build_inventory("1xA100-80GB"))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(ticker())
+    await poller.poll_once()
+    task.cancel()
+    assert ticks >= 10  # the loop kept turning while NVML was slow
+
+
+@pytest.mark.parametrize("interval", [0, -1.0, float("nan")])
+def test_bad_interval_is_named(interval: float) -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        GpuPoller(SimBackend(SPEC), lambda: GPUS, interval)
+    with pytest.raises(ValueError, match="must be > 0"):
+        RegionCache(lambda: (), interval)
+
+
+async def test_region_cache_reads_limits_and_usage(tmp_path: Path) -> None:
+    uuid = GPUS[0].uuid
+    directory = make_region(tmp_path, "a1", [DeviceSpec(uuid, 1 << 30, 25, "strict", 1000, 50)],
+                            [f"{uuid}::2"], seq=9)
+    cache = RegionCache(lambda: [FileRegion(directory)])
+    (sample,) = await cache.refresh()
+    assert sample.alloc_id == "a1" and sample.seq == 9 and sample.device_ids == (f"{uuid}::2",)
+    (dev,) = sample.devices
+    assert (dev.uuid, dev.memory_limit, dev.core_limit, dev.policy, dev.rate, dev.burst) == (
+        uuid, 1 << 30, 25.0, "strict", 1000, 50)
+    assert sample.usage is not None and not sample.usage.corrupt
+
+
+async def test_region_cache_skips_a_region_that_vanishes(tmp_path: Path) -> None:
+    uuid = GPUS[0].uuid
+    keep = FileRegion(make_region(tmp_path, "keep", [DeviceSpec(uuid, 1, 10)], [f"{uuid}::0"]))
+
+    class Vanished(FileRegion):
+        def rate(self, dev: int) -> tuple[int, int]:
+            raise ValueError("mmap closed or invalid")
+
+    gone = Vanished(make_region(tmp_path, "gone", [DeviceSpec(uuid, 1, 10)], [f"{uuid}::1"]))
+    cache = RegionCache(lambda: [gone, keep])
+    samples = await cache.refresh()
+    assert [s.alloc_id for s in samples] == ["keep"]
+    assert cache.read_errors == 1
+    await cache.refresh()
+    assert cache.read_errors == 2 and cache.rounds == 2
