@@ -138,7 +138,7 @@ def test_event_wait_delivers_while_blocked(fake_nvml: FakeNvml, lib):
     rc, data = wait_event(lib, event_set, 5000)
     elapsed = time.monotonic() - begin
     assert rc == 0 and data.eventData == 79
-    assert 0.09 <= elapsed < 0.5
+    assert 0.09 <= elapsed < 2.0  # woke on the event, long before the 5 s timeout
     lib.nvmlEventSetFree(event_set)
 
 

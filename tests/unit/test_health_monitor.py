@@ -41,14 +41,15 @@ def waiter_threads() -> list[threading.Thread]:
 
 
 async def test_critical_xid_reaches_subscribers_fast(backend):
-    monitor = HealthMonitor(backend, backend.discover().gpus, IGNORED, 60.0, 0.05)
+    # checks every 30 s: the change can only come through the XID waiter thread
+    monitor = HealthMonitor(backend, backend.discover().gpus, IGNORED, 60.0, 30.0)
     changes = monitor.subscribe()
     task = await running(monitor)
     uuid = backend.uuids[1]
     begin = time.monotonic()
     backend.inject_xid(uuid, 79)
     change = await asyncio.wait_for(changes.get(), 2.0)
-    assert time.monotonic() - begin < 0.1
+    assert time.monotonic() - begin < 0.5
     assert (change.uuid, change.healthy, change.xid) == (uuid, False, 79)
     assert monitor.healthy() == {backend.uuids[0]: True, uuid: False}
     assert monitor.xid_counts[uuid] == 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vgpu_agent.gpu.healthstate import HealthChange, HealthTracker
@@ -116,6 +116,7 @@ def replay(period: float, seq) -> tuple[HealthTracker, list[tuple[int, HealthCha
     return t, out
 
 
+@settings(deadline=None)  # timing varies on a loaded CI machine
 @given(st.sampled_from([0.0, 5.0, 20.0]), events)
 def test_changes_alternate_and_match_the_final_state(period, seq):
     t, changes = replay(period, seq)
@@ -126,6 +127,7 @@ def test_changes_alternate_and_match_the_final_state(period, seq):
         assert t.is_healthy(uuid) == (not mine or mine[-1])
 
 
+@settings(deadline=None)  # timing varies on a loaded CI machine
 @given(st.sampled_from([0.0, 5.0, 20.0]), events)
 def test_changes_have_the_right_cause_and_recovery_never_comes_early(period, seq):
     _, changes = replay(period, seq)
@@ -149,6 +151,7 @@ def test_changes_have_the_right_cause_and_recovery_never_comes_early(period, seq
             assert change.xid == (xid if critical else None)
 
 
+@settings(deadline=None)  # timing varies on a loaded CI machine
 @given(events)
 def test_ignored_xids_alone_never_change_health(seq):
     only_ignored = [e for e in seq if e[0] == "xid" and e[2] in IGNORED]
