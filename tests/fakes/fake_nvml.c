@@ -20,6 +20,7 @@
  * nvmlInit_v2 and nvmlInitWithFlags);
  * "*" as call matches every call made on that device, "*" as uuid matches every device.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -747,11 +748,12 @@ static int next_event_locked(nvmlEventSet_t set, nvmlEventData_t *data)
     if (fstat(fileno(f), &st) == 0 && st.st_size < set->offset)
         set->offset = 0; /* the file was truncated or replaced */
     fseek(f, set->offset, SEEK_SET);
-    char line[256];
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
     int found = 0;
-    while (!found && fgets(line, sizeof(line), f)) {
-        size_t len = strlen(line);
-        if (len == 0 || line[len - 1] != '\n')
+    while (!found && (len = getline(&line, &cap, f)) > 0) {
+        if (line[len - 1] != '\n')
             break; /* a line still being written: read it next time */
         set->offset += (long)len;
         char uuid[96];
@@ -769,6 +771,7 @@ static int next_event_locked(nvmlEventSet_t set, nvmlEventData_t *data)
         data->computeInstanceId = 0xFFFFFFFF;
         found = 1;
     }
+    free(line);
     fclose(f);
     return found;
 }

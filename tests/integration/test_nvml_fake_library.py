@@ -200,3 +200,15 @@ def test_failure_rules_match_whole_names_with_optional_version(fake_nvml: FakeNv
     assert lib.nvmlDeviceGetName(device(lib, 1), name, ctypes.c_uint(96)) == 15
     fake_nvml.clear_failures()
     assert lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == 0
+
+
+def test_garbage_in_the_events_file_is_skipped(fake_nvml: FakeNvml, lib):
+    event_set = pynvml.c_nvmlEventSet_t()
+    assert lib.nvmlEventSetCreate(ctypes.byref(event_set)) == 0
+    assert lib.nvmlDeviceRegisterEvents(device(lib, 0), ctypes.c_ulonglong(8), event_set) == 0
+    with open(fake_nvml.events_path, "a") as f:
+        f.write("x" * 5000 + "\n" + "not an event\n" + "GPU-unknown 79\n")
+    fake_nvml.inject_xid(fake_nvml.uuids[0], 62)
+    rc, data = wait_event(lib, event_set, 1000)
+    assert rc == 0 and data.eventData == 62
+    lib.nvmlEventSetFree(event_set)
