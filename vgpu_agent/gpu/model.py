@@ -94,3 +94,6 @@ class GpuBackend(Protocol):
     def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
         """Per-process SM samples newer than since_us. Raises GpuError(code=NOT_SUPPORTED)
         where the GPU cannot report them."""
+
+    def running_processes(self, uuid: str) -> list[tuple[int, int | None]]:
+        """(host pid, used GPU memory bytes or None) of the compute processes on the GPU."""
