@@ -1,0 +1,190 @@
+"""The RBAC in deploy/ grants exactly the API calls the agent makes, nothing more.
+
+The calls are taken two ways: recorded at the fake API server while the node integration does
+everything it can do, and read from the code (every Kubernetes API method it calls). Both must
+agree with each other and with the rules bound to the DaemonSet's service account.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tests.fakes.kubeapi import NODE, Change, FakeKubeAPI, gpu
+from tests.integration.deploy_support import REPO, one, render
+from vgpu_agent.kube.node import NodeIntegration
+
+
+class Access(NamedTuple):
+    group: str
+    resource: str
+    verb: str
+    namespace: str | None  # None: cluster-scoped
+
+
+# Kubernetes API client methods -> what RBAC must allow (namespace filled in from the call).
+CLIENT_METHODS = {
+    "read_node": ("", "nodes", "get"),
+    "patch_node": ("", "nodes", "patch"),
+    "create_namespaced_event": ("", "events", "create"),
+}
+
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/[^/]+)"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?$"
+)
+_VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "GET": "get"}
+
+
+def access_of(method: str, path: str) -> Access:
+    match = _PATH.match(path)
+    assert match, f"not a Kubernetes resource path: {path}"
+    verb = _VERBS[method]
+    if verb == "get" and not match["name"]:
+        verb = "list"
+    return Access(match["group"] or "", match["resource"], verb, match["ns"])
+
+
+def granted(docs: list[dict[str, Any]], service_account: tuple[str, str]) -> set[Access]:
+    """Every (group, resource, verb, namespace) the service account is granted."""
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs}
+    grants: set[Access] = set()
+    for binding in docs:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        subjects = {
+            (s["namespace"], s["name"]) for s in binding["subjects"] if s["kind"] == "ServiceAccount"
+        }
+        if service_account not in subjects:
+            continue
+        namespace = binding["metadata"].get("namespace")  # None for a ClusterRoleBinding
+        ref = binding["roleRef"]
+        role = roles[ref["kind"], namespace if ref["kind"] == "Role" else None, ref["name"]]
+        for rule in role["rules"]:
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        assert "*" not in (group, resource, verb), f"wildcard in {role}"
+                        grants.add(Access(group, resource, verb, namespace))
+    return grants
+
+
+def allowed(call: Access, grants: set[Access]) -> bool:
+    cluster_wide = call._replace(namespace=None)
+    return call in grants or cluster_wide in grants
+
+
+def methods_called_in_code() -> set[str]:
+    """Names of API client methods called anywhere in vgpu_agent, and where the client is used."""
+    package = REPO / "vgpu_agent"
+    users = []
+    called = set()
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        imports = {
+            alias.name if isinstance(node, ast.Import) else (node.module or "")
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        if not any(name.startswith("kubernetes_asyncio") for name in imports):
+            continue
+        users.append(path.relative_to(REPO).as_posix())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr == "_api"
+            ):
+                called.add(node.func.attr)
+    assert users and all(u.startswith("vgpu_agent/kube/") for u in users), users
+    return called
+
+
+async def exercise_everything(tmp_path: Path, namespace: str) -> list[Access]:
+    """Drive every API path of the node integration: label set and removal, a conflict, events
+    for unhealthy and recovered, a lost answer."""
+    api = FakeKubeAPI()
+    await api.start()
+    api.add_node(NODE, {"vgpu.io/stale": "x", "other": "y"})
+    node = NodeIntegration(
+        NODE,
+        str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+        environ={"POD_NAMESPACE": namespace},
+        request_timeout=0.2,
+        backoff_initial=0.01,
+        backoff_cap=0.05,
+    )
+    task = asyncio.create_task(node.run())
+    try:
+        api.after("GET", lambda: api.set_labels(NODE, other="z"))
+        api.stall(0.4, method="POST", handled=True)
+        await node.publish_labels([gpu(0)], 4, "1")
+        node.on_health_change(Change("GPU-1", False, "XID", 79))
+        node.on_health_change(Change("GPU-1", True, "recovered", None))
+        await api.wait_for(
+            lambda: len(api.all_events()) == 2
+            and "vgpu.io/gpu.count" in api.nodes[NODE]["metadata"]["labels"],
+            within=10,
+        )
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.stop()
+    return [access_of(r.method, r.path) for r in api.requests]
+
+
+async def test_cluster_role_grants_exactly_what_the_agent_calls(tmp_path: Path) -> None:
+    docs = render("base")
+    daemonset = one(docs, "DaemonSet", "vgpu-agent")
+    namespace = daemonset["metadata"]["namespace"]
+    service_account = (namespace, daemonset["spec"]["template"]["spec"]["serviceAccountName"])
+    grants = granted(docs, service_account)
+
+    calls = set(await exercise_everything(tmp_path, namespace))
+    denied = {c for c in calls if not allowed(c, grants)}
+    assert not denied, f"the agent makes calls its RBAC does not allow: {denied}"
+    unused = {
+        g for g in grants if not any(allowed(c, {g}) for c in calls)
+    }
+    assert not unused, f"RBAC grants what the agent never uses: {unused}"
+
+    in_code = methods_called_in_code()
+    unknown = in_code - set(CLIENT_METHODS)
+    assert not unknown, f"new API calls {unknown}: add them to deploy/base/rbac.yaml and here"
+    from_code = {CLIENT_METHODS[m] for m in in_code}
+    assert from_code == {(c.group, c.resource, c.verb) for c in calls}, (
+        "the recorded run did not exercise every API call in the code"
+    )
+
+
+def test_events_grant_is_namespaced_and_nodes_grant_is_not() -> None:
+    docs = render("base")
+    daemonset = one(docs, "DaemonSet", "vgpu-agent")
+    namespace = daemonset["metadata"]["namespace"]
+    grants = granted(docs, (namespace, "vgpu-agent"))
+    assert grants == {
+        Access("", "nodes", "get", None),
+        Access("", "nodes", "patch", None),
+        Access("", "events", "create", namespace),
+    }
+
+
+def test_request_paths_map_to_rbac_terms() -> None:
+    assert access_of("GET", "/api/v1/nodes/n1") == Access("", "nodes", "get", None)
+    assert access_of("GET", "/api/v1/namespaces/a/events") == Access("", "events", "list", "a")
+    assert access_of("POST", "/apis/events.k8s.io/v1/namespaces/a/events") == Access(
+        "events.k8s.io", "events", "create", "a"
+    )
+
+
+def test_a_grant_for_another_service_account_does_not_count() -> None:
+    docs = render("base")
+    assert granted(docs, ("default", "vgpu-agent")) == set()
