@@ -328,59 +328,73 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
     yield from (mem_limit, mem_used, core_limit, core_util, waited, launches, rate, age, open_loop)
 
 
+def _node_family(kind: str, name: str, doc: str, value: float, node: str) -> Metric:
+    family = (_counter if kind == "counter" else _gauge)(name, doc, ["node"])
+    family.add_metric([node], value)
+    return family
+
+
 def _agent_families(snap: Snapshot) -> Iterator[Metric]:
-    build = InfoMetricFamily("vgpu_build", "The agent's version.")
-    build.add_metric([], {"version": __version__, "python_version": platform.python_version()})
+    """The agent's own state; every series carries `node` so one dashboard covers a cluster."""
+    node = snap.node
+    build = InfoMetricFamily("vgpu_build", "The agent's version.", labels=["node"])
+    build.add_metric([node], {"version": __version__, "python_version": platform.python_version()})
     yield build
     if snap.registered is not None:
-        yield GaugeMetricFamily(
+        yield _node_family(
+            "gauge",
             "vgpu_plugin_registered",
             "1 while the device plugin is registered with the kubelet.",
-            value=1 if snap.registered else 0,
+            1 if snap.registered else 0,
+            node,
         )
     if snap.registrations is not None:
-        yield CounterMetricFamily(
+        yield _node_family(
+            "counter",
             "vgpu_plugin_registrations",
             "Successful registrations with the kubelet.",
-            value=snap.registrations,
+            snap.registrations,
+            node,
         )
     if snap.kubelet_restarts is not None:
-        yield CounterMetricFamily(
+        yield _node_family(
+            "counter",
             "vgpu_kubelet_restarts",
             "Kubelet restarts the agent noticed.",
-            value=snap.kubelet_restarts,
+            snap.kubelet_restarts,
+            node,
         )
     if snap.pod_resources_failures is not None:
-        yield CounterMetricFamily(
+        yield _node_family(
+            "counter",
             "vgpu_pod_resources_failures",
             "Failed PodResources List calls (container labels then keep their last known values).",
-            value=snap.pod_resources_failures,
+            snap.pod_resources_failures,
+            node,
         )
-    nvml = _counter("vgpu_nvml_errors", "NVML calls that failed, by call.", ["call"])
-    for call, count in sorted(snap.nvml_errors.items()):
-        nvml.add_metric([call], count)
-    yield nvml
-    events = _counter(
-        "vgpu_region_events",
-        "Region lifecycle events: created, adopted after a restart, removed by GC, corrupt.",
-        ["event"],
-    )
-    for event, count in sorted(snap.region_events.items()):
-        events.add_metric([event], count)
-    yield events
-    regions = _gauge("vgpu_regions", "Allocation regions on the node, by state.", ["state"])
-    for state, count in sorted(snap.regions_by_state.items()):
-        regions.add_metric([state], count)
-    yield regions
-    yield CounterMetricFamily(
+    yield _node_family(
+        "counter",
         "vgpu_region_read_errors",
         "Regions whose control file could not be read by the metrics.",
-        value=snap.region_read_errors,
+        snap.region_read_errors,
+        node,
     )
-    restarts = _counter("vgpu_task_restarts", "Restarts of the agent's supervised tasks.", ["task"])
-    for task, count in sorted(snap.task_restarts.items()):
-        restarts.add_metric([task], count)
-    yield restarts
+    by_key: list[tuple[str, str, str, str, Mapping[str, int]]] = [
+        ("vgpu_nvml_errors", "NVML calls that failed, by call.", "call", "counter",
+         snap.nvml_errors),
+        ("vgpu_region_events",
+         "Region lifecycle events: created, adopted after a restart, removed by GC, corrupt.",
+         "event", "counter", snap.region_events),
+        ("vgpu_regions", "Allocation regions on the node, by state.", "state", "gauge",
+         snap.regions_by_state),
+        ("vgpu_task_restarts", "Restarts of the agent's supervised tasks.", "task", "counter",
+         snap.task_restarts),
+    ]
+    for name, doc, key, kind, counts in by_key:
+        family = (_counter if kind == "counter" else _gauge)(name, doc, ["node", key])
+        for item, count in sorted(counts.items()):
+            family.add_metric([node, item], count)
+        yield family
 
 
 def _hami_families(snap: Snapshot) -> Iterator[Metric]:
@@ -454,30 +468,33 @@ class AgentInstruments:
     """Metrics the agent updates as things happen (Allocate calls), plus the process's own
     figures (CPU, memory, GC). A private registry: no module-level state."""
 
-    def __init__(self) -> None:
+    def __init__(self, node: str = "") -> None:
+        self.node = node
         self.registry = CollectorRegistry(auto_describe=True)
         self.allocations = Counter(
             "vgpu_allocate_requests",
             "Allocate calls by result (ok, invalid, error).",
-            ["result"],
+            ["node", "result"],
             registry=self.registry,
         )
         self.allocate_seconds = Histogram(
             "vgpu_allocate_duration_seconds",
             "Time to answer an Allocate call.",
+            ["node"],
             buckets=ALLOCATE_BUCKETS,
             registry=self.registry,
         )
+        self._latency = self.allocate_seconds.labels(node)
         for result in ALLOCATE_RESULTS:
-            self.allocations.labels(result)
+            self.allocations.labels(node, result)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
 
     def on_result(self, result: str, seconds: float) -> None:
         """The device plugin's hook, called once per Allocate."""
-        self.allocations.labels(result if result in ALLOCATE_RESULTS else "error").inc()
-        self.allocate_seconds.observe(max(0.0, seconds))
+        self.allocations.labels(self.node, result if result in ALLOCATE_RESULTS else "error").inc()
+        self._latency.observe(max(0.0, seconds))
 
 
 class ScrapeView:

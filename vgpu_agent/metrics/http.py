@@ -45,7 +45,7 @@ class MetricsService:
         self.host = host
         self.port = port
         self.hami = hami
-        self.instruments = instruments or AgentInstruments()
+        self.instruments = instruments or AgentInstruments(sources.node)
         self.poller = GpuPoller(backend, sources.gpus, poll_s) if backend is not None else None
         self.regions = RegionCache(sources.regions, region_refresh_s or poll_s)
         self.scrapes = 0
