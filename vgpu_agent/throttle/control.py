@@ -32,7 +32,11 @@ quality of the loop rests on `k` alone, which is a property of the workload, not
   proportional to its spending still converges to its target at the operating point.
 - Cold start: a container with no model runs unthrottled for one tick; its spending then gives a
   lower bound for `k` (utilization cannot have exceeded 100%), so the first limited rate never
-  exceeds the limit. The exact `k` follows once the spending is steady.
+  exceeds the limit. The exact `k` follows once the spending is steady. A rate found already in
+  force (the agent restarted) is kept until `k` is learned from it.
+- A container seen above its target at a rate held for the whole window proves `k` too high
+  (it cannot have spent more than the rate); that correction is always allowed, also on a full
+  GPU, where queued work makes every other estimate of `k` unreliable.
 
 Kernel length does not matter to this law: long kernels make the spending lumpy within a tick,
 which the burst (a couple of launches at least) absorbs, and the learning window averages.
@@ -42,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy
 
@@ -64,6 +68,7 @@ class ControlParams:
     min_util_to_learn: float = 3.0  # below this NVML's integer percent is too coarse
     hungry_wait_fraction: float = 0.02  # waiting this fraction of a tick means rate-limited
     hungry_spend_fraction: float = 0.9  # spending this fraction of the rate means rate-limited
+    over_tolerance: float = 1.0  # points above target that prove `k` too high
     saturation_margin: float = 3.0  # a GPU this close to 100% busy is treated as full
     demand_margin: float = 3.0  # headroom kept for a container that is not rate-limited
     demand_ticks: int = 3  # demand is the peak spending of this many recent ticks
@@ -95,6 +100,7 @@ class Observation:
     waited_s: float = 0.0  # time its processes spent waiting for tokens during the tick
     util: float | None = None  # measured SM percent, None when NVML gave nothing new
     rate: int = UNLIMITED_RATE  # the refill rate that was in force during the tick
+    burst: int = UNLIMITED_RATE  # and the burst
 
     def __post_init__(self) -> None:
         if not 0 < self.limit <= FULL_SHARE:
@@ -103,7 +109,7 @@ class Observation:
             raise ValueError(
                 f"core policy of {self.key!r} must be one of {CORE_POLICIES}, got {self.policy!r}"
             )
-        if self.spent < 0 or self.launches < 0 or self.waited_s < 0 or self.rate < 0:
+        if min(self.spent, self.launches, self.waited_s, self.rate, self.burst) < 0:
             raise ValueError(f"negative usage figures for {self.key!r}: {self!r}")
 
 
@@ -119,6 +125,8 @@ class LoopState:
     cost_per_launch: float = 0.0  # largest recent average cost of one launch
     util: float | None = None  # last measured SM percent
     util_history: tuple[float, ...] = ()  # the last fresh measurements, newest last
+    rate_history: tuple[float, ...] = ()  # the rate in force per recent tick
+    target: float = 0.0  # the share the rate in force aimed at
     learned: int = 0  # how many observations `k` has been learned from
 
 
@@ -247,34 +255,55 @@ def _observe(
     hungry = waited or spent_all
 
     k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
-    if k <= 0 and spend_rate > 0:
+    if k <= 0 and spend_rate > 0 and obs.rate >= UNLIMITED_RATE:
         k, lower_bound = spend_rate / FULL_SHARE, True
     limited = (*prev.limited_history, float(obs.rate) if hungry else 0.0)[-window:]
     long_run = _steady_spend(history, limited, window, params.steady_tolerance)
+    rates = (*prev.rate_history, float(obs.rate))[-window:]
+    held = (
+        len(rates) == window
+        and rates[-1] < UNLIMITED_RATE
+        and max(rates) <= min(rates) * (1 + params.steady_tolerance / 10)
+        and prev.target > 0
+    )
     utils = prev.util_history if obs.util is None else (*prev.util_history, obs.util)[-2:]
-    if obs.util is None or len(utils) < 2 or abs(utils[0] - utils[1]) > max(
-        1.0, params.steady_tolerance * max(utils)
-    ):
-        # Utilization still moving: queued work draining or NVML's window straddling a
-        # change; spending and utilization do not describe the same moment yet.
-        long_run = None
-    if long_run is not None and obs.util is not None:
-        seen = long_run / obs.util if obs.util > 0 else math.inf
-        if obs.util >= params.min_util_to_learn and not saturated:
-            if lower_bound or k <= 0:
-                k, lower_bound = seen, False
-            else:
-                k *= (seen / k) ** params.model_gain
-            learned += 1
-        elif obs.util >= params.min_util_to_learn and not lower_bound and seen < k:
-            # On a full GPU work queues up, so spending overstates use and `seen` overstates
-            # k: only a correction downwards is trustworthy, and it is what relieves the GPU.
+    util = obs.util
+    # Utilization still moving means queued work draining or NVML's window straddling a change:
+    # spending and utilization do not describe the same moment yet.
+    util_steady = (
+        util is not None
+        and len(utils) == 2
+        and abs(utils[0] - utils[1]) <= max(1.0, params.steady_tolerance * max(utils))
+    )
+    seen = math.inf
+    if long_run is not None and util is not None and util > 0:
+        seen = long_run / util
+    if util is None or not util_steady:
+        pass
+    elif long_run is not None and util >= params.min_util_to_learn and not saturated:
+        if lower_bound or k <= 0:
+            k, lower_bound = seen, False
+        else:
             k *= (seen / k) ** params.model_gain
-            learned += 1
-        elif not saturated:
-            # Too coarse to learn from, but NVML rounds, so the true share was below
-            # util + 0.5 and k is at least this: a safe lower bound to climb by.
-            k = max(k, long_run / (obs.util + 0.5))
+        learned += 1
+    elif long_run is not None and util >= params.min_util_to_learn and seen < k:
+        # On a full GPU work queues up, so spending overstates use and `seen` overstates k:
+        # only a correction downwards is trustworthy, and it is what relieves the GPU.
+        k *= (seen / k) ** params.model_gain
+        learned += 1
+    elif held and util > prev.target + params.over_tolerance:
+        # Above its target at a rate held all window: it spent at most that rate, so k is
+        # below rate / util. True on a full GPU too, where the other rules may not learn.
+        k *= (prev.target / util) ** params.model_gain
+        lower_bound = False
+        learned += 1
+    elif long_run is not None and not saturated:
+        # Too coarse to learn from, but NVML rounds, so the true share was below util + 0.5
+        # and k is at least this: a safe lower bound to climb by.
+        bound = long_run / (util + 0.5)
+        if bound > k:
+            lower_bound = lower_bound or k <= 0
+            k = bound
     # Never spent a token: idle. Otherwise its recent peak, which a waking owner shows at once.
     demand = max(history[-params.demand_ticks :]) / k + params.demand_margin if k > 0 else 0.0
     state = LoopState(
@@ -285,6 +314,8 @@ def _observe(
         cost_per_launch=cost,
         util=obs.util if obs.util is not None else prev.util,
         util_history=utils,
+        rate_history=rates,
+        target=prev.target,
         learned=learned,
     )
     return state, hungry, demand
@@ -329,9 +360,11 @@ def control_step(
             continue
         target = shares.target[o.key]
         if state.tokens_per_pct <= 0:
-            # Cold start: nothing spent yet, so nothing to scale by. Let it run one tick.
-            decisions[o.key] = Decision(UNLIMITED_RATE, UNLIMITED_RATE, target, hungry, demand,
-                                        state)
+            # No model yet. A rate already in force (written before an agent restart) is kept
+            # until the model is learned from it; otherwise the container runs one tick
+            # unthrottled, which gives the cold-start bound.
+            kept = (o.rate, o.burst) if o.rate < UNLIMITED_RATE else (UNLIMITED_RATE,) * 2
+            decisions[o.key] = Decision(kept[0], kept[1], target, hungry, demand, state)
             continue
         rate = max(params.min_rate, round(state.tokens_per_pct * target))
         burst = max(
@@ -339,7 +372,8 @@ def control_step(
             math.ceil(params.burst_launches * state.cost_per_launch),
             1,
         )
-        decisions[o.key] = Decision(rate, burst, target, hungry, demand, state)
+        decisions[o.key] = Decision(rate, burst, target, hungry, demand,
+                                    replace(state, target=target))
     return decisions
 
 

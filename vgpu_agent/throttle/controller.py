@@ -277,7 +277,7 @@ class ThrottleController:
         counters.previous = now
         rate, burst = region.rate(dev)
         if rate == 0 and burst == 0:
-            rate = UNLIMITED_RATE  # never configured: the shim does not throttle
+            rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
         policy = region.policy(dev)
         if policy not in CORE_POLICIES:
             policy = self.default_policy
@@ -291,6 +291,7 @@ class ThrottleController:
             waited_s=deltas[2] / 1e9,
             util=util,
             rate=rate,
+            burst=burst,
         )
 
     def _steer_gpu(
