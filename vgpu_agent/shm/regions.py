@@ -610,7 +610,13 @@ class RegionStore:
     def _take_seq(self) -> int:
         with self._seq_lock:
             if self._next_seq is None:
-                self._next_seq = self._largest_seq_on_disk() + 1
+                try:
+                    self._next_seq = self._largest_seq_on_disk() + 1
+                except OSError as err:
+                    # Guessing would risk a sequence number that sorts before existing regions.
+                    self.counters.create_failures += 1
+                    log.error("region_create_failed", error=str(err))
+                    raise RegionError(f"cannot create region in {self.root}: {err}") from err
             seq = self._next_seq
             self._next_seq += 1
             return seq
@@ -704,11 +710,18 @@ class RegionStore:
         """Open every region on disk as it is (limits untouched); quarantine unreadable ones.
 
         Call once at start, before serving Allocate (it does file I/O: run it in a thread if the
-        loop is busy). Leftovers of interrupted creations and removals are deleted.
+        loop is busy). Leftovers of interrupted creations and removals are deleted. Never raises:
+        an unusable regions dir is logged, and Allocate then fails with the reason.
         """
-        self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         adopted: list[Region] = []
-        for name in sorted(os.listdir(self.root)):
+        try:
+            self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            names = sorted(os.listdir(self.root))
+        except OSError as err:
+            # Not fatal here: the device plugin still serves, and each Allocate says why it fails.
+            log.error("regions_dir_unusable", path=str(self.root), error=str(err))
+            return adopted
+        for name in names:
             path = self.root / name
             if name.startswith((_NEW_PREFIX, _GC_PREFIX)):
                 shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,283 @@
+"""Regions through the real Allocate path and the PodResources API of a kubelet stand-in.
+
+The device plugin servicer runs with `RegionStore.on_grant` as its hook and registers with the
+stand-in; the stand-in admits containers (GetPreferredAllocation + Allocate) and serves
+PodResources `List`; the store's clock is a hand-driven CLOCK_MONOTONIC so grace periods pass
+without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tests.integration.plugin_harness import short_dir
+from vgpu_agent.deviceplugin.allocation import Split
+from vgpu_agent.deviceplugin.ids import parse_device_id
+from vgpu_agent.deviceplugin.registration import PluginRunner
+from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState
+from vgpu_agent.gpu.model import GpuInfo
+from vgpu_agent.kubelet.podresources import ContainerRef, PodResourcesClient
+from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
+from vgpu_agent.shm import layout
+from vgpu_agent.shm.regions import RegionStore
+
+RESOURCE = "nvidia.com/gpu"
+GIB = 1 << 30
+S = 1_000_000_000
+GPUS = [
+    GpuInfo(0, "GPU-11111111-2222-3333-4444-555555555555", "NVIDIA A100", 80 * GIB, 0, "0:1:0.0"),
+    GpuInfo(1, "GPU-66666666-7777-8888-9999-000000000000", "NVIDIA L4", 24 * GIB, 1, "0:2:0.0"),
+]
+SPLIT = Split(4)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 1_000 * S
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        self.ns += round(seconds * S)
+
+
+@dataclass
+class Node:
+    root: Path
+    store: RegionStore
+    kubelet: KubeletStandIn
+    client: PodResourcesClient
+    clock: Clock
+
+    async def admit(self, pod: str, count: int = 1, ns: str = "default") -> Admission:
+        return await self.kubelet.admit(ns, pod, "main", RESOURCE, count)
+
+    async def admit_ids(self, pod: str, ids: list[str]) -> Admission:
+        """Admit a container on exactly these IDs (the kubelet reusing freed IDs)."""
+        response = await self.kubelet.allocate(RESOURCE, ids)
+        admission = Admission("default", pod, "main", RESOURCE, ids, response)
+        self.kubelet.admissions.append(admission)
+        return admission
+
+    async def sync(self) -> dict[str, str]:
+        """One PodResources refresh feeding the store, as the agent's refresher does."""
+        removed: dict[str, str] = {}
+
+        async def update(assignments: dict[str, ContainerRef]) -> None:
+            removed.update(await self.store.reconcile(assignments))
+
+        assert await self.client.refresh(update)
+        return removed
+
+
+@contextlib.asynccontextmanager
+async def node(*, grace_s: float = 30.0, shim: bool = True, adopt: bool = True,
+               ) -> AsyncIterator[Node]:
+    with short_dir() as root:
+        clock = Clock()
+        store = RegionStore(root / "state", gc_grace_s=grace_s, clock=clock)
+        if shim:
+            store.shim_dir.mkdir(parents=True)
+            (store.shim_dir / "libvgpu.so").write_bytes(b"\x7fELF")
+            (store.shim_dir / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+        if adopt:
+            store.adopt()
+        plugin_dir = str(root / "dp")
+        os.makedirs(plugin_dir)
+        kubelet = KubeletStandIn(plugin_dir, str(root / "pr" / "kubelet.sock"))
+        await kubelet.start()
+        servicer = DevicePluginServicer(
+            DeviceState(GPUS, SPLIT), policy="spread", strategy="envvar",
+            on_grant=store.on_grant,
+        )
+        runner = PluginRunner(servicer, plugin_dir=plugin_dir, endpoint="vg.sock",
+                              resource_name=RESOURCE)
+        task = asyncio.create_task(runner.run())
+        client = PodResourcesClient(str(root / "pr" / "kubelet.sock"), RESOURCE)
+        try:
+            await kubelet.wait_for(lambda: len(kubelet.free_devices(RESOURCE)) == 8, limit_s=15)
+            yield Node(root, store, kubelet, client, clock)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.close()
+            await kubelet.stop()
+            store.close()
+
+
+def expected_limits(device_ids: list[str]) -> dict[str, tuple[int, int]]:
+    """uuid -> (memory bytes, core ppm) computed from the split, independently of the code."""
+    per_gpu: dict[str, int] = {}
+    for device_id in device_ids:
+        uuid, _ = parse_device_id(device_id)
+        per_gpu[uuid] = per_gpu.get(uuid, 0) + 1
+    gpus = {g.uuid: g for g in GPUS}
+    return {
+        uuid: (n * (gpus[uuid].memory_total // 4), n * 250_000) for uuid, n in per_gpu.items()
+    }
+
+
+async def test_allocate_creates_the_region_and_answers_with_its_mounts() -> None:
+    async with node() as n:
+        admission = await n.admit("train", count=2)
+        regions = n.store.regions()
+        assert len(regions) == 1
+        region = regions[0]
+        host_dir = n.root / "state" / "regions" / region.alloc_id
+
+        mounts = {m.container_path: (m.host_path, m.read_only) for m in admission.response.mounts}
+        assert mounts == {
+            "/run/vgpu": (str(host_dir), False),
+            "/run/vgpu/control": (str(host_dir / "control"), True),
+            "/usr/local/vgpu/libvgpu.so": (str(n.root / "state" / "shim" / "libvgpu.so"), True),
+            "/etc/ld.so.preload": (str(n.root / "state" / "shim" / "ld.so.preload"), True),
+        }
+        envs = dict(admission.response.envs)
+        assert envs["VGPU_REGION_DIR"] == "/run/vgpu"
+        assert envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/run/vgpu/hami.cache"
+        assert "NVIDIA_VISIBLE_DEVICES" in envs  # the servicer's own variables are still there
+
+        control = layout.decode_control((host_dir / "control").read_bytes())
+        assert control.device_ids == tuple(admission.device_ids)
+        assert control.seq == 1 and control.priority == 0 and control.generation == 0
+        assert control.created_ns == n.clock.ns
+        limits = {d.uuid: (d.memory_limit, d.core_limit) for d in control.devices}
+        assert limits == expected_limits(admission.device_ids)
+        assert {d.policy for d in control.devices} == {layout.POLICY_STRICT}
+        assert {(d.rate, d.burst) for d in control.devices} == {(0, 0)}  # never configured
+
+        state = layout.decode_state((host_dir / "state").read_bytes(), len(control.devices))
+        assert not state.corrupt and state.processes == ()
+        assert stat.S_IMODE(os.stat(host_dir / "control").st_mode) == 0o444
+        assert stat.S_IMODE(os.stat(host_dir / "state").st_mode) == 0o666
+        assert os.stat(host_dir / "state").st_size == layout.STATE_SIZE
+
+        # The region handle the controller and metrics get says the same.
+        for dev, uuid in enumerate(region.device_uuids):
+            memory, ppm = limits[uuid]
+            assert region.memory_limit(dev) == memory
+            assert region.core_limit(dev) == pytest.approx(ppm / 10_000)
+            assert region.policy(dev) == "strict"
+        assert n.store.counters.created == 1
+
+
+async def test_each_container_gets_its_own_region_in_creation_order() -> None:
+    async with node() as n:
+        first = await n.admit("a")
+        second = await n.admit("b")
+        regions = n.store.regions()
+        assert [r.seq for r in regions] == [1, 2]
+        assert [r.alloc_id for r in regions] == sorted(r.alloc_id for r in regions)
+        assert [r.device_ids for r in regions] == [
+            tuple(first.device_ids), tuple(second.device_ids)
+        ]
+        dirs = {dict((m.container_path, m.host_path) for m in a.response.mounts)["/run/vgpu"]
+                for a in (first, second)}
+        assert len(dirs) == 2
+
+
+async def test_without_an_installed_shim_the_container_still_gets_its_region() -> None:
+    async with node(shim=False) as n:
+        admission = await n.admit("train")
+        paths = {m.container_path for m in admission.response.mounts}
+        assert paths == {"/run/vgpu", "/run/vgpu/control"}  # a missing file would block start
+        assert n.store.counters.shim_missing == 1
+        assert len(n.store.regions()) == 1
+
+
+async def test_allocate_fails_when_the_region_cannot_be_created() -> None:
+    async with node(adopt=False) as n:
+        (n.root / "state").mkdir(exist_ok=True)
+        (n.root / "state" / "regions").write_text("not a directory")
+        with pytest.raises(grpc.aio.AioRpcError) as failure:
+            await n.admit("train")
+        assert failure.value.code() == grpc.StatusCode.INTERNAL
+        assert "cannot create region" in failure.value.details()
+        assert n.store.counters.create_failures == 1 and n.store.regions() == []
+
+
+async def test_region_is_bound_then_collected_after_its_pod_is_gone() -> None:
+    async with node(grace_s=30) as n:
+        admission = await n.admit("train")
+        region = n.store.regions()[0]
+        assert n.store.identity(region.alloc_id) is None  # PodResources not asked yet
+        assert await n.sync() == {}
+        assert n.store.identity(region.alloc_id) == ("default", "train", "main")
+
+        n.kubelet.remove_pod("default", "train")
+        n.clock.advance(60)
+        assert await n.sync() == {}  # first seen unheld now: the grace period starts
+        assert region.path.exists()
+        assert n.store.identity(region.alloc_id) == ("default", "train", "main")  # last known
+        n.clock.advance(29)
+        assert await n.sync() == {}
+        n.clock.advance(1)
+        removed = await n.sync()
+        assert removed == {region.alloc_id: "no container holds its device IDs"}
+        assert not region.path.exists() and region.closed
+        assert n.store.regions() == [] and n.store.identity(region.alloc_id) is None
+        assert n.store.counters.removed == 1
+        assert os.listdir(n.root / "state" / "regions") == []  # no .gc- leftover
+        del admission
+
+
+async def test_ids_reused_by_a_new_container_go_to_the_new_region() -> None:
+    async with node(grace_s=30) as n:
+        first = await n.admit("old")
+        await n.sync()
+        old_region = n.store.regions()[0]
+
+        n.kubelet.remove_pod("default", "old")
+        n.clock.advance(5)  # the same IDs come back before the old region was collected
+        await n.admit_ids("new", list(first.device_ids))
+        new_region = max(n.store.regions(), key=lambda r: r.seq)
+        assert new_region.device_ids == old_region.device_ids
+        assert new_region.seq > old_region.seq
+
+        n.clock.advance(40)
+        removed = await n.sync()
+        assert n.store.identity(new_region.alloc_id) == ("default", "new", "main")
+        assert removed == {
+            old_region.alloc_id: "superseded by a newer region of the same device IDs"
+        }
+        assert [r.alloc_id for r in n.store.regions()] == [new_region.alloc_id]
+        assert new_region.path.exists() and not old_region.path.exists()
+
+
+async def test_region_not_yet_listed_is_kept_through_the_lag() -> None:
+    async with node(grace_s=30) as n:
+        # Allocate happened but the container never shows up in PodResources.
+        await n.kubelet.allocate(RESOURCE, [f"{GPUS[1].uuid}::3"])
+        region = n.store.regions()[0]
+        n.clock.advance(10)
+        assert await n.sync() == {}  # first seen unheld 10 s after Allocate
+        n.clock.advance(20)
+        assert await n.sync() == {}  # 30 s old, but unheld for 20 s only
+        n.clock.advance(9)
+        assert await n.sync() == {}
+        n.clock.advance(1)
+        assert await n.sync() == {region.alloc_id: "no container holds its device IDs"}
+
+
+async def test_nothing_is_collected_while_pod_resources_is_unavailable() -> None:
+    async with node(grace_s=1) as n:
+        await n.admit("train")
+        await n.sync()
+        n.kubelet.remove_pod("default", "train")
+        await n.kubelet.stop()  # the PodResources socket goes away with it
+        n.clock.advance(3600)
+        assert not await n.client.refresh(n.store.reconcile)
+        assert n.client.failures == 1
+        assert len(n.store.regions()) == 1
+        assert n.client.assignments  # the last good map is kept
