@@ -238,6 +238,8 @@ class Region:
 
     def usage(self) -> RegionUsage:
         """What the shim reports; never raises. An unreadable file gives `corrupt=True`."""
+        if self._view is None:
+            return RegionUsage(corrupt=True)  # closed (collected): nothing to read, not counted
         try:
             usage = self._read_usage()
         except Exception as err:  # whatever the container did to the file, the agent goes on
