@@ -10,17 +10,22 @@
  *      hooked versioned name (compared by address), the hook for that name is returned instead.
  *
  * Every other dlsym call is answered by the C library's dlsym. dlsym(RTLD_NEXT, ...) must search
- * after the *caller's* object, not after the shim, so it is answered by walking the link map
- * from the caller onwards.
+ * after the *caller's* object, not after the shim: the C library finds the caller from its return
+ * address, so the exported dlsym reaches it by a tail jump that leaves that address in place.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "shim.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
+
+/* dlsym runs before sanitizer runtimes have set themselves up (they resolve their own
+ * interceptors through it), so this path must not be instrumented. */
+#define NOT_INSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
 
 static const char *const g_names[HOOK_COUNT] = {
 #define HOOK(name, base) [HOOK_##name] = #name,
@@ -51,7 +56,7 @@ static void *g_real[HOOK_COUNT]; /* atomic pointers */
 static void *g_cuda_handle;      /* atomic: the library dlsym'd for cu* names */
 static void *g_nvml_handle;      /* atomic: the library dlsym'd for nvml* names */
 
-static dlsym_fn real_dlsym(void)
+NOT_INSTRUMENTED static dlsym_fn real_dlsym(void)
 {
     static dlsym_fn fn; /* atomic */
     dlsym_fn f = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
@@ -64,7 +69,7 @@ static dlsym_fn real_dlsym(void)
     return f;
 }
 
-static int hook_index(const char *name)
+NOT_INSTRUMENTED static int hook_index(const char *name)
 {
     if (name == NULL || !((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0))
         return -1;
@@ -111,42 +116,20 @@ void *shim_real(enum hook_id id)
     return __atomic_load_n(&g_real[id], __ATOMIC_ACQUIRE);
 }
 
-/* dlsym(RTLD_NEXT, name) as seen from `caller`: the first object after it that defines name. */
-static void *next_after(void *caller, const char *name)
+/* dlsym for every handle but RTLD_NEXT (reached from the dlsym entry point below). */
+NOT_INSTRUMENTED __attribute__((visibility("hidden"), used)) void *vgpu_dlsym_c(void *handle,
+                                                                              const char *name)
 {
-    dlsym_fn sym = real_dlsym();
-    Dl_info info;
-    struct link_map *lm = NULL;
-    if (dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || lm == NULL)
-        return sym(RTLD_NEXT, name);
-    for (struct link_map *l = lm->l_next; l != NULL; l = l->l_next) {
-        if (l->l_name == NULL || l->l_name[0] == '\0')
-            continue;
-        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
-        if (h == NULL)
-            continue;
-        void *p = sym(h, name);
-        dlclose(h);
-        struct link_map *owner = NULL;
-        if (p != NULL && dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP) != 0 && owner == l)
-            return p;
-    }
-    return NULL;
-}
-
-SHIM_EXPORT void *dlsym(void *handle, const char *name)
-{
-    void *caller = __builtin_return_address(0);
     dlsym_fn sym = real_dlsym();
     if (sym == NULL)
         return NULL;
+    void *found = sym(handle, name);
     int id = hook_index(name);
-    void *found = handle == RTLD_NEXT ? next_after(caller, name) : sym(handle, name);
     if (id < 0 || found == NULL || shim_mode() == SHIM_DISABLED)
         return found;
     if (found != hook_address((enum hook_id)id)) {
         remember_real((enum hook_id)id, found);
-        if (handle != RTLD_NEXT && handle != RTLD_DEFAULT) {
+        if (handle != RTLD_DEFAULT) {
             void *expected = NULL;
             __atomic_compare_exchange_n(is_nvml((enum hook_id)id) ? &g_nvml_handle : &g_cuda_handle,
                                         &expected, handle, false, __ATOMIC_ACQ_REL,
@@ -156,19 +139,94 @@ SHIM_EXPORT void *dlsym(void *handle, const char *name)
     return hook_address((enum hook_id)id);
 }
 
+/* dlsym(RTLD_NEXT, name) for a hooked name: the hook, when the real function exists. */
+NOT_INSTRUMENTED __attribute__((visibility("hidden"), used)) void *vgpu_next_hook(const char *name)
+{
+    int id = hook_index(name);
+    if (id < 0 || shim_mode() == SHIM_DISABLED || shim_real((enum hook_id)id) == NULL)
+        return NULL;
+    return hook_address((enum hook_id)id);
+}
+
+NOT_INSTRUMENTED static void *no_dlsym(void *handle, const char *name)
+{
+    (void)handle, (void)name;
+    return NULL;
+}
+
+/* The C library's dlsym, never NULL (the trampoline jumps to it). */
+NOT_INSTRUMENTED __attribute__((visibility("hidden"), used)) void *vgpu_real_dlsym_addr(void)
+{
+    dlsym_fn f = real_dlsym();
+    return f != NULL ? (void *)f : (void *)no_dlsym;
+}
+
+/*
+ * The exported dlsym. The C library's dlsym(RTLD_NEXT, name) searches after the object that
+ * *called* it, found from its return address; so for RTLD_NEXT this entry point jumps to it with
+ * the caller's return address still in place (a tail jump, written out per architecture),
+ * unless the name is one the shim hooks. Other handles go to vgpu_dlsym_c.
+ */
+#if defined(__x86_64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, @function\n"
+        "dlsym:\n"
+        "    endbr64\n"
+        "    cmpq $-1, %rdi\n"
+        "    jne vgpu_dlsym_c\n"
+        "    pushq %rdi\n"
+        "    pushq %rsi\n"
+        "    subq $8, %rsp\n"
+        "    movq %rsi, %rdi\n"
+        "    call vgpu_next_hook\n"
+        "    testq %rax, %rax\n"
+        "    jnz 1f\n"
+        "    call vgpu_real_dlsym_addr\n"
+        "    movq %rax, %r11\n"
+        "    addq $8, %rsp\n"
+        "    popq %rsi\n"
+        "    popq %rdi\n"
+        "    jmp *%r11\n"
+        "1:  addq $24, %rsp\n"
+        "    ret\n"
+        ".size dlsym, .-dlsym\n");
+#elif defined(__aarch64__)
+__asm__(".text\n"
+        ".globl dlsym\n"
+        ".type dlsym, %function\n"
+        "dlsym:\n"
+        "    cmn x0, #1\n"
+        "    b.ne vgpu_dlsym_c\n"
+        "    stp x29, x30, [sp, #-32]!\n"
+        "    mov x29, sp\n"
+        "    stp x0, x1, [sp, #16]\n"
+        "    mov x0, x1\n"
+        "    bl vgpu_next_hook\n"
+        "    cbnz x0, 1f\n"
+        "    bl vgpu_real_dlsym_addr\n"
+        "    mov x16, x0\n"
+        "    ldp x0, x1, [sp, #16]\n"
+        "    ldp x29, x30, [sp], #32\n"
+        "    br x16\n"
+        "1:  ldp x29, x30, [sp], #32\n"
+        "    ret\n"
+        ".size dlsym, .-dlsym\n");
+#else
+#error "libvgpu's dlsym entry point is written for x86_64 and aarch64"
+#endif
+
 /* Which hook answers cuGetProcAddress(symbol) when the driver returned `p`; -1 for none. */
 static int hook_for_proc(const char *symbol, void *p, int cuda_version, cuuint64_t flags)
 {
     /* know the driver library: the one that defines p */
     if (__atomic_load_n(&g_cuda_handle, __ATOMIC_ACQUIRE) == NULL) {
         Dl_info info;
-        if (dladdr(p, &info) != 0 && info.dli_fname != NULL) {
-            void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-            void *expected = NULL;
-            if (h != NULL && !__atomic_compare_exchange_n(&g_cuda_handle, &expected, h, false,
-                                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-                dlclose(h); /* someone else stored one; ours keeps nothing alive extra */
-        }
+        struct link_map *lm = NULL;
+        void *expected = NULL;
+        if (dladdr1(p, &info, (void **)&lm, RTLD_DL_LINKMAP) != 0 && lm != NULL)
+            __atomic_compare_exchange_n(&g_cuda_handle, &expected, (void *)lm, false,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
     dlsym_fn sym = real_dlsym();
     void *handle = __atomic_load_n(&g_cuda_handle, __ATOMIC_ACQUIRE);

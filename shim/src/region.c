@@ -168,7 +168,7 @@ static uint64_t proc_start_time(long pid)
         return 0;
     /* after ") " comes field 3; skip to field 22 */
     int field = 2;
-    for (p++; *p != '\0' && field < 21; p++)
+    for (p++; *p != '\0' && field < 22; p++)
         if (*p == ' ')
             field++;
     return strtoull(p, NULL, 10);

@@ -41,6 +41,22 @@ static uint64_t g_next_ptr = 0x7f0000000000ull;
 static uint64_t g_next_handle = 1;
 static __thread int t_dev = -1;
 
+/* like a driver that survives fork: the lock is never held across it */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&g_lock);
+}
+
+static void fork_release(void)
+{
+    pthread_mutex_unlock(&g_lock);
+}
+
+__attribute__((constructor)) static void fake_load(void)
+{
+    pthread_atfork(fork_prepare, fork_release, fork_release);
+}
+
 static void count(enum counter c)
 {
     __atomic_fetch_add(&g_counters[c], 1, __ATOMIC_RELAXED);

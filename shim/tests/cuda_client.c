@@ -1,0 +1,460 @@
+/*
+ * cuda_client.c - a CUDA "application" for the shim tests, run with libvgpu.so preloaded.
+ *
+ *   cuda_client <way> <command>...
+ *
+ * way: how it reaches the driver
+ *   direct        calls the linked entry points
+ *   dlsym         dlopen("libcuda.so.1") + dlsym of the versioned names
+ *   procaddr      cuGetProcAddress_v2 (found with dlsym), base names, CUDA 12.8
+ *   procaddr_ptsz the same with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+ *   procaddr_v1   cuGetProcAddress (4 arguments), CUDA 11.8
+ *
+ * commands (EXPECT is ok | oom | noinit | a CUresult number; sizes take K/M/G suffixes):
+ *   ctx DEV                                  cuInit + a context on DEV (current on this thread)
+ *   alloc plain|pitch|managed|async|pool|create SIZE EXPECT
+ *   free EXPECT                              frees the newest live allocation with its API
+ *   info TOTAL|- FREE|-                      cuMemGetInfo_v2
+ *   launch kernel|ex|coop|graph N GRID BLOCK EXPECT
+ *   pace kernel|ex|coop|graph SECONDS GRID BLOCK COST DRAIN
+ *                                            spends at least DRAIN tokens (COST per launch) and
+ *                                            until a launch has to wait, then launches for
+ *                                            SECONDS and prints "pace launches=N ns=T"
+ *   timed N GRID BLOCK                       N kernel launches, prints "timed ns=T"
+ *   hold                                     prints "ready" and blocks until stdin closes
+ *   nvml INDEX TOTAL USED                    NVML memory info (v1 and v2) of device INDEX
+ *   counter NAME VALUE                       the fake driver's counter NAME equals VALUE
+ *   forkstress N                             forks N children while a thread allocates/launches
+ *   rtldnext                                 dlsym(RTLD_NEXT, ...) answers as without the shim
+ * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_subset.h"
+#include "nvml_subset.h"
+
+unsigned long long fakeCudaCounter(const char *name);
+
+struct api {
+    __typeof__(&cuInit) init;
+    __typeof__(&cuCtxCreate_v2) ctx_create;
+    __typeof__(&cuCtxSetCurrent) ctx_set;
+    __typeof__(&cuMemAlloc_v2) alloc;
+    __typeof__(&cuMemAllocPitch_v2) alloc_pitch;
+    __typeof__(&cuMemAllocManaged) alloc_managed;
+    __typeof__(&cuMemAllocAsync) alloc_async;
+    __typeof__(&cuMemAllocFromPoolAsync) alloc_pool;
+    __typeof__(&cuMemCreate) create;
+    __typeof__(&cuMemFree_v2) free_;
+    __typeof__(&cuMemFreeAsync) free_async;
+    __typeof__(&cuMemRelease) release;
+    __typeof__(&cuMemGetInfo_v2) info;
+    __typeof__(&cuLaunchKernel) launch;
+    __typeof__(&cuLaunchKernelEx) launch_ex;
+    __typeof__(&cuLaunchCooperativeKernel) launch_coop;
+    __typeof__(&cuGraphLaunch) graph;
+    __typeof__(&cuCtxGetDevice) ctx_device;
+};
+
+static struct api A;
+static const char *g_way;
+
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuda_client(%s): ", g_way);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+static void *resolve(void *lib, const char *versioned, const char *base)
+{
+    void *p = NULL;
+    if (strcmp(g_way, "dlsym") == 0) {
+        p = dlsym(lib, versioned);
+    } else {
+        bool v1 = strcmp(g_way, "procaddr_v1") == 0;
+        cuuint64_t flags = strcmp(g_way, "procaddr_ptsz") == 0
+                               ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                               : CU_GET_PROC_ADDRESS_DEFAULT;
+        CUresult r;
+        if (v1) {
+            __typeof__(&cuGetProcAddress) gpa = (__typeof__(&cuGetProcAddress))dlsym(lib, "cuGetProcAddress");
+            if (gpa == NULL)
+                fail("no cuGetProcAddress");
+            r = gpa(base, &p, 11080, flags);
+        } else {
+            __typeof__(&cuGetProcAddress_v2) gpa =
+                (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2");
+            if (gpa == NULL)
+                fail("no cuGetProcAddress_v2");
+            CUdriverProcAddressQueryResult status;
+            r = gpa(base, &p, 12080, flags, &status);
+            if (r == CUDA_SUCCESS && status != CU_GET_PROC_ADDRESS_SUCCESS)
+                fail("cuGetProcAddress_v2(%s) status %d", base, (int)status);
+        }
+        if (r != CUDA_SUCCESS)
+            fail("cuGetProcAddress(%s) = %d", base, (int)r);
+    }
+    if (p == NULL)
+        fail("cannot resolve %s", versioned);
+    return p;
+}
+
+static void load_api(void)
+{
+    if (strcmp(g_way, "direct") == 0) {
+        A = (struct api){cuInit,           cuCtxCreate_v2,  cuCtxSetCurrent,
+                         cuMemAlloc_v2,    cuMemAllocPitch_v2, cuMemAllocManaged,
+                         cuMemAllocAsync,  cuMemAllocFromPoolAsync, cuMemCreate,
+                         cuMemFree_v2,     cuMemFreeAsync,  cuMemRelease,
+                         cuMemGetInfo_v2,  cuLaunchKernel,  cuLaunchKernelEx,
+                         cuLaunchCooperativeKernel, cuGraphLaunch, cuCtxGetDevice};
+        return;
+    }
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL)
+        fail("dlopen libcuda.so.1: %s", dlerror());
+#define R(field, versioned, base) A.field = (__typeof__(A.field))resolve(lib, versioned, base)
+    R(init, "cuInit", "cuInit");
+    R(ctx_create, "cuCtxCreate_v2", "cuCtxCreate");
+    R(ctx_set, "cuCtxSetCurrent", "cuCtxSetCurrent");
+    R(alloc, "cuMemAlloc_v2", "cuMemAlloc");
+    R(alloc_pitch, "cuMemAllocPitch_v2", "cuMemAllocPitch");
+    R(alloc_managed, "cuMemAllocManaged", "cuMemAllocManaged");
+    R(alloc_async, "cuMemAllocAsync", "cuMemAllocAsync");
+    R(alloc_pool, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync");
+    R(create, "cuMemCreate", "cuMemCreate");
+    R(free_, "cuMemFree_v2", "cuMemFree");
+    R(free_async, "cuMemFreeAsync", "cuMemFreeAsync");
+    R(release, "cuMemRelease", "cuMemRelease");
+    R(info, "cuMemGetInfo_v2", "cuMemGetInfo");
+    R(launch, "cuLaunchKernel", "cuLaunchKernel");
+    R(launch_ex, "cuLaunchKernelEx", "cuLaunchKernelEx");
+    R(launch_coop, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel");
+    R(graph, "cuGraphLaunch", "cuGraphLaunch");
+    R(ctx_device, "cuCtxGetDevice", "cuCtxGetDevice");
+#undef R
+}
+
+static unsigned long long parse_size(const char *s)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    switch (*end) {
+    case 'K': return v << 10;
+    case 'M': return v << 20;
+    case 'G': return v << 30;
+    default: return v;
+    }
+}
+
+static int parse_expect(const char *s)
+{
+    if (strcmp(s, "ok") == 0)
+        return CUDA_SUCCESS;
+    if (strcmp(s, "oom") == 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (strcmp(s, "noinit") == 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return atoi(s);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ allocations */
+
+enum kind { K_PTR, K_ASYNC, K_HANDLE };
+static struct {
+    unsigned long long key;
+    enum kind kind;
+} g_live[4096];
+static int g_nlive;
+static CUstream const STREAM = (CUstream)0;
+static CUmemoryPool const POOL = (CUmemoryPool)0x5000;
+
+static CUresult do_alloc(const char *api, unsigned long long size)
+{
+    CUdeviceptr p = 0;
+    CUresult r;
+    enum kind kind = K_PTR;
+    if (strcmp(api, "plain") == 0) {
+        r = A.alloc(&p, size);
+    } else if (strcmp(api, "pitch") == 0) {
+        size_t pitch = 0;
+        r = A.alloc_pitch(&p, &pitch, size, 1, 4);
+    } else if (strcmp(api, "managed") == 0) {
+        r = A.alloc_managed(&p, size, CU_MEM_ATTACH_GLOBAL);
+    } else if (strcmp(api, "async") == 0) {
+        r = A.alloc_async(&p, size, STREAM);
+        kind = K_ASYNC;
+    } else if (strcmp(api, "pool") == 0) {
+        r = A.alloc_pool(&p, size, POOL, STREAM);
+        kind = K_ASYNC;
+    } else if (strcmp(api, "create") == 0) {
+        CUdevice dev = 0;
+        if (A.ctx_device(&dev) != CUDA_SUCCESS)
+            fail("no current device for cuMemCreate");
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = dev;
+        CUmemGenericAllocationHandle h = 0;
+        r = A.create(&h, size, &prop, 0);
+        p = h;
+        kind = K_HANDLE;
+    } else {
+        fail("unknown alloc api %s", api);
+        return CUDA_ERROR_UNKNOWN;
+    }
+    if (r == CUDA_SUCCESS) {
+        if (g_nlive == (int)(sizeof g_live / sizeof g_live[0]))
+            fail("too many live allocations");
+        g_live[g_nlive].key = p;
+        g_live[g_nlive].kind = kind;
+        g_nlive++;
+    }
+    return r;
+}
+
+static CUresult do_free(void)
+{
+    if (g_nlive == 0)
+        fail("free with nothing allocated");
+    g_nlive--;
+    switch (g_live[g_nlive].kind) {
+    case K_ASYNC: return A.free_async(g_live[g_nlive].key, STREAM);
+    case K_HANDLE: return A.release(g_live[g_nlive].key);
+    default: return A.free_(g_live[g_nlive].key);
+    }
+}
+
+/* ------------------------------------------------------------------ launches */
+
+static CUfunction const FUNC = (CUfunction)0x6000;
+static CUgraphExec const GRAPH = (CUgraphExec)0x7000;
+
+static CUresult do_launch(const char *kind, unsigned grid, unsigned block)
+{
+    if (strcmp(kind, "kernel") == 0)
+        return A.launch(FUNC, grid, 1, 1, block, 1, 1, 0, STREAM, NULL, NULL);
+    if (strcmp(kind, "ex") == 0) {
+        CUlaunchConfig c = {grid, 1, 1, block, 1, 1, 0, STREAM, NULL, 0};
+        return A.launch_ex(&c, FUNC, NULL, NULL);
+    }
+    if (strcmp(kind, "coop") == 0)
+        return A.launch_coop(FUNC, grid, 1, 1, block, 1, 1, 0, STREAM, NULL);
+    if (strcmp(kind, "graph") == 0)
+        return A.graph(GRAPH, STREAM);
+    fail("unknown launch kind %s", kind);
+    return CUDA_ERROR_UNKNOWN;
+}
+
+static void pace(const char *kind, double seconds, unsigned grid, unsigned block,
+                 unsigned long long cost, unsigned long long drain)
+{
+    /* spend the initial burst, then until a launch has to wait: from then on the bucket is
+     * empty (a pause of the process alone, e.g. at the first call, does not count as a wait) */
+    uint64_t give_up = now_ns() + 10ull * 1000000000ull;
+    unsigned long long spent = 0;
+    for (;;) {
+        uint64_t before = now_ns();
+        if (do_launch(kind, grid, block) != CUDA_SUCCESS)
+            fail("launch failed while draining");
+        uint64_t after = now_ns();
+        spent += cost;
+        if (spent >= drain && after - before > 200000) /* 0.2 ms: it slept for tokens */
+            break;
+        if (after > give_up)
+            fail("never had to wait: the launches are not paced");
+    }
+    uint64_t t0 = now_ns(), t1 = t0, end = t0 + (uint64_t)(seconds * 1e9);
+    unsigned long long n = 0;
+    while (t1 < end) {
+        if (do_launch(kind, grid, block) != CUDA_SUCCESS)
+            fail("launch failed");
+        n++;
+        t1 = now_ns();
+    }
+    printf("pace launches=%llu ns=%llu\n", n, (unsigned long long)(t1 - t0));
+}
+
+/* ------------------------------------------------------------------ fork under load */
+
+static volatile int g_stop;
+
+static void *hammer(void *ctx)
+{
+    if (A.ctx_set((CUcontext)ctx) != CUDA_SUCCESS)
+        return (void *)1;
+    while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
+        CUdeviceptr p;
+        if (A.alloc(&p, 4096) == CUDA_SUCCESS)
+            A.free_(p);
+        A.launch(FUNC, 1, 1, 1, 32, 1, 1, 0, STREAM, NULL, NULL);
+    }
+    return NULL;
+}
+
+static void forkstress(int n, CUcontext ctx)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, hammer, ctx) != 0)
+        fail("pthread_create");
+    for (int i = 0; i < n; i++) {
+        pid_t pid = fork();
+        if (pid < 0)
+            fail("fork");
+        if (pid == 0) {
+            alarm(20);
+            CUdeviceptr p;
+            if (A.alloc(&p, 1 << 20) != CUDA_SUCCESS || A.free_(p) != CUDA_SUCCESS)
+                _exit(3);
+            if (A.launch(FUNC, 1, 1, 1, 32, 1, 1, 0, STREAM, NULL, NULL) != CUDA_SUCCESS)
+                _exit(4);
+            _exit(0);
+        }
+        int status = 0;
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail("forked child %d ended with status %#x", i, status);
+    }
+    __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED);
+    pthread_join(t, NULL);
+}
+
+/* ------------------------------------------------------------------ main */
+
+static void check(CUresult got, int want, const char *what)
+{
+    if ((int)got != want)
+        fail("%s returned %d, expected %d", what, (int)got, want);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        fail("usage: cuda_client <way> <command>...");
+    g_way = argv[1];
+    load_api();
+    CUcontext ctx = NULL;
+    for (int i = 2; i < argc;) {
+        const char *cmd = argv[i++];
+#define ARG() (i < argc ? argv[i++] : (fail("%s: missing argument", cmd), ""))
+        if (strcmp(cmd, "ctx") == 0) {
+            int dev = atoi(ARG());
+            check(A.init(0), 0, "cuInit");
+            check(A.ctx_create(&ctx, 0, dev), 0, "cuCtxCreate");
+        } else if (strcmp(cmd, "alloc") == 0) {
+            const char *api = ARG();
+            unsigned long long size = parse_size(ARG());
+            int want = parse_expect(ARG());
+            char what[64];
+            snprintf(what, sizeof what, "alloc %s %llu", api, size);
+            check(do_alloc(api, size), want, what);
+        } else if (strcmp(cmd, "free") == 0) {
+            check(do_free(), parse_expect(ARG()), "free");
+        } else if (strcmp(cmd, "info") == 0) {
+            const char *total = ARG(), *free_s = ARG();
+            size_t f = 0, t = 0;
+            check(A.info(&f, &t), 0, "cuMemGetInfo");
+            if (strcmp(total, "-") != 0 && t != parse_size(total))
+                fail("cuMemGetInfo total %zu, expected %llu", t, parse_size(total));
+            if (strcmp(free_s, "-") != 0 && f != parse_size(free_s))
+                fail("cuMemGetInfo free %zu, expected %llu", f, parse_size(free_s));
+            printf("info free=%zu total=%zu\n", f, t);
+        } else if (strcmp(cmd, "launch") == 0) {
+            const char *kind = ARG();
+            long n = atol(ARG());
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            int want = parse_expect(ARG());
+            for (long k = 0; k < n; k++)
+                check(do_launch(kind, grid, block), want, kind);
+        } else if (strcmp(cmd, "pace") == 0) {
+            const char *kind = ARG();
+            double seconds = atof(ARG());
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            unsigned long long cost = strtoull(ARG(), NULL, 10);
+            pace(kind, seconds, grid, block, cost, strtoull(ARG(), NULL, 10));
+        } else if (strcmp(cmd, "timed") == 0) {
+            long n = atol(ARG());
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            uint64_t t0 = now_ns();
+            for (long k = 0; k < n; k++)
+                check(do_launch("kernel", grid, block), 0, "timed launch");
+            printf("timed ns=%llu\n", (unsigned long long)(now_ns() - t0));
+        } else if (strcmp(cmd, "hold") == 0) {
+            printf("ready\n");
+            fflush(stdout);
+            char buf[16];
+            while (read(STDIN_FILENO, buf, sizeof buf) > 0) {
+            }
+        } else if (strcmp(cmd, "nvml") == 0) {
+            unsigned index = (unsigned)atoi(ARG());
+            unsigned long long total = parse_size(ARG()), used = parse_size(ARG());
+            nvmlDevice_t dev;
+            __typeof__(&nvmlDeviceGetMemoryInfo) info = nvmlDeviceGetMemoryInfo;
+            __typeof__(&nvmlDeviceGetMemoryInfo_v2) info2 = nvmlDeviceGetMemoryInfo_v2;
+            if (strcmp(g_way, "direct") != 0) {
+                void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+                if (lib == NULL)
+                    fail("dlopen libnvidia-ml.so.1");
+                info = (__typeof__(info))dlsym(lib, "nvmlDeviceGetMemoryInfo");
+                info2 = (__typeof__(info2))dlsym(lib, "nvmlDeviceGetMemoryInfo_v2");
+            }
+            if (nvmlInit_v2() != NVML_SUCCESS || nvmlDeviceGetHandleByIndex_v2(index, &dev) != NVML_SUCCESS)
+                fail("nvml init");
+            nvmlMemory_t m;
+            if (info(dev, &m) != NVML_SUCCESS)
+                fail("nvmlDeviceGetMemoryInfo");
+            if (m.total != total || m.used != used || m.free != total - used)
+                fail("nvml v1 total/used/free %llu/%llu/%llu, expected %llu/%llu", m.total, m.used,
+                     m.free, total, used);
+            nvmlMemory_v2_t m2 = {.version = nvmlMemory_v2};
+            if (info2(dev, &m2) != NVML_SUCCESS)
+                fail("nvmlDeviceGetMemoryInfo_v2");
+            if (m2.total != total || m2.used + m2.reserved != used || m2.free != total - used)
+                fail("nvml v2 total/used/free %llu/%llu/%llu, expected %llu/%llu", m2.total,
+                     m2.used, m2.free, total, used);
+        } else if (strcmp(cmd, "counter") == 0) {
+            const char *name = ARG();
+            unsigned long long want = strtoull(ARG(), NULL, 10);
+            if (fakeCudaCounter(name) != want)
+                fail("driver counter %s = %llu, expected %llu", name, fakeCudaCounter(name), want);
+        } else if (strcmp(cmd, "forkstress") == 0) {
+            forkstress(atoi(ARG()), ctx);
+        } else if (strcmp(cmd, "rtldnext") == 0) {
+            const char *names[] = {"malloc", "fakeCudaCounter", "nvmlInit_v2"};
+            for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+                void *next = dlsym(RTLD_NEXT, names[k]);
+                void *dflt = dlsym(RTLD_DEFAULT, names[k]);
+                if (next == NULL || next != dflt)
+                    fail("dlsym(RTLD_NEXT, %s) = %p, RTLD_DEFAULT gives %p", names[k], next, dflt);
+            }
+        } else {
+            fail("unknown command %s", cmd);
+        }
+#undef ARG
+    }
+    fflush(stdout);
+    return 0;
+}

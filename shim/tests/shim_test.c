@@ -1,0 +1,789 @@
+/*
+ * shim_test.c - the shim's behaviour tests. Builds region files the way the agent does, runs
+ * cuda_client with libvgpu.so preloaded against the fake driver, and checks what the client saw
+ * and what the shim wrote into the state file.
+ *
+ *   shim_test BUILD_DIR            run every test, TAP-style output, exit 1 on any failure
+ *   shim_test BUILD_DIR --bench    per-launch overhead with and without the shim
+ *
+ * VGPU_TEST_PRELOAD_FIRST: a library to preload before libvgpu.so (the ASan runtime).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_ids.h"
+#include "vgpu_shm.h"
+
+#define MiB (1ull << 20)
+
+static const char *g_build;
+static char g_tmp[256];
+static int g_failed, g_count;
+
+struct dev_cfg {
+    int fake_dev; /* which fake GPU's UUID the entry names; -1: a UUID no device has */
+    uint64_t memory_limit, core_limit, rate, burst, policy, graph_cost;
+};
+
+/* ------------------------------------------------------------------ region files */
+
+static void region_path(char *out, size_t n, const char *name, const char *file)
+{
+    snprintf(out, n, "%s/%s/%s", g_tmp, name, file);
+}
+
+static void write_file(const char *path, const void *data, size_t size, mode_t mode)
+{
+    unlink(path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    if (fd < 0 || write(fd, data, size) != (ssize_t)size) {
+        perror(path);
+        exit(2);
+    }
+    close(fd);
+}
+
+/* A region as the agent writes it: control 0444, state zero-filled except its header. */
+static void make_region(const char *name, int ndev, const struct dev_cfg *cfg)
+{
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "%s/%s", g_tmp, name);
+    mkdir(dir, 0755);
+    struct vgpu_control *c = calloc(1, sizeof *c);
+    c->magic = VGPU_CONTROL_MAGIC;
+    c->abi_major = VGPU_ABI_MAJOR;
+    c->abi_minor = VGPU_ABI_MINOR;
+    c->header_size = offsetof(struct vgpu_control, device_ids);
+    c->device_count = (uint32_t)ndev;
+    c->total_size = sizeof *c;
+    c->seq = 1;
+    c->device_id_count = 1;
+    snprintf(c->device_ids[0], VGPU_DEVICE_ID_LEN, "GPU-test::0");
+    for (int d = 0; d < ndev; d++) {
+        char uuid[48] = "GPU-ffffffff-ffff-ffff-ffff-ffffffffffff";
+        if (cfg[d].fake_dev >= 0)
+            fake_uuid_text(cfg[d].fake_dev, uuid);
+        memcpy(c->devices[d].uuid, uuid, strlen(uuid) + 1);
+        c->devices[d].memory_limit = cfg[d].memory_limit;
+        c->devices[d].core_limit = cfg[d].core_limit;
+        c->devices[d].rate = cfg[d].rate;
+        c->devices[d].burst = cfg[d].burst;
+        c->devices[d].policy = cfg[d].policy;
+        c->devices[d].graph_cost = cfg[d].graph_cost;
+    }
+    region_path(path, sizeof path, name, "control");
+    write_file(path, c, sizeof *c, 0444);
+    free(c);
+    struct vgpu_state *s = calloc(1, sizeof *s);
+    s->magic = VGPU_STATE_MAGIC;
+    s->abi_major = VGPU_ABI_MAJOR;
+    s->abi_minor = VGPU_ABI_MINOR;
+    s->header_size = offsetof(struct vgpu_state, slots);
+    s->device_count = (uint32_t)ndev;
+    s->total_size = sizeof *s;
+    s->slot_count = VGPU_MAX_PROCS;
+    region_path(path, sizeof path, name, "state");
+    write_file(path, s, sizeof *s, 0644);
+    free(s);
+}
+
+static struct vgpu_state *map_state(const char *name)
+{
+    char path[600];
+    region_path(path, sizeof path, name, "state");
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return NULL;
+    void *p = mmap(NULL, sizeof(struct vgpu_state), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static int live_slots(const struct vgpu_state *s)
+{
+    int n = 0;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++)
+        n += s->slots[i].pid != 0;
+    return n;
+}
+
+/* ------------------------------------------------------------------ running the client */
+
+struct run {
+    int status;
+    char out[8192];
+    char err[8192];
+};
+
+static void read_all(const char *path, char *buf, size_t n)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    size_t got = fread(buf, 1, n - 1, f);
+    buf[got] = '\0';
+    fclose(f);
+}
+
+static void set_preload(void)
+{
+    char preload[2048];
+    const char *first = getenv("VGPU_TEST_PRELOAD_FIRST");
+    snprintf(preload, sizeof preload, "%s%s%s/libvgpu.so", first && *first ? first : "",
+             first && *first ? " " : "", g_build);
+    setenv("LD_PRELOAD", preload, 1);
+}
+
+/* env: "NAME=value" entries (NULL-terminated); region: a region name or NULL for none.
+ * Returns the child's pid; with `hold` its stdout is a pipe whose read end is stored there. */
+static pid_t spawn(const char *region, char *const *env, char *const *args, int *hold_fd,
+                   const char *out_path, const char *err_path)
+{
+    int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1};
+    if (hold_fd != NULL && (pipe(in_pipe) != 0 || pipe(out_pipe) != 0))
+        exit(2);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char client[600], dir[600];
+        snprintf(client, sizeof client, "%s/cuda_client", g_build);
+        if (region != NULL) {
+            snprintf(dir, sizeof dir, "%s/%s", g_tmp, region);
+            setenv("VGPU_REGION_DIR", dir, 1);
+        } else {
+            snprintf(dir, sizeof dir, "%s/no-such-region", g_tmp);
+            setenv("VGPU_REGION_DIR", dir, 1);
+        }
+        unsetenv("VGPU_FAIL_CLOSED");
+        unsetenv("VGPU_DISABLE");
+        for (int i = 0; env != NULL && env[i] != NULL; i++)
+            putenv(env[i]);
+        set_preload();
+        if (hold_fd != NULL) {
+            dup2(in_pipe[0], 0);
+            dup2(out_pipe[1], 1);
+            close(in_pipe[1]);
+            close(out_pipe[0]);
+        } else {
+            int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            dup2(o, 1);
+            close(o);
+        }
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(e, 2);
+        close(e);
+        char *argv[160];
+        int n = 0;
+        argv[n++] = client;
+        for (int i = 0; args[i] != NULL && n < 159; i++)
+            argv[n++] = args[i];
+        argv[n] = NULL;
+        execv(client, argv);
+        _exit(127);
+    }
+    if (hold_fd != NULL) {
+        close(in_pipe[0]);
+        close(out_pipe[1]);
+        *hold_fd = out_pipe[0];
+        /* keep in_pipe[1] open (leaked on purpose): the holder blocks until it is killed */
+        char buf[64] = "";
+        ssize_t got = read(out_pipe[0], buf, sizeof buf - 1);
+        if (got <= 0 || strncmp(buf, "ready", 5) != 0) {
+            fprintf(stderr, "# holder did not get ready\n");
+        }
+    }
+    return pid;
+}
+
+static int wait_timeout(pid_t pid, int seconds)
+{
+    for (int i = 0; i < seconds * 100; i++) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return status;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    return -1; /* timed out: a hang is a failure */
+}
+
+static void run_client(struct run *r, const char *region, char *const *env, char *const *args)
+{
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/client.out", g_tmp);
+    snprintf(err, sizeof err, "%s/client.err", g_tmp);
+    pid_t pid = spawn(region, env, args, NULL, out, err);
+    r->status = wait_timeout(pid, 60);
+    read_all(out, r->out, sizeof r->out);
+    read_all(err, r->err, sizeof r->err);
+}
+
+/* ------------------------------------------------------------------ assertions */
+
+static char g_why[2048];
+
+static bool failf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_why, sizeof g_why, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static bool client_ok(const struct run *r)
+{
+    if (r->status == -1)
+        return failf("client hung (killed after 60 s); stderr: %s", r->err);
+    if (!WIFEXITED(r->status) || WEXITSTATUS(r->status) != 0)
+        return failf("client status %#x; stderr: %s", r->status, r->err);
+    return true;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p != NULL; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+static void report(const char *name, bool ok)
+{
+    g_count++;
+    if (ok) {
+        printf("ok %d - %s\n", g_count, name);
+    } else {
+        g_failed++;
+        printf("not ok %d - %s\n#   %s\n", g_count, name, g_why);
+    }
+    fflush(stdout);
+}
+
+#define ARGS(...) ((char *const[]){__VA_ARGS__, NULL})
+#define NOENV ((char *const *)NULL)
+#define CHECK(cond, ...)                                                                          \
+    do {                                                                                          \
+        if (!(cond))                                                                              \
+            return failf(__VA_ARGS__);                                                            \
+    } while (0)
+
+static const struct dev_cfg MEM64 = {0, 64 * MiB, VGPU_CORE_LIMIT_FULL, 0, 0, VGPU_POLICY_OFF, 0};
+
+/* ------------------------------------------------------------------ tests */
+
+static bool t_memory_limit(const char *way)
+{
+    make_region("mem", 1, &MEM64);
+    struct run r;
+    run_client(&r, "mem", NOENV,
+               ARGS((char *)way, "ctx", "0", "alloc", "plain", "32M", "ok", "alloc", "async", "16M",
+                    "ok", "alloc", "pool", "8M", "ok", "alloc", "create", "8M", "ok", "alloc",
+                    "managed", "1", "oom", "alloc", "plain", "1", "oom", "alloc", "create", "1M",
+                    "oom", "info", "64M", "0", "free", "ok", "free", "ok", "info", "64M", "16M",
+                    "alloc", "pitch", "1000", "ok", "info", "64M", "16776192", "alloc", "managed",
+                    "8M", "ok", "alloc", "pitch", "8M", "oom",
+                    /* refused allocations never reached the driver: 6 succeeded there */
+                    "counter", "alloc", "6", "free", "ok", "free", "ok", "info", "64M", "16M"));
+    if (!client_ok(&r))
+        return false;
+    struct vgpu_state *s = map_state("mem");
+    CHECK(s != NULL, "no state");
+    bool ok = true;
+    if (s->devices[0].memory_used != 0 || live_slots(s) != 0)
+        ok = failf("after a normal exit the process's memory (%llu) and slot (%d live) are "
+                   "given back",
+                   (unsigned long long)s->devices[0].memory_used, live_slots(s));
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_shared_limit_and_reclaim(void)
+{
+    make_region("share", 1, &MEM64);
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/holder.out", g_tmp);
+    snprintf(err, sizeof err, "%s/holder.err", g_tmp);
+    int fd;
+    pid_t holder = spawn("share", NOENV,
+                         ARGS("direct", "ctx", "0", "alloc", "plain", "40M", "ok", "hold"), &fd,
+                         out, err);
+    struct run r;
+    run_client(&r, "share", NOENV,
+               ARGS("dlsym", "ctx", "0", "alloc", "plain", "30M", "oom", "alloc", "plain", "24M",
+                    "ok", "info", "64M", "0"));
+    bool ok = client_ok(&r);
+    struct vgpu_state *s = map_state("share");
+    if (ok && s->devices[0].memory_used != 40 * MiB)
+        ok = failf("with the holder alive the region counts %llu bytes, expected 40 MiB",
+                   (unsigned long long)s->devices[0].memory_used);
+    int holder_slots = live_slots(s);
+    if (ok && holder_slots != 1)
+        ok = failf("%d live slots with one holder", holder_slots);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(fd);
+    if (ok && s->devices[0].memory_used != 40 * MiB)
+        ok = failf("nothing reclaims before someone looks: %llu",
+                   (unsigned long long)s->devices[0].memory_used);
+    if (ok) {
+        run_client(&r, "share", NOENV,
+                   ARGS("procaddr", "ctx", "0", "info", "64M", "64M", "alloc", "plain", "60M",
+                        "ok"));
+        ok = client_ok(&r);
+    }
+    if (ok && (s->devices[0].memory_used != 0 || live_slots(s) != 0))
+        ok = failf("killed holder's memory not reclaimed: %llu bytes, %d slots",
+                   (unsigned long long)s->devices[0].memory_used, live_slots(s));
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_killed_process_reclaimed_at_oom(void)
+{
+    make_region("oomreclaim", 1, &MEM64);
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/holder.out", g_tmp);
+    snprintf(err, sizeof err, "%s/holder.err", g_tmp);
+    int fd;
+    pid_t holder = spawn("oomreclaim", NOENV,
+                         ARGS("direct", "ctx", "0", "alloc", "create", "50M", "ok", "hold"), &fd,
+                         out, err);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(fd);
+    struct run r;
+    /* the allocation would not fit while the dead holder still counts: the shim reclaims first */
+    run_client(&r, "oomreclaim", NOENV,
+               ARGS("direct", "ctx", "0", "alloc", "plain", "60M", "ok", "alloc", "plain", "5M",
+                    "oom"));
+    return client_ok(&r);
+}
+
+static bool t_device_by_uuid(void)
+{
+    /* the region's only device is the fake GPU 1: GPU 0 is not governed */
+    struct dev_cfg cfg = MEM64;
+    cfg.fake_dev = 1;
+    cfg.memory_limit = 16 * MiB;
+    make_region("uuid", 1, &cfg);
+    struct run r;
+    run_client(&r, "uuid", NOENV,
+               ARGS("direct", "ctx", "0", "alloc", "plain", "32M", "ok", "alloc", "create", "32M",
+                    "ok", "ctx", "1", "alloc", "plain", "32M", "oom", "alloc", "create", "17M",
+                    "oom", "alloc", "plain", "16M", "ok", "info", "16M", "0"));
+    return client_ok(&r);
+}
+
+static bool t_meminfo_never_above_physical(void)
+{
+    struct dev_cfg cfg = MEM64;
+    cfg.memory_limit = 2ull << 30;
+    make_region("phys", 1, &cfg);
+    struct run r;
+    char *env[] = {"FAKE_CUDA_MEMORY=1073741824", NULL};
+    run_client(&r, "phys", env,
+               ARGS("direct", "ctx", "0", "info", "1G", "1G", "alloc", "plain", "1G", "ok", "info",
+                    "1G", "0", "alloc", "plain", "1", "oom"));
+    return client_ok(&r);
+}
+
+static bool t_nvml_view(const char *way)
+{
+    make_region("nvml", 1, &MEM64);
+    struct run r;
+    run_client(&r, "nvml", NOENV,
+               ARGS((char *)way, "ctx", "0", "alloc", "plain", "10M", "ok", "nvml", "0", "64M",
+                    "10M", "nvml", "1", "16G", "1G"));
+    return client_ok(&r);
+}
+
+/* pacing: after the burst is spent, tokens per second must match the rate within 5% */
+static bool t_pacing(const char *way, const char *kind)
+{
+    const uint64_t rate = 2000000, cost = 1000; /* 2000 launches per second */
+    struct dev_cfg cfg = {0, 0, 300000, rate, rate / 10, VGPU_POLICY_STRICT, cost};
+    make_region("pace", 1, &cfg);
+    struct run r;
+    char cost_s[32], drain_s[32];
+    snprintf(cost_s, sizeof cost_s, "%llu", (unsigned long long)cost);
+    snprintf(drain_s, sizeof drain_s, "%llu", (unsigned long long)cfg.burst);
+    run_client(&r, "pace", NOENV,
+               ARGS((char *)way, "ctx", "0", "pace", (char *)kind, "1.5", "10", "100", cost_s,
+                    drain_s));
+    if (!client_ok(&r))
+        return false;
+    unsigned long long launches = 0, ns = 0;
+    const char *line = strstr(r.out, "pace ");
+    CHECK(line && sscanf(line, "pace launches=%llu ns=%llu", &launches, &ns) == 2,
+          "no pace line in %s", r.out);
+    double achieved = (double)(launches * cost) / ((double)ns / 1e9);
+    double ratio = achieved / (double)rate;
+    printf("#   %s %s: %.0f tokens/s for a rate of %llu (ratio %.4f)\n", way, kind, achieved,
+           (unsigned long long)rate, ratio);
+    CHECK(ratio >= 0.95 && ratio <= 1.05, "%s via %s: achieved %.0f tokens/s, rate %llu (%.3f)",
+          kind, way, achieved, (unsigned long long)rate, ratio);
+    struct vgpu_state *s = map_state("pace");
+    bool ok = true;
+    if (s->devices[0].tokens_spent != s->devices[0].launches * cost || s->devices[0].wait_ns == 0)
+        ok = failf("state: %llu launches, %llu tokens, %llu ns waited",
+                   (unsigned long long)s->devices[0].launches,
+                   (unsigned long long)s->devices[0].tokens_spent,
+                   (unsigned long long)s->devices[0].wait_ns);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_unlimited_is_not_paced(void)
+{
+    struct dev_cfg cfg = {0, 0, 300000, 1000, 1000, VGPU_POLICY_OFF, 0};
+    make_region("off", 1, &cfg);
+    struct run r;
+    run_client(&r, "off", NOENV,
+               ARGS("direct", "ctx", "0", "timed", "20000", "10", "100", "counter", "launch",
+                    "20000"));
+    if (!client_ok(&r))
+        return false;
+    unsigned long long ns = 0;
+    const char *line = strstr(r.out, "timed ");
+    CHECK(line && sscanf(line, "timed ns=%llu", &ns) == 1, "no timing");
+    /* at the configured rate these would take 200 s */
+    CHECK(ns < 5000000000ull, "20000 launches with the policy off took %llu ns", ns);
+    struct vgpu_state *s = map_state("off");
+    bool ok = s->devices[0].launches == 20000 && s->devices[0].tokens_spent == 20000ull * 1000 &&
+              s->devices[0].wait_ns == 0;
+    if (!ok)
+        failf("policy off still reports: launches %llu tokens %llu wait %llu",
+              (unsigned long long)s->devices[0].launches,
+              (unsigned long long)s->devices[0].tokens_spent,
+              (unsigned long long)s->devices[0].wait_ns);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_launch_bigger_than_burst(void)
+{
+    /* cost 1000 > burst 500 at 100000 tokens/s: 50 launches need (50*1000-500)/1e5 = 0.495 s */
+    struct dev_cfg cfg = {0, 0, 300000, 100000, 500, VGPU_POLICY_STRICT, 0};
+    make_region("debt", 1, &cfg);
+    struct run r;
+    run_client(&r, "debt", NOENV, ARGS("direct", "ctx", "0", "timed", "50", "10", "100"));
+    if (!client_ok(&r))
+        return false;
+    unsigned long long ns = 0;
+    const char *line = strstr(r.out, "timed ");
+    CHECK(line && sscanf(line, "timed ns=%llu", &ns) == 1, "no timing");
+    CHECK(ns >= 480000000ull && ns < 5000000000ull,
+          "50 launches of cost 1000 over burst 500 at 1e5/s took %llu ns, expected ~0.495 s", ns);
+    return true;
+}
+
+static bool t_missing_region_passes_through(void)
+{
+    struct run r;
+    run_client(&r, NULL, NOENV,
+               ARGS("direct", "ctx", "0", "alloc", "plain", "8G", "ok", "alloc", "create", "1G",
+                    "ok", "launch", "kernel", "100", "10", "100", "ok", "info", "16G", "7G",
+                    "counter", "launch", "100"));
+    if (!client_ok(&r))
+        return false;
+    CHECK(count_of(r.err, "libvgpu:") == 1 && strstr(r.err, "passing through"),
+          "expected one pass-through warning on stderr, got: %s", r.err);
+    return true;
+}
+
+static bool t_corrupt_region_passes_through(const char *what)
+{
+    make_region("corrupt", 1, &MEM64);
+    char path[600];
+    if (strcmp(what, "magic") == 0 || strcmp(what, "major") == 0) {
+        region_path(path, sizeof path, "corrupt", "control");
+        struct vgpu_control c;
+        int fd = open(path, O_RDONLY);
+        if (read(fd, &c, sizeof c) != (ssize_t)sizeof c)
+            return failf("read control");
+        close(fd);
+        if (strcmp(what, "magic") == 0)
+            c.magic = 0x1234;
+        else
+            c.abi_major = 2;
+        write_file(path, &c, sizeof c, 0444);
+    } else if (strcmp(what, "short-state") == 0) {
+        region_path(path, sizeof path, "corrupt", "state");
+        if (truncate(path, 4096) != 0)
+            return failf("truncate");
+    } else if (strcmp(what, "short-control") == 0) {
+        region_path(path, sizeof path, "corrupt", "control");
+        chmod(path, 0644);
+        if (truncate(path, 100) != 0)
+            return failf("truncate");
+    } else if (strcmp(what, "device-count") == 0) {
+        region_path(path, sizeof path, "corrupt", "state");
+        int fd = open(path, O_WRONLY);
+        uint32_t bad = 99;
+        if (pwrite(fd, &bad, sizeof bad, offsetof(struct vgpu_state, device_count)) != 4)
+            return failf("pwrite");
+        close(fd);
+    }
+    struct run r;
+    run_client(&r, "corrupt", NOENV,
+               ARGS("direct", "ctx", "0", "alloc", "plain", "1G", "ok", "alloc", "plain", "1G",
+                    "ok", "launch", "kernel", "10", "1", "32", "ok"));
+    if (!client_ok(&r))
+        return false;
+    CHECK(count_of(r.err, "libvgpu:") == 1, "expected one warning, got: %s", r.err);
+    return true;
+}
+
+static bool t_fail_closed(void)
+{
+    struct run r;
+    char *env[] = {"VGPU_FAIL_CLOSED=1", NULL};
+    run_client(&r, NULL, env,
+               ARGS("procaddr", "ctx", "0", "alloc", "plain", "1M", "noinit", "launch", "kernel",
+                    "1", "1", "32", "noinit", "launch", "graph", "1", "1", "1", "noinit",
+                    "counter", "alloc", "0"));
+    if (!client_ok(&r))
+        return false;
+    CHECK(strstr(r.err, "VGPU_FAIL_CLOSED=1") != NULL, "no fail-closed warning: %s", r.err);
+    return true;
+}
+
+static bool t_disabled(void)
+{
+    make_region("disabled", 1, &MEM64);
+    struct run r;
+    char *env[] = {"VGPU_DISABLE=1", NULL};
+    run_client(&r, "disabled", env,
+               ARGS("dlsym", "ctx", "0", "alloc", "plain", "1G", "ok", "launch", "kernel", "5",
+                    "1", "32", "ok"));
+    if (!client_ok(&r))
+        return false;
+    struct vgpu_state *s = map_state("disabled");
+    bool ok = s->devices[0].memory_used == 0 && s->devices[0].launches == 0 && live_slots(s) == 0;
+    if (!ok)
+        failf("VGPU_DISABLE=1 still wrote the state file");
+    munmap(s, sizeof *s);
+    return ok && (count_of(r.err, "libvgpu:") == 0 || failf("warned: %s", r.err));
+}
+
+static bool t_fork_under_load(void)
+{
+    struct dev_cfg cfg = {0, 1ull << 30, 500000, 1000000000ull, 100000000ull, VGPU_POLICY_STRICT, 0};
+    make_region("fork", 1, &cfg);
+    struct run r;
+    run_client(&r, "fork", NOENV, ARGS("direct", "ctx", "0", "forkstress", "20"));
+    if (!client_ok(&r))
+        return false;
+    /* children leave with _exit (no destructors): their slots stay until someone looks */
+    run_client(&r, "fork", NOENV, ARGS("direct", "ctx", "0", "info", "1G", "1G"));
+    if (!client_ok(&r))
+        return false;
+    struct vgpu_state *s = map_state("fork");
+    bool ok = s->devices[0].memory_used == 0 && live_slots(s) == 0 && s->devices[0].launches > 20;
+    if (!ok)
+        failf("after fork stress: %llu bytes, %d slots, %llu launches",
+              (unsigned long long)s->devices[0].memory_used, live_slots(s),
+              (unsigned long long)s->devices[0].launches);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_rtld_next(void)
+{
+    make_region("rtld", 1, &MEM64);
+    struct run r;
+    run_client(&r, "rtld", NOENV, ARGS("direct", "rtldnext"));
+    return client_ok(&r);
+}
+
+static bool t_dead_slot_pid_reuse_and_garbage(void)
+{
+    /* a slot whose pid is alive but started at another time is a reused pid: reclaimed; slots
+     * holding garbage pids are reclaimed too, and totals never wrap below zero */
+    make_region("garbage", 1, &MEM64);
+    char path[600];
+    region_path(path, sizeof path, "garbage", "state");
+    int fd = open(path, O_RDWR);
+    struct vgpu_state *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    s->slots[3].pid = (uint64_t)getpid(); /* alive, but not with this start time */
+    s->slots[3].start_time = 1;
+    s->slots[3].devices[0].memory_used = 30 * MiB;
+    s->slots[7].pid = UINT64_C(1) << 40; /* nonsense pid */
+    s->slots[7].devices[0].memory_used = 30 * MiB;
+    s->devices[0].memory_used = 50 * MiB; /* less than the slots claim */
+    struct run r;
+    run_client(&r, "garbage", NOENV,
+               ARGS("direct", "ctx", "0", "alloc", "plain", "64M", "ok", "info", "64M", "0"));
+    bool ok = client_ok(&r);
+    if (ok && (s->slots[3].pid != 0 || s->slots[7].pid != 0 || s->devices[0].memory_used != 0))
+        ok = failf("stale slots left: pid3=%llu pid7=%llu total=%llu",
+                   (unsigned long long)s->slots[3].pid, (unsigned long long)s->slots[7].pid,
+                   (unsigned long long)s->devices[0].memory_used);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ benchmark */
+
+static int bench(void)
+{
+    /* same client, same fake driver, same run: without the shim, and with it (tokens available) */
+    const char *n = getenv("BENCH_LAUNCHES") ? getenv("BENCH_LAUNCHES") : "2000000";
+    struct dev_cfg cfg = {0, 0, 500000, UINT64_C(1) << 61, UINT64_C(1) << 61, VGPU_POLICY_STRICT, 0};
+    make_region("bench", 1, &cfg);
+    int rounds = 7;
+    double base[16], shim[16], off[16];
+    for (int i = 0; i < rounds; i++) {
+        for (int mode = 0; mode < 3; mode++) {
+            char out[600], err[600], buf[512];
+            snprintf(out, sizeof out, "%s/bench.out", g_tmp);
+            snprintf(err, sizeof err, "%s/bench.err", g_tmp);
+            pid_t pid = fork();
+            if (pid == 0) {
+                char dir[600], prog[600];
+                snprintf(dir, sizeof dir, "%s/bench", g_tmp);
+                setenv("VGPU_REGION_DIR", dir, 1);
+                if (mode == 0)
+                    unsetenv("LD_PRELOAD");
+                else
+                    set_preload();
+                if (mode == 2) { /* policy off: hooks run, no tokens spent */
+                    setenv("VGPU_REGION_DIR", "/nonexistent", 1);
+                }
+                snprintf(prog, sizeof prog, "%s/bench_launch", g_build);
+                int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                dup2(o, 1);
+                int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                dup2(e, 2);
+                execl(prog, prog, n, (char *)NULL);
+                _exit(127);
+            }
+            int status = wait_timeout(pid, 120);
+            read_all(out, buf, sizeof buf);
+            double v = 0;
+            if (status != 0 || sscanf(buf, "ns_per_launch=%lf", &v) != 1) {
+                fprintf(stderr, "bench run failed: %s\n", buf);
+                return 1;
+            }
+            (mode == 0 ? base : mode == 1 ? shim : off)[i] = v;
+        }
+    }
+    /* medians and worst of the rounds */
+    for (int a = 0; a < rounds; a++)
+        for (int b = a + 1; b < rounds; b++) {
+            double *arrs[3] = {base, shim, off};
+            for (int k = 0; k < 3; k++)
+                if (arrs[k][b] < arrs[k][a]) {
+                    double t = arrs[k][a];
+                    arrs[k][a] = arrs[k][b];
+                    arrs[k][b] = t;
+                }
+        }
+    int mid = rounds / 2;
+    printf("launches per run: %s, runs per variant: %d (interleaved)\n", n, rounds);
+    printf("%-34s %12s %12s\n", "variant", "median ns", "worst ns");
+    printf("%-34s %12.1f %12.1f\n", "fake driver, no shim", base[mid], base[rounds - 1]);
+    printf("%-34s %12.1f %12.1f\n", "shim, strict policy, tokens ample", shim[mid], shim[rounds - 1]);
+    printf("%-34s %12.1f %12.1f\n", "shim, no region (pass-through)", off[mid], off[rounds - 1]);
+    printf("added per launch (strict): %.1f ns, ratio %.2fx\n", shim[mid] - base[mid],
+           shim[mid] / base[mid]);
+    printf("added per launch (pass-through): %.1f ns, ratio %.2fx\n", off[mid] - base[mid],
+           off[mid] / base[mid]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ main */
+
+static void cleanup(void)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "# could not remove %s\n", g_tmp);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: shim_test BUILD_DIR [--bench]\n");
+        return 2;
+    }
+    static char build[512];
+    if (realpath(argv[1], build) == NULL) {
+        perror(argv[1]);
+        return 2;
+    }
+    g_build = build;
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/vgpu-shim-test-XXXXXX");
+    if (mkdtemp(g_tmp) == NULL) {
+        perror("mkdtemp");
+        return 2;
+    }
+    atexit(cleanup);
+    signal(SIGPIPE, SIG_IGN);
+    if (argc > 2 && strcmp(argv[2], "--bench") == 0)
+        return bench();
+
+    static const char *const ways[] = {"direct", "dlsym", "procaddr", "procaddr_ptsz",
+                                       "procaddr_v1"};
+    char name[128];
+    for (size_t i = 0; i < sizeof ways / sizeof ways[0]; i++) {
+        snprintf(name, sizeof name, "memory limit, frees and cuMemGetInfo (%s)", ways[i]);
+        report(name, t_memory_limit(ways[i]));
+    }
+    report("two processes share one limit; a killed process's memory is reclaimed",
+           t_shared_limit_and_reclaim());
+    report("a dead process's memory is reclaimed before refusing an allocation",
+           t_killed_process_reclaimed_at_oom());
+    report("slots of reused or nonsense pids are reclaimed", t_dead_slot_pid_reuse_and_garbage());
+    report("devices are matched by UUID; other GPUs are not governed", t_device_by_uuid());
+    report("cuMemGetInfo never reports more than physical memory", t_meminfo_never_above_physical());
+    report("NVML memory view inside the container (direct)", t_nvml_view("direct"));
+    report("NVML memory view inside the container (dlsym)", t_nvml_view("dlsym"));
+    static const char *const pace[][2] = {{"direct", "kernel"},
+                                          {"dlsym", "ex"},
+                                          {"procaddr", "coop"},
+                                          {"procaddr_ptsz", "graph"}};
+    for (size_t i = 0; i < sizeof pace / sizeof pace[0]; i++) {
+        snprintf(name, sizeof name, "launch pacing within 5%% of the rate (%s, %s)", pace[i][1],
+                 pace[i][0]);
+        report(name, t_pacing(pace[i][0], pace[i][1]));
+    }
+    report("policy off: launches are counted, not paced", t_unlimited_is_not_paced());
+    report("a launch costlier than the burst leaves a debt that is paid in time",
+           t_launch_bigger_than_burst());
+    report("missing region passes through with one warning", t_missing_region_passes_through());
+    static const char *const corrupt[] = {"magic", "major", "short-state", "short-control",
+                                          "device-count"};
+    for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
+        snprintf(name, sizeof name, "corrupt region (%s) passes through", corrupt[i]);
+        report(name, t_corrupt_region_passes_through(corrupt[i]));
+    }
+    report("VGPU_FAIL_CLOSED=1 refuses without a region", t_fail_closed());
+    report("VGPU_DISABLE=1 is a pure pass-through", t_disabled());
+    report("fork under load: no deadlock, children get their own slots", t_fork_under_load());
+    report("dlsym(RTLD_NEXT) answers for the caller, not for the shim", t_rtld_next());
+    printf("1..%d\n", g_count);
+    if (g_failed)
+        printf("# %d of %d failed\n", g_failed, g_count);
+    return g_failed ? 1 : 0;
+}
