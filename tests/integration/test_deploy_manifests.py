@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import structlog
 import yaml
 from kubernetes_validate import utils as kv
 
@@ -310,7 +311,11 @@ def test_the_agent_accepts_the_deployed_arguments_config_and_env(
         if name.startswith("VGPU_AGENT_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("NODE_NAME", "gpu-node-7")
-    assert cli.main(["check-config", *args]) == 0
+    saved = structlog.get_config()  # the CLI configures logging onto this test's captured stderr
+    try:
+        assert cli.main(["check-config", *args]) == 0
+    finally:
+        structlog.configure(**saved)
     out = capsys.readouterr().out
     assert "node_name: 'gpu-node-7'" in out
     assert f"state_dir: {DEFAULTS.state_dir!r}" in out
