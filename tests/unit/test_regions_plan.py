@@ -139,7 +139,7 @@ _ids = st.sampled_from([f"g{g}::{n}" for g in range(2) for n in range(3)])
 _containers = st.sampled_from([A, B, C])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     regions=st.lists(
         st.tuples(st.frozensets(_ids, min_size=1, max_size=3), st.integers(0, 200)),

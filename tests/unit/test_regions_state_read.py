@@ -24,7 +24,7 @@ def write_slot(buf: bytearray, index: int, pid: int, host_pid: int, counters: li
         struct.pack_into("<Q", buf, base + layout.SLOT_OFFSETS["devices"] + 8 * n, value)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(
     device_count=st.integers(1, 3),
     slots=st.dictionaries(

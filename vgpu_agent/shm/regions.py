@@ -163,7 +163,7 @@ class Region:
         alloc_id = path.name
         control_path = path / CONTROL_FILE
         try:
-            fd = os.open(control_path, os.O_RDWR | _NOFOLLOW)
+            fd = _open_control(control_path)
         except OSError as err:
             raise RegionError(f"cannot open {control_path}: {err.strerror}") from None
         try:
@@ -325,6 +325,21 @@ class Region:
         size = os.preadv(self._state_fd, [buffer], 0)
         with memoryview(buffer) as whole, whole[:size] as view:
             return layout.decode_state(_used_slots_only(view), self.device_count)
+
+
+def _open_control(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | _NOFOLLOW)
+    except PermissionError:
+        # Root writes a 0444 file anyway. An agent run as an ordinary user (a `simulate` on a
+        # workstation) owns its files and lifts the mode just for the open.
+        if os.geteuid() == 0 or os.lstat(path).st_uid != os.geteuid():
+            raise
+        os.chmod(path, CONTROL_MODE | 0o200)
+        try:
+            return os.open(path, os.O_RDWR | _NOFOLLOW)
+        finally:
+            os.chmod(path, CONTROL_MODE)
 
 
 def _validated_control(buf: mmap.mmap, path: Path, alloc_id: str) -> layout.Control:
@@ -750,7 +765,11 @@ class RegionStore:
                 rates=[region.rate(d) for d in range(region.device_count)],
             )
         with self._seq_lock:
-            floor = self._largest_seq_on_disk() + 1
+            try:
+                floor = self._largest_seq_on_disk() + 1
+            except OSError as err:
+                log.error("regions_dir_unusable", path=str(self.quarantine), error=str(err))
+                return adopted  # the next Allocate tries again, and fails with the reason
             self._next_seq = max(self._next_seq or 0, floor)
         return adopted
 
