@@ -148,6 +148,15 @@ class ThrottleController:
     def error_counts(self) -> Mapping[str, int]:
         return dict(self.errors)
 
+    def _failed(self, kind: str, event: str, **context: object) -> None:
+        """Count a failure; the first of each kind is logged with its traceback, later ones
+        without (a broken region fails every tick, and its log should not drown the rest)."""
+        self.errors[kind] += 1
+        if self.errors[kind] == 1:
+            log.exception(event, **context)
+        else:
+            log.warning(event, failures=self.errors[kind], **context)
+
     # -- the loop -----------------------------------------------------------------------------
     async def run(self) -> None:
         """Tick until cancelled; a slow tick shortens the next sleep rather than drifting."""
@@ -157,8 +166,7 @@ class ThrottleController:
             try:
                 await self.tick()
             except Exception:  # the loop must survive anything one tick throws
-                self.errors["tick"] += 1
-                log.exception("throttle_tick_failed")
+                self._failed("tick", "throttle_tick_failed")
             next_at = max(next_at + self.tick_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
 
@@ -170,8 +178,7 @@ class ThrottleController:
         try:
             regions = list(self.regions())
         except Exception:
-            self.errors["list_regions"] += 1
-            log.exception("throttle_list_regions_failed")
+            self._failed("list_regions", "throttle_list_regions_failed")
             return
         by_gpu = self._gather(regions)
         for uuid, entries in by_gpu.items():
@@ -179,14 +186,12 @@ class ThrottleController:
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
             except Exception:
-                self.errors["gpu"] += 1
-                log.exception("throttle_gpu_failed", uuid=uuid)
+                self._failed("gpu", "throttle_gpu_failed", uuid=uuid)
         for region in regions:
             try:
                 region.beat(now_ns)
             except Exception:
-                self.errors["beat"] += 1
-                log.exception("throttle_beat_failed", alloc_id=_alloc_id(region))
+                self._failed("beat", "throttle_beat_failed", alloc_id=_alloc_id(region))
         self._forget(by_gpu)
 
     def _gather(
@@ -198,8 +203,9 @@ class ThrottleController:
                 usage = region.usage()
                 uuids = region.device_uuids
             except Exception:
-                self.errors["region_usage"] += 1
-                log.exception("throttle_region_unreadable", alloc_id=_alloc_id(region))
+                self._failed(
+                    "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
+                )
                 continue
             if usage.corrupt:
                 self.errors["region_corrupt"] += 1
@@ -224,8 +230,7 @@ class ThrottleController:
                             error=str(e))
             return None
         except Exception:
-            self.errors["nvml"] += 1
-            log.exception("throttle_nvml_failed", uuid=uuid)
+            self._failed("nvml", "throttle_nvml_failed", uuid=uuid)
             return None
         if samples:
             self._since_us[uuid] = max(since, *(s.timestamp_us for s in samples))
@@ -254,8 +259,7 @@ class ThrottleController:
                 try:
                     alloc_id = self.pid_resolver(pid, known)
                 except Exception:
-                    self.errors["pid_resolver"] += 1
-                    log.exception("throttle_pid_resolver_failed", pid=pid)
+                    self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
                     alloc_id = None
             if alloc_id in util:
                 util[alloc_id] += min(100.0, max(0.0, sum(values) / len(values)))
@@ -310,8 +314,9 @@ class ThrottleController:
                 obs = self._observe(key, region, dev, usage, dt_s,
                                     None if utils is None else utils[region.alloc_id])
             except Exception:
-                self.errors["region_read"] += 1
-                log.exception("throttle_region_read_failed", alloc_id=region.alloc_id, dev=dev)
+                self._failed(
+                    "region_read", "throttle_region_read_failed", alloc_id=region.alloc_id, dev=dev
+                )
                 continue
             observations.append(obs)
             handles[key] = (region, dev)
@@ -328,8 +333,7 @@ class ThrottleController:
             if region.rate(dev) != (decision.rate, decision.burst):
                 region.set_rate(dev, decision.rate, decision.burst)
         except Exception:
-            self.errors["set_rate"] += 1
-            log.exception("throttle_set_rate_failed", alloc_id=region.alloc_id, dev=dev)
+            self._failed("set_rate", "throttle_set_rate_failed", alloc_id=region.alloc_id, dev=dev)
         self._status[(region.alloc_id, dev)] = DeviceStatus(
             alloc_id=region.alloc_id,
             dev=dev,

@@ -1,0 +1,199 @@
+"""The throttle controller driving simulated containers: steering, heartbeats, open loop, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from structlog.testing import capture_logs
+
+from vgpu_agent.gpu.model import GpuError, ProcessSample
+from vgpu_agent.simulation.gpu import SimGpu, Workload
+from vgpu_agent.simulation.region import SimRegion
+from vgpu_agent.simulation.runner import SIM_UUID, ContainerSpec, ControlledRun
+from vgpu_agent.throttle.control import UNLIMITED_RATE
+from vgpu_agent.throttle.controller import CgroupPidResolver, ThrottleController
+
+BUSY = Workload(kernel_s=0.002)
+
+
+def share(run: ControlledRun, name: str, last_s: float = 1.0) -> float:
+    return sum(run.gpu.shares(p, last_s)[-1][1] for p in run.procs[name])
+
+
+async def test_steers_containers_to_their_limits_and_beats_every_tick():
+    run = ControlledRun((ContainerSpec("a", 25, BUSY), ContainerSpec("b", 75, Workload(
+        kernel_s=0.0005, blocks=128))))
+    await run.advance(4)
+    assert share(run, "a") == pytest.approx(25, abs=2)
+    assert share(run, "b") == pytest.approx(75, abs=2)
+    assert all(r.heartbeat_ns == run.gpu.now_ns for r in run.regions.values())
+    assert run.controller.ticks == 40
+    status = run.controller.status[("a", 0)]
+    assert status.uuid == SIM_UUID and status.limit == 25 and status.policy == "work-conserving"
+    assert run.regions["a"].rates[0] == (status.rate, status.burst)
+    assert status.measured_util == pytest.approx(25, abs=2)
+    assert not status.open_loop and not run.controller.open_loop_gpus
+    assert run.controller.error_counts == {}
+
+
+async def test_rates_are_written_only_when_they_change():
+    run = ControlledRun((ContainerSpec("solo", 40, BUSY, policy="strict"),))
+    await run.advance(5)
+    writes = run.regions["solo"].rate_writes
+    await run.advance(2)
+    # Settled: a few corrections at most, not one write per tick.
+    assert run.regions["solo"].rate_writes - writes < 10
+
+
+async def test_open_loop_when_the_gpu_cannot_report_per_process_use():
+    with capture_logs() as logs:
+        run = ControlledRun((ContainerSpec("solo", 40, BUSY, policy="strict"),),
+                            per_process_samples=False)
+        await run.advance(3)
+    assert run.controller.open_loop_gpus == {SIM_UUID}
+    assert run.controller.status[("solo", 0)].open_loop
+    assert [e["event"] for e in logs].count("throttle_open_loop") == 1
+    # Open loop still never lets a strict container above its limit.
+    assert 0 < share(run, "solo", 2) <= 41
+
+
+class BrokenRegion(SimRegion):
+    def usage(self):  # type: ignore[override]
+        raise OSError("state file vanished")
+
+
+class ReadOnlyRegion(SimRegion):
+    def set_rate(self, dev: int, rate: int, burst: int) -> None:
+        raise PermissionError("read-only control file")
+
+
+async def test_one_bad_region_is_counted_and_the_others_are_still_steered():
+    run = ControlledRun((ContainerSpec("good", 30, BUSY, policy="strict"),))
+    broken = BrokenRegion("broken", (SIM_UUID,), (50.0,), ("strict",))
+    readonly = ReadOnlyRegion("readonly", (SIM_UUID,), (20.0,), ("strict",))
+    run.regions["broken"] = broken
+    run.regions["readonly"] = readonly
+    await run.advance(3)
+    assert share(run, "good") == pytest.approx(30, abs=2)
+    counts = run.controller.error_counts
+    assert counts["region_usage"] == run.controller.ticks
+    assert counts["set_rate"] >= 1
+    assert readonly.heartbeat_ns == run.gpu.now_ns  # beats still go out
+    assert ("broken", 0) not in run.controller.status
+
+
+async def test_failures_of_the_region_list_and_of_nvml_are_counted_not_fatal():
+    calls = {"n": 0}
+    region = SimRegion("r", ("GPU-x",), (30.0,), ("strict",))
+
+    def regions():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("state dir unreadable")
+        return [region]
+
+    class FlakyBackend:
+        def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+            raise GpuError("GPU is lost", call="nvmlDeviceGetProcessUtilization", code=15)
+
+    now = {"ns": 10**12}
+    controller = ThrottleController(FlakyBackend(), regions, clock=lambda: now["ns"])
+    for _ in range(3):
+        now["ns"] += 100_000_000
+        await controller.tick()
+    assert controller.error_counts["list_regions"] == 1
+    assert controller.error_counts["nvml"] == 2
+    assert not controller.open_loop_gpus  # only NOT_SUPPORTED means open loop
+    assert region.heartbeat_ns == now["ns"]
+    # Nothing measured, nothing spent: the never-configured region is left unthrottled.
+    assert region.rates[0] == (UNLIMITED_RATE, UNLIMITED_RATE)
+
+
+def write_cgroup(root, pid: int, text: str) -> None:
+    (root / str(pid)).mkdir()
+    (root / str(pid) / "cgroup").write_text(text)
+
+
+async def test_a_process_without_host_pid_is_found_through_its_cgroup(tmp_path):
+    pod = "0::/kubepods/burstable/pod1234/cri-containerd-abc\n"
+    gpu = SimGpu(SIM_UUID)
+    region = SimRegion("r", (SIM_UUID,), (100.0,), ("work-conserving",))
+    known = gpu.shim_process("known", Workload(kernel_s=0.001), region, pid=4001)
+    hidden = gpu.shim_process("hidden", Workload(kernel_s=0.001), region, pid=4002,
+                              report_host_pid=False)
+    stranger = gpu.add_process("stranger", Workload(kernel_s=0.001),
+                               _Unlimited(), pid=4003)
+    write_cgroup(tmp_path, known.pid, pod)
+    write_cgroup(tmp_path, hidden.pid, pod)
+    write_cgroup(tmp_path, stranger.pid, "0::/kubepods/besteffort/pod9/cri-containerd-zzz\n")
+    from vgpu_agent.simulation.gpu import SimBackend
+
+    controller = ThrottleController(SimBackend([gpu]), lambda: [region],
+                                    pid_resolver=CgroupPidResolver(str(tmp_path)),
+                                    clock=lambda: gpu.now_ns)
+    for _ in range(10):
+        gpu.advance(0.1)
+        await controller.tick()
+    # Three processes time-share the GPU; the region owns two of them: about 67%, not 33%
+    # (hidden ignored) and not 100% (stranger counted).
+    assert controller.status[("r", 0)].measured_util == pytest.approx(67, abs=3)
+
+
+class _Unlimited:
+    def admit(self, now_ns: int, want: int) -> int:
+        return want
+
+
+def test_cgroup_resolver_reads_v1_and_v2_and_survives_missing_processes(tmp_path):
+    write_cgroup(tmp_path, 10, "0::/kubepods/pod-a/ctr-1\n")
+    write_cgroup(tmp_path, 11, "0::/kubepods/pod-a/ctr-1\n")
+    write_cgroup(tmp_path, 20, "12:memory:/kubepods/pod-b/ctr-2\n11:cpu,cpuacct:/kubepods/pod-b/"
+                               "ctr-2\n")
+    write_cgroup(tmp_path, 21, "12:memory:/kubepods/pod-b/ctr-2\n11:cpu,cpuacct:/kubepods/pod-b/"
+                               "ctr-2\n")
+    write_cgroup(tmp_path, 30, "0::/\n")  # the root cgroup names no container
+    write_cgroup(tmp_path, 31, "0::/\n")
+    resolver = CgroupPidResolver(str(tmp_path))
+    known = {10: "alloc-a", 20: "alloc-b", 31: "alloc-root"}
+    assert resolver(11, known) == "alloc-a"
+    assert resolver(21, known) == "alloc-b"
+    assert resolver(30, known) is None
+    assert resolver(99, known) is None  # exited before we looked
+    (tmp_path / "40").mkdir()
+    (tmp_path / "40" / "cgroup").write_bytes(b"\xff\xfe garbage")
+    assert resolver(40, known) is None
+
+
+async def test_run_ticks_until_cancelled():
+    region = SimRegion("r", ("GPU-x",), (30.0,), ("strict",))
+
+    class Quiet:
+        def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+            return []
+
+    controller = ThrottleController(Quiet(), lambda: [region], tick_s=0.01)
+    task = asyncio.create_task(controller.run())
+    await asyncio.sleep(0.15)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    assert controller.ticks >= 5
+    assert region.heartbeat_ns > 0
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"tick_s": 0}, "tick"),
+    ({"default_policy": "fair"}, "default core policy"),
+])
+def test_bad_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ThrottleController(SimBackend_empty(), list, **kwargs)
+
+
+def SimBackend_empty():
+    from vgpu_agent.simulation.gpu import SimBackend
+
+    return SimBackend([])
