@@ -175,6 +175,7 @@ async def test_slow_region_reads_do_not_block_the_loop(node: Node, tmp_path: Pat
             time.sleep(0.5)  # a region file on a stalled disk
             return super().usage()
 
+    await node.service.refresh()  # a first round, read quickly
     node.regions[:] = [Slow(directory)]
     refresh = asyncio.create_task(node.service.regions.refresh())
     await asyncio.sleep(0.05)

@@ -17,8 +17,8 @@ from vgpu_agent.gpu.model import GpuReadings
 from vgpu_agent.gpu.sim import build_inventory
 from vgpu_agent.metrics.collectors import (
     AgentInstruments,
-    ScrapeView,
     families,
+    render_exposition,
     take_snapshot,
 )
 from vgpu_agent.metrics.poller import GpuSample, RegionCache
@@ -86,7 +86,7 @@ class Node:
         cache = RegionCache(lambda: self.handles)
         await cache.refresh()
         snap = take_snapshot(self.sources(**overrides), self.gpu_samples, cache.samples)
-        return generate_latest(ScrapeView(snap, AgentInstruments(), hami)).decode()
+        return render_exposition(snap, AgentInstruments(), hami, generate_latest, False).decode()
 
 
 @pytest.fixture
@@ -327,7 +327,7 @@ async def test_openmetrics_exposition_parses(node: Node) -> None:
     cache = RegionCache(lambda: node.handles)
     await cache.refresh()
     snap = take_snapshot(node.sources(), node.gpu_samples, cache.samples)
-    text = om_latest(ScrapeView(snap, AgentInstruments())).decode()
+    text = render_exposition(snap, AgentInstruments(), False, om_latest, True).decode()
     assert text.endswith("# EOF\n")
     parsed = {f.name: f for f in parse_om(text)}
     assert parsed["vgpu_container_kernel_launches"].type == "counter"

@@ -15,7 +15,7 @@ from tests.fakes.promtext import samples
 from tests.fakes.shimstate import DeviceSpec, FileRegion, ShimWriter, make_region
 from vgpu_agent.gpu.model import GpuReadings
 from vgpu_agent.gpu.sim import build_inventory
-from vgpu_agent.metrics.collectors import AgentInstruments, ScrapeView, take_snapshot
+from vgpu_agent.metrics.collectors import AgentInstruments, render_exposition, take_snapshot
 from vgpu_agent.metrics.poller import GpuSample, RegionCache
 from vgpu_agent.metrics.sources import MetricsSources
 
@@ -79,7 +79,7 @@ async def _everything_emitted(tmp_path: Path) -> dict[str, set[str]]:
     instruments = AgentInstruments("n")
     instruments.on_result("ok", 0.01)
     snap = take_snapshot(sources, readings, cache.samples)
-    text = generate_latest(ScrapeView(snap, instruments)).decode()
+    text = render_exposition(snap, instruments, True, generate_latest, False).decode()
     emitted: dict[str, set[str]] = {}
     for name, labels in samples(text):
         emitted.setdefault(name, set()).update(key for key, _ in labels)

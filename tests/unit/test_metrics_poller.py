@@ -132,3 +132,58 @@ async def test_region_cache_skips_a_region_that_vanishes(tmp_path: Path) -> None
     assert cache.read_errors == 1
     await cache.refresh()
     assert cache.read_errors == 2 and cache.rounds == 2
+
+
+async def test_region_cache_reads_only_while_scrapes_come(tmp_path: Path) -> None:
+    uuid = GPUS[0].uuid
+    region = FileRegion(make_region(tmp_path, "a", [DeviceSpec(uuid, 1, 10)], [f"{uuid}::0"]))
+    now = [1000.0]
+    cache = RegionCache(lambda: [region], interval_s=0.01, keepalive_s=60, clock=lambda: now[0])
+    runner = asyncio.create_task(cache.run())
+    await asyncio.sleep(0.1)
+    assert cache.rounds == 0  # nobody scraped: nothing read
+    assert len(await cache.fresh()) == 1  # the first scrape waits for a round
+    assert cache.rounds == 1
+    await asyncio.sleep(0.1)
+    assert cache.rounds > 3  # scrapes keep it fresh in the background
+    now[0] += 61  # no scrape for longer than the keep-alive
+    await asyncio.sleep(0.05)
+    idle = cache.rounds
+    await asyncio.sleep(0.1)
+    assert cache.rounds == idle
+    await cache.fresh()  # too old by now: refreshed before answering
+    assert cache.rounds == idle + 1
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_fresh_cache_is_served_without_reading(tmp_path: Path) -> None:
+    uuid = GPUS[0].uuid
+    region = FileRegion(make_region(tmp_path, "a", [DeviceSpec(uuid, 1, 10)], [f"{uuid}::0"]))
+    now = [0.0]
+    cache = RegionCache(lambda: [region], interval_s=2.0, clock=lambda: now[0])
+    await cache.fresh()
+    now[0] += 5.9  # within 3 intervals
+    await cache.fresh()
+    assert cache.rounds == 1
+    now[0] += 0.2
+    await cache.fresh()
+    assert cache.rounds == 2
+
+
+async def test_concurrent_refreshes_share_one_round(tmp_path: Path) -> None:
+    uuid = GPUS[0].uuid
+    region = FileRegion(make_region(tmp_path, "a", [DeviceSpec(uuid, 1, 10)], [f"{uuid}::0"]))
+    calls = 0
+
+    def regions() -> list[FileRegion]:
+        nonlocal calls
+        calls += 1
+        return [region]
+
+    cache = RegionCache(regions)
+    results = await asyncio.gather(*(cache.refresh() for _ in range(5)))
+    assert calls == 1 and cache.rounds == 1
+    assert all(r == results[0] for r in results)
+    await cache.refresh()
+    assert cache.rounds == 2  # a later call starts a new round

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -26,10 +26,12 @@ from prometheus_client.core import (
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 from vgpu_agent import __version__
 from vgpu_agent.deviceplugin.ids import DeviceIdError, parse_device_id
 from vgpu_agent.gpu.model import GpuInfo
+from vgpu_agent.metrics.exposition import encode
 from vgpu_agent.metrics.poller import GpuSample, RegionSample
 from vgpu_agent.metrics.sources import Identity, MetricsSources
 
@@ -495,6 +497,19 @@ class AgentInstruments:
         """The device plugin's hook, called once per Allocate."""
         self.allocations.labels(self.node, result if result in ALLOCATE_RESULTS else "error").inc()
         self._latency.observe(max(0.0, seconds))
+
+
+def render_exposition(
+    snap: Snapshot,
+    instruments: AgentInstruments,
+    hami: bool,
+    encoder: Callable[[Collector], bytes],
+    openmetrics: bool,
+) -> bytes:
+    """The body of one scrape: the snapshot's families with the lean encoder, then the
+    instruments (histogram, process figures) with prometheus_client's `encoder`, which for
+    OpenMetrics also writes the closing `# EOF`."""
+    return encode(families(snap, hami), openmetrics) + encoder(instruments.registry)
 
 
 class ScrapeView:

@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from vgpu_agent.gpu.model import GpuBackend
-from vgpu_agent.metrics.collectors import AgentInstruments, ScrapeView, take_snapshot
+from vgpu_agent.metrics.collectors import AgentInstruments, render_exposition, take_snapshot
 from vgpu_agent.metrics.poller import GpuPoller, RegionCache
 from vgpu_agent.metrics.probes import liveness, readiness
 from vgpu_agent.metrics.sources import MetricsSources
@@ -35,7 +35,7 @@ class MetricsService:
         port: int = 9394,
         backend: GpuBackend | None = None,
         poll_s: float = 1.0,
-        region_refresh_s: float | None = None,
+        region_refresh_s: float = 2.0,
         hami: bool = False,
         instruments: AgentInstruments | None = None,
     ):
@@ -47,7 +47,7 @@ class MetricsService:
         self.hami = hami
         self.instruments = instruments or AgentInstruments(sources.node)
         self.poller = GpuPoller(backend, sources.gpus, poll_s) if backend is not None else None
-        self.regions = RegionCache(sources.regions, region_refresh_s or poll_s)
+        self.regions = RegionCache(sources.regions, region_refresh_s)
         self.scrapes = 0
         self.scrape_errors = 0
         self._renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
@@ -113,16 +113,19 @@ class MetricsService:
 
     async def render(self, accept: str = "") -> tuple[bytes, str]:
         """The exposition a scrape with this `Accept` header gets, and its content type."""
+        regions = await self.regions.fresh()
         snap = take_snapshot(
             self.sources,
             self.poller.samples if self.poller is not None else {},
-            self.regions.samples,
+            regions,
             self.regions.read_errors,
         )
         encoder, content_type = choose_encoder(accept)
-        view = ScrapeView(snap, self.instruments, self.hami)
+        openmetrics = content_type.startswith("application/openmetrics-text")
         async with self._renders:
-            body = await asyncio.to_thread(encoder, view)
+            body = await asyncio.to_thread(
+                render_exposition, snap, self.instruments, self.hami, encoder, openmetrics
+            )
         return body, content_type
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -169,19 +169,32 @@ def read_region(region: RegionHandle) -> RegionSample:
 
 
 class RegionCache:
-    """Reads every region each `interval_s` in a worker thread; scrapes read `samples`."""
+    """Reads every region in a worker thread; scrapes read `samples`.
+
+    Reading a region costs a few hundred microseconds (its whole `state` file is copied), so a
+    node with a hundred containers would spend several percent of a core re-reading regions
+    nobody looks at. The cache therefore refreshes every `interval_s` only while scrapes keep
+    coming (within `keepalive_s` of the last one); a scrape that finds the cache older than
+    `3 * interval_s` (the first one, or after a pause) waits for one fresh round.
+    """
 
     def __init__(
         self,
         regions: Callable[[], Iterable[RegionHandle]],
-        interval_s: float = 1.0,
+        interval_s: float = 2.0,
+        keepalive_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.regions = regions
         self.interval_s = _check_interval(interval_s)
+        self.keepalive_s = keepalive_s
         self.rounds = 0
         self.read_errors = 0  # regions whose control could not be read, cumulative
+        self.refreshed_at: float | None = None
+        self.wanted_at: float | None = None
+        self._clock = clock
         self._samples: tuple[RegionSample, ...] = ()
-        self._lock = asyncio.Lock()
+        self._round: asyncio.Future[tuple[RegionSample, ...]] | None = None
 
     @property
     def samples(self) -> tuple[RegionSample, ...]:
@@ -189,18 +202,39 @@ class RegionCache:
 
     async def run(self) -> None:
         while True:
-            await self.refresh()
+            now = self._clock()
+            if self.wanted_at is not None and now - self.wanted_at <= self.keepalive_s:
+                await self.refresh()
             await asyncio.sleep(self.interval_s)
 
+    async def fresh(self) -> tuple[RegionSample, ...]:
+        """What a scrape reads: the cache, refreshed first if it is too old."""
+        now = self._clock()
+        self.wanted_at = now
+        if self.refreshed_at is None or now - self.refreshed_at > 3 * self.interval_s:
+            return await self.refresh()
+        return self._samples
+
     async def refresh(self) -> tuple[RegionSample, ...]:
-        async with self._lock:
-            # the list is taken on the loop, where the region store changes it
-            handles = list(self.regions())
-            samples, failed = await asyncio.to_thread(self._read_all, handles)
-            self._samples = samples
-            self.read_errors += failed
-            self.rounds += 1
-            return samples
+        """Read every region now; a caller arriving during a round shares that round."""
+        if self._round is None:
+            self._round = asyncio.ensure_future(self._read_round())
+            self._round.add_done_callback(self._round_done)
+        # shielded: a scrape that gives up must not cancel the round others wait for
+        return await asyncio.shield(self._round)
+
+    def _round_done(self, _: object) -> None:
+        self._round = None
+
+    async def _read_round(self) -> tuple[RegionSample, ...]:
+        # the list is taken on the loop, where the region store changes it
+        handles = list(self.regions())
+        samples, failed = await asyncio.to_thread(self._read_all, handles)
+        self._samples = samples
+        self.read_errors += failed
+        self.rounds += 1
+        self.refreshed_at = self._clock()
+        return samples
 
     @staticmethod
     def _read_all(handles: list[RegionHandle]) -> tuple[tuple[RegionSample, ...], int]:

@@ -1,0 +1,312 @@
+"""Scrape cost of the metrics endpoint on a busy node: 8 GPUs x 128 containers by default.
+
+    python tests/bench/bench_scrape.py [--gpus 8] [--containers 128] [--seconds 30]
+
+The agent side runs in a child process (simulated GPUs, real region files opened with the
+agent's own region reader, the metrics service with NVML poll 1 s, and, in the second
+configuration, the throttle controller ticking every 100 ms), so its CPU time and RSS are its
+own. This process plays the containers (a shim-like writer updating every region's `state`
+every 100 ms) and Prometheus (scrapes). Both configurations are measured in the same run:
+
+- steady state: CPU seconds per minute of the agent over `--seconds` without scrapes, then
+  over `--seconds` with a scrape every `--interval` s;
+- scrape latency: `--scrapes` back-to-back scrapes, p50 and p99 (ms), exposition size;
+- RSS (and peak RSS) of the agent at the end.
+
+Goals (from the issue): scrape p99 <= 50 ms, agent CPU <= 2% of one core, RSS <= 150 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import mmap
+import os
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+GIB = 1 << 30
+SPLIT = 16  # slices per GPU: 8 GPUs x 16 = 128 containers with one slice each
+HOST_PID_BASE = 200_000
+GOAL_P99_MS = 50.0
+GOAL_CPU_PERCENT = 2.0
+GOAL_RSS_MB = 150.0
+
+
+# ------------------------------------------------------------------ the node's region files
+
+
+def build_regions(root: Path, gpus: int, containers: int) -> list[dict[str, object]]:
+    """Region directories as Allocate leaves them; every 8th container has two GPUs."""
+    from tests.fakes.shimstate import DeviceSpec, make_region
+    from vgpu_agent.gpu.sim import build_inventory
+    from vgpu_agent.shm.regions import format_alloc_id
+
+    inventory = build_inventory(f"{gpus}xA100-80GB")
+    layout_rows = []
+    for n in range(containers):
+        first = n % gpus
+        devices = [first] if n % 8 else [first, (first + 1) % gpus]
+        specs = [DeviceSpec(inventory[d].uuid, 4 * GIB, 100 / SPLIT, "strict") for d in devices]
+        ids = [f"{inventory[d].uuid}::{(n // gpus) % SPLIT}" for d in devices]
+        seq = n + 1
+        alloc_id = format_alloc_id(seq, ids, 1_000 + n)
+        make_region(root, alloc_id, specs, ids, seq=seq)
+        layout_rows.append(
+            {"alloc_id": alloc_id, "devices": len(devices), "host_pid": HOST_PID_BASE + n,
+             "identity": ["bench", f"pod-{n // 2}", f"ctr-{n % 2}"]}
+        )
+    (root / "layout.json").write_text(json.dumps(layout_rows))
+    return layout_rows
+
+
+class ShimSide:
+    """What the containers' shims do to `state`: one process each, counters moving."""
+
+    def __init__(self, root: Path, rows: list[dict[str, object]]):
+        from vgpu_agent.shm import layout
+
+        self.layout = layout
+        self.maps = []
+        for row in rows:
+            fd = os.open(root / str(row["alloc_id"]) / "state", os.O_RDWR)
+            self.maps.append((mmap.mmap(fd, 0), int(row["devices"]), int(row["host_pid"])))
+            os.close(fd)
+        self.step = 0
+
+    def tick(self) -> None:
+        layout = self.layout
+        self.step += 1
+        now = time.monotonic_ns()
+        slot = layout.STATE_OFFSETS["slots"]
+        for n, (buf, devices, host_pid) in enumerate(self.maps):
+            struct.pack_into("<QQ", buf, slot, 100 + n, host_pid)
+            for dev in range(devices):
+                base = slot + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE
+                struct.pack_into("<5Q", buf, base, GIB, self.step * 50, self.step * 50_000,
+                                 self.step * 1000, now)
+                totals = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+                struct.pack_into("<Q", buf, totals + layout.STATE_DEVICE_OFFSETS["memory_used"],
+                                 GIB)
+                struct.pack_into("<Q", buf, totals + layout.STATE_DEVICE_OFFSETS["tokens_spent"],
+                                 self.step * 50_000)
+
+
+# ------------------------------------------------------------------ the agent side (child)
+
+
+async def serve(root: Path, gpus: int, controller: bool, port_file: Path) -> None:
+    import structlog
+
+    from vgpu_agent.gpu.model import ProcessSample
+    from vgpu_agent.gpu.sim import SimBackend, build_inventory
+    from vgpu_agent.metrics.http import MetricsService
+    from vgpu_agent.metrics.sources import MetricsSources
+    from vgpu_agent.shm.regions import Region
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    rows = json.loads((root / "layout.json").read_text())
+    regions = [Region.open(root / row["alloc_id"]) for row in rows]
+    identities = {row["alloc_id"]: tuple(row["identity"]) for row in rows}
+    spec = f"{gpus}xA100-80GB"
+    inventory = build_inventory(spec)
+    backend = SimBackend(spec)
+    backend.start()
+    pids_by_gpu: dict[str, list[int]] = {}
+    for region, row in zip(regions, rows, strict=True):
+        for uuid in region.device_uuids:
+            pids_by_gpu.setdefault(uuid, []).append(row["host_pid"])
+
+    def samples(uuid: str, since_us: int) -> list[ProcessSample]:
+        now_us = time.time_ns() // 1000
+        return [ProcessSample(pid, now_us, 5) for pid in pids_by_gpu.get(uuid, [])]
+
+    backend.set_sample_source(samples)
+    sources = MetricsSources(
+        node="bench-node",
+        gpus=lambda: inventory,
+        slices_per_gpu=SPLIT,
+        regions=lambda: regions,
+        identity=identities.get,
+        healthy=lambda: {g.uuid: True for g in inventory},
+        xid_counts=lambda: {},
+    )
+    throttle = None
+    if controller:
+        from vgpu_agent.throttle.controller import ThrottleController
+
+        throttle = ThrottleController(backend, lambda: regions, tick_s=0.1)
+        sources.throttle_status = lambda: throttle.status
+    service = MetricsService(sources, host="127.0.0.1", port=0, backend=backend, poll_s=1.0)
+    tasks = [asyncio.create_task(service.run())]
+    if throttle is not None:
+        tasks.append(asyncio.create_task(throttle.run()))
+    while not service.port:
+        await asyncio.sleep(0.01)
+    port_file.write_text(str(service.port))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ------------------------------------------------------------------ measuring (parent)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values["VmRSS"], values["VmHWM"]
+
+
+def scrape(port: int, accept: str = "") -> tuple[float, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    if accept:
+        request.add_header("Accept", accept)
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read()
+    return (time.perf_counter() - started) * 1000, body
+
+
+def pause_with_shim(shim: ShimSide, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        shim.tick()
+        time.sleep(0.1)
+
+
+def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bool) -> dict:
+    port_file = root / f"port-{int(controller)}"
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--root", str(root), "--gpus", str(args.gpus),
+         *(["--controller"] if controller else []), "--port-file", str(port_file)],
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_file.exists():
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the agent side did not start")
+            time.sleep(0.05)
+        port = int(port_file.read_text())
+        pause_with_shim(shim, 3.0)  # caches filled, imports done
+        scrape(port)
+
+        before = cpu_seconds(child.pid)
+        pause_with_shim(shim, args.seconds)
+        idle_cpu = (cpu_seconds(child.pid) - before) / args.seconds * 60
+
+        before = cpu_seconds(child.pid)
+        started = time.monotonic()
+        while time.monotonic() - started < args.seconds:
+            scrape(port)
+            pause_with_shim(shim, args.interval)
+        scraped_cpu = (cpu_seconds(child.pid) - before) / (time.monotonic() - started) * 60
+
+        latencies, body = [], b""
+        for _ in range(args.scrapes):
+            shim.tick()
+            took, body = scrape(port)
+            latencies.append(took)
+        _, om_body = scrape(port, "application/openmetrics-text; version=1.0.0")
+        rss, peak = rss_mb(child.pid)
+        latencies.sort()
+        return {
+            "idle_cpu_s_per_min": idle_cpu,
+            "scraped_cpu_s_per_min": scraped_cpu,
+            "p50_ms": statistics.median(latencies),
+            "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+            "bytes": len(body),
+            "gzip_bytes": len(gzip.compress(body)),
+            "om_bytes": len(om_body),
+            "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#")),
+            "rss_mb": rss,
+            "peak_rss_mb": peak,
+        }
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--containers", type=int, default=128)
+    parser.add_argument("--seconds", type=float, default=30.0, help="each steady-state window")
+    parser.add_argument("--interval", type=float, default=5.0, help="scrape interval, s")
+    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--controller", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.root, args.gpus, args.controller, args.port_file))
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp:
+        root = Path(tmp)
+        rows = build_regions(root, args.gpus, args.containers)
+        shim = ShimSide(root, rows)
+        results = {name: measure(args, root, shim, controller)
+                   for name, controller in (("metrics only", False), ("+ controller", True))}
+
+    print(f"\n{args.gpus} GPUs x {args.containers} containers "
+          f"({sum(int(r['devices']) for r in rows)} container-devices); "
+          f"nproc={os.cpu_count()}, python {sys.version.split()[0]}")
+    header = f"{'':34}" + "".join(f"{name:>16}" for name in results)
+    print(header)
+    rows_out = [
+        ("scrape p50 (ms)", "p50_ms", "{:.1f}"),
+        ("scrape p99 (ms)", "p99_ms", "{:.1f}"),
+        ("exposition (bytes, text)", "bytes", "{:,}"),
+        ("exposition (bytes, gzip)", "gzip_bytes", "{:,}"),
+        ("exposition (bytes, OpenMetrics)", "om_bytes", "{:,}"),
+        ("samples per scrape", "series", "{:,}"),
+        ("agent CPU s/min, no scrapes", "idle_cpu_s_per_min", "{:.2f}"),
+        (f"agent CPU s/min, scrape/{args.interval:g}s", "scraped_cpu_s_per_min", "{:.2f}"),
+        ("agent RSS (MB)", "rss_mb", "{:.1f}"),
+        ("agent peak RSS (MB)", "peak_rss_mb", "{:.1f}"),
+    ]
+    for label, key, fmt in rows_out:
+        print(f"{label:34}" + "".join(f"{fmt.format(r[key]):>16}" for r in results.values()))
+    print("\nagainst the goals (measured / goal; <= 1 meets it):")
+    for name, r in results.items():
+        cpu_percent = r["scraped_cpu_s_per_min"] / 60 * 100
+        print(f"  {name:14} p99 {r['p99_ms'] / GOAL_P99_MS:.2f}   "
+              f"CPU {cpu_percent / GOAL_CPU_PERCENT:.2f} ({cpu_percent:.2f}% of a core)   "
+              f"RSS {r['rss_mb'] / GOAL_RSS_MB:.2f}")
+    both = list(results.values())
+    print(f"  controller / metrics-only CPU: "
+          f"{both[1]['scraped_cpu_s_per_min'] / max(both[0]['scraped_cpu_s_per_min'], 1e-9):.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
