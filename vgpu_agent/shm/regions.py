@@ -529,7 +529,7 @@ class RegionStore:
         gc_grace_s: float = 30.0,
         initial_rate: InitialRate = unconfigured_rate,
         clock: Callable[[], int] = time.monotonic_ns,
-        offload_io: bool = True,
+        offload_io: bool = False,
     ):
         if default_policy not in CORE_POLICIES:
             raise ValueError(
@@ -581,7 +581,12 @@ class RegionStore:
     # --- creation -----------------------------------------------------------------------------
 
     async def on_grant(self, grant: Grant) -> Extras:
-        """The Allocate hook: create the grant's region, return its mounts and variables."""
+        """The Allocate hook: create the grant's region, return its mounts and variables.
+
+        The file work (about 0.6 ms p50 on the benchmark machine, mostly reserving the state
+        file's blocks) runs on the loop unless `offload_io`: handing it to a thread measured
+        0.7 ms slower per Allocate there, and Allocates are rare next to the loop's 100 ms ticks.
+        """
         seq = self._take_seq()
         if self.offload_io:
             region = await asyncio.to_thread(self._build, seq, grant)
