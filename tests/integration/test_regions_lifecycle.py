@@ -82,10 +82,11 @@ class Node:
 
 @contextlib.asynccontextmanager
 async def node(*, grace_s: float = 30.0, shim: bool = True, adopt: bool = True,
-               ) -> AsyncIterator[Node]:
+               offload_io: bool = False) -> AsyncIterator[Node]:
     with short_dir() as root:
         clock = Clock()
-        store = RegionStore(root / "state", gc_grace_s=grace_s, clock=clock)
+        store = RegionStore(root / "state", gc_grace_s=grace_s, clock=clock,
+                            offload_io=offload_io)
         if shim:
             store.shim_dir.mkdir(parents=True)
             (store.shim_dir / "libvgpu.so").write_bytes(b"\x7fELF")
@@ -128,8 +129,9 @@ def expected_limits(device_ids: list[str]) -> dict[str, tuple[int, int]]:
     }
 
 
-async def test_allocate_creates_the_region_and_answers_with_its_mounts() -> None:
-    async with node() as n:
+@pytest.mark.parametrize("offload_io", [False, True], ids=["on-loop", "in-thread"])
+async def test_allocate_creates_the_region_and_answers_with_its_mounts(offload_io: bool) -> None:
+    async with node(offload_io=offload_io) as n:
         admission = await n.admit("train", count=2)
         regions = n.store.regions()
         assert len(regions) == 1
