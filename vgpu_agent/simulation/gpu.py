@@ -141,6 +141,7 @@ class SimGpu:
         bin_s: float = 0.1,
         per_process_samples: bool = True,
         sample_history_s: float = 5.0,
+        start_ns: int = START_NS,
     ):
         if not 0 < step_s <= 0.01:
             raise ValueError(f"step must be in (0, 10 ms], got {step_s!r}")
@@ -149,24 +150,24 @@ class SimGpu:
         self.sample_ns = round(sample_period_s * tokens.NS_PER_S)
         self.bin_ns = round(bin_s * tokens.NS_PER_S)
         self.per_process_samples = per_process_samples
-        self.now_ns = START_NS
+        self.start_ns = self.now_ns = start_ns
         self.processes: list[SimProcess] = []
         self.samples: deque[ProcessSample] = deque()
         self._history_ns = round(sample_history_s * tokens.NS_PER_S)
-        self._next_sample_ns = START_NS + self.sample_ns
-        self._next_bin_ns = START_NS + self.bin_ns
+        self._next_sample_ns = start_ns + self.sample_ns
+        self._next_bin_ns = start_ns + self.bin_ns
         self._next_pid = 10_000
 
     @property
     def elapsed_s(self) -> float:
-        return (self.now_ns - START_NS) / tokens.NS_PER_S
+        return (self.now_ns - self.start_ns) / tokens.NS_PER_S
 
     def add_process(self, name: str, workload: Workload, gate: LaunchGate,
                     pid: int | None = None) -> SimProcess:
         if pid is None:
             pid = self._next_pid
             self._next_pid += 1
-        past_bins = (self._next_bin_ns - START_NS) // self.bin_ns - 1
+        past_bins = (self._next_bin_ns - self.start_ns) // self.bin_ns - 1
         proc = SimProcess(name, pid, workload, gate, bins=[0.0] * past_bins)
         self.processes.append(proc)
         return proc
@@ -187,7 +188,7 @@ class SimGpu:
         procs = self.processes
         while self.now_ns < end_ns:
             now = self.now_ns
-            t_s = (now - START_NS) / tokens.NS_PER_S
+            t_s = (now - self.start_ns) / tokens.NS_PER_S
             for p in procs:
                 w = p.workload
                 room = max(w.queue_s, w.kernel_s) - p.queued_s
