@@ -61,7 +61,7 @@ import structlog
 from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
 from vgpu_agent.deviceplugin.server import Extras
 from vgpu_agent.shm import layout
-from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionUsage
+from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionHandle, RegionUsage
 
 log = structlog.get_logger(__name__)
 
@@ -340,6 +340,10 @@ def _open_control(path: Path) -> int:
             return os.open(path, os.O_RDWR | _NOFOLLOW)
         finally:
             os.chmod(path, CONTROL_MODE)
+
+
+def _as_handle(region: Region) -> RegionHandle:
+    return region  # lets mypy prove that Region implements the protocol
 
 
 def _validated_control(buf: mmap.mmap, path: Path, alloc_id: str) -> layout.Control:
