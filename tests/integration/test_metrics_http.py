@@ -20,6 +20,8 @@ from vgpu_agent.kubelet.podresources import PodResourcesClient
 from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import Identity, MetricsSources
+from vgpu_agent.shm.api import RegionHandle
+from vgpu_agent.shm.regions import Region, format_alloc_id
 
 GIB = 1 << 30
 RESOURCE = "nvidia.com/gpu"
@@ -38,7 +40,7 @@ class Node:
     fake: FakeNvml
     backend: NvmlBackend
     service: MetricsService
-    regions: list[FileRegion]
+    regions: list[RegionHandle]
     identities: dict[str, Identity]
     registration: Registration = field(default_factory=Registration)
     pod_resources: PodResourcesClient | None = None
@@ -62,7 +64,7 @@ async def node(fake_nvml: FakeNvml, tmp_path: Path) -> AsyncIterator[Node]:
     backend = NvmlBackend(str(fake_nvml.library_path))
     await asyncio.to_thread(backend.start)
     inventory = await asyncio.to_thread(backend.discover)
-    regions: list[FileRegion] = []
+    regions: list[RegionHandle] = []
     identities: dict[str, Identity] = {}
     holder: dict[str, Node] = {}
 
@@ -103,10 +105,14 @@ async def node(fake_nvml: FakeNvml, tmp_path: Path) -> AsyncIterator[Node]:
         await asyncio.to_thread(backend.shutdown)
 
 
-def _region(node: Node, root: Path, alloc_id: str, identity: Identity, gpu: int, **kw: int) -> Path:
+def _region(node: Node, root: Path, identity: Identity, gpu: int, **kw: int) -> Path:
+    """A region directory opened with the agent's own reader (`Region.open`)."""
     uuid = node.fake.uuids[gpu]
-    directory = make_region(root, alloc_id, [DeviceSpec(uuid, 8 * GIB, 25)], [f"{uuid}::{gpu}"])
-    node.regions.append(FileRegion(directory))
+    seq = len(node.regions) + 1
+    ids = [f"{uuid}::{gpu}"]
+    alloc_id = format_alloc_id(seq, ids, seq)
+    directory = make_region(root, alloc_id, [DeviceSpec(uuid, 8 * GIB, 25)], ids, seq=seq)
+    node.regions.append(Region.open(directory))
     node.identities[alloc_id] = identity
     if kw:
         shim = ShimWriter(directory)
@@ -122,8 +128,8 @@ async def test_nvml_error_on_one_gpu_keeps_the_endpoint_serving(
     g0, g1 = node.fake.uuids
     node.fake.set_readings(g0, util=30, mem_used=3 * GIB)
     node.fake.set_readings(g1, util=60, mem_used=5 * GIB)
-    _region(node, tmp_path, "a", ("ns", "p0", "c"), 0, memory=GIB, launches=4)
-    _region(node, tmp_path, "b", ("ns", "p1", "c"), 1, memory=2 * GIB, launches=9)
+    _region(node, tmp_path, ("ns", "p0", "c"), 0, memory=GIB, launches=4)
+    _region(node, tmp_path, ("ns", "p1", "c"), 1, memory=2 * GIB, launches=9)
     text = await node.scrape()
     assert value(text, "vgpu_gpu_utilization_ratio", gpu_uuid=g1) == 0.6
 
@@ -168,7 +174,7 @@ async def test_probes_say_which_part_is_not_ready(node: Node) -> None:
 
 
 async def test_slow_region_reads_do_not_block_the_loop(node: Node, tmp_path: Path) -> None:
-    directory = _region(node, tmp_path, "slow", ("ns", "slow", "c"), 0, memory=GIB)
+    directory = _region(node, tmp_path, ("ns", "slow", "c"), 0, memory=GIB)
 
     class Slow(FileRegion):
         def usage(self):  # type: ignore[no-untyped-def]
@@ -176,7 +182,7 @@ async def test_slow_region_reads_do_not_block_the_loop(node: Node, tmp_path: Pat
             return super().usage()
 
     await node.service.refresh()  # a first round, read quickly
-    node.regions[:] = [Slow(directory)]
+    node.regions[:] = [Slow(directory)]  # the stand-in reader, made slow
     refresh = asyncio.create_task(node.service.regions.refresh())
     await asyncio.sleep(0.05)
     started = time.perf_counter()
@@ -199,7 +205,7 @@ async def test_pod_resources_socket_missing_keeps_last_known_labels(
     node.pod_resources = client
     try:
         g0 = node.fake.uuids[0]
-        _region(node, tmp_path, "a", ("ignored", "ignored", "ignored"), 0, memory=GIB)
+        _region(node, tmp_path, ("ignored", "ignored", "ignored"), 0, memory=GIB)
         kubelet.admissions.append(Admission("team", "job-7", "worker", RESOURCE, [f"{g0}::0"],
                                             None))  # type: ignore[arg-type]
         assert await client.refresh()
@@ -216,3 +222,15 @@ async def test_pod_resources_socket_missing_keeps_last_known_labels(
     assert value(text, "vgpu_pod_resources_failures_total") == 2
     assert series(text, "vgpu_container_memory_used_bytes")[0][0]["pod"] == "job-7"
     await client.close()
+
+
+async def test_corrupt_state_file_keeps_the_endpoint_serving(node: Node, tmp_path: Path) -> None:
+    bad = _region(node, tmp_path, ("ns", "bad", "c"), 0, memory=GIB, launches=2)
+    _region(node, tmp_path, ("ns", "good", "c"), 1, memory=2 * GIB, launches=5)
+    (bad / "state").write_bytes(b"\x00garbage" * 100)  # what a broken process could leave
+    text = await node.scrape()
+    assert value(text, "vgpu_regions", state="corrupt") == 1
+    assert value(text, "vgpu_container_memory_limit_bytes", pod="bad") == 8 * GIB
+    assert value(text, "vgpu_container_memory_used_bytes", pod="bad") is None
+    assert value(text, "vgpu_container_memory_used_bytes", pod="good") == 2 * GIB
+    assert value(text, "vgpu_container_kernel_launches_total", pod="good") == 5
