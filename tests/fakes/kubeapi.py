@@ -26,6 +26,7 @@ import copy
 import json
 import re
 import ssl
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ class Recorded:
     content_type: str
     status: int = 0
     body: Any = None
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -288,9 +290,13 @@ class FakeKubeAPI:
             except (KeyError, IndexError, ValueError) as exc:
                 return status(422, "Invalid", f"json patch failed: {exc}")
         else:
-            return status(415, "UnsupportedMediaType", f"the body of the request was in an "
-                          f"unknown format - accepted media types include: {STRATEGIC}, {MERGE}, "
-                          f"{JSON_PATCH}; got {kind!r}")
+            return status(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an "
+                f"unknown format - accepted media types include: {STRATEGIC}, {MERGE}, "
+                f"{JSON_PATCH}; got {kind!r}",
+            )
         meta = updated["metadata"]
         if meta.get("name") != name or meta.get("uid") != node["metadata"]["uid"]:
             return status(422, "Invalid", "metadata.name and metadata.uid are immutable")
@@ -422,7 +428,6 @@ def label_problems(labels: dict[str, Any]) -> list[str]:
 NODE = "gpu-node-1"
 
 
-
 @dataclass(frozen=True)
 class Change:
     """The shape the GPU health watcher reports (duck-typed by the node integration)."""
@@ -454,7 +459,11 @@ class Wired:
 
 @contextlib.asynccontextmanager
 async def wired(
-    tmp_path: Path, *, request_timeout: float = 0.5, labels: dict[str, str] | None = None
+    tmp_path: Path,
+    *,
+    request_timeout: float = 0.5,
+    labels: dict[str, str] | None = None,
+    **options: Any,
 ) -> AsyncIterator[Wired]:
     api = FakeKubeAPI()
     await api.start()
@@ -466,6 +475,7 @@ async def wired(
         request_timeout=request_timeout,
         backoff_initial=0.02,
         backoff_cap=0.1,
+        **options,
     )
     task = asyncio.create_task(node.run())
     try:

@@ -13,7 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.fakes.kubeapi import NODE, Change, FakeKubeAPI, gpu, wired
-from vgpu_agent.kube.backoff import Backoff
+from vgpu_agent.kube.backoff import Backoff, TokenBucket
 from vgpu_agent.kube.node import KubeConfigError, NodeIntegration
 
 UUID = "GPU-00000001-0000-0000-0000-000000000000"
@@ -53,6 +53,21 @@ def test_backoff_survives_many_failures() -> None:
 def test_backoff_rejects_bad_parameters(initial: float, cap: float, jitter: float) -> None:
     with pytest.raises(ValueError, match="backoff"):
         Backoff(initial, cap, jitter)
+
+
+def test_token_bucket_allows_a_burst_then_the_rate() -> None:
+    bucket = TokenBucket(rate=2.0, burst=3, now=100.0)
+    assert [bucket.delay(100.0) for _ in range(3)] == [0, 0, 0]
+    assert bucket.delay(100.0) == pytest.approx(0.5)
+    assert bucket.delay(100.25) == pytest.approx(0.25)
+    assert bucket.delay(100.5) == 0
+    assert [bucket.delay(1000.0) for _ in range(4)][-1] == pytest.approx(0.5)  # refills to burst
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(0, 1), (1, 0), (-1, 5)])
+def test_token_bucket_rejects_bad_parameters(rate: float, burst: int) -> None:
+    with pytest.raises(ValueError, match="token bucket"):
+        TokenBucket(rate, burst, now=0)
 
 
 # --- failures of the API server ---------------------------------------------------------------

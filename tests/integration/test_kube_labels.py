@@ -142,3 +142,18 @@ async def test_patch_carries_resource_version_precondition(tmp_path: Path) -> No
         patch = next(r for r in w.api.requests if r.method == "PATCH")
         assert patch.body["metadata"]["resourceVersion"] == rv
         assert w.api.nodes[NODE]["metadata"]["resourceVersion"] != rv
+
+
+async def test_a_node_with_a_large_status_is_handled(tmp_path: Path) -> None:
+    async with wired(tmp_path) as w:
+        w.api.nodes[NODE]["status"] = {
+            "images": [
+                {"names": [f"registry.example/image{n}:v1"], "sizeBytes": 10**8}
+                for n in range(300)
+            ],
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
+        await w.node.publish_labels([gpu(0)], 4, "1")
+        labels = lambda: w.api.nodes[NODE]["metadata"]["labels"]  # noqa: E731
+        await w.api.wait_for(lambda: labels().get("vgpu.io/gpu.count") == "1")
+        assert len(w.api.nodes[NODE]["status"]["images"]) == 300

@@ -19,7 +19,7 @@ import datetime as dt
 import itertools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +30,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
 from vgpu_agent.gpu.model import GpuInfo
-from vgpu_agent.kube.backoff import Backoff
+from vgpu_agent.kube.backoff import Backoff, TokenBucket
 from vgpu_agent.kube.events import HealthChangeLike, NodeRef, health_event
 from vgpu_agent.kube.labels import labels_patch, node_labels
 
@@ -80,6 +80,8 @@ class NodeIntegration:
         backoff_initial: float = 0.5,
         backoff_cap: float = 60.0,
         max_queued_events: int = 256,
+        events_per_second: float = 1.0,
+        event_burst: int = 20,
         environ: Mapping[str, str] | None = None,
         service_account_dir: Path = SERVICE_ACCOUNT_DIR,
     ):
@@ -107,6 +109,9 @@ class NodeIntegration:
         self._labels_wake = asyncio.Event()
         self._events: collections.deque[_QueuedEvent] = collections.deque()
         self._max_events = max_queued_events
+        # A flapping GPU must not turn into an event storm (each event costs API server writes and
+        # CPU on this event loop); beyond the burst, events wait and the oldest queued are dropped.
+        self._event_rate = (events_per_second, event_burst)
         self._events_wake = asyncio.Event()
         self._seq = itertools.count()
 
@@ -258,14 +263,14 @@ class NodeIntegration:
 
     async def _sync_labels(self, desired: dict[str, str]) -> None:
         assert self._api is not None
-        node = await self._api.read_node(self.node_name, _request_timeout=self._timeout)
-        self._node_ref = NodeRef(node.metadata.name, node.metadata.uid)
-        patch = labels_patch(node.metadata.labels or {}, desired)
+        meta = (await self._call(self._api.read_node, self.node_name))["metadata"]
+        self._node_ref = NodeRef(meta["name"], meta["uid"])
+        patch = labels_patch(meta.get("labels") or {}, desired)
         if not patch:
             log.debug("node_labels_current", node=self.node_name)
             return
-        body = {"metadata": {"labels": patch, "resourceVersion": node.metadata.resource_version}}
-        await self._api.patch_node(self.node_name, body, _request_timeout=self._timeout)
+        body = {"metadata": {"labels": patch, "resourceVersion": meta["resourceVersion"]}}
+        await self._call(self._api.patch_node, self.node_name, body)
         log.info(
             "node_labels_published",
             node=self.node_name,
@@ -275,10 +280,16 @@ class NodeIntegration:
 
     async def _event_loop(self) -> None:
         backoff = Backoff(self._backoff_initial, self._backoff_cap)
+        loop = asyncio.get_running_loop()
+        bucket = TokenBucket(*self._event_rate, now=loop.time())
         while True:
             await self._events_wake.wait()
             self._events_wake.clear()
             while self._events:
+                wait = bucket.delay(loop.time())
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
                 item = self._events[0]
                 try:
                     await self._send_event(item)
@@ -302,14 +313,10 @@ class NodeIntegration:
     async def _send_event(self, item: _QueuedEvent) -> None:
         assert self._api is not None
         if self._node_ref is None:
-            node = await self._api.read_node(self.node_name, _request_timeout=self._timeout)
-            self._node_ref = NodeRef(node.metadata.name, node.metadata.uid)
+            meta = (await self._call(self._api.read_node, self.node_name))["metadata"]
+            self._node_ref = NodeRef(meta["name"], meta["uid"])
         body = health_event(item.change, self._node_ref, self.namespace, item.at, item.seq)
-        await self._api.create_namespaced_event(
-            self.namespace,
-            body,  # type: ignore[arg-type]  # the client sends a plain dict as it is
-            _request_timeout=self._timeout,
-        )
+        await self._call(self._api.create_namespaced_event, self.namespace, body)
         log.info(
             "gpu_health_event_sent",
             node=self.node_name,
@@ -317,6 +324,22 @@ class NodeIntegration:
             healthy=item.change.healthy,
             xid=item.change.xid,
         )
+
+    async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any) -> dict[str, Any]:
+        """Call an API method and return the JSON body, without building the client's model
+        objects: a Node with its image list takes milliseconds to turn into models, on the
+        event loop the device plugin shares."""
+        response = await method(*args, _preload_content=False, _request_timeout=self._timeout)
+        try:
+            body = await response.read()
+        finally:
+            response.release()
+        if not 200 <= response.status <= 299:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = body.decode(errors="replace")
+            raise error
+        result: dict[str, Any] = json.loads(body) if body else {}
+        return result
 
     async def _retry_later(self, operation: str, exc: Exception, backoff: Backoff) -> None:
         delay = backoff.next_delay()
