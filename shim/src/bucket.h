@@ -37,7 +37,12 @@ static inline void vgpu_refill(int64_t balance, uint64_t last_ns, uint64_t now_n
         *out_last = last_ns;
         return;
     }
-    unsigned __int128 add = (unsigned __int128)(now_ns - last_ns) * (uint64_t)rate / VGPU_NS_PER_S;
+    uint64_t elapsed = now_ns - last_ns, product;
+    unsigned __int128 add;
+    if (!__builtin_mul_overflow(elapsed, (uint64_t)rate, &product))
+        add = product / VGPU_NS_PER_S; /* the common case: a cheap division by a constant */
+    else
+        add = (unsigned __int128)elapsed * (uint64_t)rate / VGPU_NS_PER_S;
     if ((__int128)balance + (__int128)add >= (__int128)burst) {
         *out_balance = burst;
         *out_last = now_ns;
@@ -81,9 +86,14 @@ static inline uint64_t vgpu_wait_ns_for(int64_t balance, uint64_t cost, uint64_t
 static inline uint64_t vgpu_launch_cost(unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                         unsigned by, unsigned bz)
 {
-    unsigned __int128 c = (unsigned __int128)gx * gy * gz;
-    c = c * bx * by * bz;
-    return c > (unsigned __int128)VGPU_TOKEN_MAX ? (uint64_t)VGPU_TOKEN_MAX : (uint64_t)c;
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0)
+        return 0;
+    uint64_t blocks = (uint64_t)gx * gy, threads = (uint64_t)bx * by, c;
+    if (__builtin_mul_overflow(blocks, (uint64_t)gz, &blocks) ||
+        __builtin_mul_overflow(threads, (uint64_t)bz, &threads) ||
+        __builtin_mul_overflow(blocks, threads, &c) || c > (uint64_t)VGPU_TOKEN_MAX)
+        return (uint64_t)VGPU_TOKEN_MAX;
+    return c;
 }
 
 static inline bool vgpu_unlimited(uint64_t policy, uint64_t core_limit, uint64_t rate,

@@ -52,7 +52,7 @@ static void *hook_address(enum hook_id id)
     }
 }
 
-static void *g_real[HOOK_COUNT]; /* atomic pointers */
+void *g_real[HOOK_COUNT];
 static void *g_cuda_handle;      /* atomic: the library dlsym'd for cu* names */
 static void *g_nvml_handle;      /* atomic: the library dlsym'd for nvml* names */
 
@@ -104,12 +104,9 @@ void *shim_real_by_name(const char *name, bool nvml)
     return p;
 }
 
-void *shim_real(enum hook_id id)
+void *shim_real_resolve(enum hook_id id)
 {
-    void *p = __atomic_load_n(&g_real[id], __ATOMIC_ACQUIRE);
-    if (p != NULL)
-        return p;
-    p = shim_real_by_name(g_names[id], is_nvml(id));
+    void *p = shim_real_by_name(g_names[id], is_nvml(id));
     if (p == hook_address(id))
         return NULL;
     remember_real(id, p);

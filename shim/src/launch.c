@@ -4,9 +4,15 @@
  * The arithmetic is bucket.h's; here it is applied to the shared state with compare-and-swap:
  * the elapsed time is claimed by CAS on last_refill_ns (so it is credited exactly once, whoever
  * wins), the tokens are added and spent by CAS on balance. Waiting is done in bounded sleeps.
+ *
+ * The first attempt of a launch reads CLOCK_MONOTONIC_COARSE (the same clock at tick resolution,
+ * several times cheaper than a precise read): the rule holds for whatever times refills are made
+ * at, and a coarse time older than the last refill simply adds nothing. Only a launch that finds
+ * too few tokens reads the precise clock, refills and, if still short, sleeps.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <time.h>
 
 #include "bucket.h"
@@ -30,6 +36,8 @@ static void refill_shared(struct vgpu_state_device *sd, uint64_t now, const stru
 {
     uint64_t last = __atomic_load_n(&sd->last_refill_ns, __ATOMIC_ACQUIRE);
     int64_t balance = __atomic_load_n(&sd->balance, __ATOMIC_RELAXED);
+    if (now <= last && (uint64_t)balance <= p->burst && balance >= 0)
+        return; /* nothing to add, nothing to clamp: the common case within one clock tick */
     int64_t next_balance;
     uint64_t next_last;
     vgpu_refill(balance, last, now, p->rate, p->burst, &next_balance, &next_last);
@@ -59,10 +67,27 @@ static void sleep_ns(uint64_t ns)
     }
 }
 
+/* One try without waiting: refill at `now`, spend if admitted. */
+static bool try_take(struct vgpu_state_device *sd, uint64_t cost, const struct params *p,
+                     uint64_t now)
+{
+    refill_shared(sd, now, p);
+    int64_t balance = __atomic_load_n(&sd->balance, __ATOMIC_RELAXED);
+    while (vgpu_admits(balance, cost, p->burst)) {
+        if (__atomic_compare_exchange_n(&sd->balance, &balance, vgpu_spend(balance, cost), true,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return true;
+    }
+    return false;
+}
+
 /* Take `cost` tokens, waiting for them if needed; returns the ns waited. */
 static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *p, uint64_t *now)
 {
     struct vgpu_state_device *sd = &g_shim.st->devices[rdev];
+    if (try_take(sd, cost, p, *now))
+        return 0;
+    *now = shim_now_ns();
     uint64_t waited = 0;
     for (;;) {
         if (graph)
@@ -90,6 +115,81 @@ static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *
     }
 }
 
+/*
+ * Reporting. Counts go to the process's slot only (the device totals receive a slot's counts when
+ * the slot is given back). A thread adds its launches up locally and publishes them with atomics
+ * once per clock tick (coarse clock, a few ms), when it switches device, when it waits, and when
+ * it exits; so the slot lags by at most the launches of the current tick of each thread.
+ */
+struct pending {
+    int rdev; /* -1: nothing pending */
+    uint64_t tick, launches, tokens;
+};
+static __thread struct pending t_pending __attribute__((tls_model("initial-exec"))) = {-1, 0, 0, 0};
+static pthread_key_t g_exit_key;
+static pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
+static __thread bool t_registered __attribute__((tls_model("initial-exec")));
+
+void shim_flush_pending(void)
+{
+    struct pending *p = &t_pending;
+    if (p->rdev < 0)
+        return;
+    struct vgpu_proc_slot *slot = shim_slot();
+    if (slot != NULL) {
+        struct vgpu_proc_device *pd = &slot->devices[p->rdev];
+        __atomic_fetch_add(&pd->launches, p->launches, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&pd->tokens_spent, p->tokens, __ATOMIC_RELAXED);
+        __atomic_store_n(&pd->last_launch_ns, p->tick, __ATOMIC_RELAXED);
+    }
+    p->rdev = -1;
+    p->launches = p->tokens = 0;
+}
+
+void shim_forget_pending(void)
+{
+    t_pending.rdev = -1;
+    t_pending.launches = t_pending.tokens = 0;
+}
+
+static void flush_at_thread_exit(void *unused)
+{
+    (void)unused;
+    shim_flush_pending();
+}
+
+static void make_exit_key(void)
+{
+    pthread_key_create(&g_exit_key, flush_at_thread_exit);
+}
+
+static void count_launch(int rdev, uint64_t cost, uint64_t waited, uint64_t now)
+{
+    struct pending *p = &t_pending;
+    if (__builtin_expect(p->rdev == rdev && p->tick == now && waited == 0, 1)) {
+        p->launches++;
+        p->tokens += cost;
+        return;
+    }
+    shim_flush_pending();
+    if (!t_registered) {
+        t_registered = true;
+        pthread_once(&g_exit_once, make_exit_key);
+        pthread_setspecific(g_exit_key, (void *)1);
+    }
+    p->rdev = rdev;
+    p->tick = now;
+    p->launches = 1;
+    p->tokens = cost;
+    if (waited != 0) {
+        /* a thread that waited publishes at once: it is being throttled right now */
+        struct vgpu_proc_slot *slot = shim_slot();
+        if (slot != NULL)
+            __atomic_fetch_add(&slot->devices[rdev].wait_ns, waited, __ATOMIC_RELAXED);
+        shim_flush_pending();
+    }
+}
+
 CUresult shim_launch_gate(uint64_t cost, bool graph)
 {
     enum shim_mode mode = shim_mode();
@@ -100,25 +200,12 @@ CUresult shim_launch_gate(uint64_t cost, bool graph)
         return CUDA_SUCCESS;
     struct params p;
     read_params(rdev, &p);
-    uint64_t now = shim_now_ns();
+    uint64_t now = shim_coarse_now_ns();
     uint64_t waited = 0;
     if (graph)
         cost = p.graph_cost != 0 ? p.graph_cost : VGPU_DEFAULT_GRAPH_COST;
     if (!vgpu_unlimited(p.policy, p.core_limit, p.rate, p.burst))
         waited = take_tokens(rdev, cost, graph, &p, &now);
-    struct vgpu_state_device *sd = &g_shim.st->devices[rdev];
-    __atomic_fetch_add(&sd->launches, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&sd->tokens_spent, cost, __ATOMIC_RELAXED);
-    if (waited != 0)
-        __atomic_fetch_add(&sd->wait_ns, waited, __ATOMIC_RELAXED);
-    struct vgpu_proc_slot *slot = shim_slot();
-    if (slot != NULL) {
-        struct vgpu_proc_device *pd = &slot->devices[rdev];
-        __atomic_fetch_add(&pd->launches, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&pd->tokens_spent, cost, __ATOMIC_RELAXED);
-        if (waited != 0)
-            __atomic_fetch_add(&pd->wait_ns, waited, __ATOMIC_RELAXED);
-        __atomic_store_n(&pd->last_launch_ns, now, __ATOMIC_RELAXED);
-    }
+    count_launch(rdev, cost, waited, now);
     return CUDA_SUCCESS;
 }

@@ -18,7 +18,7 @@
 
 struct shim g_shim;
 
-static int g_mode;                 /* enum shim_mode, atomic */
+int g_shim_mode;                   /* enum shim_mode, atomic */
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct vgpu_proc_slot *g_slot; /* atomic pointer */
 static int g_slot_tried;           /* atomic: a claim was attempted in this process */
@@ -28,6 +28,13 @@ uint64_t shim_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t shim_coarse_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
 }
 
@@ -120,13 +127,11 @@ static bool region_open(char *why, size_t why_len)
     return true;
 }
 
-enum shim_mode shim_mode(void)
+enum shim_mode shim_mode_init(void)
 {
-    int mode = __atomic_load_n(&g_mode, __ATOMIC_ACQUIRE);
-    if (mode != SHIM_UNSET)
-        return (enum shim_mode)mode;
+    int mode;
     pthread_mutex_lock(&g_init_lock);
-    mode = __atomic_load_n(&g_mode, __ATOMIC_RELAXED);
+    mode = __atomic_load_n(&g_shim_mode, __ATOMIC_RELAXED);
     if (mode == SHIM_UNSET) {
         char why[1024] = "";
         if (env_is_one("VGPU_DISABLE")) {
@@ -142,7 +147,7 @@ enum shim_mode shim_mode(void)
             shim_warn_once(msg);
             mode = closed ? SHIM_FAIL_CLOSED : SHIM_PASSTHROUGH;
         }
-        __atomic_store_n(&g_mode, mode, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_shim_mode, mode, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_init_lock);
     return (enum shim_mode)mode;
@@ -231,9 +236,16 @@ static void reclaim_slot(struct vgpu_proc_slot *slot, uint64_t expected_pid)
             } while (!__atomic_compare_exchange_n(total, &cur, next, true, __ATOMIC_ACQ_REL,
                                                   __ATOMIC_RELAXED));
         }
-        __atomic_store_n(&slot->devices[d].launches, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->devices[d].tokens_spent, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&slot->devices[d].wait_ns, 0, __ATOMIC_RELAXED);
+        /* the process's counts move to the device totals (exchange: moved exactly once) */
+        uint64_t launches = __atomic_exchange_n(&slot->devices[d].launches, 0, __ATOMIC_ACQ_REL);
+        uint64_t tokens = __atomic_exchange_n(&slot->devices[d].tokens_spent, 0, __ATOMIC_ACQ_REL);
+        uint64_t waited = __atomic_exchange_n(&slot->devices[d].wait_ns, 0, __ATOMIC_ACQ_REL);
+        if (d < g_shim.device_count) {
+            struct vgpu_state_device *sd = &g_shim.st->devices[d];
+            __atomic_fetch_add(&sd->launches, launches, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&sd->tokens_spent, tokens, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&sd->wait_ns, waited, __ATOMIC_RELAXED);
+        }
         __atomic_store_n(&slot->devices[d].last_launch_ns, 0, __ATOMIC_RELAXED);
     }
     __atomic_store_n(&slot->host_pid, 0, __ATOMIC_RELAXED);
@@ -323,6 +335,7 @@ static void atfork_child(void)
      * not own the parent's device memory */
     shim_track_unlock();
     shim_track_reset();
+    shim_forget_pending();
     __atomic_store_n(&g_slot, NULL, __ATOMIC_RELAXED);
     __atomic_store_n(&g_slot_tried, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g_init_lock);
@@ -337,6 +350,7 @@ __attribute__((constructor)) static void shim_load(void)
  * one that is killed is reclaimed later by the others. */
 __attribute__((destructor)) static void shim_unload(void)
 {
+    shim_flush_pending(); /* the exiting thread's counts; other threads' last tick is lost */
     struct vgpu_proc_slot *slot = __atomic_load_n(&g_slot, __ATOMIC_ACQUIRE);
     if (slot != NULL && __atomic_load_n(&slot->pid, __ATOMIC_RELAXED) == (uint64_t)getpid()) {
         __atomic_store_n(&g_slot, NULL, __ATOMIC_RELEASE);

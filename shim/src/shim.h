@@ -30,12 +30,20 @@ struct shim {
 };
 
 /* ---- region.c */
-enum shim_mode shim_mode(void); /* initialises on first use */
+extern int g_shim_mode; /* enum shim_mode, atomic */
+enum shim_mode shim_mode_init(void);
+/* What the shim does in this process; decides (maps the region) on first use. */
+static inline enum shim_mode shim_mode(void)
+{
+    int mode = __atomic_load_n(&g_shim_mode, __ATOMIC_ACQUIRE);
+    return __builtin_expect(mode != SHIM_UNSET, 1) ? (enum shim_mode)mode : shim_mode_init();
+}
 extern struct shim g_shim;
 struct vgpu_proc_slot *shim_slot(void); /* this process's slot, claimed lazily; may be NULL */
 void shim_reclaim_dead_slots(void);
 void shim_after_fork_child(void);
 uint64_t shim_now_ns(void);
+uint64_t shim_coarse_now_ns(void); /* same clock, tick resolution, much cheaper */
 void shim_warn_once(const char *what);
 
 /* ---- device.c: map a CUDA device / NVML device to a region device index (-1: not governed) */
@@ -57,6 +65,8 @@ void shim_track_unlock(void);
 
 /* ---- launch.c */
 CUresult shim_launch_gate(uint64_t cost, bool graph);
+void shim_flush_pending(void);  /* publish this thread's launch counts */
+void shim_forget_pending(void); /* after fork: the child does not own the parent's counts */
 
 /* ---- interpose.c: real entry points, found through dlsym/cuGetProcAddress/RTLD_NEXT */
 enum hook_id {
@@ -65,7 +75,13 @@ enum hook_id {
 #undef HOOK
     HOOK_COUNT
 };
-void *shim_real(enum hook_id id);
+extern void *g_real[HOOK_COUNT]; /* atomic pointers */
+void *shim_real_resolve(enum hook_id id);
+static inline void *shim_real(enum hook_id id)
+{
+    void *p = __atomic_load_n(&g_real[id], __ATOMIC_ACQUIRE);
+    return __builtin_expect(p != NULL, 1) ? p : shim_real_resolve(id);
+}
 void *shim_real_by_name(const char *name, bool nvml); /* driver functions the shim calls, unhooked */
 
 #define REAL(name) ((__typeof__(&name))shim_real(HOOK_##name))
