@@ -445,9 +445,10 @@ def plan_regions(
 
     Pure: `bound` and `unheld_since` are the previous plan's, the result replaces them.
     """
-    held: dict[ContainerKey, set[str]] = {}
+    gathered: dict[ContainerKey, set[str]] = {}
     for device_id, ref in assignments.items():
-        held.setdefault(tuple(ref), set()).add(device_id)  # type: ignore[arg-type]
+        gathered.setdefault((ref[0], ref[1], ref[2]), set()).add(device_id)
+    held = {key: frozenset(ids) for key, ids in gathered.items()}
 
     def holder(facts: RegionFacts) -> ContainerKey | None:
         if not facts.device_ids:
@@ -455,7 +456,7 @@ def plan_regions(
         ref = assignments.get(next(iter(facts.device_ids)))
         if ref is None:
             return None
-        key: ContainerKey = tuple(ref)  # type: ignore[assignment]
+        key: ContainerKey = (ref[0], ref[1], ref[2])
         return key if held.get(key) == facts.device_ids else None
 
     by_holder: dict[ContainerKey, list[RegionFacts]] = {}
