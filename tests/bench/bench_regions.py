@@ -176,7 +176,12 @@ def main() -> None:
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if "model name" in ln), "?"
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in ln
+        ),
+        "?",
     )
     print(f"machine: {os.cpu_count()} CPUs, {cpu}, Python {platform.python_version()}")
     for parent in args.dirs.split(","):
