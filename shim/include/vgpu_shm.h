@@ -59,12 +59,12 @@
  * slots[i].devices[d].memory_used is one process's share. Slots of dead processes are reclaimed by
  * the shim (their memory stops counting). memory_limit == 0 means no memory limit.
  *
- * Counters: a launch is counted in its process's slot only (launches, tokens_spent, wait_ns,
- * last_launch_ns); when a slot is given back (normal exit, or reclaimed after the process died)
- * its counts are moved into state.devices[d]. The container's cumulative total is therefore
- * devices[d].X + the sum over live slots. A thread publishes its counts to the slot once per
- * clock tick (CLOCK_MONOTONIC_COARSE, a few ms), when it switches device, waits or exits, so a
- * slot lags by at most one tick of launches per thread; last_launch_ns has tick resolution.
+ * Counters: a launch is counted in its process's slot and in the device totals. A thread
+ * publishes its counts once per clock tick (CLOCK_MONOTONIC_COARSE, a few ms), when it switches
+ * device, waits or exits, so counters lag by at most one tick of launches per thread (a thread
+ * that stops launching publishes its last tick at its next launch or its exit);
+ * last_launch_ns has tick resolution. A slot given back has its counters zeroed; the device
+ * totals keep counting what ended processes did.
  *
  * Process slots: VGPU_MAX_PROCS (1024) per region, enough for containers with many worker
  * processes; the state file stays under 1 MiB. A slot is free when pid == 0; a process claims it by
@@ -149,9 +149,9 @@ struct vgpu_state_device {
     int64_t balance;            /* tokens; negative only as a debt, see the rule above */
     uint64_t last_refill_ns;    /* CLOCK_MONOTONIC; 0 = never (the first refill fills the bucket) */
     uint64_t memory_used;       /* accounted bytes, all processes of the container */
-    uint64_t tokens_spent;      /* of processes whose slots were given back (see below) */
-    uint64_t launches;          /* of processes whose slots were given back */
-    uint64_t wait_ns;           /* of processes whose slots were given back */
+    uint64_t tokens_spent;      /* cumulative, all processes, ended ones included */
+    uint64_t launches;          /* cumulative, all processes */
+    uint64_t wait_ns;           /* cumulative time launches waited for tokens */
     uint64_t reserved[2];
 };
 

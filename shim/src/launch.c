@@ -116,10 +116,10 @@ static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *
 }
 
 /*
- * Reporting. Counts go to the process's slot only (the device totals receive a slot's counts when
- * the slot is given back). A thread adds its launches up locally and publishes them with atomics
- * once per clock tick (coarse clock, a few ms), when it switches device, when it waits, and when
- * it exits; so the slot lags by at most the launches of the current tick of each thread.
+ * Reporting. A thread adds its launches up locally and publishes them, to its process's slot and
+ * to the device totals, with atomics once per clock tick (coarse clock, a few ms), when it
+ * switches device, when it waits, and when it exits; so the counters lag by at most the launches
+ * of the current tick of each thread, and the launch path itself touches no shared counter.
  */
 struct pending {
     int rdev; /* -1: nothing pending */
@@ -142,6 +142,9 @@ void shim_flush_pending(void)
         __atomic_fetch_add(&pd->tokens_spent, p->tokens, __ATOMIC_RELAXED);
         __atomic_store_n(&pd->last_launch_ns, p->tick, __ATOMIC_RELAXED);
     }
+    struct vgpu_state_device *sd = &g_shim.st->devices[p->rdev];
+    __atomic_fetch_add(&sd->launches, p->launches, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&sd->tokens_spent, p->tokens, __ATOMIC_RELAXED);
     p->rdev = -1;
     p->launches = p->tokens = 0;
 }
@@ -186,6 +189,7 @@ static void count_launch(int rdev, uint64_t cost, uint64_t waited, uint64_t now)
         struct vgpu_proc_slot *slot = shim_slot();
         if (slot != NULL)
             __atomic_fetch_add(&slot->devices[rdev].wait_ns, waited, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&g_shim.st->devices[rdev].wait_ns, waited, __ATOMIC_RELAXED);
         shim_flush_pending();
     }
 }

@@ -236,16 +236,10 @@ static void reclaim_slot(struct vgpu_proc_slot *slot, uint64_t expected_pid)
             } while (!__atomic_compare_exchange_n(total, &cur, next, true, __ATOMIC_ACQ_REL,
                                                   __ATOMIC_RELAXED));
         }
-        /* the process's counts move to the device totals (exchange: moved exactly once) */
-        uint64_t launches = __atomic_exchange_n(&slot->devices[d].launches, 0, __ATOMIC_ACQ_REL);
-        uint64_t tokens = __atomic_exchange_n(&slot->devices[d].tokens_spent, 0, __ATOMIC_ACQ_REL);
-        uint64_t waited = __atomic_exchange_n(&slot->devices[d].wait_ns, 0, __ATOMIC_ACQ_REL);
-        if (d < g_shim.device_count) {
-            struct vgpu_state_device *sd = &g_shim.st->devices[d];
-            __atomic_fetch_add(&sd->launches, launches, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&sd->tokens_spent, tokens, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&sd->wait_ns, waited, __ATOMIC_RELAXED);
-        }
+        /* the device totals already hold this process's counts: they are cumulative */
+        __atomic_store_n(&slot->devices[d].launches, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->devices[d].tokens_spent, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->devices[d].wait_ns, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&slot->devices[d].last_launch_ns, 0, __ATOMIC_RELAXED);
     }
     __atomic_store_n(&slot->host_pid, 0, __ATOMIC_RELAXED);

@@ -174,8 +174,7 @@ def test_state_reports_live_slots_and_totals() -> None:
     assert usage.processes[0].wait_ns == (4, 0)
     assert usage.processes[0].last_launch_ns == (5, 0)
     assert usage.memory_used == (150, 60)
-    # ended processes' tokens (device field) plus the live slots'
-    assert usage.tokens_spent == (301 + 300 + 1, 0)
+    assert usage.tokens_spent == (301, 0)
     assert usage.bucket_balance == (-20, 5)
     assert usage.skipped_records == 0
 

@@ -439,10 +439,8 @@ def decode_state(
     """Read a `state` file written by code we do not trust; never raises, never invents values.
 
     An unreadable header gives `RegionUsage(corrupt=True)`. Within a readable file every value is
-    bounds-checked: a slot with a nonsense pid or counter is skipped whole, a nonsense device
-    memory total is replaced by the sum of the valid slots, a nonsense device counter by zero, and
-    each is counted in `skipped_records`. `tokens_spent` is cumulative: the device's count for
-    processes that ended plus the live slots' counts.
+    bounds-checked: a slot with a nonsense pid or counter is skipped whole, a nonsense device total
+    is replaced by the sum of the valid slots, and each is counted in `skipped_records`.
     `device_count`, when given (from `control`), must match the file's.
     """
     if len(buf) < STATE_HEADER_SIZE:
@@ -506,9 +504,7 @@ def decode_state(
             mem = slot_mem[d]
         if not _plausible_u64(spent, PLAUSIBLE_COUNTER):
             skipped += 1
-            spent = 0
-        # the device field holds what ended processes spent; live slots hold the rest
-        spent += slot_tokens[d]
+            spent = slot_tokens[d]
         if not -TOKEN_MAX <= balance <= TOKEN_MAX:
             skipped += 1
             balance = 0
