@@ -6,7 +6,7 @@ Layout under the state dir:
     regions/<alloc_id>/state     0666, written by the shim in the container (read here by pread)
     regions/.new-<alloc_id>/     a region being built; renamed into place when complete
     regions/.gc-<alloc_id>/      a region being deleted
-    regions.corrupt/<alloc_id>/  regions found unreadable at start, kept for inspection
+    regions.corrupt/<alloc_id>.<ns>/  regions found unreadable at start, the newest 16 kept
     shim/libvgpu.so, shim/ld.so.preload   installed by `vgpu-agent install-shim`
 
 `alloc_id` is `<seq:012d>-<8 hex>`: names sort by creation, and `seq` (also stored in `control`)
@@ -31,10 +31,11 @@ region's. When the IDs of several regions match one container (IDs reused after 
 container ended, or a pod recreated under the same name), the newest region (highest seq) is the
 container's: the kubelet allocates IDs again only after their previous holder has ended, so the
 last Allocate of those IDs is the one the running container was started with. The older ones
-are garbage. Garbage is removed at once, a region nobody holds after `gc_grace_s` of not being
-held; a region younger than `gc_grace_s` is never removed, because PodResources shows a container
-only some time after its Allocate. A region whose container is gone keeps its last known labels
-until it is removed. Without a PodResources answer nothing is ever removed.
+are garbage. Garbage is removed at the next reconcile, a region nobody holds once it has not been
+held for `gc_grace_s`; and a region younger than `gc_grace_s` is never removed, because
+PodResources shows a container only some time after its Allocate. A region whose container is
+gone keeps its last known labels until it is removed. Without a PodResources answer nothing is
+ever removed.
 """
 
 from __future__ import annotations
