@@ -186,6 +186,7 @@ def test_nonsense_slots_are_skipped_and_counted() -> None:
     _put_slot(buf, 2, 8, 2**30, [(1, 0, 0, 0, 0), (0,) * 5])  # host pid beyond PID_MAX
     _put_slot(buf, 3, 9, 0, [(2**63, 0, 0, 0, 0), (0,) * 5])  # negative memory as int64
     _put_slot(buf, 4, 10, 0, [(0, 2**64 - 1, 0, 0, 0), (0,) * 5])  # absurd counter
+    _put_slot(buf, 6, 2**64 - 1, 0, [(0,) * 5, (0,) * 5])  # reclaim marker, nonsense reclaimer
     _put_device(buf, 0, 0, 2**64 - 17, 2**63)  # totals nonsense: use the valid slots
     _put_device(buf, 1, -(2**63), 0, 0)  # balance nonsense
     usage = layout.decode_state(buf, device_count=2)
@@ -193,7 +194,7 @@ def test_nonsense_slots_are_skipped_and_counted() -> None:
     assert usage.memory_used == (100, 0)
     assert usage.tokens_spent == (0, 0)
     assert usage.bucket_balance == (0, 0)
-    assert usage.skipped_records == 4 + 3
+    assert usage.skipped_records == 5 + 3
 
 
 def test_slot_count_beyond_the_file_is_clamped_and_counted() -> None:

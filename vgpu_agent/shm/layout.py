@@ -466,8 +466,13 @@ def decode_state(
     for index in range(slot_count):
         values = _SLOT.unpack_from(buf, base + index * SLOT_SIZE)
         pid, host_pid = values[0], values[1]
-        if pid == 0 or pid & PID_RECLAIMING:
-            continue  # free, or being reclaimed right now
+        if pid == 0:
+            continue  # free
+        if pid & PID_RECLAIMING:
+            # being reclaimed right now by the process named in the low bits: not in use
+            if not 0 < pid & ~PID_RECLAIMING < PID_MAX:
+                skipped += 1
+            continue
         per_dev = [values[4 + d * 5 : 9 + d * 5] for d in range(count)]
         if (
             not 0 < pid < PID_MAX
