@@ -68,6 +68,7 @@ class ControlParams:
     min_util_to_learn: float = 3.0  # below this NVML's integer percent is too coarse
     hungry_wait_fraction: float = 0.02  # waiting this fraction of a tick means rate-limited
     hungry_spend_fraction: float = 0.9  # spending this fraction of the rate means rate-limited
+    boot_widening: float = 1.25  # margin on the first sample, so the first rate stays below
     over_tolerance: float = 1.0  # points above target that prove `k` too high
     saturation_margin: float = 3.0  # a GPU this close to 100% busy is treated as full
     demand_margin: float = 3.0  # headroom kept for a container that is not rate-limited
@@ -256,7 +257,12 @@ def _observe(
 
     k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
     if k <= 0 and spend_rate > 0 and obs.rate >= UNLIMITED_RATE:
-        k, lower_bound = spend_rate / FULL_SHARE, True
+        # Unthrottled for the tick: its share was at most 100%, or, when NVML already reports
+        # it, about `util` (widened, as the sample and the tick do not cover the same moments).
+        share_bound = FULL_SHARE
+        if obs.util is not None and obs.util >= 1:
+            share_bound = min(FULL_SHARE, params.boot_widening * obs.util + 1)
+        k, lower_bound = spend_rate / share_bound, True
     limited = (*prev.limited_history, float(obs.rate) if hungry else 0.0)[-window:]
     long_run = _steady_spend(history, limited, window, params.steady_tolerance)
     rates = (*prev.rate_history, float(obs.rate))[-window:]
@@ -266,20 +272,25 @@ def _observe(
         and max(rates) <= min(rates) * (1 + params.steady_tolerance / 10)
         and prev.target > 0
     )
-    utils = prev.util_history if obs.util is None else (*prev.util_history, obs.util)[-2:]
+    utils = prev.util_history if obs.util is None else (*prev.util_history, obs.util)[-3:]
     util = obs.util
     # Utilization still moving means queued work draining or NVML's window straddling a change:
     # spending and utilization do not describe the same moment yet.
     util_steady = (
         util is not None
-        and len(utils) == 2
-        and abs(utils[0] - utils[1]) <= max(1.0, params.steady_tolerance * max(utils))
+        and len(utils) >= 2
+        and abs(utils[-1] - utils[-2]) <= max(1.0, params.steady_tolerance * max(utils[-2:]))
     )
     seen = math.inf
     if long_run is not None and util is not None and util > 0:
         seen = long_run / util
-    if util is None or not util_steady:
+    if util is None:
         pass
+    elif not util_steady:
+        if long_run is not None and lower_bound and not saturated:
+            # Still climbing from the cold-start bound with lumpy samples (a few long kernels
+            # per sample period): the largest recent sample bounds the share from above.
+            k = max(k, long_run / (max(utils) + 0.5))
     elif long_run is not None and util >= params.min_util_to_learn and not saturated:
         if lower_bound or k <= 0:
             k, lower_bound = seen, False
@@ -336,8 +347,15 @@ def control_step(
         raise ValueError(f"duplicate container keys in one GPU's observations: {keys}")
     window = max(1, round(params.spend_window_s / dt_s))
 
+    # Full, and someone takes more than planned: the others' work may be queueing behind it,
+    # so their spending overstates their use until that is corrected.
     fresh = [o.util for o in observations if o.util is not None]
-    saturated = bool(fresh) and sum(fresh) >= FULL_SHARE - params.saturation_margin
+    overdrawn = any(
+        o.util > states[o.key].target + params.over_tolerance
+        for o in observations
+        if o.util is not None and o.key in states and states[o.key].target > 0
+    )
+    saturated = overdrawn and sum(fresh) >= FULL_SHARE - params.saturation_margin
     updated: dict[str, tuple[LoopState, bool, float]] = {
         o.key: _observe(o, states.get(o.key, LoopState()), dt_s, window, saturated, params)
         for o in observations
