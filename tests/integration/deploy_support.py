@@ -1,6 +1,6 @@
 """Rendering and validating the deploy/ kustomizations with the real tools, for the deploy tests.
 
-kubectl comes from `scripts/install-tools` (build/tools/bin/kubectl); kubernetes-validate and
+kubectl and cel-python come from `scripts/install-tools` (build/tools/); kubernetes-validate and
 hadolint from the test extra. A missing tool is a test failure that says how to install it.
 """
 
@@ -16,7 +16,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-KUBECTL = REPO / "build" / "tools" / "bin" / "kubectl"
+KUBECTL = REPO / "build" / "tools" / "kubectl" / "bin" / "kubectl"
+CEL_PATH = REPO / "build" / "tools" / "cel"
 # kubernetes-validate ships offline schemas for these exact versions (checked in the tests).
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
 

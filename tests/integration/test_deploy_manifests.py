@@ -30,7 +30,13 @@ from vgpu_agent import cli, shiminstall
 from vgpu_agent.config import Config, ConfigSources, build_config
 
 DEFAULTS = Config()
-EXPECTED_VARIANTS = {"base", "overlays/monitoring", "overlays/default-runtime", "examples"}
+EXPECTED_VARIANTS = {
+    "base",
+    "overlays/monitoring",
+    "overlays/default-runtime",
+    "overlays/hardened",
+    "examples",
+}
 
 # The fields of monitoring.coreos.com/v1 ServiceMonitor this project uses, strictly (no schema
 # for custom resources ships with kubernetes-validate).
@@ -150,7 +156,11 @@ def test_the_expected_variants_exist_and_every_component_is_used() -> None:
         for component in data.get("components", []):
             used.add(os.path.normpath(os.path.join(variant, component)))
     components = {p for p, kind in kustomizations().items() if kind == "Component"}
-    assert {"components/servicemonitor", "components/default-runtime"} <= components
+    assert {
+        "components/servicemonitor",
+        "components/default-runtime",
+        "components/node-guard",
+    } <= components
     assert components <= used, f"components no overlay renders: {sorted(components - used)}"
 
 
