@@ -22,24 +22,27 @@ SM time, from the tokens the container spent divided by the utilization NVML mea
 `rate = k * target`. A change of target is therefore applied in one step (feed-forward), and the
 quality of the loop rests on `k` alone, which is a property of the workload, not of the share:
 
-- `k` is updated only from evidence that describes a steady state: the container's spending has
-  stayed within a tolerance for `spend_window_s` (long enough to cover NVML's averaging window)
-  and utilization is above a floor where integer percentages are still precise. Transients
-  (a target change, a queue filling, the GPU being contended) never reach the model: this gating
-  is the anti-windup.
-- Updates are geometric (`k *= (observed / k) ** gain`): the learned gain is itself an integral
-  action on the multiplicative error, so a workload whose utilization is not exactly
-  proportional to its spending still converges to its target at the operating point.
-- Cold start: a container with no model runs unthrottled for one tick; its spending then gives a
-  lower bound for `k` (utilization cannot have exceeded 100%), so the first limited rate never
-  exceeds the limit. The exact `k` follows once the spending is steady. A rate found already in
-  force (the agent restarted) is kept until `k` is learned from it.
-- A container seen above its target at a rate held for the whole window proves `k` too high
-  (it cannot have spent more than the rate); that correction is always allowed, also on a full
-  GPU, where queued work makes every other estimate of `k` unreliable.
+- `k` is learned only from evidence that describes one moment: the spending is steady over
+  `spend_window_s` (or the container was held at one rate and waited for tokens all along, so it
+  spent exactly that rate, however lumpy its launches) and the last two NVML samples agree, so
+  queued work has drained and NVML's averaging window no longer straddles a change. Transients
+  never reach the model: this conditional learning is the anti-windup.
+- Updates are geometric (`k *= (observed / k) ** gain`): the learned gain is an integral action
+  on the multiplicative error, so a workload whose utilization is not exactly proportional to its
+  spending still converges to its target at the operating point. No separate PI term: a second
+  integrator on the same error only adds overshoot.
+- On a full GPU where someone is above target, the others' work queues up and their spending
+  overstates their use; there only corrections of `k` downwards are trusted. A container seen
+  above its target at a rate held for the whole window proves `k` too high (it cannot have spent
+  more than the rate): that correction is always allowed and is what relieves a full GPU.
+- Cold start: a container with no model runs unthrottled for one tick; its spending then bounds
+  `k` from below (its share was at most 100%, or a little above what NVML's first sample says),
+  so the first limited rate stays under the limit; the exact `k` follows within a second.
+  Shares under NVML's integer resolution climb by the bound `util + 0.5`. A rate found already
+  in force (the agent restarted) is kept until `k` is learned from it.
 
-Kernel length does not matter to this law: long kernels make the spending lumpy within a tick,
-which the burst (a couple of launches at least) absorbs, and the learning window averages.
+Kernel length does not matter: long kernels make spending lumpy within a tick, which the burst
+(at least two of the largest launches) absorbs and the held-rate evidence averages out.
 """
 
 from __future__ import annotations

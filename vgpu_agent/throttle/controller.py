@@ -180,7 +180,8 @@ class ThrottleController:
         except Exception:
             self._failed("list_regions", "throttle_list_regions_failed")
             return
-        by_gpu = self._gather(regions)
+        # Reading `state` files is file I/O (a pread per region): keep it off the event loop.
+        by_gpu = await asyncio.to_thread(self._gather, regions)
         for uuid, entries in by_gpu.items():
             samples = await self._samples(uuid)
             try:
