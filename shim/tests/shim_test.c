@@ -4,7 +4,6 @@
  * and what the shim wrote into the state file.
  *
  *   shim_test BUILD_DIR            run every test, TAP-style output, exit 1 on any failure
- *   shim_test BUILD_DIR --bench    per-launch overhead with and without the shim
  *
  * VGPU_TEST_PRELOAD_FIRST: a library to preload before libvgpu.so (the ASan runtime).
  */
@@ -642,75 +641,6 @@ static bool t_dead_slot_pid_reuse_and_garbage(void)
     return ok;
 }
 
-/* ------------------------------------------------------------------ benchmark */
-
-static int bench(void)
-{
-    /* same client, same fake driver, same run: without the shim, and with it (tokens available) */
-    const char *n = getenv("BENCH_LAUNCHES") ? getenv("BENCH_LAUNCHES") : "2000000";
-    struct dev_cfg cfg = {0, 0, 500000, UINT64_C(1) << 61, UINT64_C(1) << 61, VGPU_POLICY_STRICT, 0};
-    make_region("bench", 1, &cfg);
-    int rounds = 7;
-    double base[16], shim[16], off[16];
-    for (int i = 0; i < rounds; i++) {
-        for (int mode = 0; mode < 3; mode++) {
-            char out[600], err[600], buf[512];
-            snprintf(out, sizeof out, "%s/bench.out", g_tmp);
-            snprintf(err, sizeof err, "%s/bench.err", g_tmp);
-            pid_t pid = fork();
-            if (pid == 0) {
-                char dir[600], prog[600];
-                snprintf(dir, sizeof dir, "%s/bench", g_tmp);
-                setenv("VGPU_REGION_DIR", dir, 1);
-                if (mode == 0)
-                    unsetenv("LD_PRELOAD");
-                else
-                    set_preload();
-                if (mode == 2) { /* policy off: hooks run, no tokens spent */
-                    setenv("VGPU_REGION_DIR", "/nonexistent", 1);
-                }
-                snprintf(prog, sizeof prog, "%s/bench_launch", g_build);
-                int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-                dup2(o, 1);
-                int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-                dup2(e, 2);
-                execl(prog, prog, n, (char *)NULL);
-                _exit(127);
-            }
-            int status = wait_timeout(pid, 120);
-            read_all(out, buf, sizeof buf);
-            double v = 0;
-            if (status != 0 || sscanf(buf, "ns_per_launch=%lf", &v) != 1) {
-                fprintf(stderr, "bench run failed: %s\n", buf);
-                return 1;
-            }
-            (mode == 0 ? base : mode == 1 ? shim : off)[i] = v;
-        }
-    }
-    /* medians and worst of the rounds */
-    for (int a = 0; a < rounds; a++)
-        for (int b = a + 1; b < rounds; b++) {
-            double *arrs[3] = {base, shim, off};
-            for (int k = 0; k < 3; k++)
-                if (arrs[k][b] < arrs[k][a]) {
-                    double t = arrs[k][a];
-                    arrs[k][a] = arrs[k][b];
-                    arrs[k][b] = t;
-                }
-        }
-    int mid = rounds / 2;
-    printf("launches per run: %s, runs per variant: %d (interleaved)\n", n, rounds);
-    printf("%-34s %12s %12s\n", "variant", "median ns", "worst ns");
-    printf("%-34s %12.1f %12.1f\n", "fake driver, no shim", base[mid], base[rounds - 1]);
-    printf("%-34s %12.1f %12.1f\n", "shim, strict policy, tokens ample", shim[mid], shim[rounds - 1]);
-    printf("%-34s %12.1f %12.1f\n", "shim, no region (pass-through)", off[mid], off[rounds - 1]);
-    printf("added per launch (strict): %.1f ns, ratio %.2fx\n", shim[mid] - base[mid],
-           shim[mid] / base[mid]);
-    printf("added per launch (pass-through): %.1f ns, ratio %.2fx\n", off[mid] - base[mid],
-           off[mid] / base[mid]);
-    return 0;
-}
-
 /* ------------------------------------------------------------------ main */
 
 static void cleanup(void)
@@ -724,7 +654,7 @@ static void cleanup(void)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: shim_test BUILD_DIR [--bench]\n");
+        fprintf(stderr, "usage: shim_test BUILD_DIR\n");
         return 2;
     }
     static char build[512];
@@ -740,8 +670,6 @@ int main(int argc, char **argv)
     }
     atexit(cleanup);
     signal(SIGPIPE, SIG_IGN);
-    if (argc > 2 && strcmp(argv[2], "--bench") == 0)
-        return bench();
 
     static const char *const ways[] = {"direct", "dlsym", "procaddr", "procaddr_ptsz",
                                        "procaddr_v1"};
