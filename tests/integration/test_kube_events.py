@@ -114,3 +114,13 @@ async def test_event_storm_is_paced_by_the_token_bucket(tmp_path: Path) -> None:
         posts = [r.at for r in w.api.requests if r.method == "POST"]
         assert posts[1] - posts[0] < 0.04
         assert posts[-1] - posts[0] >= 4 / 20 * 0.9  # four paced at 50 ms
+
+
+async def test_the_health_monitors_change_objects_are_accepted(tmp_path: Path) -> None:
+    from vgpu_agent.gpu.healthstate import HealthChange
+
+    async with wired(tmp_path) as w:
+        w.node.on_health_change(HealthChange(UUID, False, "XID critical error", 48))
+        await w.api.wait_for(lambda: len(w.api.all_events()) == 1)
+        (event,) = w.api.all_events()
+        assert "XID 48" in event["message"] and UUID in event["message"]
