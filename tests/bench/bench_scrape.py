@@ -227,10 +227,12 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bo
         scraped_cpu = (cpu_seconds(child.pid) - before) / (time.monotonic() - started) * 60
 
         latencies, body = [], b""
+        before = cpu_seconds(child.pid)
         for _ in range(args.scrapes):
             shim.tick()
             took, body = scrape(port)
             latencies.append(took)
+        cpu_per_scrape_ms = (cpu_seconds(child.pid) - before) / args.scrapes * 1000
         _, om_body = scrape(port, "application/openmetrics-text; version=1.0.0")
         rss, peak = rss_mb(child.pid)
         latencies.sort()
@@ -239,6 +241,7 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bo
             "scraped_cpu_s_per_min": scraped_cpu,
             "p50_ms": statistics.median(latencies),
             "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+            "cpu_per_scrape_ms": cpu_per_scrape_ms,
             "bytes": len(body),
             "gzip_bytes": len(gzip.compress(body)),
             "om_bytes": len(om_body),
@@ -270,6 +273,7 @@ def main() -> int:
         asyncio.run(serve(args.root, args.gpus, args.controller, args.port_file))
         return 0
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp:
         root = Path(tmp)
         rows = build_regions(root, args.gpus, args.containers)
@@ -279,12 +283,14 @@ def main() -> int:
 
     print(f"\n{args.gpus} GPUs x {args.containers} containers "
           f"({sum(int(r['devices']) for r in rows)} container-devices); "
-          f"nproc={os.cpu_count()}, python {sys.version.split()[0]}")
+          f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, "
+          f"load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after")
     header = f"{'':34}" + "".join(f"{name:>16}" for name in results)
     print(header)
     rows_out = [
         ("scrape p50 (ms)", "p50_ms", "{:.1f}"),
         ("scrape p99 (ms)", "p99_ms", "{:.1f}"),
+        ("agent CPU per scrape (ms)", "cpu_per_scrape_ms", "{:.1f}"),
         ("exposition (bytes, text)", "bytes", "{:,}"),
         ("exposition (bytes, gzip)", "gzip_bytes", "{:,}"),
         ("exposition (bytes, OpenMetrics)", "om_bytes", "{:,}"),
