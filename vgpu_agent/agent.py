@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 import structlog
 
 from vgpu_agent.config import Config
-from vgpu_agent.deviceplugin.allocation import Split
+from vgpu_agent.deviceplugin.allocation import Grant, Split
 from vgpu_agent.deviceplugin.registration import PluginRunner
-from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState
+from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, Inventory
+from vgpu_agent.kubelet.podresources import PodResourcesClient
+from vgpu_agent.shm.regions import RegionStore
+from vgpu_agent.throttle.controller import ThrottleController
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +58,20 @@ class Agent:
         self.state: DeviceState | None = None
         self.runner: PluginRunner | None = None
         self.health: HealthMonitor | None = None
+        self.regions = RegionStore(
+            config.state_dir,
+            default_policy=config.core_policy,
+            container_region_dir=config.container_region_dir,
+            container_shim_path=config.container_shim_path,
+            gc_grace_s=config.region_gc_grace_seconds,
+        )
+        self.pod_resources = PodResourcesClient(config.pod_resources_socket, config.resource_name)
+        self.controller = ThrottleController(
+            self.backend,
+            self.regions.regions,
+            tick_s=config.throttle_tick_seconds,
+            default_policy=config.core_policy,
+        )
         self.tasks = TaskHealth()
         self.ready = asyncio.Event()  # set once the plugin is serving and the inventory is known
         self._stop = asyncio.Event()
@@ -73,6 +90,9 @@ class Agent:
                     raise _Shutdown
             except* _Shutdown:
                 pass
+        with contextlib.suppress(Exception):
+            await self.pod_resources.close()
+        self.regions.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.backend.shutdown)
         log.info("agent_stopped")
@@ -96,11 +116,15 @@ class Agent:
             split_count=self.split.count,
         )
         self.state = DeviceState(gpus, self.split)
+        # Running containers keep their limits: existing regions are adopted as they are.
+        adopted = await asyncio.to_thread(self.regions.adopt)
+        log.info("regions_adopted", count=len(adopted))
         servicer = DevicePluginServicer(
             self.state,
             policy=self.config.allocation_policy,
             strategy=self.config.device_list_strategy,
             cdi_vendor_class=self.config.cdi_vendor_class,
+            on_grant=self._on_grant,
         )
         self.runner = PluginRunner(
             servicer,
@@ -118,7 +142,20 @@ class Agent:
         self._supervise(group, "device-plugin", self.runner.run)
         self._supervise(group, "health", self.health.run)
         self._supervise(group, "health-to-plugin", self._apply_health)
+        self._supervise(
+            group,
+            "pod-resources",
+            lambda: self.pod_resources.run(
+                self.config.pod_resources_refresh_seconds, self.regions.reconcile
+            ),
+        )
+        self._supervise(group, "throttle", self.controller.run)
         self.ready.set()
+
+    async def _on_grant(self, grant: Grant) -> Extras:
+        extras = await self.regions.on_grant(grant)
+        self.pod_resources.poke()  # learn soon which container the new region belongs to
+        return extras
 
     async def _start_backend(self) -> Inventory:
         delay = 0.5
