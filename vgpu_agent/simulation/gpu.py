@@ -60,6 +60,11 @@ class Workload:
     def busy_at(self, t_s: float) -> bool:
         return any(start <= t_s < end for start, end in self.busy)
 
+    def next_change(self, t_s: float) -> float:
+        """The first moment after `t_s` when `busy_at` may change."""
+        edges = [edge for interval in self.busy for edge in interval if edge > t_s]
+        return min(edges, default=math.inf)
+
 
 class LaunchGate(Protocol):
     def admit(self, now_ns: int, want: int) -> int:
@@ -127,6 +132,8 @@ class SimProcess:
     window_sm_s: float = 0.0  # SM time in the current NVML sample period
     total_sm_s: float = 0.0  # ground truth, cumulative
     bins: list[float] = field(default_factory=list)  # SM seconds per recording bin
+    busy: bool = False  # whether the workload is in a busy interval, valid until `recheck_s`
+    recheck_s: float = -1.0
 
 
 class SimGpu:
@@ -191,8 +198,10 @@ class SimGpu:
             t_s = (now - self.start_ns) / tokens.NS_PER_S
             for p in procs:
                 w = p.workload
+                if t_s >= p.recheck_s:
+                    p.busy, p.recheck_s = w.busy_at(t_s), w.next_change(t_s)
                 room = max(w.queue_s, w.kernel_s) - p.queued_s
-                if room >= w.kernel_s * 0.999 and w.busy_at(t_s):
+                if p.busy and room >= w.kernel_s * 0.999:
                     want = int(room / w.kernel_s + 1e-9)
                     admitted = p.gate.admit(now, want)
                     p.queued_s += admitted * w.kernel_s

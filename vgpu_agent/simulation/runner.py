@@ -54,6 +54,8 @@ class RunResult:
 class Stats:
     mean_abs_error: float  # points, steady state, all containers
     p95_error: float
+    median_error: float = math.nan
+    p99_error: float = math.nan
     settling_s: list[float | None] = field(default_factory=list)  # per change incl. t=0; None=never
 
     @property
@@ -150,7 +152,10 @@ def evaluate(result: RunResult, *, tolerance: float = 2.0, settle_exclude_s: flo
                 errors.append(abs(share - sc.expected(name, t - result.window_s / 2)))
     errors.sort()
     mae = sum(errors) / len(errors) if errors else math.nan
-    p95 = errors[min(len(errors) - 1, int(0.95 * len(errors)))] if errors else math.nan
+
+    def pct(q: float) -> float:
+        return errors[min(len(errors) - 1, int(q * len(errors)))] if errors else math.nan
+
     settling: list[float | None] = []
     times = [t for t, _ in next(iter(result.series.values()))]
     for i, change in enumerate(bounds[:-1]):
@@ -169,4 +174,4 @@ def evaluate(result: RunResult, *, tolerance: float = 2.0, settle_exclude_s: flo
                 found = t - change
                 break
         settling.append(found)
-    return Stats(mae, p95, settling)
+    return Stats(mae, pct(0.95), median_error=pct(0.5), p99_error=pct(0.99), settling_s=settling)
