@@ -244,6 +244,13 @@ def test_empty_node_name_is_rejected() -> None:
         NodeIntegration("", None)
 
 
+def test_bad_pacing_parameters_are_rejected_at_construction() -> None:
+    with pytest.raises(ValueError, match="token bucket"):
+        NodeIntegration(NODE, None, events_per_second=0)
+    with pytest.raises(ValueError, match="backoff"):
+        NodeIntegration(NODE, None, backoff_initial=5, backoff_cap=1)
+
+
 @pytest.fixture
 def service_account(tmp_path: Path) -> tuple[Path, Path]:
     """A service account dir (self-signed CA for 127.0.0.1, token, namespace) and the key."""

@@ -112,6 +112,9 @@ class NodeIntegration:
         # A flapping GPU must not turn into an event storm (each event costs API server writes and
         # CPU on this event loop); beyond the burst, events wait and the oldest queued are dropped.
         self._event_rate = (events_per_second, event_burst)
+        # bad pacing parameters fail here, not later inside run()
+        TokenBucket(events_per_second, event_burst, now=0.0)
+        Backoff(backoff_initial, backoff_cap)
         self._events_wake = asyncio.Event()
         self._seq = itertools.count()
 
