@@ -1,0 +1,31 @@
+"""Write a one-device region (control + state) the way the agent does, for the GPU check.
+
+    python3 make_region.py DIR UUID MEMORY_LIMIT CORE_LIMIT_PPM RATE BURST POLICY
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from vgpu_agent.shm import layout  # noqa: E402
+
+
+def main() -> None:
+    directory, uuid, memory, core, rate, burst, policy = sys.argv[1:8]
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    device = layout.ControlDevice(uuid, int(memory), int(core), int(rate), int(burst),
+                                  int(policy))
+    now = time.monotonic_ns()
+    control = layout.Control(devices=(device,), device_ids=(f"{uuid}::0",), seq=1,
+                             created_ns=now, heartbeat_ns=now)
+    (path / "control").write_bytes(layout.encode_control(control))
+    (path / "state").write_bytes(layout.encode_state(1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The shim on a real GPU: memory limit, cudaMemGetInfo, paced throughput, launch overhead.
+#
+#   shim/tests/gpu/run.sh            (from anywhere; needs nvcc, an NVIDIA GPU, python3, make, gcc)
+#
+# Uses GPU 0. Builds libvgpu.so and gpu_check.cu, writes region files with the agent's own
+# encoder (vgpu_agent/shm/layout.py, standard library only), runs each check with and without
+# the shim preloaded, and prints one summary table. Exit status 0 when every check passed.
+# Takes about a minute plus the nvcc build; every step has a time limit, the whole stays < 5 min.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+SHIM="$(cd "$HERE/../.." && pwd)"
+OUT="$SHIM/build/gpu"
+WORK="$(mktemp -d /tmp/vgpu-gpu-check.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$OUT"
+
+command -v nvcc >/dev/null || { echo "nvcc not found: install the CUDA toolkit" >&2; exit 2; }
+timeout 120 make -s -C "$SHIM" all
+timeout 180 nvcc -O2 -o "$OUT/gpu_check" "$HERE/gpu_check.cu"
+CHECK="$OUT/gpu_check"
+SHIM_LIB="$SHIM/build/libvgpu.so"
+
+UUID="$(timeout 60 "$CHECK" uuid)"
+MIB=$((1 << 20))
+LIMIT_MIB=1024
+CHUNK_MIB=64
+SECONDS_EACH=4
+GRID=1024
+BLOCK=128
+SPIN_US=20
+POLICY_STRICT=1
+
+region() {  # region NAME MEMORY_LIMIT CORE_PPM RATE BURST POLICY
+  python3 "$HERE/make_region.py" "$WORK/$1" "$UUID" "$2" "$3" "$4" "$5" "$6"
+  echo "$WORK/$1"
+}
+plain() { env -u LD_PRELOAD timeout 60 "$CHECK" "$@"; }
+shimmed() {  # shimmed REGION_DIR ARGS...
+  local dir="$1"; shift
+  LD_PRELOAD="$SHIM_LIB" VGPU_REGION_DIR="$dir" VGPU_FAIL_CLOSED=1 timeout 60 "$CHECK" "$@"
+}
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+
+declare -a ROWS
+fails=0
+row() { ROWS+=("$(printf '%-34s %18s %18s  %s' "$1" "$2" "$3" "$4")"); [[ "$4" == ok* ]] || fails=$((fails + 1)); }
+
+# ---- memory: the limit is refused beyond, and cudaMemGetInfo reports inside it
+mem_dir="$(region mem $((LIMIT_MIB * MIB)) 1000000 0 0 0)"
+base_mem="$(plain mem "$CHUNK_MIB")"
+shim_mem="$(shimmed "$mem_dir" mem "$CHUNK_MIB")"
+b_alloc=$(($(echo "$base_mem" | field allocated) / MIB))
+s_alloc=$(($(echo "$shim_mem" | field allocated) / MIB))
+s_refused="$(echo "$shim_mem" | field refused)"
+b_total=$(($(echo "$base_mem" | field meminfo_total) / MIB))
+s_total=$(($(echo "$shim_mem" | field meminfo_total) / MIB))
+s_free=$(($(echo "$shim_mem" | field meminfo_free) / MIB))
+verdict="FAIL"
+if (( s_alloc <= LIMIT_MIB && s_alloc > LIMIT_MIB - CHUNK_MIB )) && [[ "$s_refused" == 2 ]]; then
+  verdict="ok (refused with cudaErrorMemoryAllocation)"
+fi
+row "cudaMalloc until refused (MiB)" "$b_alloc" "$s_alloc of $LIMIT_MIB" "$verdict"
+verdict="FAIL"
+(( s_total == LIMIT_MIB && s_free <= LIMIT_MIB )) && verdict="ok"
+row "cudaMemGetInfo total / free (MiB)" "$b_total" "$s_total / $s_free" "$verdict"
+
+# ---- throughput: rates giving 25/50/100% of what the GPU does unthrottled
+base_tp="$(plain throughput "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US")"
+full="$(echo "$base_tp" | field launches_per_s)"
+cost="$(echo "$base_tp" | field cost)"
+off_dir="$(region off 0 1000000 0 0 0)"
+off_tp="$(shimmed "$off_dir" throughput "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US" | field launches_per_s)"
+verdict="FAIL"
+python3 -c "import sys; sys.exit(0 if float('$off_tp') >= 0.95 * float('$full') else 1)" && verdict="ok"
+row "launches/s, policy off" "$full" "$off_tp" "$verdict"
+for pct in 25 50 100; do
+  rate=$(python3 -c "print(int($pct / 100 * float('$full') * $cost))")
+  burst=$(python3 -c "print(max($cost, $rate // 20))")
+  dir="$(region "rate$pct" 0 $((pct == 100 ? 999999 : pct * 10000)) "$rate" "$burst" "$POLICY_STRICT")"
+  got="$(shimmed "$dir" throughput "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US" | field launches_per_s)"
+  share=$(python3 -c "print(round(100 * float('$got') / float('$full'), 1))")
+  verdict="FAIL"
+  python3 -c "import sys; sys.exit(0 if abs($share - $pct) <= max(5, 0.1 * $pct) else 1)" && verdict="ok"
+  row "launches/s at a rate for $pct%" "$full (100%)" "$got ($share%)" "$verdict"
+done
+
+# ---- launch overhead (host time per launch of an empty kernel)
+ample_dir="$(region ample 0 500000 $((1 << 61)) $((1 << 61)) "$POLICY_STRICT")"
+b_ns="$(plain overhead 100000 | field ns_per_launch)"
+s_ns="$(shimmed "$ample_dir" overhead 100000 | field ns_per_launch)"
+added=$(python3 -c "print(round(float('$s_ns') - float('$b_ns'), 1))")
+row "host ns per launch (tokens ample)" "$b_ns" "$s_ns" "ok (+$added ns)"
+
+echo
+echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0 2>/dev/null || echo unknown), $UUID"
+echo "CUDA: $(nvcc --version | tail -1)"
+printf '%-34s %18s %18s  %s\n' "check" "without shim" "with shim" "result"
+printf '%s\n' "${ROWS[@]}"
+exit $(( fails > 0 ))
