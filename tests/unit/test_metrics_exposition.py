@@ -35,7 +35,9 @@ def _parsed(text: str, openmetrics: bool) -> list[tuple[str, str, str, list[tupl
     out = []
     for family in parse(text):
         samples = [
-            (s.name, tuple(sorted(s.labels.items())), "nan" if math.isnan(s.value) else s.value)
+            # Prometheus keeps float64 values: compare what it would store
+            (s.name, tuple(sorted(s.labels.items())),
+             "nan" if math.isnan(s.value) else float(s.value))
             for s in family.samples
         ]
         out.append((family.name, family.type, family.documentation, samples))

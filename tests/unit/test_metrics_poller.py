@@ -144,12 +144,15 @@ async def test_region_cache_reads_only_while_scrapes_come(tmp_path: Path) -> Non
     assert cache.rounds == 0  # nobody scraped: nothing read
     assert len(await cache.fresh()) == 1  # the first scrape waits for a round
     assert cache.rounds == 1
-    await asyncio.sleep(0.1)
+    for _ in range(500):
+        if cache.rounds > 3:
+            break
+        await asyncio.sleep(0.01)
     assert cache.rounds > 3  # scrapes keep it fresh in the background
     now[0] += 61  # no scrape for longer than the keep-alive
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # a round already under way may still finish
     idle = cache.rounds
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.2)
     assert cache.rounds == idle
     await cache.fresh()  # too old by now: refreshed before answering
     assert cache.rounds == idle + 1

@@ -27,6 +27,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from vgpu_agent import __version__
 from vgpu_agent.deviceplugin.ids import DeviceIdError, parse_device_id
@@ -199,6 +200,13 @@ def _counter(name: str, doc: str, labels: Sequence[str]) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, labels=list(labels))
 
 
+def _put(family: Metric, labels: dict[str, str], value: float) -> None:
+    """Add a sample whose label dict is shared with the entity's other families: built once
+    per GPU or container, and escaped once per scrape by the encoder."""
+    suffix = "_total" if family.type == "counter" else ""
+    family.samples.append(Sample(family.name + suffix, labels, value))
+
+
 def families(snap: Snapshot, hami: bool = False) -> list[Metric]:
     """Every family of the agent's own metrics for one scrape. Pure."""
     groups = [_gpu_families(snap), _container_families(snap), _agent_families(snap)]
@@ -208,8 +216,8 @@ def families(snap: Snapshot, hami: bool = False) -> list[Metric]:
     return [family for group in groups for family in group if family.samples]
 
 
-def _gpu_labels(snap: Snapshot, gpu: GpuInfo) -> list[str]:
-    return [snap.node, gpu.uuid, str(gpu.index), gpu.name]
+def _gpu_labels(snap: Snapshot, gpu: GpuInfo) -> dict[str, str]:
+    return dict(zip(GPU_LABELS, (snap.node, gpu.uuid, str(gpu.index), gpu.name), strict=True))
 
 
 def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
@@ -238,36 +246,36 @@ def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
     )
     for gpu in snap.gpus:
         labels = _gpu_labels(snap, gpu)
-        mem_total.add_metric(labels, gpu.memory_total)
-        slices_total.add_metric(labels, snap.slices_per_gpu)
-        slices_alloc.add_metric(labels, snap.slices_allocated.get(gpu.uuid, 0))
+        _put(mem_total, labels, gpu.memory_total)
+        _put(slices_total, labels, snap.slices_per_gpu)
+        _put(slices_alloc, labels, snap.slices_allocated.get(gpu.uuid, 0))
         if snap.healthy is not None and gpu.uuid in snap.healthy:
-            healthy.add_metric(labels, 1 if snap.healthy[gpu.uuid] else 0)
+            _put(healthy, labels, 1 if snap.healthy[gpu.uuid] else 0)
         if snap.xid_counts is not None:
-            xids.add_metric(labels, snap.xid_counts.get(gpu.uuid, 0))
+            _put(xids, labels, snap.xid_counts.get(gpu.uuid, 0))
         sample = snap.gpu_samples.get(gpu.uuid)
         if sample is None:
             continue
-        stale.add_metric(labels, 1 if sample.stale else 0)
-        failures.add_metric(labels, sample.failures)
+        _put(stale, labels, 1 if sample.stale else 0)
+        _put(failures, labels, sample.failures)
         if sample.stale or sample.readings is None:
             continue
         r = sample.readings
         if r.memory_used is not None:
-            mem_used.add_metric(labels, r.memory_used)
+            _put(mem_used, labels, r.memory_used)
         if r.utilization is not None:
-            util.add_metric(labels, r.utilization)
+            _put(util, labels, r.utilization)
         if r.temperature_c is not None:
-            temp.add_metric(labels, r.temperature_c)
+            _put(temp, labels, r.temperature_c)
         if r.power_w is not None:
-            power.add_metric(labels, r.power_w)
+            _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
     yield from (slices_total, slices_alloc)
 
 
-def _container_labels(entry: ContainerDevice) -> list[str]:
+def _container_labels(entry: ContainerDevice) -> dict[str, str]:
     index = str(entry.gpu.index) if entry.gpu is not None else ""
-    return [*entry.identity, entry.uuid, index]
+    return dict(zip(CONTAINER_LABELS, (*entry.identity, entry.uuid, index), strict=True))
 
 
 def _launch_age_s(snap: Snapshot, entry: ContainerDevice) -> float | None:
@@ -311,22 +319,22 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
     )
     for entry in snap.containers:
         labels = _container_labels(entry)
-        mem_limit.add_metric(labels, entry.memory_limit)
-        core_limit.add_metric(labels, entry.core_limit / 100.0)
+        _put(mem_limit, labels, entry.memory_limit)
+        _put(core_limit, labels, entry.core_limit / 100.0)
         if 0 < entry.rate < _UNLIMITED_RATE:
-            rate.add_metric(labels, entry.rate)
+            _put(rate, labels, entry.rate)
         if entry.utilization is not None:
-            core_util.add_metric(labels, max(0.0, min(100.0, entry.utilization)) / 100.0)
+            _put(core_util, labels, max(0.0, min(100.0, entry.utilization)) / 100.0)
         if entry.open_loop is not None:
-            open_loop.add_metric(labels, 1 if entry.open_loop else 0)
+            _put(open_loop, labels, 1 if entry.open_loop else 0)
         if not entry.usage_known:
             continue
-        mem_used.add_metric(labels, entry.memory_used)
-        waited.add_metric(labels, entry.wait_ns / 1e9)
-        launches.add_metric(labels, entry.launches)
+        _put(mem_used, labels, entry.memory_used)
+        _put(waited, labels, entry.wait_ns / 1e9)
+        _put(launches, labels, entry.launches)
         launch_age = _launch_age_s(snap, entry)
         if launch_age is not None:
-            age.add_metric(labels, launch_age)
+            _put(age, labels, launch_age)
     yield from (mem_limit, mem_used, core_limit, core_util, waited, launches, rate, age, open_loop)
 
 

@@ -37,7 +37,9 @@ def format_value(value: float) -> str:
 def encode(families: Iterable[Metric], openmetrics: bool = False) -> bytes:
     """Families of type gauge, counter or info; anything else raises ValueError."""
     lines: list[str] = []
-    label_text: dict[tuple[tuple[str, str], ...], str] = {}
+    # keyed by the label dict's identity: families of one entity share one dict (see
+    # collectors._put), and every dict stays alive in `families` while this runs
+    label_text: dict[int, str] = {}
     for family in families:
         kind = family.type
         if kind not in ("gauge", "counter", "info"):
@@ -56,11 +58,12 @@ def encode(families: Iterable[Metric], openmetrics: bool = False) -> bytes:
         lines.append(f"# HELP {meta_name} {help_text}")
         lines.append(f"# TYPE {meta_name} {meta_type}")
         for sample in family.samples:
-            key = tuple(sample.labels.items())
-            text = label_text.get(key)
+            text = label_text.get(id(sample.labels))
             if text is None:
-                inner = ",".join(f'{k}="{str(v).translate(_LABEL_ESCAPES)}"' for k, v in key)
-                text = label_text[key] = "{" + inner + "}" if inner else ""
+                inner = ",".join(
+                    f'{k}="{str(v).translate(_LABEL_ESCAPES)}"' for k, v in sample.labels.items()
+                )
+                text = label_text[id(sample.labels)] = "{" + inner + "}" if inner else ""
             lines.append(f"{sample.name}{text} {format_value(sample.value)}")
     if not lines:
         return b""
