@@ -186,7 +186,7 @@ SHIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     uint64_t limit = __atomic_load_n(&g_shim.ctl->devices[rdev].memory_limit, __ATOMIC_RELAXED);
     if (limit == 0)
         return r;
-    shim_reclaim_dead_slots(); /* what a killed process held is not in use any more */
+    shim_reclaim_dead_slots_now_and_then(); /* what a killed process held is not in use */
     uint64_t used = __atomic_load_n(&g_shim.st->devices[rdev].memory_used, __ATOMIC_RELAXED);
     uint64_t total = limit < *total_bytes ? limit : *total_bytes; /* never more than physical */
     uint64_t free_in_limit = used < total ? total - used : 0;

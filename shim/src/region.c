@@ -269,6 +269,18 @@ void shim_reclaim_dead_slots(void)
     }
 }
 
+/* Reclaiming reads /proc for every live slot: callers that may call often (cuMemGetInfo) do it at
+ * most every 100 ms; a refused allocation always does it. */
+void shim_reclaim_dead_slots_now_and_then(void)
+{
+    static uint64_t last; /* atomic */
+    uint64_t now = shim_coarse_now_ns(), prev = __atomic_load_n(&last, __ATOMIC_RELAXED);
+    if (prev != 0 && now - prev < UINT64_C(100000000))
+        return;
+    if (__atomic_compare_exchange_n(&last, &prev, now, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        shim_reclaim_dead_slots();
+}
+
 static struct vgpu_proc_slot *claim_slot(void)
 {
     uint64_t me = (uint64_t)getpid();

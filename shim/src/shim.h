@@ -41,6 +41,7 @@ static inline enum shim_mode shim_mode(void)
 extern struct shim g_shim;
 struct vgpu_proc_slot *shim_slot(void); /* this process's slot, claimed lazily; may be NULL */
 void shim_reclaim_dead_slots(void);
+void shim_reclaim_dead_slots_now_and_then(void); /* at most every 100 ms per process */
 void shim_after_fork_child(void);
 uint64_t shim_now_ns(void);
 uint64_t shim_coarse_now_ns(void); /* same clock, tick resolution, much cheaper */

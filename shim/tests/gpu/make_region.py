@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from vgpu_agent.shm import layout  # noqa: E402
+from vgpu_agent.shm import layout
 
 
 def main() -> None:
