@@ -4,6 +4,7 @@ region files and the real PodResources client, through the faults the issue list
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -161,6 +162,19 @@ async def test_content_negotiation(node: Node) -> None:
     )
     assert status == 200 and ctype.startswith("application/openmetrics-text")
     assert text.endswith("# EOF\n")
+
+
+async def test_gzip_when_the_scraper_accepts_it(node: Node) -> None:
+    await node.service.refresh()
+    url = f"http://127.0.0.1:{node.service.port}/metrics"
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        async with session.get(url, headers={"Accept-Encoding": "gzip"}) as response:
+            assert response.headers["Content-Encoding"] == "gzip"
+            packed = await response.read()
+        async with session.get(url, headers={"Accept-Encoding": "identity"}) as response:
+            assert "Content-Encoding" not in response.headers
+            plain = await response.read()
+    assert gzip.decompress(packed).startswith(b"# HELP") and len(packed) * 3 < len(plain)
 
 
 async def test_probes_say_which_part_is_not_ready(node: Node) -> None:
