@@ -196,6 +196,22 @@ SHIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     return r;
 }
 
+/* What frameworks read as the device's memory size (cudaGetDeviceProperties.totalGlobalMem). */
+SHIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    NEED_REAL(cuDeviceTotalMem_v2);
+    CUresult r = real_(bytes, dev);
+    if (r != CUDA_SUCCESS || bytes == NULL || shim_mode() != SHIM_ACTIVE)
+        return r;
+    int rdev = shim_region_dev_for_cuda(dev);
+    if (rdev < 0)
+        return r;
+    uint64_t limit = __atomic_load_n(&g_shim.ctl->devices[rdev].memory_limit, __ATOMIC_RELAXED);
+    if (limit != 0 && limit < *bytes)
+        *bytes = (size_t)limit;
+    return r;
+}
+
 /* ---------------------------------------------------------------- launches */
 
 #define LAUNCH(name)                                                                              \

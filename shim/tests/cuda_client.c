@@ -15,6 +15,9 @@
  *   alloc plain|pitch|managed|async|pool|create SIZE EXPECT
  *   free EXPECT                              frees the newest live allocation with its API
  *   info TOTAL|- FREE|-                      cuMemGetInfo_v2
+ *   totalmem DEV TOTAL                       cuDeviceTotalMem_v2 of DEV
+ *   mtpace THREADS SECONDS GRID BLOCK        THREADS threads launch for SECONDS, then are joined;
+ *                                            prints "mtpace launches=N ns=T"
  *   launch kernel|ex|coop|graph N GRID BLOCK EXPECT
  *   pace kernel|ex|coop|graph SECONDS GRID BLOCK COST DRAIN
  *                                            spends at least DRAIN tokens (COST per launch) and
@@ -65,6 +68,7 @@ struct api {
     __typeof__(&cuLaunchCooperativeKernel) launch_coop;
     __typeof__(&cuGraphLaunch) graph;
     __typeof__(&cuCtxGetDevice) ctx_device;
+    __typeof__(&cuDeviceTotalMem_v2) total_mem;
 };
 
 static struct api A;
@@ -123,7 +127,8 @@ static void load_api(void)
                          cuMemAllocAsync,  cuMemAllocFromPoolAsync, cuMemCreate,
                          cuMemFree_v2,     cuMemFreeAsync,  cuMemRelease,
                          cuMemGetInfo_v2,  cuLaunchKernel,  cuLaunchKernelEx,
-                         cuLaunchCooperativeKernel, cuGraphLaunch, cuCtxGetDevice};
+                         cuLaunchCooperativeKernel, cuGraphLaunch, cuCtxGetDevice,
+                         cuDeviceTotalMem_v2};
         return;
     }
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -148,6 +153,7 @@ static void load_api(void)
     R(launch_coop, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel");
     R(graph, "cuGraphLaunch", "cuGraphLaunch");
     R(ctx_device, "cuCtxGetDevice", "cuCtxGetDevice");
+    R(total_mem, "cuDeviceTotalMem_v2", "cuDeviceTotalMem");
 #undef R
 }
 
@@ -342,6 +348,51 @@ static void forkstress(int n, CUcontext ctx)
     pthread_join(t, NULL);
 }
 
+/* ------------------------------------------------------------------ threads */
+
+struct mt {
+    CUcontext ctx;
+    uint64_t end;
+    unsigned grid, block;
+    unsigned long long launches;
+};
+
+static void *mt_worker(void *arg)
+{
+    struct mt *m = arg;
+    if (A.ctx_set(m->ctx) != CUDA_SUCCESS)
+        return (void *)1;
+    while (now_ns() < m->end) {
+        if (A.launch(FUNC, m->grid, 1, 1, m->block, 1, 1, 0, STREAM, NULL, NULL) != CUDA_SUCCESS)
+            return (void *)1;
+        m->launches++;
+    }
+    return NULL;
+}
+
+static void mtpace(CUcontext ctx, int threads, double seconds, unsigned grid, unsigned block)
+{
+    struct mt m[64];
+    pthread_t t[64];
+    if (threads < 1 || threads > 64)
+        fail("mtpace: 1..64 threads");
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < threads; i++) {
+        m[i] = (struct mt){ctx, t0 + (uint64_t)(seconds * 1e9), grid, block, 0};
+        if (pthread_create(&t[i], NULL, mt_worker, &m[i]) != 0)
+            fail("pthread_create");
+    }
+    unsigned long long total = 0;
+    for (int i = 0; i < threads; i++) {
+        void *rc;
+        pthread_join(t[i], &rc);
+        if (rc != NULL)
+            fail("thread %d: launch failed", i);
+        total += m[i].launches;
+    }
+    printf("mtpace launches=%llu ns=%llu\n", total, (unsigned long long)(now_ns() - t0));
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void check(CUresult got, int want, const char *what)
@@ -382,6 +433,18 @@ int main(int argc, char **argv)
             if (strcmp(free_s, "-") != 0 && f != parse_size(free_s))
                 fail("cuMemGetInfo free %zu, expected %llu", f, parse_size(free_s));
             printf("info free=%zu total=%zu\n", f, t);
+        } else if (strcmp(cmd, "totalmem") == 0) {
+            int dev = atoi(ARG());
+            unsigned long long want = parse_size(ARG());
+            size_t got = 0;
+            check(A.total_mem(&got, dev), 0, "cuDeviceTotalMem");
+            if (got != want)
+                fail("cuDeviceTotalMem(%d) = %zu, expected %llu", dev, got, want);
+        } else if (strcmp(cmd, "mtpace") == 0) {
+            int threads = atoi(ARG());
+            double seconds = atof(ARG());
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            mtpace(ctx, threads, seconds, grid, block);
         } else if (strcmp(cmd, "launch") == 0) {
             const char *kind = ARG();
             long n = atol(ARG());

@@ -293,7 +293,8 @@ static bool t_memory_limit(const char *way)
     make_region("mem", 1, &MEM64);
     struct run r;
     run_client(&r, "mem", NOENV,
-               ARGS((char *)way, "ctx", "0", "alloc", "plain", "32M", "ok", "alloc", "async", "16M",
+               ARGS((char *)way, "ctx", "0", "totalmem", "0", "64M", "totalmem", "1", "16G", "alloc",
+                    "plain", "32M", "ok", "alloc", "async", "16M",
                     "ok", "alloc", "pool", "8M", "ok", "alloc", "create", "8M", "ok", "alloc",
                     "managed", "1", "oom", "alloc", "plain", "1", "oom", "alloc", "create", "1M",
                     "oom", "info", "64M", "0", "free", "ok", "free", "ok", "info", "64M", "16M",
@@ -399,8 +400,8 @@ static bool t_meminfo_never_above_physical(void)
     struct run r;
     char *env[] = {"FAKE_CUDA_MEMORY=1073741824", NULL};
     run_client(&r, "phys", env,
-               ARGS("direct", "ctx", "0", "info", "1G", "1G", "alloc", "plain", "1G", "ok", "info",
-                    "1G", "0", "alloc", "plain", "1", "oom"));
+               ARGS("direct", "ctx", "0", "info", "1G", "1G", "totalmem", "0", "1G", "alloc", "plain",
+                    "1G", "ok", "info", "1G", "0", "alloc", "plain", "1", "oom"));
     return client_ok(&r);
 }
 
@@ -500,6 +501,34 @@ static bool t_processes_share_one_bucket(void)
     CHECK(achieved / (double)rate >= 0.95 && achieved / (double)rate <= 1.05,
           "two processes spent %.0f tokens/s together, rate %llu (cost %llu)", achieved,
           (unsigned long long)rate, (unsigned long long)cost);
+    return true;
+}
+
+/* threads of one process: every launch counted once their threads are gone, and together they
+ * stay within the rate (plus the initial burst) */
+static bool t_threads_paced_and_counted(void)
+{
+    const uint64_t rate = 4000000, cost = 1000, burst = rate / 10;
+    struct dev_cfg cfg = {0, 0, 300000, rate, burst, VGPU_POLICY_STRICT, 0};
+    make_region("threads", 1, &cfg);
+    struct run r;
+    run_client(&r, "threads", NOENV, ARGS("direct", "ctx", "0", "mtpace", "8", "1.5", "10", "100"));
+    if (!client_ok(&r))
+        return false;
+    unsigned long long launches = 0, ns = 0;
+    const char *line = strstr(r.out, "mtpace ");
+    CHECK(line && sscanf(line, "mtpace launches=%llu ns=%llu", &launches, &ns) == 2, "no line");
+    struct vgpu_state *s = map_state("threads");
+    uint64_t counted = s->devices[0].launches, spent = s->devices[0].tokens_spent;
+    munmap(s, sizeof *s);
+    CHECK(counted == launches && spent == launches * cost,
+          "8 threads made %llu launches; the state counts %llu launches, %llu tokens", launches,
+          (unsigned long long)counted, (unsigned long long)spent);
+    double most = (double)burst + (double)rate * (double)ns / 1e9 + (double)(8 * cost);
+    double least = 0.9 * (double)rate * (double)ns / 1e9;
+    CHECK((double)spent <= most && (double)spent >= least,
+          "8 threads spent %llu tokens in %.3f s at rate %llu (allowed %.0f..%.0f)",
+          (unsigned long long)spent, (double)ns / 1e9, (unsigned long long)rate, least, most);
     return true;
 }
 
@@ -751,6 +780,8 @@ int main(int argc, char **argv)
     }
     report("two processes share one bucket (together within 5% of the rate)",
            t_processes_share_one_bucket());
+    report("threads of one process: paced together, every launch counted",
+           t_threads_paced_and_counted());
     report("policy off: launches are counted, not paced", t_unlimited_is_not_paced());
     report("a launch costlier than the burst leaves a debt that is paid in time",
            t_launch_bigger_than_burst());
