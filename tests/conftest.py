@@ -34,3 +34,15 @@ def fake_nvml(
     for key, value in fake.env().items():
         monkeypatch.setenv(key, value)
     yield fake
+
+
+# ---- logging --------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog() -> Iterator[None]:
+    """Code under test may configure structlog for a stream pytest closes afterwards."""
+    yield
+    import structlog
+
+    structlog.reset_defaults()

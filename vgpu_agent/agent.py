@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from vgpu_agent import __version__
 from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import Grant, Split
 from vgpu_agent.deviceplugin.registration import PluginRunner
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
 from vgpu_agent.gpu.health import HealthMonitor
-from vgpu_agent.gpu.model import GpuBackend, GpuError, Inventory
+from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
+from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kubelet.podresources import PodResourcesClient
 from vgpu_agent.shm.regions import RegionStore
 from vgpu_agent.throttle.controller import ThrottleController
@@ -72,6 +74,7 @@ class Agent:
             tick_s=config.throttle_tick_seconds,
             default_policy=config.core_policy,
         )
+        self.node: NodeIntegration | None = None
         self.tasks = TaskHealth()
         self.ready = asyncio.Event()  # set once the plugin is serving and the inventory is known
         self._stop = asyncio.Event()
@@ -150,7 +153,24 @@ class Agent:
             ),
         )
         self._supervise(group, "throttle", self.controller.run)
+        self._start_node_integration(group, gpus)
         self.ready.set()
+
+    def _start_node_integration(self, group: asyncio.TaskGroup, gpus: list[GpuInfo]) -> None:
+        """Labels and events through the Kubernetes API; never in the device plugin's way."""
+        if not self.config.node_name:
+            log.warning("kube_node_unknown", detail="no node name: node labels and events are off")
+            return
+        node = NodeIntegration(self.config.node_name, self.config.kubeconfig)
+        self.node = node
+        self._supervise(group, "kube", node.run)
+        assert self.health is not None
+        self.health.add_listener(node.on_health_change)
+
+        async def publish() -> None:
+            await node.publish_labels(gpus, self.config.split_count, __version__)
+
+        group.create_task(publish(), name="kube-labels")
 
     async def _on_grant(self, grant: Grant) -> Extras:
         extras = await self.regions.on_grant(grant)

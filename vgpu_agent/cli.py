@@ -68,8 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     check = commands.add_parser("check-config", help="validate the configuration and print it")
     _add_config_flags(check)
-    install = commands.add_parser("install-shim", help="install libvgpu.so into the host state dir")
-    install.add_argument("args", nargs=argparse.REMAINDER)
+    commands.add_parser(
+        "install-shim",
+        help="install libvgpu.so into the host state dir (see: vgpu-agent install-shim --help)",
+    )
     return parser
 
 
@@ -94,15 +96,17 @@ def load_config(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["install-shim"]:
+        # The installer parses its own flags (argparse's REMAINDER would drop leading options).
+        from vgpu_agent.shiminstall import main as install_main
+
+        return install_main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
-    if args.command == "install-shim":
-        from vgpu_agent.shiminstall import main as install_main
-
-        return install_main(list(args.args))
     env = dict(os.environ)
     try:
         if args.command == "simulate":
