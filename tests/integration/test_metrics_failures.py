@@ -42,7 +42,7 @@ async def test_a_failing_region_source_gives_500_then_recovers() -> None:
         return ()
 
     sources = MetricsSources(node="n", gpus=lambda: GPUS, slices_per_gpu=2, regions=regions)
-    service = MetricsService(sources, host="127.0.0.1", port=0, region_refresh_s=0.05)
+    service = MetricsService(sources, host="127.0.0.1", port=0, region_max_age_s=0.05)
     task = await _running(service)
     try:
         status, body = await _get(service.port, "/metrics")

@@ -102,6 +102,8 @@ def test_bad_interval_is_named(interval: float) -> None:
         GpuPoller(SimBackend(SPEC), lambda: GPUS, interval)
     with pytest.raises(ValueError, match="must be > 0"):
         RegionCache(lambda: (), interval)
+    with pytest.raises(ValueError, match="must be > 0"):
+        RegionCache(lambda: (), tick_s=interval)
 
 
 async def test_region_cache_reads_limits_and_usage(tmp_path: Path) -> None:
@@ -134,44 +136,70 @@ async def test_region_cache_skips_a_region_that_vanishes(tmp_path: Path) -> None
     assert cache.read_errors == 2 and cache.rounds == 2
 
 
-async def test_region_cache_reads_only_while_scrapes_come(tmp_path: Path) -> None:
+def _one_region(tmp_path: Path) -> FileRegion:
     uuid = GPUS[0].uuid
-    region = FileRegion(make_region(tmp_path, "a", [DeviceSpec(uuid, 1, 10)], [f"{uuid}::0"]))
-    now = [1000.0]
-    cache = RegionCache(lambda: [region], interval_s=0.01, keepalive_s=60, clock=lambda: now[0])
+    return FileRegion(make_region(tmp_path, "a", [DeviceSpec(uuid, 1, 10)], [f"{uuid}::0"]))
+
+
+async def test_region_cache_reads_nothing_until_scraped(tmp_path: Path) -> None:
+    region = _one_region(tmp_path)
+    cache = RegionCache(lambda: [region], tick_s=0.01)
     runner = asyncio.create_task(cache.run())
     await asyncio.sleep(0.1)
-    assert cache.rounds == 0  # nobody scraped: nothing read
+    assert cache.rounds == 0
     assert len(await cache.fresh()) == 1  # the first scrape waits for a round
-    assert cache.rounds == 1
-    for _ in range(500):
-        if cache.rounds > 3:
-            break
-        await asyncio.sleep(0.01)
-    assert cache.rounds > 3  # scrapes keep it fresh in the background
-    now[0] += 61  # no scrape for longer than the keep-alive
-    await asyncio.sleep(0.3)  # a round already under way may still finish
-    idle = cache.rounds
-    await asyncio.sleep(0.2)
-    assert cache.rounds == idle
-    await cache.fresh()  # too old by now: refreshed before answering
-    assert cache.rounds == idle + 1
+    assert (cache.rounds, cache.waited_rounds) == (1, 1)
     runner.cancel()
     await asyncio.gather(runner, return_exceptions=True)
 
 
-async def test_fresh_cache_is_served_without_reading(tmp_path: Path) -> None:
-    uuid = GPUS[0].uuid
-    region = FileRegion(make_region(tmp_path, "a", [DeviceSpec(uuid, 1, 10)], [f"{uuid}::0"]))
+async def test_region_cache_reads_once_per_scrape_just_before_it(tmp_path: Path) -> None:
+    region = _one_region(tmp_path)
+    now = [100.0]
+    cache = RegionCache(lambda: [region], max_age_s=5.0, lead_s=1.0, clock=lambda: now[0])
+    for _ in range(2):  # the first two scrapes teach it the 15 s rhythm
+        await cache.fresh()
+        now[0] += 15.0
+    assert cache.scrape_gap == 15.0
+    for _ in range(4):  # later scrapes: one background round before each, none waited for
+        await cache.fresh()
+        rounds, read_after = cache.rounds, None
+        for step in range(1, 15 * 4 + 1):  # the agent's ticks between two scrapes
+            now[0] += 0.25
+            await cache.refresh_if_due()
+            if read_after is None and cache.rounds > rounds:
+                read_after = step * 0.25
+        assert cache.rounds == rounds + 1
+        assert read_after == 14.0  # lead_s before the scrape due at 15 s
+    waited = cache.waited_rounds
+    await cache.fresh()
+    assert cache.waited_rounds == waited  # data were about 1 s old: served as they were
+
+
+async def test_region_cache_waits_for_a_round_after_a_pause(tmp_path: Path) -> None:
+    region = _one_region(tmp_path)
     now = [0.0]
-    cache = RegionCache(lambda: [region], interval_s=2.0, clock=lambda: now[0])
+    cache = RegionCache(lambda: [region], max_age_s=5.0, lead_s=1.0, clock=lambda: now[0])
     await cache.fresh()
-    now[0] += 5.9  # within 3 intervals
+    now[0] += 4.0
     await cache.fresh()
-    assert cache.rounds == 1
-    now[0] += 0.2
+    assert cache.rounds == 1  # young enough to serve
+    for _ in range(600 * 4):  # the scraper goes away for ten minutes
+        now[0] += 0.25
+        await cache.refresh_if_due()
+    assert cache.rounds == 2  # only the round for the scrape it expected at 8 s
     await cache.fresh()
-    assert cache.rounds == 2
+    assert cache.rounds == 3 and cache.waited_rounds == 2
+
+
+async def test_two_interleaved_scrapers_set_the_rhythm(tmp_path: Path) -> None:
+    region = _one_region(tmp_path)
+    now = [0.0]
+    cache = RegionCache(lambda: [region], clock=lambda: now[0])
+    for gap in (15.0, 3.0, 12.0, 3.0, 12.0):  # replica B scrapes 3 s after replica A
+        await cache.fresh()
+        now[0] += gap
+    assert cache.scrape_gap == 3.0
 
 
 async def test_concurrent_refreshes_share_one_round(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ class MetricsService:
         port: int = 9394,
         backend: GpuBackend | None = None,
         poll_s: float = 1.0,
-        region_refresh_s: float = 2.0,
+        region_max_age_s: float = 5.0,
         hami: bool = False,
         instruments: AgentInstruments | None = None,
     ):
@@ -54,7 +54,7 @@ class MetricsService:
         self.hami = hami
         self.instruments = instruments or AgentInstruments(sources.node)
         self.poller = GpuPoller(backend, sources.gpus, poll_s) if backend is not None else None
-        self.regions = RegionCache(sources.regions, region_refresh_s)
+        self.regions = RegionCache(sources.regions, region_max_age_s)
         self.scrapes = 0
         self.scrape_errors = 0
         self._renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)

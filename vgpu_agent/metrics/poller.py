@@ -169,29 +169,35 @@ def read_region(region: RegionHandle) -> RegionSample:
 
 
 class RegionCache:
-    """Reads every region in a worker thread; scrapes read `samples`.
+    """Reads every region in a worker thread, timed to the scrapes; scrapes read `samples`.
 
-    Reading a region costs a few hundred microseconds (its whole `state` file is copied), so a
-    node with a hundred containers would spend several percent of a core re-reading regions
-    nobody looks at. The cache therefore refreshes every `interval_s` only while scrapes keep
-    coming (within `keepalive_s` of the last one); a scrape that finds the cache older than
-    `3 * interval_s` (the first one, or after a pause) waits for one fresh round.
+    Reading a region costs a few hundred microseconds (its whole `state` file is copied), so
+    re-reading a hundred regions on a fixed short period would cost several percent of a core
+    for data that is looked at once every 15-60 s. Instead the cache learns the gap between
+    scrapes and reads all regions once, `lead_s` before the next scrape is due: one round per
+    scrape, data about `lead_s` old when served. A scrape that finds the data older than
+    `max_age_s` (the first scrape, an irregular scraper, after a pause) waits for a fresh round.
+    Without scrapes nothing is read.
     """
 
     def __init__(
         self,
         regions: Callable[[], Iterable[RegionHandle]],
-        interval_s: float = 2.0,
-        keepalive_s: float = 300.0,
+        max_age_s: float = 5.0,
+        lead_s: float = 1.0,
+        tick_s: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.regions = regions
-        self.interval_s = _check_interval(interval_s)
-        self.keepalive_s = keepalive_s
+        self.max_age_s = _check_interval(max_age_s)
+        self.lead_s = lead_s
+        self.tick_s = _check_interval(tick_s)
         self.rounds = 0
+        self.waited_rounds = 0  # rounds a scrape had to wait for
         self.read_errors = 0  # regions whose control could not be read, cumulative
         self.refreshed_at: float | None = None
-        self.wanted_at: float | None = None
+        self.scraped_at: float | None = None
+        self.scrape_gap: float | None = None  # shortest recent gap between scrapes
         self._clock = clock
         self._samples: tuple[RegionSample, ...] = ()
         self._round: asyncio.Future[tuple[RegionSample, ...]] | None = None
@@ -202,16 +208,34 @@ class RegionCache:
 
     async def run(self) -> None:
         while True:
-            now = self._clock()
-            if self.wanted_at is not None and now - self.wanted_at <= self.keepalive_s:
-                await self.refresh()
-            await asyncio.sleep(self.interval_s)
+            await self.refresh_if_due()
+            await asyncio.sleep(self.tick_s)
+
+    def due(self, now: float) -> bool:
+        """True when the next scrape is expected within `lead_s` and no round has run since
+        that point (so each expected scrape gets exactly one round)."""
+        if self.scraped_at is None or self.scrape_gap is None:
+            return False
+        read_at = self.scraped_at + self.scrape_gap - self.lead_s
+        return now >= read_at and (self.refreshed_at is None or self.refreshed_at < read_at)
+
+    async def refresh_if_due(self) -> None:
+        if self.due(self._clock()):
+            await self.refresh()
 
     async def fresh(self) -> tuple[RegionSample, ...]:
-        """What a scrape reads: the cache, refreshed first if it is too old."""
+        """What a scrape reads: the cache, refreshed first if it is older than `max_age_s`."""
         now = self._clock()
-        self.wanted_at = now
-        if self.refreshed_at is None or now - self.refreshed_at > 3 * self.interval_s:
+        if self.scraped_at is not None:
+            gap = now - self.scraped_at
+            # the shortest gap wins (two Prometheus replicas interleave); a long pause is not a
+            # new rhythm, so the estimate only grows slowly
+            self.scrape_gap = gap if self.scrape_gap is None else min(
+                gap, self.scrape_gap * 1.25
+            )
+        self.scraped_at = now
+        if self.refreshed_at is None or now - self.refreshed_at > self.max_age_s:
+            self.waited_rounds += 1
             return await self.refresh()
         return self._samples
 
