@@ -114,7 +114,13 @@ async def test_registration_rejected_is_retried_with_backoff(root):
         await run.kubelet.restart()
         await run.kubelet.wait_for(lambda: len(run.kubelet.registrations) == 2, limit_s=10)
         assert run.kubelet.reject_registrations == 0
+        # the kubelet records the registration before its reply reaches the agent
+        for _ in range(50):
+            if run.agent.runner.status.registered:
+                break
+            await asyncio.sleep(0.1)
         assert run.agent.runner.status.registered
+        assert run.agent.runner.status.last_error == ""
 
 
 async def test_waits_for_kubelet_socket_before_serving(root):
