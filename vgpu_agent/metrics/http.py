@@ -1,8 +1,10 @@
 """The metrics HTTP server (aiohttp): /metrics, /healthz, /readyz.
 
-`MetricsService.run()` serves and keeps the two caches fresh (NVML readings, region files)
-until cancelled. A scrape copies the caches on the loop, then builds and encodes the families
-in a worker thread; at most two scrapes encode at once, later ones wait their turn.
+`MetricsService.run()` serves and keeps the two caches fresh until cancelled: NVML readings
+every `poll_s`, region files once per scrape, read just before it is due (see `RegionCache`).
+A scrape copies the caches on the loop, then builds, encodes and (for Prometheus) gzips the
+exposition in a worker thread; at most two scrapes encode at once, later ones wait their turn.
+A scrape never calls NVML or the kubelet.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ MAX_CONCURRENT_RENDERS = 2
 
 
 class MetricsService:
+    """The endpoint and its caches; `instruments.on_result` is the device plugin's Allocate hook.
+    """
+
     def __init__(
         self,
         sources: MetricsSources,
