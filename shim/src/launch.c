@@ -38,6 +38,8 @@ static void refill_shared(struct vgpu_state_device *sd, uint64_t now, const stru
     int64_t balance = __atomic_load_n(&sd->balance, __ATOMIC_RELAXED);
     if (now <= last && (uint64_t)balance <= p->burst && balance >= 0)
         return; /* nothing to add, nothing to clamp: the common case within one clock tick */
+    if (last == 0)
+        now = shim_now_ns(); /* the first fill starts the bucket's clock: not a tick early */
     int64_t next_balance;
     uint64_t next_last;
     vgpu_refill(balance, last, now, p->rate, p->burst, &next_balance, &next_last);

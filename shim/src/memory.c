@@ -38,6 +38,8 @@ CUresult shim_mem_reserve(int rdev, uint64_t bytes)
 {
     if (rdev < 0)
         return CUDA_SUCCESS;
+    /* the slot first: claiming it gives back what this pid held before an exec */
+    struct vgpu_proc_slot *slot = shim_slot();
     uint64_t limit = __atomic_load_n(&g_shim.ctl->devices[rdev].memory_limit, __ATOMIC_RELAXED);
     uint64_t *total = &g_shim.st->devices[rdev].memory_used;
     if (!try_add(total, bytes, limit)) {
@@ -46,7 +48,6 @@ CUresult shim_mem_reserve(int rdev, uint64_t bytes)
         if (!try_add(total, bytes, limit))
             return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    struct vgpu_proc_slot *slot = shim_slot();
     if (slot != NULL)
         __atomic_fetch_add(&slot->devices[rdev].memory_used, bytes, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;

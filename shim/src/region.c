@@ -284,6 +284,11 @@ void shim_reclaim_dead_slots_now_and_then(void)
 static struct vgpu_proc_slot *claim_slot(void)
 {
     uint64_t me = (uint64_t)getpid();
+    /* a slot with our own pid is from this process before it called exec: that image and its
+     * device memory are gone (claiming happens once per image) */
+    for (int i = 0; i < VGPU_MAX_PROCS; i++)
+        if (__atomic_load_n(&g_shim.st->slots[i].pid, __ATOMIC_ACQUIRE) == me)
+            reclaim_slot(&g_shim.st->slots[i], me);
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < VGPU_MAX_PROCS; i++) {
             struct vgpu_proc_slot *slot = &g_shim.st->slots[i];

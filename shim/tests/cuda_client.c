@@ -29,6 +29,7 @@
  *   counter NAME VALUE                       the fake driver's counter NAME equals VALUE
  *   forkstress N                             forks N children while a thread allocates/launches
  *   rtldnext                                 dlsym(RTLD_NEXT, ...) answers as without the shim
+ *   exec WAY COMMAND...                      replaces the process with a new client image
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
  */
 #define _GNU_SOURCE
@@ -505,6 +506,11 @@ int main(int argc, char **argv)
                 fail("driver counter %s = %llu, expected %llu", name, fakeCudaCounter(name), want);
         } else if (strcmp(cmd, "forkstress") == 0) {
             forkstress(atoi(ARG()), ctx);
+        } else if (strcmp(cmd, "exec") == 0) {
+            fflush(stdout);
+            argv[i - 1] = argv[0];
+            execv("/proc/self/exe", &argv[i - 1]);
+            fail("exec failed");
         } else if (strcmp(cmd, "rtldnext") == 0) {
             const char *names[] = {"malloc", "fakeCudaCounter", "nvmlInit_v2"};
             for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {

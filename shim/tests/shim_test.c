@@ -377,6 +377,17 @@ static bool t_killed_process_reclaimed_at_oom(void)
     return client_ok(&r);
 }
 
+static bool t_exec_gives_memory_back(void)
+{
+    /* exec keeps the pid but the driver frees the old image's memory: it must stop counting */
+    make_region("exec", 1, &MEM64);
+    struct run r;
+    run_client(&r, "exec", NOENV,
+               ARGS("direct", "ctx", "0", "alloc", "plain", "40M", "ok", "exec", "dlsym", "ctx", "0",
+                    "alloc", "plain", "40M", "ok", "info", "64M", "24M"));
+    return client_ok(&r);
+}
+
 static bool t_device_by_uuid(void)
 {
     /* the region's only device is the fake GPU 1: GPU 0 is not governed */
@@ -765,6 +776,7 @@ int main(int argc, char **argv)
     report("a dead process's memory is reclaimed before refusing an allocation",
            t_killed_process_reclaimed_at_oom());
     report("slots of reused or nonsense pids are reclaimed", t_dead_slot_pid_reuse_and_garbage());
+    report("exec: the old image's memory stops counting", t_exec_gives_memory_back());
     report("devices are matched by UUID; other GPUs are not governed", t_device_by_uuid());
     report("cuMemGetInfo never reports more than physical memory", t_meminfo_never_above_physical());
     report("NVML memory view inside the container (direct)", t_nvml_view("direct"));
