@@ -48,6 +48,10 @@
  *     most VGPU_MAX_WAIT_NS in total: after that it is admitted anyway and its cost is still
  *     subtracted (so rate == 0 cannot hang a process forever; it slows it to one launch per
  *     VGPU_MAX_WAIT_NS);
+ *   - the shim samples `now` for a launch's first try with CLOCK_MONOTONIC_COARSE (same clock, tick
+ *     resolution) and reads the precise clock only when tokens are short; the rule is the same
+ *     for any sampling (a time not after last_refill_ns adds nothing), so only when refills happen
+ *     differs, never how much they credit;
  *   - balance and last_refill_ns live in `state` and are shared by all processes of the container;
  *     the shim claims elapsed time by compare-and-swap on last_refill_ns and adds the tokens with a
  *     CAS loop on balance, so every nanosecond of refill is credited exactly once.
