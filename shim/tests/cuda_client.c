@@ -475,7 +475,7 @@ int main(int argc, char **argv)
         } else if (strcmp(cmd, "nvml") == 0) {
             unsigned index = (unsigned)atoi(ARG());
             unsigned long long total = parse_size(ARG()), used = parse_size(ARG());
-            nvmlDevice_t dev;
+            nvmlDevice_t dev = NULL;
             __typeof__(&nvmlDeviceGetMemoryInfo) info = nvmlDeviceGetMemoryInfo;
             __typeof__(&nvmlDeviceGetMemoryInfo_v2) info2 = nvmlDeviceGetMemoryInfo_v2;
             if (strcmp(g_way, "direct") != 0) {
