@@ -233,6 +233,8 @@ static int hook_for_proc(const char *symbol, void *p, int cuda_version, cuuint64
             continue;
         if (handle != NULL && sym != NULL && sym(handle, g_names[i]) == p)
             return i; /* exactly the driver's export of this versioned name */
+        if (cuda_version < 4000)
+            continue; /* old ABIs (32-bit sizes) have no hook: only an exact match is trusted */
         bool ptsz = strstr(g_names[i], "_ptsz") != NULL;
         bool want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
         if (strcmp(g_bases[i], "cuGetProcAddress") == 0) {
