@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,8 @@ from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
 from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kubelet.podresources import PodResourcesClient
+from vgpu_agent.metrics.http import MetricsService
+from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.shm.regions import RegionStore
 from vgpu_agent.throttle.controller import ThrottleController
 
@@ -76,6 +79,15 @@ class Agent:
         )
         self.node: NodeIntegration | None = None
         self.tasks = TaskHealth()
+        host, port = config.metrics_host_port()
+        self.metrics = MetricsService(
+            self._metrics_sources(),
+            host=host,
+            port=port,
+            backend=self.backend,
+            poll_s=config.nvml_poll_seconds,
+            hami=config.hami_metrics,
+        )
         self.ready = asyncio.Event()  # set once the plugin is serving and the inventory is known
         self._stop = asyncio.Event()
 
@@ -87,12 +99,16 @@ class Agent:
         with _signals(self.stop):
             try:
                 async with asyncio.TaskGroup() as group:
+                    # Probes answer from the start, also while the GPU backend is retried.
+                    await self.metrics.start()
                     group.create_task(self._main(group), name="main")
                     group.create_task(self._heartbeat(), name="loop-heartbeat")
                     await self._stop.wait()
                     raise _Shutdown
             except* _Shutdown:
                 pass
+        with contextlib.suppress(Exception):
+            await self.metrics.stop()
         with contextlib.suppress(Exception):
             await self.pod_resources.close()
         self.regions.close()
@@ -128,6 +144,7 @@ class Agent:
             strategy=self.config.device_list_strategy,
             cdi_vendor_class=self.config.cdi_vendor_class,
             on_grant=self._on_grant,
+            on_result=self.metrics.instruments.on_result,
         )
         self.runner = PluginRunner(
             servicer,
@@ -153,6 +170,7 @@ class Agent:
             ),
         )
         self._supervise(group, "throttle", self.controller.run)
+        self._supervise(group, "metrics-caches", self._refresh_metrics)
         self._start_node_integration(group, gpus)
         self.ready.set()
 
@@ -171,6 +189,30 @@ class Agent:
             await node.publish_labels(gpus, self.config.split_count, __version__)
 
         group.create_task(publish(), name="kube-labels")
+
+    async def _refresh_metrics(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            if self.metrics.poller is not None:
+                group.create_task(self.metrics.poller.run(), name="metrics-gpu-poller")
+            group.create_task(self.metrics.regions.run(), name="metrics-region-cache")
+
+    def _metrics_sources(self) -> MetricsSources:
+        return MetricsSources(
+            node=self.config.node_name,
+            gpus=lambda: self.inventory.gpus if self.inventory is not None else [],
+            slices_per_gpu=self.split.count,
+            regions=self.regions.regions,
+            identity=self.regions.identity,
+            healthy=lambda: self.health.healthy() if self.health is not None else {},
+            xid_counts=lambda: self.health.xid_counts if self.health is not None else {},
+            throttle_status=lambda: self.controller.status,
+            registration=lambda: self.runner.status if self.runner is not None else None,
+            nvml_errors=lambda: getattr(self.backend, "errors_by_call", {}),
+            region_events=lambda: dataclasses.asdict(self.regions.counters),
+            pod_resources_failures=lambda: self.pod_resources.failures,
+            tasks=lambda: self.tasks,
+            backend_error=lambda: self.backend_error,
+        )
 
     async def _on_grant(self, grant: Grant) -> Extras:
         extras = await self.regions.on_grant(grant)

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from vgpu_agent import __version__
 from vgpu_agent.config import Config, ConfigError, ConfigSources, build_config
@@ -129,11 +129,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate":
         from vgpu_agent.simulate import simulate
 
-        return asyncio.run(simulate(config, duration=args.duration))
+        return _run_reporting_os_errors(
+            lambda: asyncio.run(simulate(config, duration=args.duration))
+        )
     from vgpu_agent.agent import Agent
 
-    asyncio.run(Agent(config).run())
-    return 0
+    return _run_reporting_os_errors(lambda: asyncio.run(Agent(config).run()))
+
+
+def _run_reporting_os_errors(run: Callable[[], object]) -> int:
+    """Run; an OSError (e.g. the metrics port is taken) is said plainly, exit status 1."""
+    failed: list[OSError] = []
+    try:
+        run()
+    except* OSError as group:
+        failed.extend(e for e in group.exceptions if isinstance(e, OSError))
+    for err in failed:
+        print(f"vgpu-agent: {err}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

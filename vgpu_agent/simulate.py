@@ -17,6 +17,7 @@ from vgpu_agent.agent import Agent
 from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import preferred_allocation
 from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
+from vgpu_agent.simulation.demo import run_demo_workloads
 
 log = structlog.get_logger("vgpu_agent.simulate")
 
@@ -43,6 +44,7 @@ async def simulate(config: Config, duration: float = 0.0) -> int:
     await kubelet.start()
     agent = Agent(config)
     agent_task = asyncio.create_task(agent.run(), name="agent")
+    demo: asyncio.Task[object] | None = None
     try:
         resource = config.resource_name
         await kubelet.wait_for(
@@ -67,11 +69,20 @@ async def simulate(config: Config, duration: float = 0.0) -> int:
                 envs=dict(sorted(admission.response.envs.items())),
                 mounts=[m.container_path for m in admission.response.mounts],
             )
+        demo = asyncio.create_task(
+            run_demo_workloads(agent.regions.regions, report_every_s=5.0), name="demo-workloads"
+        )
+        log.info("metrics_url", url=agent.metrics.url)
+        print(f"metrics: {agent.metrics.url}  (Ctrl-C to stop)", flush=True)
         if duration > 0:
             await asyncio.wait({agent_task}, timeout=duration)
         else:
             await agent_task
     finally:
+        if demo is not None:
+            demo.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await demo
         agent.stop()
         with contextlib.suppress(asyncio.CancelledError):
             await agent_task
