@@ -55,7 +55,9 @@ static void write_file(const char *path, const void *data, size_t size, mode_t m
     close(fd);
 }
 
-/* A region as the agent writes it: control 0444, state zero-filled except its header. */
+/* A region as the agent writes it: control 0444, state zero-filled except its header. The
+ * heartbeat is left at 0, as stale as it gets: the rates written stay in force, which every
+ * pacing test below relies on. */
 static void make_region(const char *name, int ndev, const struct dev_cfg *cfg)
 {
     char dir[512], path[600];
