@@ -76,6 +76,7 @@ class Agent:
             self.regions.regions,
             tick_s=config.throttle_tick_seconds,
             default_policy=config.core_policy,
+            proc_root=config.host_proc_dir,
         )
         self.node: NodeIntegration | None = None
         self.tasks = TaskHealth()

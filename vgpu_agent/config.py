@@ -76,6 +76,7 @@ class Config:
     kubeconfig: str | None = None
     core_policy: CorePolicy = "strict"
     throttle_tick_seconds: float = 0.1
+    host_proc_dir: str = "/proc"
     region_gc_grace_seconds: float = 30.0
     pod_resources_refresh_seconds: float = 5.0
     nvml_poll_seconds: float = 1.0
@@ -284,6 +285,7 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "throttle_tick_seconds": _as_float(
         "must be a number between 0.01 and 10", lambda v: 0.01 <= v <= 10
     ),
+    "host_proc_dir": _as_abs_path,
     "region_gc_grace_seconds": _as_float("must be a number >= 0", lambda v: v >= 0),
     "pod_resources_refresh_seconds": _as_float("must be a number > 0", lambda v: v > 0),
     "nvml_poll_seconds": _as_float("must be a number between 0.1 and 60", lambda v: 0.1 <= v <= 60),

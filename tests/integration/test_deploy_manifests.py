@@ -229,13 +229,18 @@ def test_strict_validation_catches_mistakes(tmp_path: Path) -> None:
 # --- the DaemonSet agrees with the agent --------------------------------------------------------
 
 
+# Values the DaemonSet deliberately sets away from the agent's defaults.
+DEPLOYED_OVERRIDES = {"host_proc_dir": "/host/proc"}
+
+
 def test_configmap_is_the_agents_defaults() -> None:
     configmap = one(render("base"), "ConfigMap")
     (text,) = configmap["data"].values()
     raw = yaml.safe_load(text)
     config = deployed_config()
     for key in raw:
-        assert getattr(config, key) == getattr(DEFAULTS, key), f"{key} differs from the default"
+        expected = DEPLOYED_OVERRIDES.get(key, getattr(DEFAULTS, key))
+        assert getattr(config, key) == expected, f"{key} differs from the default"
     image_config = (DEPLOY / "base" / "config.yaml").read_text()
     assert image_config == text
 
@@ -255,7 +260,9 @@ def test_host_paths_match_config_and_are_mounted_at_the_same_path() -> None:
     }
     for path in wanted:
         assert mounts.get(path, ("", ""))[0] == path, f"{path} is not mounted from the host"
-    assert set(mounts) == wanted, "unexpected host mounts"
+    # the host's /proc, read-only, where the agent's config looks for it
+    assert mounts.get(config.host_proc_dir, ("", ""))[0] == "/proc"
+    assert set(mounts) == wanted | {config.host_proc_dir}, "unexpected host mounts"
     init_mounts = host_mounts(container("install-shim"))
     assert init_mounts == {config.state_dir: (config.state_dir, "state")}
 

@@ -24,6 +24,9 @@ class ProcessUsage:
     tokens_spent: tuple[int, ...]
     wait_ns: tuple[int, ...]
     last_launch_ns: tuple[int, ...]  # CLOCK_MONOTONIC ns, 0 = never
+    # clock ticks since boot (/proc/<pid>/stat field 22): the same in every pid namespace, so
+    # with the in-container pid it identifies the process from the host's /proc
+    start_time: int = 0
 
 
 @dataclass(frozen=True)

@@ -491,6 +491,7 @@ def decode_state(
                 tokens_spent=tuple(v[2] for v in per_dev),
                 wait_ns=tuple(v[3] for v in per_dev),
                 last_launch_ns=tuple(v[4] for v in per_dev),
+                start_time=values[2],
             )
         )
         for d, v in enumerate(per_dev):

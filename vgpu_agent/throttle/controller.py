@@ -80,6 +80,50 @@ class CgroupPidResolver:
         return None
 
 
+class NamespacePidResolver:
+    """Maps a host PID to the allocation whose shim slot holds the same process.
+
+    Inside a container the shim sees only its own pid namespace, so its slots carry the
+    in-container pid and the process start time, rarely the host pid. The host's /proc tells,
+    for a host pid, the pid in its innermost namespace (last `NSpid` field) and the same start
+    time (`stat` field 22): the pair names the slot. Needs the host's /proc (hostPID, or the
+    host's /proc mounted and `proc_root` pointing at it).
+    """
+
+    def __init__(self, proc_root: str = "/proc"):
+        self.proc_root = proc_root
+        self._seen: dict[int, tuple[int, int] | None] = {}
+
+    def identity(self, host_pid: int) -> tuple[int, int] | None:
+        """(pid in its innermost namespace, start time) of a host pid, None if unreadable."""
+        if host_pid in self._seen:
+            return self._seen[host_pid]
+        found: tuple[int, int] | None = None
+        base = os.path.join(self.proc_root, str(host_pid))
+        try:
+            with open(os.path.join(base, "status"), encoding="utf-8") as f:
+                nspid = next((ln for ln in f if ln.startswith("NSpid:")), "")
+            with open(os.path.join(base, "stat"), encoding="utf-8") as f:
+                stat = f.read()
+            inner = int(nspid.split()[-1])
+            # the command name (field 2) may hold spaces: count fields after its ')'
+            start = int(stat.rsplit(")", 1)[1].split()[19])
+            found = (inner, start)
+        except (OSError, ValueError, IndexError, StopIteration, UnicodeDecodeError):
+            found = None
+        self._seen[host_pid] = found
+        return found
+
+    def forget_except(self, live: Iterable[int]) -> None:
+        """Drop cached pids that stopped appearing in samples (their numbers may be reused)."""
+        keep = set(live)
+        self._seen = {pid: v for pid, v in self._seen.items() if pid in keep}
+
+    def resolve(self, host_pid: int, slots: Mapping[tuple[int, int], str]) -> str | None:
+        ident = self.identity(host_pid)
+        return slots.get(ident) if ident is not None else None
+
+
 @dataclass(frozen=True)
 class DeviceStatus:
     """What the controller last decided for one device of one allocation (for metrics)."""
@@ -110,6 +154,7 @@ class ThrottleController:
         tick_s: float = 0.1,
         default_policy: CorePolicy = "work-conserving",
         pid_resolver: PidResolver | None = None,
+        proc_root: str = "/proc",
         params: ControlParams | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
     ):
@@ -122,7 +167,9 @@ class ThrottleController:
         self.regions = regions
         self.tick_s = tick_s
         self.default_policy: CorePolicy = default_policy
-        self.pid_resolver: PidResolver = pid_resolver or CgroupPidResolver()
+        self.pid_resolver: PidResolver = pid_resolver or CgroupPidResolver(proc_root)
+        self.ns_resolver = NamespacePidResolver(proc_root)
+        self._sampled_pids: set[int] = set()
         self.params = params or ControlParams(spend_window_s=max(0.4, 4 * tick_s))
         self.clock = clock
         self.ticks = 0
@@ -194,6 +241,9 @@ class ThrottleController:
             except Exception:
                 self._failed("beat", "throttle_beat_failed", alloc_id=_alloc_id(region))
         self._forget(by_gpu)
+        if self._sampled_pids:  # ticks without new samples say nothing about who is alive
+            self.ns_resolver.forget_except(self._sampled_pids)
+            self._sampled_pids = set()
 
     def _gather(
         self, regions: list[RegionHandle]
@@ -246,16 +296,22 @@ class ThrottleController:
         if not samples:
             return None
         known: dict[int, str] = {}
+        slots: dict[tuple[int, int], str] = {}
         for region, _, usage in entries:
             for proc in usage.processes:
                 if proc.host_pid > 0:
                     known[proc.host_pid] = region.alloc_id
+                if proc.start_time > 0:
+                    slots[(proc.pid, proc.start_time)] = region.alloc_id
         per_pid: dict[int, list[int]] = defaultdict(list)
         for s in samples:
             per_pid[s.pid].append(s.sm_util)
+        self._sampled_pids.update(per_pid)
         util = {region.alloc_id: 0.0 for region, _, _ in entries}
         for pid, values in per_pid.items():
             alloc_id = known.get(pid)
+            if alloc_id is None and slots:
+                alloc_id = self.ns_resolver.resolve(pid, slots)
             if alloc_id is None:
                 try:
                     alloc_id = self.pid_resolver(pid, known)
