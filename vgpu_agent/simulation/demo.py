@@ -143,7 +143,9 @@ class DemoWorkloads:
     def _gpu(self, uuid: str) -> SimGpu:
         gpu = self.gpus.get(uuid)
         if gpu is None:
-            gpu = self.gpus[uuid] = SimGpu(uuid, start_ns=self.clock())
+            # Coarse recording bins: the demo reads cumulative SM time, and a long run must not
+            # grow a fine-grained history without bound.
+            gpu = self.gpus[uuid] = SimGpu(uuid, start_ns=self.clock(), bin_s=60.0)
         return gpu
 
     def sync(self) -> None:
