@@ -76,6 +76,14 @@
  * when the shim could learn it (NSpid in /proc/self/status), else 0. start_time is the process
  * start time in clock ticks since boot (field 22 of /proc/<pid>/stat), to tell a reused pid apart.
  * A slot being reclaimed holds VGPU_PID_RECLAIMING | reclaimer_pid in pid for a moment.
+ *
+ * Slot high-water mark: state.slot_high_water is above every slot index ever claimed, so slots
+ * [slot_high_water, VGPU_MAX_PROCS) have never been used and readers skip them
+ * (the agent reads every region's usage several times a second; most regions use a few slots of
+ * 1024). A process raises it to at least i+1 with an atomic max (CAS loop) *before* its CAS on
+ * slots[i].pid, so a slot in use is always below the mark; reclaiming a slot never lowers it.
+ * Slots below the mark may be free (pid == 0). The agent creates the file with 0 and treats a
+ * value above slot_count as damage (it reads slot_count slots at most).
  */
 #ifndef VGPU_SHM_H
 #define VGPU_SHM_H
@@ -184,7 +192,8 @@ struct vgpu_state {
     uint64_t total_size;        /* sizeof(struct vgpu_state) */
     uint32_t slot_count;        /* VGPU_MAX_PROCS */
     uint32_t reserved0;
-    uint64_t reserved[3];
+    uint64_t slot_high_water;   /* slots [0, slot_high_water) have ever been claimed; only grows */
+    uint64_t reserved[2];
     struct vgpu_state_device devices[VGPU_MAX_DEVICES];
     struct vgpu_proc_slot slots[VGPU_MAX_PROCS];
 };
@@ -197,6 +206,7 @@ _Static_assert(sizeof(struct vgpu_state_device) == 64, "state device entry size"
 _Static_assert(sizeof(struct vgpu_proc_slot) == 32 + 16 * 40, "process slot size");
 _Static_assert(offsetof(struct vgpu_state, slots) == 64 + 16 * 64, "state header size");
 _Static_assert(offsetof(struct vgpu_control, generation) % 8 == 0, "aligned generation");
+_Static_assert(offsetof(struct vgpu_state, slot_high_water) == 40, "slot high-water mark offset");
 #endif
 
 #endif /* VGPU_SHM_H */

@@ -281,6 +281,17 @@ void shim_reclaim_dead_slots_now_and_then(void)
         shim_reclaim_dead_slots();
 }
 
+/* Atomic max: the mark only grows, whatever order processes claim in. Called before the claim's
+ * CAS on the pid, so a reader that sees the slot in use also sees a mark above it. */
+static void raise_slot_high_water(uint64_t at_least)
+{
+    uint64_t *mark = &g_shim.st->slot_high_water;
+    uint64_t cur = __atomic_load_n(mark, __ATOMIC_RELAXED);
+    while (cur < at_least && !__atomic_compare_exchange_n(mark, &cur, at_least, true,
+                                                          __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+
 static struct vgpu_proc_slot *claim_slot(void)
 {
     uint64_t me = (uint64_t)getpid();
@@ -295,6 +306,7 @@ static struct vgpu_proc_slot *claim_slot(void)
             uint64_t expected = 0;
             if (__atomic_load_n(&slot->pid, __ATOMIC_RELAXED) != 0)
                 continue;
+            raise_slot_high_water((uint64_t)i + 1);
             if (__atomic_compare_exchange_n(&slot->pid, &expected, me, false, __ATOMIC_ACQ_REL,
                                             __ATOMIC_RELAXED)) {
                 __atomic_store_n(&slot->start_time, proc_start_time((long)me), __ATOMIC_RELAXED);

@@ -736,6 +736,57 @@ static bool t_dead_slot_pid_reuse_and_garbage(void)
     return ok;
 }
 
+/* the slot high-water mark follows claims by several processes and never goes down, neither when
+ * a killed process's slot is reclaimed nor when a lower slot is claimed again */
+static bool t_slot_high_water(void)
+{
+    make_region("hwm", 1, &MEM64);
+    struct vgpu_state *s = map_state("hwm");
+    CHECK(s != NULL, "no state");
+    CHECK(s->slot_high_water == 0, "a fresh region's mark is %llu, expected 0",
+          (unsigned long long)s->slot_high_water);
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/hwm.out", g_tmp);
+    snprintf(err, sizeof err, "%s/hwm.err", g_tmp);
+    int fd_a, fd_b;
+    pid_t a = spawn("hwm", NOENV, ARGS("direct", "ctx", "0", "alloc", "plain", "8M", "ok", "hold"),
+                    &fd_a, out, err);
+    uint64_t after_a = s->slot_high_water, slot0 = s->slots[0].pid;
+    pid_t b = spawn("hwm", NOENV, ARGS("dlsym", "ctx", "0", "alloc", "plain", "16M", "ok", "hold"),
+                    &fd_b, out, err);
+    uint64_t after_b = s->slot_high_water, slot1 = s->slots[1].pid;
+    bool ok = true;
+    if (after_a != 1 || slot0 != (uint64_t)a || after_b != 2 || slot1 != (uint64_t)b)
+        ok = failf("claims by two processes: mark %llu then %llu (expected 1 then 2), slot pids "
+                   "%llu/%llu (expected %d/%d)",
+                   (unsigned long long)after_a, (unsigned long long)after_b,
+                   (unsigned long long)slot0, (unsigned long long)slot1, (int)a, (int)b);
+    kill(b, SIGKILL);
+    waitpid(b, NULL, 0);
+    close(fd_b);
+    struct run r;
+    if (ok) { /* cuMemGetInfo reclaims the killed holder's slot; this client claims none */
+        run_client(&r, "hwm", NOENV, ARGS("procaddr", "ctx", "0", "info", "64M", "56M"));
+        ok = client_ok(&r);
+    }
+    if (ok && (s->slots[1].pid != 0 || s->slot_high_water != 2))
+        ok = failf("after reclaiming slot 1: its pid %llu, mark %llu (expected 0 and 2)",
+                   (unsigned long long)s->slots[1].pid, (unsigned long long)s->slot_high_water);
+    kill(a, SIGKILL);
+    waitpid(a, NULL, 0);
+    close(fd_a);
+    if (ok) { /* reclaims slot 0, claims it again, gives it back at exit */
+        run_client(&r, "hwm", NOENV,
+                   ARGS("direct", "ctx", "0", "info", "64M", "64M", "alloc", "plain", "1M", "ok"));
+        ok = client_ok(&r);
+    }
+    if (ok && (live_slots(s) != 0 || s->slot_high_water != 2))
+        ok = failf("after every process ended: %d live slots, mark %llu (expected 0 and 2)",
+                   live_slots(s), (unsigned long long)s->slot_high_water);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void cleanup(void)
@@ -778,6 +829,7 @@ int main(int argc, char **argv)
     report("a dead process's memory is reclaimed before refusing an allocation",
            t_killed_process_reclaimed_at_oom());
     report("slots of reused or nonsense pids are reclaimed", t_dead_slot_pid_reuse_and_garbage());
+    report("the slot high-water mark follows claims and never goes down", t_slot_high_water());
     report("exec: the old image's memory stops counting", t_exec_gives_memory_back());
     report("devices are matched by UUID; other GPUs are not governed", t_device_by_uuid());
     report("cuMemGetInfo never reports more than physical memory", t_meminfo_never_above_physical());
