@@ -16,6 +16,7 @@ import structlog
 from vgpu_agent.agent import Agent
 from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import preferred_allocation
+from vgpu_agent.gpu.sim import SimBackend
 from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
 from vgpu_agent.simulation.demo import run_demo_workloads
 
@@ -69,8 +70,16 @@ async def simulate(config: Config, duration: float = 0.0) -> int:
                 envs=dict(sorted(admission.response.envs.items())),
                 mounts=[m.container_path for m in admission.response.mounts],
             )
+        # The simulated containers play the shim on the allocations' real region files and
+        # feed the simulated GPU's per-process samples to the agent's own controller.
         demo = asyncio.create_task(
-            run_demo_workloads(agent.regions.regions, report_every_s=5.0), name="demo-workloads"
+            run_demo_workloads(
+                agent.regions.regions,
+                agent.backend if isinstance(agent.backend, SimBackend) else None,
+                controller_status=lambda: agent.controller.status,
+                report_every_s=5.0,
+            ),
+            name="demo-workloads",
         )
         log.info("metrics_url", url=agent.metrics.url)
         print(f"metrics: {agent.metrics.url}  (Ctrl-C to stop)", flush=True)
