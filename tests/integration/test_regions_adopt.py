@@ -206,6 +206,16 @@ def _write(path: Path, offset: int, fmt: str, *values: int) -> None:
         f.write(struct.pack(fmt, *values))
 
 
+def _claim(path: Path, index: int, pid: int, host_pid: int) -> None:
+    """Take slot `index` as the shim does: raise the high-water mark above it, then the pid."""
+    mark = layout.STATE_OFFSETS["slot_high_water"]
+    with open(path, "rb") as f:
+        f.seek(mark)
+        current = struct.unpack("<Q", f.read(8))[0]
+    _write(path, mark, "<Q", max(current, index + 1))
+    _write(path, _slot_offset(index), "<QQ", pid, host_pid)
+
+
 @pytest.fixture
 def region(state_dir: Path):
     store = new_store(state_dir)
@@ -216,7 +226,7 @@ def region(state_dir: Path):
 
 def test_a_live_process_is_read(region: Region) -> None:
     state = region.path / "state"
-    _write(state, _slot_offset(5), "<QQ", 17, 40017)
+    _claim(state, 5, 17, 40017)
     devices = _slot_offset(5, "devices")
     _write(state, devices, "<5Q", 3 * GIB, 10, 1000, 99, 12345)  # device 0
     _write(state, layout.STATE_OFFSETS["devices"] + 16, "<QQ", 3 * GIB, 1000)
@@ -237,6 +247,7 @@ def test_a_live_process_is_read(region: Region) -> None:
         "wrong magic",
         "garbage",
         "huge slot count",
+        "huge slot high-water mark",
         "huge device count",
         "device count unlike control",
         "huge counters",
@@ -245,8 +256,7 @@ def test_a_live_process_is_read(region: Region) -> None:
 )
 def test_damaged_state_is_survived(region: Region, damage: str) -> None:
     state = region.path / "state"
-    live = _slot_offset(0)
-    _write(state, live, "<QQ", 7, 0)  # one sane process, to see what survives
+    _claim(state, 0, 7, 0)  # one sane process, to see what survives
     if damage == "truncated to nothing":
         os.truncate(state, 0)
     elif damage == "truncated inside the header":
@@ -259,16 +269,18 @@ def test_damaged_state_is_survived(region: Region, damage: str) -> None:
         state.write_bytes(os.urandom(layout.STATE_SIZE))
     elif damage == "huge slot count":
         _write(state, layout.STATE_OFFSETS["slot_count"], "<I", 0xFFFFFFFF)
+    elif damage == "huge slot high-water mark":
+        _write(state, layout.STATE_OFFSETS["slot_high_water"], "<Q", 1 << 63)
     elif damage == "huge device count":
         _write(state, 20, "<I", 0xFFFFFFFF)
     elif damage == "device count unlike control":
         _write(state, 20, "<I", 1)
     elif damage == "huge counters":
-        _write(state, _slot_offset(1), "<QQ", 8, 0)
+        _claim(state, 1, 8, 0)
         _write(state, _slot_offset(1, "devices"), "<5Q", 1 << 63, 1 << 63, 1 << 63, 0, 0)
         _write(state, layout.STATE_OFFSETS["devices"], "<qQQQ", -(1 << 63), 0, 1 << 63, 1 << 63)
     elif damage == "pid beyond pid_max":
-        _write(state, _slot_offset(1), "<QQ", 1 << 40, 1 << 40)
+        _claim(state, 1, 1 << 40, 1 << 40)
 
     usage = region.usage()  # never raises
     corrupt_expected = damage in {
@@ -287,7 +299,12 @@ def test_damaged_state_is_survived(region: Region, damage: str) -> None:
     else:
         assert [p.pid for p in usage.processes] == [7]  # the sane process is still there
         assert region.corrupt_reads == 0
-        if damage in {"huge slot count", "huge counters", "pid beyond pid_max"}:
+        if damage in {
+            "huge slot count",
+            "huge slot high-water mark",
+            "huge counters",
+            "pid beyond pid_max",
+        }:
             assert usage.skipped_records >= 1
     # The limits are untouched and the region still takes rates.
     region.set_rate(1, 1000, 10)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from tests.integration.plugin_harness import short_dir
 from vgpu_agent.deviceplugin.allocation import Split
@@ -196,6 +197,30 @@ async def test_without_an_installed_shim_the_container_still_gets_its_region() -
         assert paths == {"/run/vgpu", "/run/vgpu/control"}  # a missing file would block start
         assert n.store.counters.shim_missing == 1
         assert len(n.store.regions()) == 1
+
+
+def _install_shim(store: RegionStore) -> None:
+    store.shim_dir.mkdir(parents=True, exist_ok=True)
+    (store.shim_dir / "libvgpu.so").write_bytes(b"\x7fELF")
+    (store.shim_dir / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+
+
+async def test_a_missing_shim_is_logged_once_per_outage_and_counted_every_time() -> None:
+    async with node(shim=False) as n:
+        with capture_logs() as logs:
+            for pod in ("a", "b", "c"):
+                await n.admit(pod)
+            _install_shim(n.store)
+            installed = await n.admit("d")
+            (n.store.shim_dir / "libvgpu.so").unlink()  # gone again (a node cleanup, say)
+            await n.admit("e")
+            await n.admit("f")
+        events = [e["event"] for e in logs if e["event"].startswith("shim_")]
+        assert events == ["shim_not_installed", "shim_installed", "shim_not_installed"]
+        assert n.store.counters.shim_missing == 5
+        paths = {m.container_path for m in installed.response.mounts}
+        assert "/etc/ld.so.preload" in paths
+        assert len(n.store.regions()) == 6
 
 
 async def test_allocate_fails_when_the_region_cannot_be_created() -> None:

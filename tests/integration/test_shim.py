@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from vgpu_agent.shm import layout
+from vgpu_agent.shm.regions import Region
 
 SHIM = Path(__file__).resolve().parents[2] / "shim"
 BUILD = SHIM / "build"
@@ -69,7 +70,7 @@ def client() -> Path:
 
 
 def _region(tmp_path: Path, device: layout.ControlDevice) -> Path:
-    region = tmp_path / "region"
+    region = tmp_path / "000000000001-0000beef"  # an allocation's name: the agent opens it too
     region.mkdir()
     (region / "control").write_bytes(layout.encode_control(layout.Control(
         devices=(device,), device_ids=(f"{device.uuid}::0",), seq=1,
@@ -88,6 +89,19 @@ def _env(region: Path) -> dict[str, str]:
 
 def _state(region: Path, device_count: int = 1) -> layout.RegionUsage:
     return layout.decode_state((region / "state").read_bytes(), device_count)
+
+
+def _mark(region: Path) -> int:
+    return layout.load_u64((region / "state").read_bytes(), layout.STATE_OFFSETS["slot_high_water"])
+
+
+def _agent_reads(region: Path) -> layout.RegionUsage:
+    """The region as the agent's `Region.usage()` reads it: header, then slots below the mark."""
+    opened = Region.open(region)
+    try:
+        return opened.usage()
+    finally:
+        opened.close()
 
 
 def test_limit_written_by_python_is_enforced_and_usage_read_back(client: Path,
@@ -120,6 +134,54 @@ def test_limit_written_by_python_is_enforced_and_usage_read_back(client: Path,
     assert after.returncode == 0, after.stderr
     usage = _state(region)
     assert usage.processes == () and usage.memory_used == (0,)
+
+
+def _hold(client: Path, region: Path, *steps: str) -> subprocess.Popen[str]:
+    holder = subprocess.Popen([str(client), *steps, "hold"], env=_env(region),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "ready", holder.stderr
+    return holder
+
+
+def _start_time(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22
+
+
+def test_agent_reads_the_slots_two_shim_processes_claimed_up_to_their_mark(
+    client: Path, tmp_path: Path
+) -> None:
+    region = _region(tmp_path, layout.ControlDevice(_fake_gpu_uuid(0), memory_limit=64 * MIB))
+    assert _mark(region) == 0 and _agent_reads(region).processes == ()
+    holders = []
+    try:
+        holders.append(_hold(client, region, "direct", "ctx", "0", "alloc", "plain", "8M", "ok"))
+        holders.append(_hold(client, region, "dlsym", "ctx", "0", "alloc", "plain", "16M", "ok"))
+        first, second = holders
+        usage = _agent_reads(region)
+        assert not usage.corrupt and usage.skipped_records == 0
+        assert [(p.pid, p.memory_used, p.start_time) for p in usage.processes] == [
+            (first.pid, (8 * MIB,), _start_time(first.pid)),
+            (second.pid, (16 * MIB,), _start_time(second.pid)),
+        ]
+        assert usage.memory_used == (24 * MIB,)
+        assert _mark(region) == 2
+        assert usage == _state(region)  # two preads read what the whole file says
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+        reclaim = subprocess.run([str(client), "procaddr", "ctx", "0", "info", "64M", "48M"],
+                                 env=_env(region), capture_output=True, text=True, timeout=60)
+        assert reclaim.returncode == 0, reclaim.stderr
+        usage = _agent_reads(region)
+        assert [p.pid for p in usage.processes] == [second.pid]
+        assert usage.memory_used == (16 * MIB,)
+        assert _mark(region) == 2  # slot 0 is free again, the mark does not come down
+    finally:
+        for holder in holders:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(timeout=10)
 
 
 def test_rate_raised_by_python_reaches_a_waiting_launch(client: Path, tmp_path: Path) -> None:
@@ -155,10 +217,13 @@ def test_state_scribbled_by_a_container_process_is_read_safely(client: Path,
     ran = subprocess.run([str(client), "direct", "ctx", "0", "alloc", "plain", "8M", "ok"],
                          env=_env(region), capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
+    assert _mark(region) == 1  # the client's slot, given back at its exit
     with open(region / "state", "r+b") as f:
-        f.seek(layout.STATE_OFFSETS["slots"] + 5 * layout.SLOT_SIZE)
-        f.write(b"\xff" * layout.SLOT_SIZE)  # a slot full of nonsense
+        f.seek(layout.STATE_OFFSETS["slots"])
+        f.write(b"\xff" * layout.SLOT_SIZE)  # a slot full of nonsense, below the mark
+        f.seek(layout.STATE_OFFSETS["slot_high_water"])
+        f.write(b"\xff" * 8)  # and a mark beyond every slot
     usage = _state(region)
     assert not usage.corrupt
-    assert usage.skipped_records == 1
+    assert usage.skipped_records == 2
     assert usage.processes == ()

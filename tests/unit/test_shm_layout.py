@@ -139,6 +139,9 @@ def _state(device_count: int = 2) -> bytearray:
 
 def _put_slot(buf: bytearray, index: int, pid: int, host_pid: int,
               per_dev: list[tuple[int, int, int, int, int]]) -> None:
+    """Fill slot `index` as the shim does: the high-water mark first raised above it."""
+    mark = layout.STATE_OFFSETS["slot_high_water"]
+    layout.store_u64(buf, mark, max(layout.load_u64(buf, mark), index + 1))
     base = layout.STATE_OFFSETS["slots"] + index * layout.SLOT_SIZE
     struct.pack_into("<QQ", buf, base, pid, host_pid)
     for d, values in enumerate(per_dev):
@@ -234,6 +237,7 @@ def test_random_bytes_never_raise_and_never_yield_implausible_values(
     noise: bytes, word: int, where: int
 ) -> None:
     buf = _state(1)[: layout.STATE_HEADER_SIZE + 2 * layout.SLOT_SIZE]
+    layout.store_u64(buf, layout.STATE_OFFSETS["slot_high_water"], 2)  # both slots are read
     buf[layout.STATE_HEADER_SIZE : layout.STATE_HEADER_SIZE + len(noise)] = noise[
         : len(buf) - layout.STATE_HEADER_SIZE]
     where -= where % 8

@@ -103,3 +103,7 @@ def test_header_sizes_are_the_documented_ones() -> None:
         for field in ("rate", "burst", "memory_limit", "core_limit", "policy", "graph_cost"):
             assert layout.control_device_offset(dev, field) % 8 == 0
     assert layout.STATE_SIZE < 1 << 20  # the header promises a state file under 1 MiB
+    # the high-water mark took the first reserved word: nothing after it moved
+    assert layout.STATE_OFFSETS["slot_high_water"] == 40
+    assert layout.STATE_OFFSETS["reserved"] == 48
+    assert layout.STATE_OFFSETS["devices"] == 64

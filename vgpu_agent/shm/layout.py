@@ -162,7 +162,8 @@ STATE_HEADER_FIELDS: Final = (
     ("total_size", "Q", 1),
     ("slot_count", "I", 1),
     ("reserved0", "I", 1),
-    ("reserved", "Q", 3),
+    ("slot_high_water", "Q", 1),
+    ("reserved", "Q", 2),
 )
 STATE_OFFSETS, _STATE_PREFIX_SIZE = _layout(STATE_HEADER_FIELDS)
 STATE_OFFSETS["devices"] = _STATE_PREFIX_SIZE
@@ -426,15 +427,54 @@ def encode_state(device_count: int) -> bytes:
 
 
 _STATE_DEVICE = struct.Struct("<qQQQQQ")
-_SLOT = struct.Struct(f"<4Q{MAX_DEVICES * 5}Q")
+_SLOT_HEADER = struct.Struct("<4Q")
+_U32 = struct.Struct("<I")
+_PROC_DEVICE_WORDS = PROC_DEVICE_SIZE // 8
+_SLOT_WORDS = SLOT_SIZE // 8
 
 
 def _plausible_u64(value: int, bound: int) -> bool:
     return 0 <= value <= bound
 
 
+def state_slots_to_read(header: bytes | bytearray | memoryview) -> int:
+    """How many slots a reader of this `state` header needs: its high-water mark, clamped.
+
+    For a reader that fetches the header first and then only the slots that were ever used
+    (`decode_state(..., slots_read=n)` then decodes them). Never raises: a header too short to
+    hold the mark gives 0, and `decode_state` reports such a file as corrupt.
+    """
+    if len(header) < STATE_OFFSETS["slot_high_water"] + 8:
+        return 0
+    slot_count: int = _U32.unpack_from(header, STATE_OFFSETS["slot_count"])[0]
+    mark = load_u64(header, STATE_OFFSETS["slot_high_water"])
+    return min(mark, slot_count, MAX_PROCS)
+
+
+def _used_slot_indexes(buf: bytes | bytearray | memoryview, slots: int) -> list[int]:
+    """Indexes of the first `slots` slots whose pid is not 0, from one strided view of the pids.
+
+    Walking every slot in Python costs about a microsecond each; a region that once ran hundreds
+    of processes and runs a few now would pay that at every read.
+    """
+    if slots == 0:
+        return []
+    base = STATE_OFFSETS["slots"]
+    with (
+        memoryview(buf) as whole,
+        whole.cast("B") as raw,
+        raw[base : base + slots * SLOT_SIZE] as region,
+        region.cast("Q") as words,
+        words[::_SLOT_WORDS] as pid_words,
+    ):
+        pids = pid_words.tolist()
+    return [index for index, pid in enumerate(pids) if pid]
+
+
 def decode_state(
-    buf: bytes | bytearray | memoryview, device_count: int | None = None
+    buf: bytes | bytearray | memoryview,
+    device_count: int | None = None,
+    slots_read: int | None = None,
 ) -> RegionUsage:
     """Read a `state` file written by code we do not trust; never raises, never invents values.
 
@@ -442,7 +482,15 @@ def decode_state(
     bounds-checked: a slot with a nonsense pid or counter is skipped whole, a nonsense device total
     is replaced by the sum of the valid slots, and each is counted in `skipped_records`.
     `device_count`, when given (from `control`), must match the file's.
+
+    Only slots below the file's `slot_high_water` are read: no slot above it was ever claimed. A
+    mark above `slot_count` (or MAX_PROCS) is clamped there and counted. `slots_read`, when given,
+    says that `buf` holds the header and only the first `slots_read` slots (a reader that fetched
+    the slots below the mark it saw a moment earlier): slots past those are not read, and not
+    counted either, however far the mark has moved since. Without it `buf` is the whole file.
     """
+    if slots_read is not None and not 0 <= slots_read <= MAX_PROCS:
+        raise ValueError(f"slots_read={slots_read!r} is not allowed: 0..{MAX_PROCS}")
     if len(buf) < STATE_HEADER_SIZE:
         return RegionUsage(corrupt=True)
     magic, major, _, header_size, count, total = _PREFIX.unpack_from(buf, 0)
@@ -453,50 +501,61 @@ def decode_state(
     if device_count is not None and count != device_count:
         return RegionUsage(corrupt=True)
     skipped = 0
-    (slot_count,) = struct.unpack_from("<I", buf, STATE_OFFSETS["slot_count"])
-    fitting = min(MAX_PROCS, (len(buf) - STATE_HEADER_SIZE) // SLOT_SIZE)
-    if slot_count > fitting or total != STATE_SIZE:
-        skipped += 1  # slots claimed beyond the file (or beyond the ABI) are not read
-    slot_count = min(slot_count, fitting)
+    (slot_count,) = _U32.unpack_from(buf, STATE_OFFSETS["slot_count"])
+    mark = load_u64(buf, STATE_OFFSETS["slot_high_water"])
+    if mark > min(slot_count, MAX_PROCS):
+        skipped += 1  # slots beyond what the file has are not read
+        mark = min(slot_count, MAX_PROCS)
+    held = (len(buf) - STATE_HEADER_SIZE) // SLOT_SIZE
+    if slots_read is None:
+        if slot_count > min(MAX_PROCS, held) or total != STATE_SIZE:
+            skipped += 1  # slots claimed beyond the file (or beyond the ABI) are not read
+        wanted = mark
+    else:
+        wanted = min(mark, slots_read)
+        if slot_count > MAX_PROCS or total != STATE_SIZE or held < wanted:
+            skipped += 1  # the file is shorter than its own header says
+    to_read = min(wanted, held)
 
     processes: list[ProcessUsage] = []
     slot_mem = [0] * count
     slot_tokens = [0] * count
+    slot_format = struct.Struct(f"<4Q{count * _PROC_DEVICE_WORDS}Q")
     base = STATE_OFFSETS["slots"]
-    for index in range(slot_count):
-        values = _SLOT.unpack_from(buf, base + index * SLOT_SIZE)
+    for index in _used_slot_indexes(buf, to_read):
+        values = slot_format.unpack_from(buf, base + index * SLOT_SIZE)
         pid, host_pid = values[0], values[1]
-        if pid == 0:
-            continue  # free
         if pid & PID_RECLAIMING:
             # being reclaimed right now by the process named in the low bits: not in use
             if not 0 < pid & ~PID_RECLAIMING < PID_MAX:
                 skipped += 1
             continue
-        per_dev = [values[4 + d * 5 : 9 + d * 5] for d in range(count)]
+        counters = values[4:]
+        memories = counters[0::_PROC_DEVICE_WORDS]
         if (
             not 0 < pid < PID_MAX
             or not 0 <= host_pid < PID_MAX
-            or any(not _plausible_u64(v[0], PLAUSIBLE_BYTES) for v in per_dev)
-            or any(not _plausible_u64(x, PLAUSIBLE_COUNTER) for v in per_dev for x in v[1:])
+            or (memories and max(memories) > PLAUSIBLE_BYTES)
+            or (counters and max(counters) > PLAUSIBLE_COUNTER)
         ):
             skipped += 1
             continue
+        slot_spent = counters[2::_PROC_DEVICE_WORDS]
         processes.append(
             ProcessUsage(
                 pid=pid,
                 host_pid=host_pid,
-                memory_used=tuple(v[0] for v in per_dev),
-                launches=tuple(v[1] for v in per_dev),
-                tokens_spent=tuple(v[2] for v in per_dev),
-                wait_ns=tuple(v[3] for v in per_dev),
-                last_launch_ns=tuple(v[4] for v in per_dev),
+                memory_used=memories,
+                launches=counters[1::_PROC_DEVICE_WORDS],
+                tokens_spent=slot_spent,
+                wait_ns=counters[3::_PROC_DEVICE_WORDS],
+                last_launch_ns=counters[4::_PROC_DEVICE_WORDS],
                 start_time=values[2],
             )
         )
-        for d, v in enumerate(per_dev):
-            slot_mem[d] += v[0]
-            slot_tokens[d] += v[2]
+        for d in range(count):
+            slot_mem[d] += memories[d]
+            slot_tokens[d] += slot_spent[d]
 
     memory: list[int] = []
     tokens: list[int] = []
