@@ -1,10 +1,11 @@
 """Region files on disk as the agent and the shim leave them, for the metrics tests.
 
 `make_region` writes a real `control` file (what Allocate writes) and a fresh `state` file; a
-`ShimWriter` then fills process slots and device totals at the offsets of the region ABI, the way
-`libvgpu.so` does from inside a container. `FileRegion` is a read-only `RegionHandle` over the two
-files (mmap'd, decoded on every call with the project's defensive decoders), so the collectors
-read exactly the bytes a shim would have written, corrupt ones included.
+`ShimWriter` then fills process slots (raising the slot high-water mark) and device totals at
+the offsets of the region ABI, the way `libvgpu.so` does from inside a container. `FileRegion`
+is a read-only `RegionHandle` over the two files (mmap'd, decoded on every call with the
+project's defensive decoders), so the collectors read exactly the bytes a shim would have
+written, corrupt ones included.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ class ShimWriter:
         last_launch_ns: int = 0,
         tokens: int = 0,
     ) -> None:
+        # as the shim claims: the high-water mark raised above the slot before its pid is set
+        mark = layout.STATE_OFFSETS["slot_high_water"]
+        layout.store_u64(self._map, mark, max(layout.load_u64(self._map, mark), slot + 1))
         base = layout.STATE_OFFSETS["slots"] + slot * layout.SLOT_SIZE
         struct.pack_into("<QQ", self._map, base + layout.SLOT_OFFSETS["pid"], pid, host_pid)
         dev_base = base + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE
