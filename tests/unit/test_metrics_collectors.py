@@ -235,6 +235,17 @@ async def test_newest_allocation_wins_when_a_container_appears_twice(node: Node)
     ]
 
 
+async def test_replaced_allocation_on_another_gpu_is_not_shown(node: Node) -> None:
+    # the container restarted and got a slice of another GPU; the old region awaits GC
+    node.region("old", ("ns", "p", "c"), [DeviceSpec(G0, 4 * GIB, 10)], [f"{G0}::0"], seq=1)
+    node.region("new", ("ns", "p", "c"), [DeviceSpec(G2, 6 * GIB, 20)], [f"{G2}::0"], seq=2)
+    text = await node.scrape()
+    assert series(text, "vgpu_container_memory_limit_bytes") == [
+        (_labels("ns", "p", "c", G2, 2), 6 * GIB)
+    ]
+    assert value(text, "vgpu_gpu_slices_allocated", gpu_uuid=G0) == 1  # held until GC
+
+
 async def test_region_without_identity_is_counted_not_labelled(node: Node) -> None:
     node.region("a", None, [DeviceSpec(G0, GIB, 10)], [f"{G0}::0"])
     text = await node.scrape()

@@ -34,7 +34,7 @@ from vgpu_agent.deviceplugin.ids import DeviceIdError, parse_device_id
 from vgpu_agent.gpu.model import GpuInfo
 from vgpu_agent.metrics.exposition import encode
 from vgpu_agent.metrics.poller import GpuSample, RegionSample
-from vgpu_agent.metrics.sources import Identity, MetricsSources
+from vgpu_agent.metrics.sources import Identity, MetricsSources, ThrottleStatus
 
 GPU_LABELS = ("node", "gpu_uuid", "gpu_index", "model")
 CONTAINER_LABELS = ("namespace", "pod", "container", "gpu_uuid", "gpu_index")
@@ -97,51 +97,24 @@ class Snapshot:
 _UNLIMITED_RATE = 1 << 52
 
 
-def take_snapshot(
-    sources: MetricsSources,
-    gpu_samples: Mapping[str, GpuSample],
-    regions: Sequence[RegionSample],
-    region_read_errors: int = 0,
-    now_ns: int | None = None,
-) -> Snapshot:
-    """Copy what a scrape needs. Runs on the loop; reads only memory the agent already holds."""
-    gpus = tuple(sources.gpus())
-    by_uuid = {gpu.uuid: gpu for gpu in gpus}
-    throttle = dict(sources.throttle_status()) if sources.throttle_status else {}
-    slices: dict[str, set[int]] = {}
-    chosen: dict[tuple[Identity, str], tuple[int, RegionSample, int]] = {}
-    states = {"active": 0, "corrupt": 0, "unreadable": 0, "unidentified": 0}
-    for region in regions:
-        for device_id in region.device_ids:
-            try:
-                slice_id = parse_device_id(device_id)
-            except DeviceIdError:
-                continue
-            slices.setdefault(slice_id.uuid, set()).add(slice_id.number)
-        if region.usage is None:
-            states["unreadable"] += 1
-        elif region.usage.corrupt:
-            states["corrupt"] += 1
-        else:
-            states["active"] += 1
-        identity = sources.identity(region.alloc_id)
-        if identity is None:
-            states["unidentified"] += 1
+def _container_devices(
+    identity: Identity,
+    region: RegionSample,
+    by_uuid: Mapping[str, GpuInfo],
+    throttle: Mapping[tuple[str, int], ThrottleStatus],
+) -> list[ContainerDevice]:
+    out: list[ContainerDevice] = []
+    seen: set[str] = set()
+    for dev, limits in enumerate(region.devices):
+        uuid = limits.uuid
+        if uuid in seen:  # a region names each GPU once; never emit a series twice
             continue
-        for dev, limits in enumerate(region.devices):
-            key = (identity, limits.uuid)
-            # a container seen in two regions (an allocation replaced): the newest one counts
-            if key not in chosen or chosen[key][0] < region.seq:
-                chosen[key] = (region.seq, region, dev)
-
-    containers = []
-    for (identity, uuid), (_, region, dev) in chosen.items():
-        limits = region.devices[dev]
+        seen.add(uuid)
         status = throttle.get((region.alloc_id, dev))
         usage = region.usage
         known = usage is not None and not usage.corrupt
         procs = [p for p in usage.processes if dev < len(p.launches)] if usage else []
-        containers.append(
+        out.append(
             ContainerDevice(
                 identity=identity,
                 dev=dev,
@@ -162,6 +135,49 @@ def take_snapshot(
                 open_loop=status.open_loop if status is not None else None,
             )
         )
+    return out
+
+
+def take_snapshot(
+    sources: MetricsSources,
+    gpu_samples: Mapping[str, GpuSample],
+    regions: Sequence[RegionSample],
+    region_read_errors: int = 0,
+    now_ns: int | None = None,
+) -> Snapshot:
+    """Copy what a scrape needs. Runs on the loop; reads only memory the agent already holds."""
+    gpus = tuple(sources.gpus())
+    by_uuid = {gpu.uuid: gpu for gpu in gpus}
+    throttle = dict(sources.throttle_status()) if sources.throttle_status else {}
+    slices: dict[str, set[int]] = {}
+    chosen: dict[Identity, RegionSample] = {}
+    states = {"active": 0, "corrupt": 0, "unreadable": 0, "unidentified": 0}
+    for region in regions:
+        for device_id in region.device_ids:
+            try:
+                slice_id = parse_device_id(device_id)
+            except DeviceIdError:
+                continue
+            slices.setdefault(slice_id.uuid, set()).add(slice_id.number)
+        if region.usage is None:
+            states["unreadable"] += 1
+        elif region.usage.corrupt:
+            states["corrupt"] += 1
+        else:
+            states["active"] += 1
+        identity = sources.identity(region.alloc_id)
+        if identity is None:
+            states["unidentified"] += 1
+            continue
+        # A container seen in two regions holds only the newer one (the older awaits GC): one
+        # allocation per container start, and its devices are the container's devices.
+        if identity not in chosen or chosen[identity].seq < region.seq:
+            chosen[identity] = region
+
+    containers = []
+    for identity, region in chosen.items():
+        containers += _container_devices(identity, region, by_uuid, throttle)
+
 
     registration = sources.registration() if sources.registration else None
     tasks = sources.tasks() if sources.tasks else None
