@@ -427,10 +427,13 @@ def encode_state(device_count: int) -> bytes:
 
 
 _STATE_DEVICE = struct.Struct("<qQQQQQ")
-_SLOT_HEADER = struct.Struct("<4Q")
-_U32 = struct.Struct("<I")
+_SLOTS_AND_MARK = struct.Struct("<I4xQ")  # slot_count, reserved0, slot_high_water
 _PROC_DEVICE_WORDS = PROC_DEVICE_SIZE // 8
 _SLOT_WORDS = SLOT_SIZE // 8
+# a slot's pid, host_pid, start_time, reserved and the counters of its first n devices
+_SLOT_FORMATS = tuple(
+    struct.Struct(f"<4Q{n * _PROC_DEVICE_WORDS}Q") for n in range(MAX_DEVICES + 1)
+)
 
 
 def _plausible_u64(value: int, bound: int) -> bool:
@@ -446,9 +449,8 @@ def state_slots_to_read(header: bytes | bytearray | memoryview) -> int:
     """
     if len(header) < STATE_OFFSETS["slot_high_water"] + 8:
         return 0
-    slot_count: int = _U32.unpack_from(header, STATE_OFFSETS["slot_count"])[0]
-    mark = load_u64(header, STATE_OFFSETS["slot_high_water"])
-    return min(mark, slot_count, MAX_PROCS)
+    slot_count, mark = _SLOTS_AND_MARK.unpack_from(header, STATE_OFFSETS["slot_count"])
+    return int(min(mark, slot_count, MAX_PROCS))
 
 
 def _used_slot_indexes(buf: bytes | bytearray | memoryview, slots: int) -> list[int]:
@@ -501,8 +503,7 @@ def decode_state(
     if device_count is not None and count != device_count:
         return RegionUsage(corrupt=True)
     skipped = 0
-    (slot_count,) = _U32.unpack_from(buf, STATE_OFFSETS["slot_count"])
-    mark = load_u64(buf, STATE_OFFSETS["slot_high_water"])
+    slot_count, mark = _SLOTS_AND_MARK.unpack_from(buf, STATE_OFFSETS["slot_count"])
     if mark > min(slot_count, MAX_PROCS):
         skipped += 1  # slots beyond what the file has are not read
         mark = min(slot_count, MAX_PROCS)
@@ -520,7 +521,7 @@ def decode_state(
     processes: list[ProcessUsage] = []
     slot_mem = [0] * count
     slot_tokens = [0] * count
-    slot_format = struct.Struct(f"<4Q{count * _PROC_DEVICE_WORDS}Q")
+    slot_format = _SLOT_FORMATS[count]
     base = STATE_OFFSETS["slots"]
     for index in _used_slot_indexes(buf, to_read):
         values = slot_format.unpack_from(buf, base + index * SLOT_SIZE)
