@@ -212,7 +212,9 @@ class Agent:
             region_events=lambda: dataclasses.asdict(self.regions.counters),
             pod_resources_failures=lambda: self.pod_resources.failures,
             tasks=lambda: self.tasks,
-            backend_error=lambda: self.backend_error,
+            backend_error=lambda: (
+                self.backend_error or ("" if self.inventory is not None else "GPU backend starting")
+            ),
         )
 
     async def _on_grant(self, grant: Grant) -> Extras:
