@@ -3,10 +3,12 @@
     python tests/bench/bench_plugin.py [--calls 5000]
 
 1. Allocate: the agent runs as its own process (`vgpu-agent run`, 8 simulated GPUs x K=16, the
-   full Allocate path including region creation); a bare grpc.aio server answering the same RPC
-   with an empty response runs in another process on the same kind of unix socket. The client
-   alternates calls between the two, so both see the same machine noise; it prints p50/p99 of
-   each and their ratio.
+   full Allocate path including region creation, with the shim installed in its state dir); a
+   bare grpc.aio server answering the same RPC with an empty response runs in another process on
+   the same kind of unix socket. The client alternates calls between the two, so both see the
+   same machine noise; it prints p50/p99 of each and their ratio. No container ever holds the
+   benchmark's allocations, so the agent collects their regions (PodResources every 0.5 s, no
+   grace): the node holds about as many regions as a busy node has containers, not thousands.
 2. XID -> Unhealthy: in-process agent on the simulated backend; time from injecting a critical
    XID to the kubelet stand-in receiving the ListAndWatch update that marks the GPU Unhealthy.
 3. Kubelet restart -> registration received again.
@@ -81,9 +83,18 @@ async def wait_socket(path: str, limit_s: float = 30) -> None:
 async def bench_allocate(root: Path, calls: int) -> None:
     plugin_dir = root / "dp"
     plugin_dir.mkdir()
-    kubelet = KubeletStandIn(str(plugin_dir))
+    kubelet = KubeletStandIn(str(plugin_dir), str(root / "pr.sock"))
     await kubelet.start()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    shim_dir = root / "state" / "shim"
+    shim_dir.mkdir(parents=True)
+    (shim_dir / "libvgpu.so").write_bytes(b"\x7fELF")  # only mounted, never loaded here
+    (shim_dir / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "VGPU_AGENT_REGION_GC_GRACE_SECONDS": "0",
+        "VGPU_AGENT_POD_RESOURCES_REFRESH_SECONDS": "0.5",
+    }
     agent = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
