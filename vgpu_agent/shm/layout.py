@@ -505,7 +505,7 @@ def decode_state(
     skipped = 0
     slot_count, mark = _SLOTS_AND_MARK.unpack_from(buf, STATE_OFFSETS["slot_count"])
     if mark > min(slot_count, MAX_PROCS):
-        skipped += 1  # slots beyond what the file has are not read
+        skipped += 1  # a mark past the last slot is damage: read the slots there are
         mark = min(slot_count, MAX_PROCS)
     held = (len(buf) - STATE_HEADER_SIZE) // SLOT_SIZE
     if slots_read is None:

@@ -19,8 +19,8 @@ power loss the containers that used the regions are gone too, and the next start
 Why `state` is read with `pread` into a private buffer and not through an mmap: the container can
 truncate the file, and touching an mmap'd page past the end of a file kills the reader with
 SIGBUS. A short read is just a short buffer, which the decoder bounds-checks. Only the header
-and the slots below its high-water mark are read (a few KB for most containers, not the 673 KB
-file): the controller reads every region at every tick.
+and the slots below its high-water mark are read (a few KiB for most containers, not the whole
+673 KiB): the controller reads every region at every tick.
 
 Why `control` gets its own read-only mount on top of the read-write region dir: the dir must be
 writable (the shim writes `state`, HAMi-core creates its cache file), and in a writable dir a
