@@ -141,7 +141,11 @@ class RegionShim:
         counters = ProcessCounters(pid, host_pid, [0] * n, [0] * n, [0] * n, [0] * n)
         proc = ShimProcess(slot, counters, list(memory))
         self.mirror.processes.append(counters)
-        # Like the shim: claim the slot by its pid, then fill in the rest.
+        # Like the shim: raise the slot high-water mark above the slot (readers skip the slots
+        # past it), claim the slot by its pid, then fill in the rest. One writer owns this file,
+        # so a load and a store stand in for the shim's atomic max.
+        mark = layout.STATE_OFFSETS["slot_high_water"]
+        layout.store_u64(view, mark, max(layout.load_u64(view, mark), slot + 1))
         layout.store_u64(view, _slot_offset(slot, "pid"), pid)
         layout.store_u64(view, _slot_offset(slot, "host_pid"), host_pid)
         ticks = int(time.monotonic() * os.sysconf("SC_CLK_TCK"))
