@@ -209,13 +209,19 @@ class Agent:
             throttle_status=lambda: self.controller.status,
             registration=lambda: self.runner.status if self.runner is not None else None,
             nvml_errors=lambda: getattr(self.backend, "errors_by_call", {}),
-            region_events=lambda: dataclasses.asdict(self.regions.counters),
+            region_events=self._region_events,
             pod_resources_failures=lambda: self.pod_resources.failures,
             tasks=lambda: self.tasks,
             backend_error=lambda: (
                 self.backend_error or ("" if self.inventory is not None else "GPU backend starting")
             ),
         )
+
+    def _region_events(self) -> dict[str, int]:
+        events = dataclasses.asdict(self.regions.counters)
+        events["state_read_corrupt"] = self.regions.corrupt_reads()
+        events["state_records_skipped"] = self.regions.skipped_records()
+        return events
 
     async def _on_grant(self, grant: Grant) -> Extras:
         extras = await self.regions.on_grant(grant)

@@ -542,6 +542,8 @@ class RegionStore:
         self.clock = clock
         self.offload_io = offload_io
         self.counters = RegionCounters()
+        self._retired_corrupt_reads = 0
+        self._retired_skipped_records = 0
         self._regions: dict[str, Region] = {}
         self._binding = _Binding()
         self._next_seq: int | None = None
@@ -563,8 +565,13 @@ class RegionStore:
         return self._binding.bound.get(alloc_id)
 
     def corrupt_reads(self) -> int:
-        """`state` reads that found the file unreadable, over the open regions."""
-        return sum(r.corrupt_reads for r in self._regions.values())
+        """`state` reads that found the file unreadable, cumulative (collected regions too)."""
+        return self._retired_corrupt_reads + sum(r.corrupt_reads for r in self._regions.values())
+
+    def skipped_records(self) -> int:
+        """Nonsense records (bad counts, pids, sizes) skipped while reading `state`, cumulative."""
+        live = sum(r.skipped_records for r in self._regions.values())
+        return self._retired_skipped_records + live
 
     # --- creation -----------------------------------------------------------------------------
 
@@ -821,6 +828,9 @@ class RegionStore:
             region = self._regions.pop(alloc_id, None)
             if region is None:
                 continue
+            # keep the counts monotonic for the metrics after the region is gone
+            self._retired_corrupt_reads += region.corrupt_reads
+            self._retired_skipped_records += region.skipped_records
             region.close()
             await asyncio.to_thread(self._delete, region.path)
             self.counters.removed += 1
