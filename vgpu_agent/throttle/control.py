@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy
 
@@ -91,7 +91,7 @@ class ControlParams:
             raise ValueError(f"ControlParams.demand_ticks must be >= 1, got {self.demand_ticks!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Observation:
     """One container on one physical GPU during the tick that just ended."""
 
@@ -117,7 +117,7 @@ class Observation:
             raise ValueError(f"negative usage figures for {self.key!r}: {self!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoopState:
     """What the law remembers about one container between ticks."""
 
@@ -134,7 +134,7 @@ class LoopState:
     learned: int = 0  # how many observations `k` has been learned from
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Claim:
     """A container's entry in the share allocation."""
 
@@ -152,7 +152,7 @@ class Shares:
     target: dict[str, float] = field(default_factory=dict)  # what it should get now
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     rate: int
     burst: int
@@ -240,6 +240,14 @@ def _steady_spend(
     return None
 
 
+# What `_observe` learned about one container, in `LoopState`'s field order less `target`,
+# which the allocation decides afterwards: the state is built once, with its target.
+_Learned = tuple[
+    float, bool, tuple[float, ...], tuple[float, ...], float, float | None, tuple[float, ...],
+    tuple[float, ...], int,
+]
+
+
 def _observe(
     obs: Observation,
     prev: LoopState,
@@ -247,49 +255,49 @@ def _observe(
     window: int,
     saturated: bool,
     params: ControlParams,
-) -> tuple[LoopState, bool, float]:
-    """Update the container's model from one tick; returns (state, hungry, demand)."""
-    spend_rate = obs.spent / dt_s
+) -> tuple[_Learned, bool, float]:
+    """Update the container's model from one tick; returns (learned, hungry, demand)."""
+    spent, rate_in_force, util = obs.spent, obs.rate, obs.util
+    spend_rate = spent / dt_s
     history = (*prev.spend_history, spend_rate)[-window:]
     cost = prev.cost_per_launch * 0.99  # forget slowly, so one odd launch does not stick
     if obs.launches:
-        cost = max(cost, obs.spent / obs.launches)
+        cost = max(cost, spent / obs.launches)
     waited = obs.waited_s >= params.hungry_wait_fraction * dt_s
-    spent_all = obs.rate < UNLIMITED_RATE and spend_rate >= params.hungry_spend_fraction * obs.rate
+    spent_all = (
+        rate_in_force < UNLIMITED_RATE
+        and spend_rate >= params.hungry_spend_fraction * rate_in_force
+    )
     hungry = waited or spent_all
 
     k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
-    if k <= 0 and spend_rate > 0 and obs.rate >= UNLIMITED_RATE:
+    if k <= 0 and spend_rate > 0 and rate_in_force >= UNLIMITED_RATE:
         # Unthrottled for the tick: its share was at most 100%, or, when NVML already reports
         # it, about `util` (widened, as the sample and the tick do not cover the same moments).
         share_bound = FULL_SHARE
-        if obs.util is not None and obs.util >= 1:
-            share_bound = min(FULL_SHARE, params.boot_widening * obs.util + 1)
+        if util is not None and util >= 1:
+            share_bound = min(FULL_SHARE, params.boot_widening * util + 1)
         k, lower_bound = spend_rate / share_bound, True
-    limited = (*prev.limited_history, float(obs.rate) if hungry else 0.0)[-window:]
+    limited = (*prev.limited_history, float(rate_in_force) if hungry else 0.0)[-window:]
     long_run = _steady_spend(history, limited, window, params.steady_tolerance)
-    rates = (*prev.rate_history, float(obs.rate))[-window:]
-    held = (
-        len(rates) == window
-        and rates[-1] < UNLIMITED_RATE
-        and max(rates) <= min(rates) * (1 + params.steady_tolerance / 10)
-        and prev.target > 0
-    )
-    utils = prev.util_history if obs.util is None else (*prev.util_history, obs.util)[-3:]
-    util = obs.util
+    rates = (*prev.rate_history, float(rate_in_force))[-window:]
+    if util is None:
+        # Nothing measured: `k` can learn nothing this tick (every rule below needs `util`).
+        demand = max(history[-params.demand_ticks :]) / k + params.demand_margin if k > 0 else 0.0
+        learned_now: _Learned = (
+            k, lower_bound, history, limited, cost, prev.util, prev.util_history, rates, learned
+        )
+        return learned_now, hungry, demand
+    utils = (*prev.util_history, util)[-3:]
     # Utilization still moving means queued work draining or NVML's window straddling a change:
     # spending and utilization do not describe the same moment yet.
-    util_steady = (
-        util is not None
-        and len(utils) >= 2
-        and abs(utils[-1] - utils[-2]) <= max(1.0, params.steady_tolerance * max(utils[-2:]))
+    util_steady = len(utils) >= 2 and abs(utils[-1] - utils[-2]) <= max(
+        1.0, params.steady_tolerance * max(utils[-2:])
     )
     seen = math.inf
-    if long_run is not None and util is not None and util > 0:
+    if long_run is not None and util > 0:
         seen = long_run / util
-    if util is None:
-        pass
-    elif not util_steady:
+    if not util_steady:
         if long_run is not None and lower_bound and not saturated:
             # Still climbing from the cold-start bound with lumpy samples (a few long kernels
             # per sample period): the largest recent sample bounds the share from above.
@@ -305,7 +313,13 @@ def _observe(
         # only a correction downwards is trustworthy, and it is what relieves the GPU.
         k *= (seen / k) ** params.model_gain
         learned += 1
-    elif held and util > prev.target + params.over_tolerance:
+    elif (
+        util > prev.target + params.over_tolerance
+        and prev.target > 0
+        and len(rates) == window
+        and rates[-1] < UNLIMITED_RATE
+        and max(rates) <= min(rates) * (1 + params.steady_tolerance / 10)
+    ):
         # Above its target at a rate held all window: it spent at most that rate, so k is
         # below rate / util. True on a full GPU too, where the other rules may not learn.
         k *= (prev.target / util) ** params.model_gain
@@ -320,19 +334,12 @@ def _observe(
             k = bound
     # Never spent a token: idle. Otherwise its recent peak, which a waking owner shows at once.
     demand = max(history[-params.demand_ticks :]) / k + params.demand_margin if k > 0 else 0.0
-    state = LoopState(
-        tokens_per_pct=k,
-        lower_bound=lower_bound,
-        spend_history=history,
-        limited_history=limited,
-        cost_per_launch=cost,
-        util=obs.util if obs.util is not None else prev.util,
-        util_history=utils,
-        rate_history=rates,
-        target=prev.target,
-        learned=learned,
-    )
-    return state, hungry, demand
+    return (k, lower_bound, history, limited, cost, util, utils, rates, learned), hungry, demand
+
+
+def _state(learned: _Learned, target: float) -> LoopState:
+    k, lower_bound, spends, limited, cost, util, utils, rates, count = learned
+    return LoopState(k, lower_bound, spends, limited, cost, util, utils, rates, target, count)
 
 
 def control_step(
@@ -352,49 +359,58 @@ def control_step(
 
     # Full, and someone takes more than planned: the others' work may be queueing behind it,
     # so their spending overstates their use until that is corrected.
-    fresh = [o.util for o in observations if o.util is not None]
-    overdrawn = any(
-        o.util > states[o.key].target + params.over_tolerance
-        for o in observations
-        if o.util is not None and o.key in states and states[o.key].target > 0
-    )
+    fresh: list[float] = []
+    overdrawn = False
+    blank = LoopState()
+    previous: list[LoopState] = []
+    for o in observations:
+        prev = states.get(o.key, blank)
+        previous.append(prev)
+        if o.util is not None:
+            fresh.append(o.util)
+            if prev.target > 0 and o.util > prev.target + params.over_tolerance:
+                overdrawn = True
     saturated = overdrawn and sum(fresh) >= FULL_SHARE - params.saturation_margin
-    updated: dict[str, tuple[LoopState, bool, float]] = {
-        o.key: _observe(o, states.get(o.key, LoopState()), dt_s, window, saturated, params)
-        for o in observations
-    }
+    updated = [
+        _observe(o, prev, dt_s, window, saturated, params)
+        for o, prev in zip(observations, previous, strict=True)
+    ]
+    # what `off` containers use, by their last measurement
     off_use = sum(
-        (updated[o.key][0].util or 0.0) for o in observations if o.policy == "off"
+        (learned[5] or 0.0)
+        for o, (learned, _, _) in zip(observations, updated, strict=True)
+        if o.policy == "off"
     )
     claims = [
-        Claim(o.key, o.limit, o.policy, o.priority, updated[o.key][1], updated[o.key][2])
-        for o in observations
+        Claim(o.key, o.limit, o.policy, o.priority, hungry, demand)
+        for o, (_, hungry, demand) in zip(observations, updated, strict=True)
     ]
     shares = allocate(claims, max(0.0, FULL_SHARE - off_use))
 
     decisions: dict[str, Decision] = {}
-    for o in observations:
-        state, hungry, demand = updated[o.key]
+    targets = shares.target
+    for o, prev, (learned, hungry, demand) in zip(observations, previous, updated, strict=True):
         if o.policy == "off":
             decisions[o.key] = Decision(UNLIMITED_RATE, UNLIMITED_RATE, FULL_SHARE, hungry, demand,
-                                        state)
+                                        _state(learned, prev.target))
             continue
-        target = shares.target[o.key]
-        if state.tokens_per_pct <= 0:
+        target = targets[o.key]
+        k = learned[0]
+        if k <= 0:
             # No model yet. A rate already in force (written before an agent restart) is kept
             # until the model is learned from it; otherwise the container runs one tick
             # unthrottled, which gives the cold-start bound.
             kept = (o.rate, o.burst) if o.rate < UNLIMITED_RATE else (UNLIMITED_RATE,) * 2
-            decisions[o.key] = Decision(kept[0], kept[1], target, hungry, demand, state)
+            decisions[o.key] = Decision(kept[0], kept[1], target, hungry, demand,
+                                        _state(learned, prev.target))
             continue
-        rate = max(params.min_rate, round(state.tokens_per_pct * target))
+        rate = max(params.min_rate, round(k * target))
         burst = max(
             round(rate * params.burst_s),
-            math.ceil(params.burst_launches * state.cost_per_launch),
+            math.ceil(params.burst_launches * learned[4]),
             1,
         )
-        decisions[o.key] = Decision(rate, burst, target, hungry, demand,
-                                    replace(state, target=target))
+        decisions[o.key] = Decision(rate, burst, target, hungry, demand, _state(learned, target))
     return decisions
 
 

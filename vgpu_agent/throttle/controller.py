@@ -141,9 +141,33 @@ class DeviceStatus:
     open_loop: bool
 
 
-@dataclass
-class _Counters:
-    previous: tuple[int, int, int] | None = None  # tokens spent, launches, wait ns (cumulative)
+class _Device:
+    """One device of one allocation as the loop follows it from tick to tick.
+
+    Its identity and limits are read once (only the agent writes them, when it creates the
+    region); the counters are the cumulative totals of the previous tick.
+    """
+
+    __slots__ = ("alloc_id", "dev", "key", "last", "limits", "previous", "region", "seen", "uuid")
+
+    def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
+                 previous: tuple[int, int, int] | None):
+        self.region = region
+        self.dev = dev
+        self.key = f"{alloc_id}/{dev}"
+        self.alloc_id = alloc_id
+        self.uuid = uuid
+        self.limits: tuple[float, CorePolicy, int] | None = None  # limit, policy, priority
+        self.previous = previous  # tokens spent, launches, wait ns (cumulative)
+        # the last decision, kept raw: `DeviceStatus` is built only when someone asks
+        self.last: tuple[Observation, Decision, bool] | None = None
+        self.seen = 0  # the tick that last read the device
+
+
+# Per GPU: the devices on it with their region's usage, in region order.
+_Entries = list[tuple[_Device, RegionUsage]]
+# What the worker thread read: entries per GPU, and per GPU the samples or what prevented them.
+_Reading = tuple[dict[str, _Entries], dict[str, list[ProcessSample] | BaseException]]
 
 
 class ThrottleController:
@@ -175,17 +199,36 @@ class ThrottleController:
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
         self._states: dict[str, dict[str, LoopState]] = {}  # uuid -> key -> state
-        self._counters: dict[str, _Counters] = {}  # key -> cumulative counters
+        self._devices: dict[str, _Device] = {}  # key -> device followed
+        # id(region) -> (region, its devices): the region is held so that its id stays its own
+        self._by_region: dict[int, tuple[RegionHandle, list[_Device]]] = {}
         self._since_us: dict[str, int] = {}
         self._open_loop: set[str] = set()
-        self._status: dict[tuple[str, int], DeviceStatus] = {}
         self._last_tick_ns: int | None = None
 
     # -- read-only views for metrics ---------------------------------------------------------
     @property
     def status(self) -> Mapping[tuple[str, int], DeviceStatus]:
         """Per (alloc_id, region device index): the last decision."""
-        return dict(self._status)
+        out: dict[tuple[str, int], DeviceStatus] = {}
+        for d in list(self._devices.values()):
+            if d.last is None:
+                continue
+            obs, decision, open_loop = d.last
+            out[(d.alloc_id, d.dev)] = DeviceStatus(
+                alloc_id=d.alloc_id,
+                dev=d.dev,
+                uuid=d.uuid,
+                limit=obs.limit,
+                policy=obs.policy,
+                target=decision.target,
+                measured_util=decision.state.util,
+                rate=decision.rate,
+                burst=decision.burst,
+                rate_limited=decision.hungry,
+                open_loop=open_loop,
+            )
+        return out
 
     @property
     def open_loop_gpus(self) -> frozenset[str]:
@@ -195,12 +238,18 @@ class ThrottleController:
     def error_counts(self) -> Mapping[str, int]:
         return dict(self.errors)
 
-    def _failed(self, kind: str, event: str, **context: object) -> None:
+    def _failed(
+        self, kind: str, event: str, error: BaseException | None = None, **context: object
+    ) -> None:
         """Count a failure; the first of each kind is logged with its traceback, later ones
-        without (a broken region fails every tick, and its log should not drown the rest)."""
+        without (a broken region fails every tick, and its log should not drown the rest).
+        `error` is the exception when it was caught elsewhere (in the worker thread)."""
         self.errors[kind] += 1
         if self.errors[kind] == 1:
-            log.exception(event, **context)
+            if error is None:
+                log.exception(event, **context)
+            else:
+                log.error(event, exc_info=error, **context)
         else:
             log.warning(event, failures=self.errors[kind], **context)
 
@@ -227,10 +276,11 @@ class ThrottleController:
         except Exception:
             self._failed("list_regions", "throttle_list_regions_failed")
             return
-        # Reading `state` files is file I/O (a pread per region): keep it off the event loop.
-        by_gpu = await asyncio.to_thread(self._gather, regions)
+        # Reading `state` files (a pread per region) and NVML are blocking: both go to one
+        # worker thread per tick, as one hop costs less than one per GPU.
+        by_gpu, sampled = await asyncio.to_thread(self._read, regions)
         for uuid, entries in by_gpu.items():
-            samples = await self._samples(uuid)
+            samples = self._samples(uuid, sampled[uuid])
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
             except Exception:
@@ -240,19 +290,29 @@ class ThrottleController:
                 region.beat(now_ns)
             except Exception:
                 self._failed("beat", "throttle_beat_failed", alloc_id=_alloc_id(region))
-        self._forget(by_gpu)
+        self._forget(regions, by_gpu)
         if self._sampled_pids:  # ticks without new samples say nothing about who is alive
             self.ns_resolver.forget_except(self._sampled_pids)
             self._sampled_pids = set()
 
-    def _gather(
-        self, regions: list[RegionHandle]
-    ) -> dict[str, list[tuple[RegionHandle, int, RegionUsage]]]:
-        by_gpu: dict[str, list[tuple[RegionHandle, int, RegionUsage]]] = defaultdict(list)
+    def _read(self, regions: list[RegionHandle]) -> _Reading:
+        """In the worker thread: every region's usage, then every GPU's new samples."""
+        by_gpu = self._gather(regions)
+        sampled: dict[str, list[ProcessSample] | BaseException] = {}
+        for uuid in by_gpu:
+            try:
+                sampled[uuid] = self.backend.process_utilization(uuid, self._since_us.get(uuid, 0))
+            except Exception as e:  # judged on the event loop, with the others
+                sampled[uuid] = e
+        return by_gpu, sampled
+
+    def _gather(self, regions: list[RegionHandle]) -> dict[str, _Entries]:
+        by_gpu: dict[str, _Entries] = defaultdict(list)
+        tick = self.ticks
         for region in regions:
             try:
                 usage = region.usage()
-                uuids = region.device_uuids
+                devices = self._devices_of(region)
             except Exception:
                 self._failed(
                     "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
@@ -261,159 +321,192 @@ class ThrottleController:
             if usage.corrupt:
                 self.errors["region_corrupt"] += 1
                 continue
-            for dev, uuid in enumerate(uuids):
-                by_gpu[uuid].append((region, dev, usage))
+            for device in devices:
+                device.seen = tick
+                by_gpu[device.uuid].append((device, usage))
         return by_gpu
 
-    async def _samples(self, uuid: str) -> list[ProcessSample] | None:
-        since = self._since_us.get(uuid, 0)
-        try:
-            samples = await asyncio.to_thread(self.backend.process_utilization, uuid, since)
-        except GpuError as e:
-            if e.code == NVML_ERROR_NOT_SUPPORTED:
+    def _devices_of(self, region: RegionHandle) -> list[_Device]:
+        """The region's devices, looked up once per region object."""
+        known = self._by_region.get(id(region))
+        if known is not None and known[0] is region:
+            return known[1]
+        alloc_id = region.alloc_id
+        devices = []
+        for dev, uuid in enumerate(region.device_uuids):
+            before = self._devices.get(f"{alloc_id}/{dev}")
+            # The same allocation reopened keeps its counters (the totals did not restart).
+            device = _Device(region, dev, alloc_id, uuid,
+                             before.previous if before is not None else None)
+            if before is not None:
+                device.last = before.last
+            devices.append(device)
+        for device in devices:
+            self._devices[device.key] = device
+        self._by_region[id(region)] = (region, devices)
+        return devices
+
+    def _samples(
+        self, uuid: str, outcome: list[ProcessSample] | BaseException
+    ) -> list[ProcessSample] | None:
+        """This tick's samples of one GPU, None when NVML gave none; failures counted."""
+        if isinstance(outcome, GpuError):
+            if outcome.code == NVML_ERROR_NOT_SUPPORTED:
                 if uuid not in self._open_loop:
                     self._open_loop.add(uuid)
                     log.warning("throttle_open_loop", uuid=uuid,
                                 reason="no per-process utilization on this GPU")
             else:
                 self.errors["nvml"] += 1
-                log.warning("throttle_nvml_failed", uuid=uuid, call=e.call, code=e.code,
-                            error=str(e))
+                log.warning("throttle_nvml_failed", uuid=uuid, call=outcome.call,
+                            code=outcome.code, error=str(outcome))
             return None
-        except Exception:
-            self._failed("nvml", "throttle_nvml_failed", uuid=uuid)
+        if isinstance(outcome, BaseException):
+            self._failed("nvml", "throttle_nvml_failed", error=outcome, uuid=uuid)
             return None
-        if samples:
-            self._since_us[uuid] = max(since, *(s.timestamp_us for s in samples))
-        return samples
+        if outcome:
+            since = self._since_us.get(uuid, 0)
+            self._since_us[uuid] = max(since, *(s.timestamp_us for s in outcome))
+        return outcome
 
     def _utilization(
-        self,
-        entries: list[tuple[RegionHandle, int, RegionUsage]],
-        samples: list[ProcessSample] | None,
+        self, entries: _Entries, samples: list[ProcessSample] | None
     ) -> dict[str, float] | None:
         """SM percent per alloc_id from this tick's samples; None when nothing new arrived."""
         if not samples:
             return None
         known: dict[int, str] = {}
         slots: dict[tuple[int, int], str] = {}
-        for region, _, usage in entries:
+        util: dict[str, float] = {}
+        for device, usage in entries:
+            alloc_id = device.alloc_id
+            util[alloc_id] = 0.0
             for proc in usage.processes:
                 if proc.host_pid > 0:
-                    known[proc.host_pid] = region.alloc_id
+                    known[proc.host_pid] = alloc_id
                 if proc.start_time > 0:
-                    slots[(proc.pid, proc.start_time)] = region.alloc_id
+                    slots[(proc.pid, proc.start_time)] = alloc_id
         per_pid: dict[int, list[int]] = defaultdict(list)
         for s in samples:
             per_pid[s.pid].append(s.sm_util)
         self._sampled_pids.update(per_pid)
-        util = {region.alloc_id: 0.0 for region, _, _ in entries}
         for pid, values in per_pid.items():
-            alloc_id = known.get(pid)
-            if alloc_id is None and slots:
-                alloc_id = self.ns_resolver.resolve(pid, slots)
-            if alloc_id is None:
+            found = known.get(pid)
+            if found is None and slots:
+                found = self.ns_resolver.resolve(pid, slots)
+            if found is None:
                 try:
-                    alloc_id = self.pid_resolver(pid, known)
+                    found = self.pid_resolver(pid, known)
                 except Exception:
                     self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
-                    alloc_id = None
-            if alloc_id in util:
-                util[alloc_id] += min(100.0, max(0.0, sum(values) / len(values)))
+                    found = None
+            if found in util:
+                util[found] += min(100.0, max(0.0, sum(values) / len(values)))
         return util
 
+    def _limits(self, device: _Device) -> tuple[float, CorePolicy, int]:
+        """(limit, policy, priority) of a device, read from its region the first time."""
+        limits = device.limits
+        if limits is None:
+            region, dev = device.region, device.dev
+            policy = region.policy(dev)
+            if policy not in CORE_POLICIES:
+                policy = self.default_policy
+            limit = min(100.0, max(1e-6, float(region.core_limit(dev))))
+            limits = device.limits = (limit, policy, region.priority)
+        return limits
+
     def _observe(
-        self, key: str, region: RegionHandle, dev: int, usage: RegionUsage, dt_s: float,
-        util: float | None,
-    ) -> Observation:
+        self, device: _Device, usage: RegionUsage, util: float | None
+    ) -> tuple[Observation, tuple[int, int]]:
+        """The device's tick for the law, and the (rate, burst) found written in its region."""
+        dev = device.dev
         spent_now = usage.tokens_spent[dev] if dev < len(usage.tokens_spent) else 0
-        launches_now = sum(p.launches[dev] for p in usage.processes if dev < len(p.launches))
-        wait_now = sum(p.wait_ns[dev] for p in usage.processes if dev < len(p.wait_ns))
-        counters = self._counters.setdefault(key, _Counters())
-        now = (spent_now, launches_now, wait_now)
-        deltas = [0, 0, 0]  # first sight (or agent restart): only a baseline
-        if counters.previous is not None:
+        launches_now = wait_now = 0
+        for p in usage.processes:
+            if dev < len(p.launches):
+                launches_now += p.launches[dev]
+            if dev < len(p.wait_ns):
+                wait_now += p.wait_ns[dev]
+        previous = device.previous
+        device.previous = (spent_now, launches_now, wait_now)
+        if previous is None:  # first sight (or agent restart): only a baseline
+            spent = launches = wait = 0
+        else:
             # Totals drop when the shim reclaims a dead process's slot: count nothing then.
-            deltas = [max(0, a - b) for a, b in zip(now, counters.previous, strict=True)]
-        counters.previous = now
-        rate, burst = region.rate(dev)
+            spent = max(0, spent_now - previous[0])
+            launches = max(0, launches_now - previous[1])
+            wait = max(0, wait_now - previous[2])
+        # Read once: it is the rate in force for the law, and what the write compares with (a
+        # rate changed behind the agent's back, or left by its previous run, is seen and fixed).
+        written = device.region.rate(dev)
+        rate, burst = written
         if rate == 0 and burst == 0:
             rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
-        policy = region.policy(dev)
-        if policy not in CORE_POLICIES:
-            policy = self.default_policy
-        return Observation(
-            key=key,
-            limit=min(100.0, max(1e-6, float(region.core_limit(dev)))),
+        limit, policy, priority = self._limits(device)
+        obs = Observation(
+            key=device.key,
+            limit=limit,
             policy=policy,
-            priority=region.priority,
-            spent=deltas[0],
-            launches=deltas[1],
-            waited_s=deltas[2] / 1e9,
+            priority=priority,
+            spent=spent,
+            launches=launches,
+            waited_s=wait / 1e9,
             util=util,
             rate=rate,
             burst=burst,
         )
+        return obs, written
 
     def _steer_gpu(
-        self,
-        uuid: str,
-        entries: list[tuple[RegionHandle, int, RegionUsage]],
-        samples: list[ProcessSample] | None,
-        dt_s: float,
+        self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None, dt_s: float
     ) -> None:
         utils = self._utilization(entries, samples)
         observations: list[Observation] = []
-        handles: dict[str, tuple[RegionHandle, int]] = {}
-        for region, dev, usage in entries:
-            key = f"{region.alloc_id}/{dev}"
+        steered: list[tuple[_Device, tuple[int, int]]] = []
+        for device, usage in entries:
             try:
-                obs = self._observe(key, region, dev, usage, dt_s,
-                                    None if utils is None else utils[region.alloc_id])
-            except Exception:
-                self._failed(
-                    "region_read", "throttle_region_read_failed", alloc_id=region.alloc_id, dev=dev
+                obs, written = self._observe(
+                    device, usage, None if utils is None else utils[device.alloc_id]
                 )
+            except Exception:
+                self._failed("region_read", "throttle_region_read_failed",
+                             alloc_id=device.alloc_id, dev=device.dev)
                 continue
             observations.append(obs)
-            handles[key] = (region, dev)
-        states = self._states.setdefault(uuid, {})
-        decisions = control_step(observations, states, dt_s, self.params)
+            steered.append((device, written))
+        decisions = control_step(observations, self._states.get(uuid, {}), dt_s, self.params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
-        for obs in observations:
-            region, dev = handles[obs.key]
-            self._apply(uuid, region, dev, obs, decisions[obs.key])
+        open_loop = uuid in self._open_loop
+        for obs, (device, written) in zip(observations, steered, strict=True):
+            decision = decisions[obs.key]
+            self._apply(device, written, decision)
+            device.last = (obs, decision, open_loop)
 
-    def _apply(self, uuid: str, region: RegionHandle, dev: int, obs: Observation,
-               decision: Decision) -> None:
+    def _apply(self, device: _Device, written: tuple[int, int], decision: Decision) -> None:
+        if written[0] == decision.rate and written[1] == decision.burst:
+            return
         try:
-            if region.rate(dev) != (decision.rate, decision.burst):
-                region.set_rate(dev, decision.rate, decision.burst)
+            device.region.set_rate(device.dev, decision.rate, decision.burst)
         except Exception:
-            self._failed("set_rate", "throttle_set_rate_failed", alloc_id=region.alloc_id, dev=dev)
-        self._status[(region.alloc_id, dev)] = DeviceStatus(
-            alloc_id=region.alloc_id,
-            dev=dev,
-            uuid=uuid,
-            limit=obs.limit,
-            policy=obs.policy,
-            target=decision.target,
-            measured_util=decision.state.util,
-            rate=decision.rate,
-            burst=decision.burst,
-            rate_limited=decision.hungry,
-            open_loop=uuid in self._open_loop,
-        )
+            self._failed("set_rate", "throttle_set_rate_failed", alloc_id=device.alloc_id,
+                         dev=device.dev)
 
-    def _forget(self, by_gpu: Mapping[str, list[tuple[RegionHandle, int, RegionUsage]]]) -> None:
-        live = {
-            f"{region.alloc_id}/{dev}" for entries in by_gpu.values() for region, dev, _ in entries
-        }
+    def _forget(self, regions: list[RegionHandle], by_gpu: Mapping[str, _Entries]) -> None:
+        """Drop what belongs to regions gone and devices not read this tick."""
         for uuid in list(self._states):
             if uuid not in by_gpu:
                 del self._states[uuid]
-        self._counters = {k: v for k, v in self._counters.items() if k in live}
-        self._status = {k: v for k, v in self._status.items() if f"{k[0]}/{k[1]}" in live}
+        tick = self.ticks
+        if any(d.seen != tick for d in self._devices.values()):
+            # Unreadable this tick, or gone: the next reading is a new baseline.
+            self._devices = {k: d for k, d in self._devices.items() if d.seen == tick}
+            self._by_region = {
+                k: v for k, v in self._by_region.items() if v[1] and v[1][0].seen == tick
+            }
+        elif len(self._by_region) > len(regions):
+            present = {id(region) for region in regions}
+            self._by_region = {k: v for k, v in self._by_region.items() if k in present}
 
 
 def _alloc_id(region: RegionHandle) -> str:
