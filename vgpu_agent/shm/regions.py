@@ -91,6 +91,20 @@ _POLICY_CODES: dict[CorePolicy, int] = {
 }
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
+
+def _word_index(offset: int) -> int:
+    if offset % 8:
+        raise layout.RegionFormatError(f"control offset {offset} is not 8-byte aligned")
+    return offset // 8
+
+
+# The live words of `control`, as indexes of 64-bit words: the controller reads every rate and
+# writes the heartbeat every tick, so these loads and stores skip the offset arithmetic.
+_HEARTBEAT_WORD = _word_index(layout.CONTROL_OFFSETS["heartbeat_ns"])
+_RATE_WORD = _word_index(layout.control_device_offset(0, "rate"))
+_BURST_WORD = _word_index(layout.control_device_offset(0, "burst"))
+_DEVICE_WORDS = _word_index(layout.CONTROL_DEVICE_SIZE)
+
 ContainerKey = tuple[str, str, str]  # namespace, pod, container
 InitialRate = Callable[[GrantedDevice, CorePolicy], tuple[int, int]]
 
@@ -148,6 +162,8 @@ class Region:
         self._alloc_id = alloc_id
         self._map: mmap.mmap | None = control_map
         self._view: memoryview | None = memoryview(control_map)
+        # the same bytes as aligned 64-bit words (each access one load or store)
+        self._words: memoryview | None = self._view.cast("Q")
         self._control = control
         self._policies: tuple[CorePolicy, ...] = tuple(
             layout.POLICY_NAMES[d.policy]  # type: ignore[misc]
@@ -224,18 +240,22 @@ class Region:
 
     def rate(self, dev: int) -> tuple[int, int]:
         self._device(dev)
-        buf = self._live()
-        return (
-            layout.load_u64(buf, layout.control_device_offset(dev, "rate")),
-            layout.load_u64(buf, layout.control_device_offset(dev, "burst")),
-        )
+        words = self._words
+        if words is None:
+            raise RegionError(f"region {self._alloc_id} is closed")
+        first = dev * _DEVICE_WORDS
+        return words[_RATE_WORD + first], words[_BURST_WORD + first]
 
     def set_rate(self, dev: int, rate: int, burst: int) -> None:
         self._device(dev)
         layout.set_rate(self._live(), dev, rate, burst)
 
     def beat(self, now_ns: int) -> None:
-        layout.set_heartbeat(self._live(), now_ns)
+        words = self._words
+        if words is not None and type(now_ns) is int and 0 <= now_ns <= layout.U64_MAX:
+            words[_HEARTBEAT_WORD] = now_ns
+        else:  # closed, or a value the layout refuses: its error says which
+            layout.set_heartbeat(self._live(), now_ns)
 
     def usage(self) -> RegionUsage:
         """What the shim reports; never raises. An unreadable file gives `corrupt=True`."""
@@ -279,6 +299,9 @@ class Region:
         return layout.decode_control(self._live())
 
     def close(self) -> None:
+        words, self._words = self._words, None
+        if words is not None:
+            words.release()
         view, self._view = self._view, None
         if view is not None:
             view.release()

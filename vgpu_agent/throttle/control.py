@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy
 
@@ -117,8 +118,11 @@ class Observation:
             raise ValueError(f"negative usage figures for {self.key!r}: {self!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class LoopState:
+# The records made per container and tick are named tuples: immutable like frozen dataclasses,
+# and several times cheaper to build, which counts at a hundred containers ten times a second.
+
+
+class LoopState(NamedTuple):
     """What the law remembers about one container between ticks."""
 
     tokens_per_pct: float = 0.0  # k, tokens/s buying one percent of SM time; 0 = unknown
@@ -134,8 +138,7 @@ class LoopState:
     learned: int = 0  # how many observations `k` has been learned from
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
     """A container's entry in the share allocation."""
 
     key: str
@@ -152,8 +155,7 @@ class Shares:
     target: dict[str, float] = field(default_factory=dict)  # what it should get now
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     rate: int
     burst: int
     target: float  # percent, what the rate aims at
@@ -162,37 +164,43 @@ class Decision:
     state: LoopState
 
 
-def _water_fill(
-    amount: float, weights: Mapping[str, float], caps: Mapping[str, float]
-) -> dict[str, float]:
+def _water_fill(amount: float, weights: Sequence[float], caps: Sequence[float]) -> list[float]:
     """Split `amount` in proportion to `weights`, nobody above their cap; returns the gifts."""
-    given = {key: 0.0 for key in caps}
-    open_keys = [key for key in caps if caps[key] > _EPS and weights[key] > 0]
-    while amount > _EPS and open_keys:
-        total_weight = sum(weights[key] for key in open_keys)
-        room = min((caps[key] - given[key]) * total_weight / weights[key] for key in open_keys)
+    given = [0.0] * len(caps)
+    open_at = [i for i, cap in enumerate(caps) if cap > _EPS and weights[i] > 0]
+    while amount > _EPS and open_at:
+        total_weight = sum([weights[i] for i in open_at])
+        room = min([(caps[i] - given[i]) * total_weight / weights[i] for i in open_at])
         step = min(amount, room)
-        for key in open_keys:
-            given[key] += step * weights[key] / total_weight
+        for i in open_at:
+            given[i] += step * weights[i] / total_weight
         amount -= step
-        open_keys = [key for key in open_keys if caps[key] - given[key] > _EPS]
+        open_at = [i for i in open_at if caps[i] - given[i] > _EPS]
     return given
 
 
 def _by_priority(
-    claims: Sequence[Claim], wants: Mapping[str, float], capacity: float
-) -> dict[str, float]:
-    """Highest priority first; within a level, proportional to limits, capped at what each wants."""
-    granted: dict[str, float] = {}
+    priorities: Sequence[int], limits: Sequence[float], wants: Sequence[float], capacity: float
+) -> tuple[list[float], list[int] | None]:
+    """Highest priority first; within a level, proportional to limits, capped at what each wants.
+
+    Returns what each gets, and the order it was granted in when that is not the claims' order
+    (sums follow it, so that the figures do not depend on how the claims were listed).
+    """
+    levels = set(priorities)
+    if len(levels) <= 1:  # the common case: one level, the claims' order
+        return _water_fill(capacity, limits, wants), None
+    granted = [0.0] * len(priorities)
+    order: list[int] = []
     left = capacity
-    for level in sorted({c.priority for c in claims}, reverse=True):
-        members = [c for c in claims if c.priority == level]
-        gifts = _water_fill(
-            left, {c.key: c.limit for c in members}, {c.key: wants[c.key] for c in members}
-        )
-        granted.update(gifts)
-        left = max(0.0, left - sum(gifts.values()))
-    return granted
+    for level in sorted(levels, reverse=True):
+        members = [i for i, priority in enumerate(priorities) if priority == level]
+        gifts = _water_fill(left, [limits[i] for i in members], [wants[i] for i in members])
+        for i, gift in zip(members, gifts, strict=True):
+            granted[i] = gift
+        order.extend(members)
+        left = max(0.0, left - sum(gifts))
+    return granted, order
 
 
 def allocate(claims: Sequence[Claim], capacity: float = FULL_SHARE) -> Shares:
@@ -201,20 +209,27 @@ def allocate(claims: Sequence[Claim], capacity: float = FULL_SHARE) -> Shares:
     `capacity` is what the limited containers may divide: 100 minus what `off` containers use.
     """
     limited = [c for c in claims if c.policy != "off"]
-    guarantee = _by_priority(limited, {c.key: c.limit for c in limited}, capacity)
-    wants = {c.key: c.limit if c.hungry else min(c.limit, c.demand) for c in limited}
-    used = _by_priority(limited, wants, capacity)
-    spare = capacity - sum(used.values())
-    lend_caps: dict[str, float] = {}
-    for c in limited:
+    priorities = [c.priority for c in limited]
+    limits = [c.limit for c in limited]
+    guarantee, order = _by_priority(priorities, limits, limits, capacity)
+    wants = [c.limit if c.hungry else min(c.limit, c.demand) for c in limited]
+    used, _ = _by_priority(priorities, limits, wants, capacity)
+    spare = capacity - (sum(used) if order is None else sum([used[i] for i in order]))
+    lend_caps: list[float] = []
+    for c, got in zip(limited, used, strict=True):
         if c.policy == "work-conserving":
-            ceiling = math.inf if c.hungry else max(c.demand, used[c.key])
+            ceiling = math.inf if c.hungry else max(c.demand, got)
         else:
             ceiling = c.limit if c.hungry else min(c.limit, c.demand)
-        lend_caps[c.key] = max(0.0, ceiling - used[c.key])
-    lent = _water_fill(spare, {c.key: c.limit for c in limited}, lend_caps)
-    target = {c.key: max(guarantee[c.key], used[c.key] + lent[c.key]) for c in limited}
-    return Shares(guarantee=guarantee, target=target)
+        lend_caps.append(max(0.0, ceiling - got))
+    lent = _water_fill(spare, limits, lend_caps)
+    return Shares(
+        guarantee={c.key: g for c, g in zip(limited, guarantee, strict=True)},
+        target={
+            c.key: max(g, u + extra)
+            for c, g, u, extra in zip(limited, guarantee, used, lent, strict=True)
+        },
+    )
 
 
 def _steady(history: Sequence[float], tolerance: float) -> bool:
