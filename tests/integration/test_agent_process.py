@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -54,19 +55,35 @@ def agent_args(root, fake) -> list[str]:
     ]
 
 
-async def test_run_with_fake_nvml_serves_ids_health_and_cleans_up_on_sigterm(root, fake_nvml):
+@contextlib.asynccontextmanager
+async def agent_with_kubelet(root, fake, recovery_s: str):
+    """`vgpu-agent run` on the fake NVML against a kubelet stand-in; yields (process, devices)."""
     os.makedirs(root / "dp")
     kubelet = KubeletStandIn(str(root / "dp"))
     await kubelet.start()
-    env = {"VGPU_AGENT_HEALTH_RECOVERY_SECONDS": "1", "VGPU_AGENT_HEALTH_CHECK_SECONDS": "0.2"}
-    proc = await start_agent(agent_args(root, fake_nvml), {**fake_nvml.env(), **env})
+    env = {"VGPU_AGENT_HEALTH_RECOVERY_SECONDS": recovery_s, "VGPU_AGENT_HEALTH_CHECK_SECONDS": "0.2"}
+    proc = await start_agent(agent_args(root, fake), {**fake.env(), **env})
+
+    def devices() -> dict[str, str]:
+        state = kubelet.resources.get(RESOURCE)
+        return dict(state.devices) if state else {}
+
     try:
-
-        def devices():
-            state = kubelet.resources.get(RESOURCE)
-            return dict(state.devices) if state else {}
-
         await kubelet.wait_for(lambda: len(devices()) == 6, limit_s=30)
+        yield proc, kubelet, devices
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await kubelet.stop()
+
+
+def slices_of(devices, uuid: str) -> set[str]:
+    return {h for d, h in devices().items() if d.startswith(uuid)}
+
+
+async def test_run_with_fake_nvml_serves_ids_health_and_cleans_up_on_sigterm(root, fake_nvml):
+    async with agent_with_kubelet(root, fake_nvml, "1") as (proc, kubelet, devices):
         assert {parse_device_id(d).uuid for d in devices()} == set(fake_nvml.uuids)
 
         admission = await kubelet.admit("ns", "p", "c", RESOURCE, 2)
@@ -74,49 +91,22 @@ async def test_run_with_fake_nvml_serves_ids_health_and_cleans_up_on_sigterm(roo
 
         lost = fake_nvml.uuids[1]
         fake_nvml.inject_xid(lost, 79)
-        await kubelet.wait_for(
-            lambda: {h for d, h in devices().items() if d.startswith(lost)} == {"Unhealthy"},
-            limit_s=5,
-        )
+        await kubelet.wait_for(lambda: slices_of(devices, lost) == {"Unhealthy"}, limit_s=5)
         assert {h for d, h in devices().items() if not d.startswith(lost)} == {"Healthy"}
         await kubelet.wait_for(lambda: set(devices().values()) == {"Healthy"}, limit_s=10)
 
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 15) == 0
         assert not os.path.exists(root / "dp" / "vgpu-agent.sock")
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await kubelet.stop()
 
 
 async def test_gpu_lost_marks_its_slices_unhealthy(root, fake_nvml):
-    os.makedirs(root / "dp")
-    kubelet = KubeletStandIn(str(root / "dp"))
-    await kubelet.start()
-    env = {"VGPU_AGENT_HEALTH_RECOVERY_SECONDS": "0", "VGPU_AGENT_HEALTH_CHECK_SECONDS": "0.2"}
-    proc = await start_agent(agent_args(root, fake_nvml), {**fake_nvml.env(), **env})
-    try:
-
-        def devices():
-            state = kubelet.resources.get(RESOURCE)
-            return dict(state.devices) if state else {}
-
-        await kubelet.wait_for(lambda: len(devices()) == 6, limit_s=30)
+    async with agent_with_kubelet(root, fake_nvml, "0") as (proc, kubelet, devices):
         lost = fake_nvml.uuids[0]
         fake_nvml.lose_gpu(lost)
-        await kubelet.wait_for(
-            lambda: {h for d, h in devices().items() if d.startswith(lost)} == {"Unhealthy"},
-            limit_s=5,
-        )
+        await kubelet.wait_for(lambda: slices_of(devices, lost) == {"Unhealthy"}, limit_s=5)
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 15) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await kubelet.stop()
 
 
 @pytest.mark.parametrize(
