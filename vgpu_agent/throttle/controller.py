@@ -445,16 +445,7 @@ class ThrottleController:
             rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
         limit, policy, priority = self._limits(device)
         obs = Observation(
-            key=device.key,
-            limit=limit,
-            policy=policy,
-            priority=priority,
-            spent=spent,
-            launches=launches,
-            waited_s=wait / 1e9,
-            util=util,
-            rate=rate,
-            burst=burst,
+            device.key, limit, policy, priority, spent, launches, wait / 1e9, util, rate, burst
         )
         return obs, written
 

@@ -1,0 +1,256 @@
+"""What the controller does each tick, and what it does only once: rates written only when they
+change (and rewritten when someone else changed them), limits read once per region, one worker
+hop per tick for the state reads and NVML, and counters that restart from a baseline after a
+region could not be read."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from tests.fakes.shimstate import DeviceSpec, ShimWriter, make_region
+from vgpu_agent.gpu.model import ProcessSample
+from vgpu_agent.shm.api import CorePolicy, RegionUsage
+from vgpu_agent.shm.regions import Region, format_alloc_id
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, Workload
+from vgpu_agent.simulation.region import SimRegion
+from vgpu_agent.simulation.runner import SIM_UUID
+from vgpu_agent.throttle import controller as controller_module
+from vgpu_agent.throttle.control import UNLIMITED_RATE, Observation
+from vgpu_agent.throttle.controller import ThrottleController
+
+GIB = 1 << 30
+UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+BUSY = Workload(kernel_s=0.002)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 10**12
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def step(self) -> None:
+        self.ns += 100_000_000
+
+
+class Samples:
+    """A backend serving fixed per-process utilization, recording the threads it is called on."""
+
+    def __init__(self, util: dict[int, int]):
+        self.util = util
+        self.now_us = 1_000
+        self.threads: set[int] = set()
+
+    def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+        self.threads.add(threading.get_ident())
+        self.now_us += 100_000
+        return [ProcessSample(pid, self.now_us, util) for pid, util in self.util.items()]
+
+
+def file_region(root: Path, seq: int, uuids: tuple[str, ...], percent: float = 25.0) -> Region:
+    ids = [f"{uuid}::{seq}" for uuid in uuids]
+    alloc_id = format_alloc_id(seq, ids, 1_000 + seq)
+    make_region(root, alloc_id, [DeviceSpec(u, 4 * GIB, percent, "strict") for u in uuids], ids,
+                seq=seq)
+    return Region.open(root / alloc_id)
+
+
+async def test_unchanged_rates_are_not_rewritten(tmp_path):
+    region = file_region(tmp_path, 1, (UUID_A,))
+    clock = Clock()
+    controller = ThrottleController(Samples({}), lambda: [region], clock=clock)
+    try:
+        # Idle: no model, so the never-configured rate becomes "unlimited" once and stays.
+        clock.step()
+        await controller.tick()
+        assert region.rate(0) == (UNLIMITED_RATE, UNLIMITED_RATE)
+        generation = region.generation
+        for _ in range(10):
+            clock.step()
+            await controller.tick()
+        assert region.generation == generation  # nothing changed, nothing written
+        assert region.heartbeat_ns == clock.ns  # while the heartbeat still goes out
+    finally:
+        region.close()
+
+
+class CountingRegion(SimRegion):
+    """A region that counts how often its limits are read."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.limit_reads = 0
+        self.policy_reads = 0
+
+    def core_limit(self, dev: int) -> float:
+        self.limit_reads += 1
+        return super().core_limit(dev)
+
+    def policy(self, dev: int) -> CorePolicy:
+        self.policy_reads += 1
+        return super().policy(dev)
+
+
+class Steered:
+    """One simulated GPU, one container in `region`, the real controller; regions swappable."""
+
+    def __init__(self, region: SimRegion):
+        self.gpu = SimGpu(SIM_UUID)
+        self.region = region
+        self.gpu.shim_process("c", BUSY, region)
+        self.controller = ThrottleController(SimBackend([self.gpu]), lambda: [self.region],
+                                             clock=lambda: self.gpu.now_ns)
+
+    async def advance(self, ticks: int) -> None:
+        for _ in range(ticks):
+            self.gpu.advance(0.1)
+            await self.controller.tick()
+
+
+async def test_limits_are_read_once_per_region_and_again_for_a_reopened_one():
+    counting = CountingRegion("a", (SIM_UUID,), (40.0,), ("strict",))
+    run = Steered(counting)
+    await run.advance(20)
+    assert (counting.limit_reads, counting.policy_reads) == (1, 1)
+    assert run.controller.status[("a", 0)].limit == 40
+
+    # The same allocation under a new handle (reopened): its limits are read from it.
+    reopened = CountingRegion("a", (SIM_UUID,), (20.0,), ("strict",),
+                              processes=counting.processes, rates=counting.rates)
+    run.region = reopened
+    await run.advance(10)
+    assert (reopened.limit_reads, reopened.policy_reads) == (1, 1)
+    assert run.controller.status[("a", 0)].limit == 20
+    assert counting.limit_reads == 1  # the old handle is no longer asked
+
+
+async def test_a_rate_changed_behind_its_back_is_put_back_on_the_next_tick():
+    region = SimRegion("s", (SIM_UUID,), (40.0,), ("strict",))
+    run = Steered(region)
+    await run.advance(30)
+    decided = run.controller.status[("s", 0)]
+    assert region.rates[0] == (decided.rate, decided.burst)
+    writes = region.rate_writes
+
+    region.rates[0] = (1234, 56)  # a previous agent, a stray tool: not this controller
+    await run.advance(1)
+    now = run.controller.status[("s", 0)]
+    assert region.rates[0] == (now.rate, now.burst) != (1234, 56)
+    assert now.rate == pytest.approx(decided.rate, rel=0.2)  # the model was not thrown off
+    assert region.rate_writes == writes + 1
+
+
+class FlakyRegion(SimRegion):
+    """A region whose `state` cannot be read while `broken` is set."""
+
+    broken: bool = False
+
+    def usage(self) -> RegionUsage:
+        if self.broken:
+            raise OSError("state file vanished")
+        return super().usage()
+
+
+async def test_a_region_unreadable_for_a_tick_restarts_from_a_baseline(monkeypatch):
+    seen: list[Observation] = []
+    real_step = controller_module.control_step
+
+    def spy(observations, states, dt_s, params):  # type: ignore[no-untyped-def]
+        seen.extend(observations)
+        return real_step(observations, states, dt_s, params)
+
+    monkeypatch.setattr(controller_module, "control_step", spy)
+    flaky = FlakyRegion("f", (SIM_UUID,), (50.0,), ("strict",))
+    run = Steered(flaky)
+    await run.advance(10)
+    assert seen[-1].spent > 0  # steady: every tick counts what it spent
+
+    flaky.broken = True
+    await run.advance(5)  # the shim goes on spending while nobody can read it
+    flaky.broken = False
+    seen.clear()
+    await run.advance(1)
+    # What was spent unseen is not charged to one tick: the first reading is a baseline.
+    assert [o.spent for o in seen] == [0]
+    await run.advance(1)
+    assert seen[-1].spent > 0
+    assert run.controller.error_counts["region_usage"] == 5
+    assert ("f", 0) in run.controller.status
+
+
+async def test_state_reads_and_nvml_take_one_worker_hop_per_tick(tmp_path, monkeypatch):
+    regions = [file_region(tmp_path, 1, (UUID_A,)), file_region(tmp_path, 2, (UUID_B,)),
+               file_region(tmp_path, 3, (UUID_A, UUID_B))]
+    shims = [ShimWriter(r.path) for r in regions]
+    for n, shim in enumerate(shims):
+        shim.process(0, 100 + n, 5_000 + n, 0, tokens=1_000)
+    backend = Samples({5_000: 30, 5_001: 20, 5_002: 10})
+    hops = {"n": 0}
+    real_to_thread = asyncio.to_thread
+
+    async def counting_to_thread(func, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hops["n"] += 1
+        return await real_to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(controller_module.asyncio, "to_thread", counting_to_thread)
+    clock = Clock()
+    controller = ThrottleController(backend, lambda: regions, clock=clock)
+    try:
+        for _ in range(4):
+            clock.step()
+            await controller.tick()
+        assert hops["n"] == 4  # two GPUs, three regions: still one hop a tick
+        assert threading.get_ident() not in backend.threads
+        status = controller.status
+        assert status[(regions[0].alloc_id, 0)].measured_util == 30
+        assert status[(regions[1].alloc_id, 0)].measured_util == 20
+        assert status[(regions[2].alloc_id, 0)].uuid == UUID_A
+        assert status[(regions[2].alloc_id, 1)].uuid == UUID_B
+        assert controller.error_counts == {}
+    finally:
+        for shim in shims:
+            shim.close()
+        for region in regions:
+            region.close()
+
+
+async def test_an_unexpected_nvml_failure_in_the_worker_is_counted_and_logged_once_in_full():
+    region = SimRegion("r", ("GPU-x",), (30.0,), ("strict",))
+
+    class Broken:
+        def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+            raise RuntimeError("driver returned garbage")
+
+    clock = Clock()
+    controller = ThrottleController(Broken(), lambda: [region], clock=clock)
+    with capture_logs() as logs:
+        for _ in range(3):
+            clock.step()
+            await controller.tick()
+    assert controller.error_counts["nvml"] == 3
+    failures = [e for e in logs if e["event"] == "throttle_nvml_failed"]
+    assert len(failures) == 3
+    assert failures[0].get("exc_info")  # the first with its traceback
+    assert "exc_info" not in failures[1] and failures[1]["failures"] == 2
+    assert region.heartbeat_ns == clock.ns
+    assert region.rates[0] == (UNLIMITED_RATE, UNLIMITED_RATE)
+
+
+def test_a_closed_region_refuses_rate_reads_and_beats(tmp_path):
+    region = file_region(tmp_path, 1, (UUID_A,))
+    region.beat(7)
+    assert region.heartbeat_ns == 7
+    with pytest.raises(ValueError, match="-1 is not allowed"):
+        region.beat(-1)
+    region.close()
+    with pytest.raises(Exception, match="is closed"):
+        region.rate(0)
+    with pytest.raises(Exception, match="is closed"):
+        region.beat(8)
