@@ -104,6 +104,9 @@ _HEARTBEAT_WORD = _word_index(layout.CONTROL_OFFSETS["heartbeat_ns"])
 _RATE_WORD = _word_index(layout.control_device_offset(0, "rate"))
 _BURST_WORD = _word_index(layout.control_device_offset(0, "burst"))
 _DEVICE_WORDS = _word_index(layout.CONTROL_DEVICE_SIZE)
+# `state` reads up to this size are kept to skip decoding an unchanged file (a few live slots;
+# a region whose high-water mark is far up is decoded every time rather than held in memory)
+_DECODE_CACHE_BYTES = layout.STATE_HEADER_SIZE + 16 * layout.SLOT_SIZE
 
 ContainerKey = tuple[str, str, str]  # namespace, pod, container
 InitialRate = Callable[[GrantedDevice, CorePolicy], tuple[int, int]]
@@ -173,6 +176,9 @@ class Region:
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
         self.skipped_records = 0  # nonsense values skipped over all reads
         self._reported_corrupt = False
+        # the bytes of the last `state` read and what they decoded to (one tuple, replaced whole,
+        # so that readers in other threads see a matching pair)
+        self._last_read: tuple[bytes, RegionUsage] | None = None
 
     @classmethod
     def open(cls, path: Path) -> Region:
@@ -360,7 +366,16 @@ class Region:
                     self._state_fd, [whole[header : header + slots * layout.SLOT_SIZE]], header
                 )
             with whole[:size] as view:
-                return layout.decode_state(view, self.device_count, slots_read=slots)
+                if size > _DECODE_CACHE_BYTES:
+                    return layout.decode_state(view, self.device_count, slots_read=slots)
+                raw = bytes(view)
+        # An idle container leaves `state` as it was: the same bytes decode the same way.
+        last = self._last_read
+        if last is not None and last[0] == raw:
+            return last[1]
+        usage = layout.decode_state(raw, self.device_count, slots_read=slots)
+        self._last_read = (raw, usage)
+        return usage
 
 
 def _open_control(path: Path) -> int:
