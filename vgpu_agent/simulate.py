@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import tempfile
 
 import structlog
@@ -23,11 +24,12 @@ from vgpu_agent.simulation.demo import run_demo_workloads
 log = structlog.get_logger("vgpu_agent.simulate")
 
 DEMO_NAMESPACE = "demo"
+SIM_ROOT_PREFIX = "vgpu-agent-sim-"
 
 
 def simulate_defaults() -> dict[str, object]:
     """Defaults for simulate: simulated GPUs, a fresh temporary root, loopback metrics."""
-    root = tempfile.mkdtemp(prefix="vgpu-agent-sim-")
+    root = tempfile.mkdtemp(prefix=SIM_ROOT_PREFIX)
     return {
         "backend": "sim",
         "sim_gpus": "2xA100-80GB,1xL4-24GB",
@@ -96,7 +98,19 @@ async def simulate(config: Config, duration: float = 0.0) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await agent_task
         await kubelet.stop()
+        _remove_own_root(config)
     return 0
+
+
+def _remove_own_root(config: Config) -> None:
+    """Remove the temporary root `simulate_defaults` made (never a directory the user chose)."""
+    root = os.path.dirname(config.state_dir)
+    inside = all(
+        os.path.dirname(p) == root
+        for p in (config.device_plugin_dir, os.path.dirname(config.pod_resources_socket))
+    )
+    if inside and os.path.basename(root).startswith(SIM_ROOT_PREFIX):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _devices(kubelet: KubeletStandIn, resource: str) -> list[str]:
