@@ -50,7 +50,8 @@ def simulated_agent(tmp_path: Path) -> Iterator[int]:
         stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
     )
     try:
-        _wait_http(f"http://127.0.0.1:{port}/metrics", process)
+        # ready = registered with the (stand-in) kubelet and the GPU backend up; a 503 retries
+        _wait_http(f"http://127.0.0.1:{port}/readyz", process)
         yield port
     except AssertionError:
         log.flush()
