@@ -141,3 +141,21 @@ async def test_config_file_errors_name_the_file(root):
     _, stderr = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert f"allocation_policy='fastest' (from {cfg})" in stderr.decode()
+
+
+async def test_metrics_port_taken_exits_1_naming_the_address(root):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = await start_agent(
+            ["run", "--backend", "sim", "--device-plugin-dir", str(root / "dp"),
+             "--state-dir", str(root / "state"), "--metrics-address", f"127.0.0.1:{port}"],
+            {},
+        )
+        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in stderr.decode()
+    assert "Traceback" not in stderr.decode()
