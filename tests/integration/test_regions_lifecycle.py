@@ -255,7 +255,9 @@ async def test_region_is_bound_then_collected_after_its_pod_is_gone() -> None:
         assert not region.path.exists() and region.closed
         assert n.store.regions() == [] and n.store.identity(region.alloc_id) is None
         assert n.store.counters.removed == 1
-        assert os.listdir(n.root / "state" / "regions") == []  # no .gc- leftover
+        left = os.listdir(n.root / "state" / "regions")
+        # no .gc- leftover; only spare directories prepared for the next Allocate
+        assert [e for e in left if not e.startswith(".new-spare-")] == []
         del admission
 
 
@@ -308,3 +310,40 @@ async def test_nothing_is_collected_while_pod_resources_is_unavailable() -> None
         assert n.client.failures == 1
         assert len(n.store.regions()) == 1
         assert n.client.assignments  # the last good map is kept
+
+
+async def test_spare_directories_take_the_block_reservation_off_later_allocates(tmp_path):
+    from vgpu_agent.deviceplugin.allocation import Split, grant
+    from vgpu_agent.gpu.sim import build_inventory
+    from vgpu_agent.shm import layout
+    from vgpu_agent.shm.regions import SPARES_PER_SHAPE, RegionStore
+
+    gpus = {g.uuid: g for g in build_inventory("2xA100-80GB")}
+    one, two = (grant([f"{u}::{n}" for u in list(gpus)[:k]], gpus, Split(4)) for k, n in ((1, 0), (2, 1)))
+    store = RegionStore(str(tmp_path))
+    root = tmp_path / "regions"
+    first = await store.on_grant(one)
+    for _ in range(50):  # spares are made in a thread after the Allocate
+        if len([e for e in os.listdir(root) if e.startswith(".new-spare-")]) == SPARES_PER_SHAPE:
+            break
+        await asyncio.sleep(0.02)
+    spares = sorted(e for e in os.listdir(root) if e.startswith(".new-spare-"))
+    assert len(spares) == SPARES_PER_SHAPE
+    await store.on_grant(one)  # takes a spare of its shape
+    regions = store.regions()
+    assert len(regions) == 2
+    assert len(set(spares) & set(os.listdir(root))) == SPARES_PER_SHAPE - 1
+    # a region made from a spare is a complete region: its state header says its device count
+    usage = regions[1].usage()
+    assert not usage.corrupt and usage.memory_used == (0,)
+    assert os.stat(regions[1].path / "state").st_size == layout.STATE_SIZE
+    # another shape never takes a one-device spare
+    await store.on_grant(two)
+    assert store.regions()[2].usage().memory_used == (0, 0)
+    assert first.envs["VGPU_REGION_DIR"]
+    store.close()
+    assert not [e for e in os.listdir(root) if e.startswith(".new-spare-")]
+    # leftovers of a crash are removed when the next agent adopts
+    os.mkdir(root / ".new-spare-999-0")
+    RegionStore(str(tmp_path)).adopt()
+    assert not (root / ".new-spare-999-0").exists()

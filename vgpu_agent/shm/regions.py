@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import math
 import mmap
 import os
@@ -84,6 +85,9 @@ DIR_MODE = 0o755
 QUARANTINE_KEEP = 16  # corrupt regions kept for inspection; older ones are deleted
 
 _NEW_PREFIX = ".new-"
+# Directories with a ready `state` file, made after an Allocate so the next one of the same shape
+# skips the mkdir and the block reservation; leftovers carry _NEW_PREFIX and go at adoption.
+SPARES_PER_SHAPE = 2
 _GC_PREFIX = ".gc-"
 _ALLOC_ID = re.compile(r"^(?P<seq>\d{12})-[0-9a-f]{8}$")
 _POLICY_CODES: dict[CorePolicy, int] = {
@@ -580,6 +584,10 @@ class RegionStore:
         self.clock = clock
         self.offload_io = offload_io
         self.counters = RegionCounters()
+        self._spares: dict[int, list[Path]] = {}
+        self._spares_pending: dict[int, int] = {}
+        self._spare_tasks: set[asyncio.Task[None]] = set()
+        self._spare_names = itertools.count()
         self._retired_corrupt_reads = 0
         self._retired_skipped_records = 0
         self._regions: dict[str, Region] = {}
@@ -626,7 +634,43 @@ class RegionStore:
         else:
             region = self._build(seq, grant)
         self._add(region)
+        self._keep_spares(len(grant.devices))
         return self.extras_for(region)
+
+    def _keep_spares(self, device_count: int) -> None:
+        """Prepare region directories of this shape in a thread, off the Allocate path."""
+        ready = len(self._spares.get(device_count, ())) + self._spares_pending.get(device_count, 0)
+        for _ in range(SPARES_PER_SHAPE - ready):
+            self._spares_pending[device_count] = self._spares_pending.get(device_count, 0) + 1
+            task = asyncio.create_task(self._prepare_spare(device_count))
+            self._spare_tasks.add(task)
+            task.add_done_callback(self._spare_tasks.discard)
+
+    async def _prepare_spare(self, device_count: int) -> None:
+        try:
+            path = await asyncio.to_thread(self._make_spare, device_count)
+        except OSError as err:
+            log.warning("region_spare_failed", path=str(self.root), error=str(err))
+            return
+        finally:
+            self._spares_pending[device_count] -= 1
+        self._spares.setdefault(device_count, []).append(path)
+
+    def _make_spare(self, device_count: int) -> Path:
+        path = self.root / f"{_NEW_PREFIX}spare-{os.getpid()}-{next(self._spare_names)}"
+        self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        os.mkdir(path, DIR_MODE)
+        try:
+            os.chmod(path, DIR_MODE)
+            self._write_state(path / STATE_FILE, device_count)
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return path
+
+    def _take_spare(self, device_count: int) -> Path | None:
+        spares = self._spares.get(device_count)
+        return spares.pop() if spares else None
 
     def create(self, grant: Grant) -> Region:
         """Create the region of one container's grant. Raises RegionError."""
@@ -725,14 +769,16 @@ class RegionStore:
         created_ns = self.clock()
         alloc_id = format_alloc_id(seq, grant.device_ids, created_ns)
         final = self.root / alloc_id
-        temp = self.root / (_NEW_PREFIX + alloc_id)
+        spare = self._take_spare(len(grant.devices))
+        temp = spare or self.root / (_NEW_PREFIX + alloc_id)
         try:
             control = layout.encode_control(self._control_for(seq, grant, created_ns))
-            self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-            os.mkdir(temp, DIR_MODE)
-            os.chmod(temp, DIR_MODE)  # the umask must not take the container's read access
+            if spare is None:
+                self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                os.mkdir(temp, DIR_MODE)
+                os.chmod(temp, DIR_MODE)  # the umask must not take the container's read access
+                self._write_state(temp / STATE_FILE, len(grant.devices))
             _write_new(temp / CONTROL_FILE, control, CONTROL_MODE)
-            self._write_state(temp / STATE_FILE, len(grant.devices))
             os.rename(temp, final)
             region = Region.open(final)
         except (OSError, layout.RegionFormatError, RegionError) as err:
@@ -896,6 +942,12 @@ class RegionStore:
         for region in self._regions.values():
             region.close()
         self._regions.clear()
+        for task in self._spare_tasks:
+            task.cancel()
+        for spares in self._spares.values():
+            for path in spares:
+                shutil.rmtree(path, ignore_errors=True)
+        self._spares.clear()
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
