@@ -140,6 +140,7 @@ class Agent:
         # Running containers keep their limits: existing regions are adopted as they are.
         adopted = await asyncio.to_thread(self.regions.adopt)
         log.info("regions_adopted", count=len(adopted))
+        self.regions.prepare_spares(1)  # most containers ask for slices of one GPU
         servicer = DevicePluginServicer(
             self.state,
             policy=self.config.allocation_policy,

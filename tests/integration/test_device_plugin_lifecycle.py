@@ -176,3 +176,17 @@ async def test_stop_removes_the_plugin_socket(root):
     async with running_agent(config):
         assert os.path.exists(config.plugin_socket)
     assert not os.path.exists(config.plugin_socket)
+
+
+async def test_first_allocate_finds_a_spare_region_directory_ready(root):
+    config = config_for(root)
+    async with running_agent(config) as run:
+        regions_dir = os.path.join(config.state_dir, "regions")
+        for _ in range(50):
+            if any(e.startswith(".new-spare-") for e in os.listdir(regions_dir)):
+                break
+            await asyncio.sleep(0.05)
+        spares = {e for e in os.listdir(regions_dir) if e.startswith(".new-spare-")}
+        assert spares, "no spare prepared at start"
+        await run.kubelet.admit("ns", "pod", "main", RESOURCE, 1)
+        assert len(spares - set(os.listdir(regions_dir))) == 1  # the Allocate took one

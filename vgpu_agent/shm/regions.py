@@ -634,11 +634,13 @@ class RegionStore:
         else:
             region = self._build(seq, grant)
         self._add(region)
-        self._keep_spares(len(grant.devices))
+        self.prepare_spares(len(grant.devices))
         return self.extras_for(region)
 
-    def _keep_spares(self, device_count: int) -> None:
-        """Prepare region directories of this shape in a thread, off the Allocate path."""
+    def prepare_spares(self, device_count: int) -> None:
+        """Prepare region directories of this shape in a thread, off the Allocate path.
+
+        Call on the event loop; Allocate calls it for its own shape after each region."""
         ready = len(self._spares.get(device_count, ())) + self._spares_pending.get(device_count, 0)
         for _ in range(SPARES_PER_SHAPE - ready):
             self._spares_pending[device_count] = self._spares_pending.get(device_count, 0) + 1
