@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from vgpu_agent import __version__
+from vgpu_agent.backoff import Backoff
 from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import Grant, Split
 from vgpu_agent.deviceplugin.registration import PluginRunner
@@ -234,7 +235,7 @@ class Agent:
         return extras
 
     async def _start_backend(self) -> Inventory:
-        delay = 0.5
+        backoff = Backoff(initial=0.5, cap=30.0, jitter=0)
         while True:
             try:
                 await asyncio.to_thread(self.backend.start)
@@ -243,11 +244,11 @@ class Agent:
                 return inventory
             except GpuError as err:
                 self.backend_error = str(err)
+                delay = backoff.next_delay()
                 log.error(
                     "gpu_backend_start_failed", error=str(err), call=err.call, retry_in_s=delay
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
 
     async def _apply_health(self) -> None:
         assert self.health is not None and self.state is not None
@@ -267,7 +268,7 @@ class Agent:
         """Run `factory()` as a named task; restart it with backoff if it fails, never silently."""
 
         async def supervised() -> None:
-            delay = 0.5
+            backoff = Backoff(initial=0.5, cap=30.0, jitter=0)
             while True:
                 self.tasks.running.add(name)
                 try:
@@ -277,12 +278,12 @@ class Agent:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
+                    delay = backoff.next_delay()
                     log.exception("task_failed", task=name, restart_in_s=delay)
                     self.tasks.restarts[name] = self.tasks.restarts.get(name, 0) + 1
                 finally:
                     self.tasks.running.discard(name)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
 
         group.create_task(supervised(), name=name)
 

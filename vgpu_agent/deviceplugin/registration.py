@@ -18,6 +18,7 @@ import grpc
 import structlog
 
 from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from vgpu_agent.backoff import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -117,12 +118,13 @@ class PluginRunner:
         log.info("plugin_serving", socket=self.socket_path)
 
     async def _register_with_backoff(self, kubelet: tuple[int, int]) -> None:
-        delay = 0.1
+        backoff = Backoff(initial=0.1, cap=self._backoff_max_s, jitter=0)
         while True:
             try:
                 await self._register()
                 return
             except grpc.aio.AioRpcError as err:
+                delay = backoff.next_delay()
                 self.status.last_error = f"{err.code().name}: {err.details()}"
                 log.warning(
                     "registration_failed",
@@ -135,7 +137,6 @@ class PluginRunner:
                 await self._serve()
                 kubelet = _inode(self.kubelet_socket) or kubelet
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self._backoff_max_s)
 
     async def _register(self) -> None:
         request = api_pb2.RegisterRequest(
