@@ -117,6 +117,7 @@ class NodeIntegration:
         Backoff(backoff_initial, backoff_cap)
         self._events_wake = asyncio.Event()
         self._seq = itertools.count()
+        self._configured = asyncio.Event()  # start() has decided: a client, or no API
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -139,6 +140,7 @@ class NodeIntegration:
                 effect="node labels and GPU health events are not published",
             )
             self._events.clear()
+            self._configured.set()
             return
         configuration = client.Configuration()
         try:
@@ -158,10 +160,12 @@ class NodeIntegration:
                 raise KubeConfigError(f"cannot load {what} configuration: {exc}") from exc
             log.warning("kube_api_disabled", reason=f"in-cluster configuration unusable: {exc}")
             self._events.clear()
+            self._configured.set()
             return
         self._api_client = client.ApiClient(configuration=configuration)
         self._api = client.CoreV1Api(self._api_client)
         self.enabled = True
+        self._configured.set()
         log.info(
             "kube_api_enabled",
             source=source,
@@ -183,7 +187,14 @@ class NodeIntegration:
         finally:
             await self.close()
 
+    async def api_client(self) -> client.ApiClient | None:
+        """The API client once `start()` has loaded the configuration (None: no API is used).
+        Other parts of the agent share it (and its connections); it is closed with this object."""
+        await self._configured.wait()
+        return self._api_client
+
     async def close(self) -> None:
+        self._configured.clear()
         if self._api_client is not None:
             await self._api_client.close()
             self._api_client = None

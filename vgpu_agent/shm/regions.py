@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import itertools
 import math
@@ -161,7 +162,8 @@ class Region:
 
     Implements `vgpu_agent.shm.api.RegionHandle`. The identity and limits are read once when the
     region is opened (only this agent writes them, and it never changes them); rate, burst and
-    heartbeat are read live.
+    heartbeat are read live. Policy and priority change only through `set_policy` (the pod's
+    choice), which stores them in `control` and in this object alike.
     """
 
     def __init__(self, path: Path, alloc_id: str, control_map: mmap.mmap, control: layout.Control):
@@ -259,6 +261,20 @@ class Region:
     def set_rate(self, dev: int, rate: int, burst: int) -> None:
         self._device(dev)
         layout.set_rate(self._live(), dev, rate, burst)
+
+    def set_policy(self, policy: CorePolicy, priority: int) -> bool:
+        """Store `policy` for every device and the region's `priority` in `control` (one
+        generation-framed update); the shim sees the policy at its next launch, the controller
+        both at its next tick. Returns False when both were already in force (nothing written)."""
+        if policy not in _POLICY_CODES:
+            raise RegionError(f"core policy {policy!r} is not allowed: one of {CORE_POLICIES}")
+        policies = (policy,) * self.device_count
+        if policies == self._policies and priority == self._control.priority:
+            return False
+        layout.set_policy(self._live(), [_POLICY_CODES[policy]] * self.device_count, priority)
+        self._policies = policies
+        self._control = dataclasses.replace(self._control, priority=priority)
+        return True
 
     def beat(self, now_ns: int) -> None:
         words = self._words
