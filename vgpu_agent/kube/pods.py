@@ -261,7 +261,7 @@ class NodePods:
             if not 200 <= response.status <= 299:
                 body = await response.read()
                 text = body.decode(errors="replace")
-            raise KubeApiError(response.status, response.reason or "", text)
+                raise KubeApiError(response.status, response.reason or "", text)
             self.watches += 1
             self.connected = True
             pending = b""
