@@ -139,6 +139,7 @@ class DeviceStatus:
     burst: int
     rate_limited: bool
     open_loop: bool
+    priority: int = 0
 
 
 class _Device:
@@ -227,6 +228,7 @@ class ThrottleController:
                 burst=decision.burst,
                 rate_limited=decision.hungry,
                 open_loop=open_loop,
+                priority=obs.priority,
             )
         return out
 
