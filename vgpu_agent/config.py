@@ -271,6 +271,9 @@ def _as_pod_policies(key: str, raw: object, source: str) -> tuple[str, ...]:
     choices = ("off", "strict", "work-conserving")
     allowed = "must be a list of core policies pods may choose, from " + ", ".join(choices)
     items = _as_list(raw)
+    if items is not None:
+        # YAML 1.1 reads a bare `off` as false: take it for the policy it names
+        items = ["off" if i is False else i for i in items]
     if items is None or any(not isinstance(i, str) or i not in choices for i in items):
         raise ConfigError(key, raw, allowed, source)
     return tuple(sorted({str(i) for i in items}))
