@@ -147,3 +147,9 @@ def test_any_annotations_resolve_within_the_rules(annotations, container):
     if chosen.source == "pod":
         assert mine
     assert len(chosen.refusals) <= min(2, len(mine))
+
+
+def test_a_huge_refused_value_is_shortened_in_the_refusal():
+    (refusal,) = resolve({"vgpu.io/core-policy": "x" * 100_000}, "ns", "c", RULES).refusals
+    assert len(refusal.value) < 100 and refusal.value.endswith("...")
+    assert len(refusal.message) < 400

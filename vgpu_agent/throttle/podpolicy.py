@@ -36,6 +36,12 @@ SOURCE_DEFAULT: Source = "default"
 SOURCE_POD: Source = "pod"
 
 _INTEGER = re.compile(r"^[+-]?[0-9]{1,6}$")
+_SHOWN = 64  # characters of a refused value kept for messages (an annotation may be 256 KiB)
+
+
+def _shown(raw: object) -> str:
+    text = raw if isinstance(raw, str) else str(raw)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ def _policy(
     applied = f"policy {rules.default_policy!r}"
     allowed = sorted(rules.allowed_policies)
     if not isinstance(raw, str) or raw not in CORE_POLICIES:
-        return None, Refusal(key, str(raw), f"allowed values are {', '.join(allowed)}", applied)
+        return None, Refusal(key, _shown(raw), f"allowed values are {', '.join(allowed)}", applied)
     if raw not in rules.allowed_policies:
         what = ", ".join(allowed) if allowed else "none (pods may not choose a policy here)"
         return None, Refusal(key, raw, f"this node lets pods choose {what}", applied)
@@ -123,7 +129,7 @@ def _priority(
     key: str, raw: object, namespace: str, rules: PodPolicyRules
 ) -> tuple[int | None, Refusal | None]:
     applied = f"priority {rules.default_priority}"
-    text = raw if isinstance(raw, str) else str(raw)
+    text = _shown(raw)
     if not isinstance(raw, str) or not _INTEGER.match(raw):
         return None, Refusal(
             key, text, f"an integer in {PRIORITY_MIN}..{PRIORITY_MAX} is expected", applied
