@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hashlib
 import itertools
 import math
@@ -178,6 +177,7 @@ class Region:
             layout.POLICY_NAMES[d.policy]  # type: ignore[misc]
             for d in control.devices
         )
+        self._priority = control.priority  # changed only by set_policy
         self._state_fd: int | None = None
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
         self.skipped_records = 0  # nonsense values skipped over all reads
@@ -226,7 +226,7 @@ class Region:
 
     @property
     def priority(self) -> int:
-        return self._control.priority
+        return self._priority
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -268,12 +268,13 @@ class Region:
         both at its next tick. Returns False when both were already in force (nothing written)."""
         if policy not in _POLICY_CODES:
             raise RegionError(f"core policy {policy!r} is not allowed: one of {CORE_POLICIES}")
-        policies = (policy,) * self.device_count
-        if policies == self._policies and priority == self._control.priority:
+        count = len(self._policies)
+        policies = (policy,) * count
+        if policies == self._policies and priority == self._priority:
             return False
-        layout.set_policy(self._live(), [_POLICY_CODES[policy]] * self.device_count, priority)
+        layout.set_policy(self._live(), [_POLICY_CODES[policy]] * count, priority)
         self._policies = policies
-        self._control = dataclasses.replace(self._control, priority=priority)
+        self._priority = priority
         return True
 
     def beat(self, now_ns: int) -> None:
