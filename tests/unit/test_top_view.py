@@ -127,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
     body = b""
     code = 200
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+    def do_GET(self) -> None:
         self.send_response(self.code)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
