@@ -55,6 +55,7 @@ class ContainerDevice:
     """One device of one identified container, with everything its series need."""
 
     identity: Identity
+    alloc_id: str
     dev: int  # index inside the container
     gpu: GpuInfo | None  # None when the region names a GPU this node does not have
     uuid: str
@@ -63,13 +64,13 @@ class ContainerDevice:
     rate: int
     burst: int
     usage_known: bool  # False: state unreadable or corrupt, only the limits are known
+    policy: str = "off"  # as written in `control`
     memory_used: int = 0
     launches: int = 0
     wait_ns: int = 0
     last_launch_ns: int = 0  # CLOCK_MONOTONIC ns, 0 = never
     utilization: float | None = None  # percent, from the throttle controller
     open_loop: bool | None = None
-    policy: str = ""  # the core policy in force ("" when not known)
     priority: int = 0
     policy_source: str = ""  # "pod" or "default" ("" when the agent does not say)
 
@@ -100,7 +101,7 @@ class Snapshot:
 _UNLIMITED_RATE = 1 << 52
 
 
-def _container_devices(
+def container_devices(
     identity: Identity,
     region: RegionSample,
     by_uuid: Mapping[str, GpuInfo],
@@ -121,6 +122,7 @@ def _container_devices(
         out.append(
             ContainerDevice(
                 identity=identity,
+                alloc_id=region.alloc_id,
                 dev=dev,
                 gpu=by_uuid.get(uuid),
                 uuid=uuid,
@@ -129,6 +131,7 @@ def _container_devices(
                 rate=status.rate if status is not None else limits.rate,
                 burst=limits.burst,
                 usage_known=known,
+                policy=limits.policy,
                 memory_used=(
                     usage.memory_used[dev] if usage and dev < len(usage.memory_used) else 0
                 ),
@@ -137,7 +140,6 @@ def _container_devices(
                 last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
                 utilization=status.measured_util if status is not None else None,
                 open_loop=status.open_loop if status is not None else None,
-                policy=limits.policy,
                 priority=region.priority,
                 policy_source=policy_source,
             )
@@ -185,7 +187,7 @@ def take_snapshot(
     source_of = sources.policy_source
     for identity, region in chosen.items():
         source = source_of(region.alloc_id) if source_of is not None else ""
-        containers += _container_devices(identity, region, by_uuid, throttle, source)
+        containers += container_devices(identity, region, by_uuid, throttle, source)
 
 
     registration = sources.registration() if sources.registration else None
