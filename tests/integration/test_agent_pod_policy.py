@@ -5,6 +5,7 @@ and priority in its region, read from the fake API server, and /metrics says whe
 from __future__ import annotations
 
 import asyncio
+import json
 import urllib.request
 from pathlib import Path
 
@@ -82,5 +83,15 @@ async def test_the_agent_applies_pod_annotations_and_reports_their_source(root: 
             }
             assert {labels["pod"]: value for labels, value in
                     series(text, "vgpu_container_priority")}["llm"] == 20
+            # the controller steers by them from its next tick
+            etl_key = (regions["etl"].alloc_id, 0)
+            await until(lambda: (decided := run.agent.controller.status.get(etl_key)) is not None
+                        and (decided.policy, decided.priority) == ("work-conserving", 0))
+            status = json.loads(await run.agent.metrics.status())
+            allocations = {a["pod"]: a for a in status["allocations"]}
+            assert (allocations["llm"]["priority"], allocations["llm"]["policy_source"]) == (
+                20, "pod")
+            assert allocations["unknown-to-the-api"]["policy_source"] == "default"
+            assert allocations["etl"]["devices"][0]["policy"] == "work-conserving"
     finally:
         await api.stop()

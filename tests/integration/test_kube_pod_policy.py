@@ -309,3 +309,21 @@ async def test_events_forbidden_in_a_namespace_are_logged_once_and_not_retried(
         posts = [r for r in s.api.requests if r.method == "POST"]
         assert len(posts) == 1 and not pod_events(s.api)
         assert s.pods.queued_events == 0
+
+
+async def test_without_an_api_the_pod_watch_says_so_once_and_idles() -> None:
+    from structlog.testing import capture_logs
+
+    async def no_api() -> None:
+        return None
+
+    pods = NodePods(NODE, no_api)
+    with capture_logs() as logs:
+        task = asyncio.create_task(pods.run())
+        await asyncio.sleep(0.1)
+        assert not task.done()  # a supervisor sees no exit
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert [e["event"] for e in logs] == ["pod_annotations_disabled"]
+    assert pods.pod("default", "x") is None and not pods.synced
