@@ -220,7 +220,7 @@ class Agent:
         self._supervise(group, "kube", node.run)
         if self.pod_policies.pods is None:
             pods = NodePods(
-                self.config.node_name, node.api_client, on_change=self.pod_policies.poke
+                self.config.node_name, node.api_configuration, on_change=self.pod_policies.poke
             )
             self.pods = pods
             self.pod_policies.pods = pods

@@ -18,6 +18,7 @@ from kubernetes_asyncio import client, config
 
 from tests.fakes.kubeapi import NODE, FakeKubeAPI
 from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
+from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kube.pods import NodePods
 from vgpu_agent.kubelet.podresources import ContainerRef
 from vgpu_agent.shm import layout
@@ -47,7 +48,6 @@ class Setup:
     store: RegionStore
     policies: RegionPolicies
     changes: asyncio.Event
-    api_client: client.ApiClient
 
     def control(self, region: Region) -> layout.Control:
         return layout.decode_control((region.path / "control").read_bytes())
@@ -77,11 +77,10 @@ async def running(tmp_path: Path, **options: Any) -> AsyncIterator[Setup]:
         config_file=str(api.write_kubeconfig(tmp_path / "kubeconfig")),
         client_configuration=configuration,
     )
-    api_client = client.ApiClient(configuration=configuration)
     changes = asyncio.Event()
 
-    async def source() -> client.ApiClient:
-        return api_client
+    async def source() -> client.Configuration:
+        return configuration
 
     pods = NodePods(
         NODE,
@@ -98,13 +97,12 @@ async def running(tmp_path: Path, **options: Any) -> AsyncIterator[Setup]:
     )
     task = asyncio.create_task(pods.run())
     try:
-        yield Setup(api, pods, store, policies, changes, api_client)
+        yield Setup(api, pods, store, policies, changes)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         store.close()
-        await api_client.close()
         await api.stop()
 
 
@@ -327,3 +325,36 @@ async def test_without_an_api_the_pod_watch_says_so_once_and_idles() -> None:
             await task
     assert [e["event"] for e in logs] == ["pod_annotations_disabled"]
     assert pods.pod("default", "x") is None and not pods.synced
+
+
+async def test_the_pod_watch_outlives_a_restart_of_the_node_integration(tmp_path: Path) -> None:
+    """The pod watch takes the node integration's configuration, not its client: the node
+    integration closes its client when its task ends, and the watch goes on."""
+    api = FakeKubeAPI()
+    await api.start()
+    api.add_node(NODE)
+    node = NodeIntegration(NODE, str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+                           namespace="vgpu-system", request_timeout=0.5)
+    node_task = asyncio.create_task(node.run())
+    pods = NodePods(NODE, node.api_configuration, request_timeout=0.5, backoff_initial=0.02,
+                    backoff_cap=0.1)
+    pod_task = asyncio.create_task(pods.run())
+    try:
+        async with asyncio.timeout(5):
+            while pods.watches < 1:
+                await asyncio.sleep(0.02)
+        node_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await node_task
+        node_task = asyncio.create_task(node.run())  # as its supervisor restarts it
+        api.add_pod("later", "batch", annotations={PRIORITY: "-2"})
+        async with asyncio.timeout(5):
+            while pods.pod("batch", "later") is None:
+                await asyncio.sleep(0.02)
+        assert pods.lists == 1 and pods.connected  # the same watch saw it
+    finally:
+        for task in (pod_task, node_task):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await api.stop()

@@ -117,7 +117,8 @@ class NodeIntegration:
         Backoff(backoff_initial, backoff_cap)
         self._events_wake = asyncio.Event()
         self._seq = itertools.count()
-        self._configured = asyncio.Event()  # start() has decided: a client, or no API
+        self._configured = asyncio.Event()  # start() has decided: a configuration, or no API
+        self._configuration: client.Configuration | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -165,6 +166,7 @@ class NodeIntegration:
         self._api_client = client.ApiClient(configuration=configuration)
         self._api = client.CoreV1Api(self._api_client)
         self.enabled = True
+        self._configuration = configuration
         self._configured.set()
         log.info(
             "kube_api_enabled",
@@ -187,11 +189,11 @@ class NodeIntegration:
         finally:
             await self.close()
 
-    async def api_client(self) -> client.ApiClient | None:
-        """The API client once `start()` has loaded the configuration (None: no API is used).
-        Other parts of the agent share it (and its connections); it is closed with this object."""
+    async def api_configuration(self) -> client.Configuration | None:
+        """The API configuration once `start()` has loaded it (None: no API is used), for other
+        parts of the agent that talk to the API with clients of their own."""
         await self._configured.wait()
-        return self._api_client
+        return self._configuration
 
     async def close(self) -> None:
         self._configured.clear()

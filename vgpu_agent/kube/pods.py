@@ -47,6 +47,7 @@ _CONFLICT = 409
 # A retry cannot fix these: the request itself, or the agent's permission, is wrong.
 _EVENT_DROPPED = frozenset({400, 403, 404, 413, 422})
 MAX_WATCH_LINE = 8 << 20  # an object larger than the API server stores is not an object
+_SHORT_WATCH_S = 1.0
 
 
 class KubeApiError(Exception):
@@ -71,7 +72,8 @@ class _QueuedEvent:
     seq: int
 
 
-ClientSource = Callable[[], Awaitable[Any]]
+# Waits for the API configuration (a kubernetes_asyncio `Configuration`), None when there is none.
+ConfigurationSource = Callable[[], Awaitable[Any]]
 
 
 class NodePods:
@@ -80,7 +82,7 @@ class NodePods:
     def __init__(
         self,
         node_name: str,
-        api_client: ClientSource,
+        api_configuration: ConfigurationSource,
         *,
         on_change: Callable[[], None] | None = None,
         request_timeout: float = 10.0,
@@ -99,7 +101,7 @@ class NodePods:
         Backoff(backoff_initial, backoff_cap)
         self.node_name = node_name
         self.selector = f"spec.nodeName={node_name}"
-        self._client_source = api_client
+        self._configuration_source = api_configuration
         self.on_change = on_change
         self._timeout = request_timeout
         self._watch_s = watch_timeout_s
@@ -165,8 +167,8 @@ class NodePods:
 
     async def run(self) -> None:
         """List, watch and send events until cancelled; idle when the API is not configured."""
-        api_client = await self._client_source()
-        if api_client is None:
+        configuration = await self._configuration_source()
+        if configuration is None:
             log.info(
                 "pod_annotations_disabled",
                 reason="no Kubernetes API configured",
@@ -175,6 +177,9 @@ class NodePods:
             await asyncio.Event().wait()
         from kubernetes_asyncio import client
 
+        # A client of its own: a watch stays open for minutes, and a shared client closed by
+        # its owner would leave the watch hanging rather than failing.
+        api_client = client.ApiClient(configuration=configuration)
         self._api = client.CoreV1Api(api_client)
         try:
             async with asyncio.TaskGroup() as group:
@@ -183,18 +188,25 @@ class NodePods:
         finally:
             self._api = None
             self.connected = False
+            await api_client.close()
 
     # --- list and watch ---------------------------------------------------------------------
 
     async def _sync_loop(self) -> None:
         backoff = Backoff(*self._backoff)
+        loop = asyncio.get_running_loop()
         version: str | None = None
         while True:
             try:
                 if version is None:
                     version = await self._list()
+                started = loop.time()
                 version = await self._watch(version)
-                backoff.reset()
+                if loop.time() - started < _SHORT_WATCH_S:
+                    # a server that keeps ending watches at once must not make this a busy loop
+                    await asyncio.sleep(backoff.next_delay())
+                else:
+                    backoff.reset()
             except _Expired:
                 log.info("pod_watch_expired", node=self.node_name, effect="listing again")
                 version = None
