@@ -58,7 +58,11 @@ def test_status_of_a_running_agent_agrees_with_its_metrics(simulated_agent: int)
     while True:  # the demo allocates once the agent is ready, PodResources names the pods later
         status = json.loads(_get(base + "/status"))
         named = [a for a in status["allocations"] if a["pod"] is not None]
-        if len(named) == 4 or time.monotonic() > deadline:
+        # then the pair's annotations are applied, and the region cache reads them again
+        chosen = [a for a in named if a["policy_source"] == "pod" and a["pod"] != "batch"]
+        if (len(named), [a["priority"] for a in chosen]) == (4, [50]) or (
+            time.monotonic() > deadline
+        ):
             break
         time.sleep(0.5)
     metrics = _get(base + "/metrics").decode()
