@@ -118,7 +118,7 @@ class NodeIntegration:
         self._events_wake = asyncio.Event()
         self._seq = itertools.count()
         self._configured = asyncio.Event()  # start() has decided: a configuration, or no API
-        self._configuration: client.Configuration | None = None
+        self._configuration: Any = None  # a kubernetes_asyncio Configuration once loaded
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -189,7 +189,7 @@ class NodeIntegration:
         finally:
             await self.close()
 
-    async def api_configuration(self) -> client.Configuration | None:
+    async def api_configuration(self) -> Any:
         """The API configuration once `start()` has loaded it (None: no API is used), for other
         parts of the agent that talk to the API with clients of their own."""
         await self._configured.wait()
