@@ -445,6 +445,24 @@ class FakeKubeAPI:
         self._pod_compacted = self._rv + 1
         self._pod_history.clear()
 
+    def bookmark_pod_watches(self) -> str:
+        """Send open watches a BOOKMARK at a new resourceVersion (as the server does now and then
+        for watches that asked for bookmarks); returns that version."""
+        version = self._next_rv()
+        marker = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": version}}
+        self._pod_history.append((int(version), "BOOKMARK", marker))
+        self._wake_soon()
+        return version
+
+    def garble_pod_watches(self, line: bytes) -> None:
+        """Send open watches `line` as it is (a broken proxy, a server bug)."""
+        self._pod_history.append((int(self._next_rv()), "RAW", {"raw": line}))
+        self._wake_soon()
+
+    def _wake_soon(self) -> None:
+        if self._pod_changed is not None:
+            asyncio.get_running_loop().create_task(self._wake_pod_watches())
+
     async def end_pod_watches(self) -> None:
         """End every open watch normally (as the server does at timeoutSeconds)."""
         self._pod_watch_epoch += 1
@@ -520,7 +538,9 @@ class FakeKubeAPI:
                     if rv <= sent:
                         continue
                     sent = rv
-                    if node is None or pod["spec"].get("nodeName") == node:
+                    if kind == "RAW":
+                        await response.write(pod["raw"])
+                    elif kind == "BOOKMARK" or node is None or pod["spec"].get("nodeName") == node:
                         line = json.dumps({"type": kind, "object": pod}).encode() + b"\n"
                         await response.write(line)
                 left = deadline - asyncio.get_running_loop().time()

@@ -64,6 +64,11 @@ class _Expired(Exception):
     """The watch's resourceVersion is too old: list again."""
 
 
+class _Malformed(Exception):
+    """The watch sent something that is not a watch event: resuming from the same version would
+    replay it, so list again."""
+
+
 @dataclass(frozen=True)
 class _QueuedEvent:
     pod: PodInfo
@@ -210,6 +215,13 @@ class NodePods:
             except _Expired:
                 log.info("pod_watch_expired", node=self.node_name, effect="listing again")
                 version = None
+            except _Malformed as exc:
+                self.connected = False
+                delay = backoff.next_delay()
+                log.warning("pod_watch_malformed", node=self.node_name, error=str(exc),
+                            effect="listing again", retry_in_s=round(delay, 3))
+                version = None
+                await asyncio.sleep(delay)
             except Exception as exc:
                 self.connected = False
                 delay = backoff.next_delay()
@@ -282,11 +294,11 @@ class NodePods:
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
                     if line.strip():
-                        version = self._on_watch_event(json.loads(line), version)
+                        version = self._on_watch_event(_decode(line), version)
                 if len(pending) > MAX_WATCH_LINE:
-                    raise KubeApiError(500, "watch line too long", f"{len(pending)} bytes")
+                    raise _Malformed(f"a watch line longer than {MAX_WATCH_LINE} bytes")
             if pending.strip():
-                version = self._on_watch_event(json.loads(pending), version)
+                version = self._on_watch_event(_decode(pending), version)
         finally:
             response.release()
         return version
@@ -295,7 +307,7 @@ class NodePods:
         kind = event.get("type") if isinstance(event, dict) else None
         obj = event.get("object") if isinstance(event, dict) else None
         if not isinstance(obj, dict):
-            raise KubeApiError(500, "malformed watch event", str(event)[:200])
+            raise _Malformed(f"not a watch event: {str(event)[:200]}")
         if kind == "ERROR":
             code = obj.get("code")
             if code == _GONE:
@@ -432,6 +444,13 @@ class NodePods:
             return
         log.error("pod_event_rejected", namespace=namespace, pod=item.pod.name,
                   error=_describe(exc))
+
+
+def _decode(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as err:
+        raise _Malformed(f"watch line is not JSON ({err}): {line[:200]!r}") from None
 
 
 def _describe(exc: BaseException) -> str:
