@@ -313,14 +313,17 @@ class NodePods:
             if code == _GONE:
                 raise _Expired
             raise KubeApiError(int(code or 500), str(obj.get("reason", "")), json.dumps(obj))
-        meta = obj.get("metadata") or {}
-        version = str(meta.get("resourceVersion") or version)
+        meta = obj.get("metadata")
+        if isinstance(meta, dict) and meta.get("resourceVersion"):
+            version = str(meta["resourceVersion"])
         if kind == "BOOKMARK":
             return version
         info = self._info(obj)
         if info is None:
             return version
-        if kind == "DELETED" or (obj.get("spec") or {}).get("nodeName") != self.node_name:
+        spec = obj.get("spec")
+        node = spec.get("nodeName") if isinstance(spec, dict) else None
+        if kind == "DELETED" or node != self.node_name:
             if self._pods.get(info.uid) is not None:
                 self._forget(info.uid)
                 self._notify()
