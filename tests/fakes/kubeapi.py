@@ -196,6 +196,10 @@ class FakeKubeAPI:
         """Answer the next `times` requests matching method and path regex with `status`."""
         self._faults.append(_Fault(method, re.compile(path), times, status=status))
 
+    def clear_faults(self) -> None:
+        """Answer normally again."""
+        self._faults.clear()
+
     def stall(
         self,
         seconds: float,

@@ -240,6 +240,12 @@ async def test_until_the_api_answers_the_node_default_applies(tmp_path: Path) ->
         assert s.control(region).devices[0].policy == layout.POLICY_STRICT
         assert s.policies.source(region.alloc_id) == "default"
 
+        s.api.clear_faults()  # the API answers: the pod's choice applies
+        await s.settle(lambda: s.pods.synced)
+        assert s.control(region).priority == 30
+        assert s.control(region).devices[0].policy == layout.POLICY_WORK_CONSERVING
+        assert s.policies.source(region.alloc_id) == "pod"
+
 
 async def test_a_pod_recreated_under_the_same_name_does_not_inherit(tmp_path: Path) -> None:
     async with running(tmp_path) as s:
