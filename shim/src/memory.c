@@ -192,12 +192,40 @@ void shim_track_add(int kind, uint64_t key, int rdev, uint64_t bytes)
     shim_track_put(kind, key, &rec);
 }
 
+/* Records come from slabs kept on a free list (under g_track_lock), never given back to malloc:
+ * an allocation or free costs no malloc/free, and a child forked while another thread was inside
+ * the allocator (whose locks not every allocator takes across fork) finds records ready. */
+#define SLAB 256
+static struct track *g_free_tracks;
+
+/* A record from the free list, refilled with a new slab when empty; called with the lock held,
+ * returns with it held. NULL when no memory is left. */
+static struct track *track_new_locked(void)
+{
+    if (g_free_tracks == NULL) {
+        pthread_mutex_unlock(&g_track_lock);
+        struct track *slab = calloc(SLAB, sizeof *slab);
+        pthread_mutex_lock(&g_track_lock);
+        if (slab == NULL)
+            return NULL;
+        for (int i = 0; i < SLAB; i++) {
+            slab[i].next = g_free_tracks;
+            g_free_tracks = &slab[i];
+        }
+    }
+    struct track *t = g_free_tracks;
+    g_free_tracks = t->next;
+    return t;
+}
+
 void shim_track_put(int kind, uint64_t key, const struct shim_tracked *rec)
 {
     if (rec->rdev < 0)
         return;
-    struct track *t = malloc(sizeof *t);
+    pthread_mutex_lock(&g_track_lock);
+    struct track *t = track_new_locked();
     if (t == NULL) {
+        pthread_mutex_unlock(&g_track_lock);
         /* cannot remember it: the bytes would never be given back, so do not count them */
         shim_mem_unreserve_kind(rec->rdev, rec->bytes, rec->mkind);
         return;
@@ -209,7 +237,6 @@ void shim_track_put(int kind, uint64_t key, const struct shim_tracked *rec)
     t->rdev = rec->rdev;
     t->mkind = rec->mkind;
     unsigned b = bucket_of(kind, key);
-    pthread_mutex_lock(&g_track_lock);
     t->next = g_buckets[b];
     g_buckets[b] = t;
     pthread_mutex_unlock(&g_track_lock);
@@ -234,17 +261,16 @@ bool shim_track_get(int kind, uint64_t key, struct shim_tracked *out, bool remov
         if ((*p)->kind == kind && (*p)->key == key) {
             found = *p;
             *out = (struct shim_tracked){found->rdev, found->mkind, found->bytes, found->aux};
-            if (remove)
+            if (remove) {
                 *p = found->next;
+                found->next = g_free_tracks;
+                g_free_tracks = found;
+            }
             break;
         }
     }
     pthread_mutex_unlock(&g_track_lock);
-    if (found == NULL)
-        return false;
-    if (remove)
-        free(found);
-    return true;
+    return found != NULL;
 }
 
 /* Every record of `kind` whose key is in [lo, hi) is handed to `fn` (under the lock: fn must not
@@ -274,7 +300,8 @@ void shim_track_reset(void)
         g_buckets[b] = NULL;
         while (t != NULL) {
             struct track *next = t->next;
-            free(t);
+            t->next = g_free_tracks;
+            g_free_tracks = t;
             t = next;
         }
     }

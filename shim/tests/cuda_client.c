@@ -449,7 +449,7 @@ static void *mem_api(void *direct, const char *versioned, const char *base)
     return resolve(lib, versioned, base);
 }
 
-static CUcontext g_extra_ctx[64];
+static CUcontext g_extra_ctx[64], g_before_extra[64]; /* and what was current before each */
 static int g_nextra;
 static uintptr_t g_mods[256];
 static bool g_mod_is_lib[256];
@@ -669,20 +669,25 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
     } else if (strcmp(cmd, "ctxnew") == 0) {
         int dev = atoi(MARG());
         int want = parse_expect(MARG());
-        CUcontext c = NULL;
+        CUcontext c = NULL, before = NULL;
         if (A.init(0) != CUDA_SUCCESS)
             fail("cuInit");
+        M(cuCtxGetCurrent, "cuCtxGetCurrent", "cuCtxGetCurrent")(&before);
         CUresult r = A.ctx_create(&c, 0, dev);
         if ((int)r != want)
             fail("cuCtxCreate returned %d, expected %d", (int)r, want);
-        if (r == CUDA_SUCCESS && g_nextra < 64)
+        if (r == CUDA_SUCCESS && g_nextra < 64) {
+            g_before_extra[g_nextra] = before;
             g_extra_ctx[g_nextra++] = c;
+        }
     } else if (strcmp(cmd, "ctxdrop") == 0) {
         if (g_nextra == 0)
             fail("ctxdrop without ctxnew");
         if (M(cuCtxDestroy_v2, "cuCtxDestroy_v2", "cuCtxDestroy")(g_extra_ctx[--g_nextra]) !=
             CUDA_SUCCESS)
             fail("cuCtxDestroy");
+        if (g_before_extra[g_nextra] != NULL && A.ctx_set(g_before_extra[g_nextra]) != CUDA_SUCCESS)
+            fail("cuCtxSetCurrent after cuCtxDestroy");
     } else if (strcmp(cmd, "limit") == 0) {
         const char *which = MARG();
         unsigned long long size = parse_size(MARG());

@@ -50,6 +50,22 @@
 static pthread_mutex_t g_mlock = PTHREAD_MUTEX_INITIALIZER;
 static __thread int t_ctx = -1; /* index of this thread's current context */
 
+/* like a driver that survives fork: the lock is never held across it */
+static void mem_fork_prepare(void)
+{
+    pthread_mutex_lock(&g_mlock);
+}
+
+static void mem_fork_release(void)
+{
+    pthread_mutex_unlock(&g_mlock);
+}
+
+__attribute__((constructor)) static void fake_memory_load(void)
+{
+    pthread_atfork(mem_fork_prepare, mem_fork_release, mem_fork_release);
+}
+
 static uint64_t round_up(uint64_t v, uint64_t to)
 {
     return (v + to - 1) / to * to;
