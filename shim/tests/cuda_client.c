@@ -47,6 +47,7 @@
  *                                            device 0) and the driver's own count of DEV differ
  *                                            by at most TOLERANCE; prints "compare shim=.. driver=.."
  *   mixed N SEED                             N random operations of every kind above
+ *   forkexit                                 forks a child that exits at once, waits for it
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
  */
 #define _GNU_SOURCE
@@ -789,6 +790,18 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
         if (diff > tolerance)
             fail("the shim counts %llu bytes, the driver holds %llu (tolerance %llu)", shim,
                  driver, tolerance);
+    } else if (strcmp(cmd, "forkexit") == 0) {
+        /* a worker forked after initialisation that leaves without touching CUDA (a data loader):
+         * its exit must give back nothing of what the parent holds */
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0)
+            fail("fork");
+        if (pid == 0)
+            exit(0);
+        int status = 0;
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail("forked worker ended with status %#x", status);
     } else if (strcmp(cmd, "mixed") == 0) {
         long n = atol(MARG());
         mixed(n, (unsigned)strtoul(MARG(), NULL, 10));

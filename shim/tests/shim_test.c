@@ -996,6 +996,18 @@ static bool t_killed_process_kinds_reclaimed(void)
     return ok;
 }
 
+static bool t_fork_after_init_keeps_the_parents_memory(void)
+{
+    make_region("forkmem", 1, &MEM1G);
+    struct run r;
+    char *env[] = {"FAKE_CUDA_CONTEXT_MEMORY=104857600", NULL};
+    run_client(&r, "forkmem", env,
+               ARGS("direct", "ctx", "0", "module", "data", "8M", "ok", "alloc", "async", "16M",
+                    "ok", "free", "ok", "vmm", "4M", "0", "ok", "map", "free", "ok", "forkexit",
+                    "forkexit", "compare", "0", "0", "info", "1G", "896M"));
+    return client_ok(&r);
+}
+
 static bool t_memory_on_a_1_0_region(void)
 {
     /* a region an agent of ABI 1.0 made: no extension; everything still counts in the total */
@@ -1116,6 +1128,8 @@ int main(int argc, char **argv)
     report("graph memory counts until trimmed", t_graph_memory_counts());
     report("a killed process's memory by kind is reclaimed", t_killed_process_kinds_reclaimed());
     report("memory of every kind counts on a 1.0 region", t_memory_on_a_1_0_region());
+    report("a worker forked after initialisation gives back nothing of its parent's",
+           t_fork_after_init_keeps_the_parents_memory());
     report("mixed workload: the shim's count within 1% of the driver's", t_mixed_workload_accounting());
     printf("1..%d\n", g_count);
     if (g_failed)
