@@ -20,8 +20,14 @@ import structlog
 
 from vgpu_agent import __version__
 from vgpu_agent.backoff import Backoff
-from vgpu_agent.config import Config
-from vgpu_agent.deviceplugin.allocation import Grant, Split
+from vgpu_agent import hostmemory
+from vgpu_agent.config import Config, ConfigError
+from vgpu_agent.deviceplugin.allocation import (
+    Grant,
+    Split,
+    SpillHostMemoryError,
+    check_spill_host_memory,
+)
 from vgpu_agent.deviceplugin.registration import PluginRunner
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
 from vgpu_agent.gpu.health import HealthMonitor
@@ -75,10 +81,17 @@ class Agent:
         *,
         backend: GpuBackend | None = None,
         pods: PodLookup | None = None,
+        host_memory: Callable[[], int] | None = None,
     ):
         self.config = config
         self.backend = backend or make_backend(config)
-        self.split = Split(config.split_count, config.memory_scaling, config.cores_scaling)
+        self.split = Split(
+            config.split_count,
+            config.memory_scaling,
+            config.cores_scaling,
+            spill=config.memory_oversubscription == "spill",
+        )
+        self.host_memory = host_memory or (lambda: hostmemory.host_memory(config.host_proc_dir))
         self.inventory: Inventory | None = None
         self.backend_error = ""
         self.state: DeviceState | None = None
@@ -165,6 +178,8 @@ class Agent:
             ],
             split_count=self.split.count,
         )
+        if self.split.spills:
+            await asyncio.to_thread(self._check_spill, gpus)
         self.state = DeviceState(gpus, self.split)
         # Running containers keep their limits: existing regions are adopted as they are.
         adopted = await asyncio.to_thread(self.regions.adopt)
@@ -209,6 +224,26 @@ class Agent:
         # re-scanning it on every collection during the 100 ms control ticks.
         gc.freeze()
         self.ready.set()
+
+    def _check_spill(self, gpus: list[GpuInfo]) -> None:
+        """Refuse to start when spilling could promise more than the host's share for it."""
+        host = self.host_memory()
+        try:
+            promised = check_spill_host_memory(
+                (g.memory_total for g in gpus),
+                self.split,
+                host,
+                self.config.spill_host_memory_fraction,
+            )
+        except SpillHostMemoryError as err:
+            log.error("spill_refused", reason=str(err), host_memory=host)
+            raise ConfigError(
+                "memory_oversubscription",
+                self.config.memory_oversubscription,
+                f"{err}; lower memory_scaling, raise spill_host_memory_fraction "
+                f"(now {self.config.spill_host_memory_fraction}) or set it to off",
+            ) from None
+        log.info("spill_on", promised_bytes=promised, host_memory=host)
 
     def _start_node_integration(self, group: asyncio.TaskGroup, gpus: list[GpuInfo]) -> None:
         """Labels and events through the Kubernetes API; never in the device plugin's way."""

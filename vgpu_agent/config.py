@@ -25,6 +25,7 @@ DeviceListStrategy = Literal["envvar", "cdi"]
 Backend = Literal["nvml", "sim"]
 LogFormat = Literal["json", "console"]
 CorePolicy = Literal["off", "strict", "work-conserving"]
+MemoryOversubscription = Literal["off", "spill"]
 
 # An extended resource name: a DNS-subdomain prefix outside kubernetes.io, a slash, and a
 # qualified name (alphanumerics, '-', '_', '.', starting and ending alphanumeric, <= 63 chars).
@@ -54,6 +55,9 @@ class Config:
     split_count: int = 4
     memory_scaling: float = 1.0
     allow_memory_oversubscription: bool = False
+    # With memory_scaling > 1: "spill" serves allocations the card cannot hold from host memory.
+    memory_oversubscription: MemoryOversubscription = "off"
+    spill_host_memory_fraction: float = 0.5
     cores_scaling: float = 1.0
     allocation_policy: AllocationPolicy = "spread"
     device_list_strategy: DeviceListStrategy = "envvar"
@@ -312,6 +316,10 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "split_count": _as_int(1),
     "memory_scaling": _as_float("must be a number > 0", lambda v: v > 0),
     "allow_memory_oversubscription": _as_bool,
+    "memory_oversubscription": _as_choice("off", "spill"),
+    "spill_host_memory_fraction": _as_float(
+        "must be a number > 0 and <= 1 (a share of the host's memory)", lambda v: 0 < v <= 1
+    ),
     "cores_scaling": _as_float("must be a number > 0 and <= 1", lambda v: 0 < v <= 1),
     "allocation_policy": _as_choice("spread", "binpack"),
     "device_list_strategy": _as_choice("envvar", "cdi"),
@@ -403,12 +411,17 @@ def build_config(sources: ConfigSources) -> Config:
 
 
 def _check_combinations(config: Config) -> None:
-    if config.memory_scaling > 1 and not config.allow_memory_oversubscription:
+    if (
+        config.memory_scaling > 1
+        and not config.allow_memory_oversubscription
+        and config.memory_oversubscription != "spill"
+    ):
         raise ConfigError(
             "memory_scaling",
             config.memory_scaling,
-            "values above 1 hand out more memory than the GPU has; "
-            "set allow_memory_oversubscription: true to accept that",
+            "values above 1 hand out more memory than the GPU has; set "
+            "memory_oversubscription: spill (what the card cannot hold is served from host "
+            "memory) or allow_memory_oversubscription: true (limits only, no spilling)",
         )
     if len(config.plugin_socket) > 107:
         raise ConfigError(

@@ -48,6 +48,13 @@
  *                                            by at most TOLERANCE; prints "compare shim=.. driver=.."
  *   mixed N SEED                             N random operations of every kind above
  *   forkexit                                 forks a child that exits at once, waits for it
+ * spilling to managed memory:
+ *   ismanaged 0|1                            cuPointerGetAttribute(IS_MANAGED) of the newest
+ *                                            allocation is that
+ *   preferred DEV                            the fake's preferred location of the newest (-1 none,
+ *                                            -2 not managed)
+ *   ipc EXPECT                               cuIpcGetMemHandle of the newest allocation
+ *   hostheld SIZE                            managed memory the fake driver holds is SIZE
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
  */
 #define _GNU_SOURCE
@@ -439,6 +446,8 @@ static void mtpace(CUcontext ctx, int threads, double seconds, unsigned grid, un
 
 CUresult fakeCudaGraphMemReserve(int dev, unsigned long long bytes);
 unsigned long long fakeCudaDeviceUsed(int dev);
+unsigned long long fakeCudaManagedUsed(void);
+int fakeCudaPreferredLocation(unsigned long long ptr);
 
 static void *mem_api(void *direct, const char *versioned, const char *base)
 {
@@ -784,12 +793,46 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
         /* what the shim reads when it reports: cuMemGetInfo settles the pools first */
         size_t f = 0, t = 0;
         A.info(&f, &t);
-        unsigned long long shim = shim_count(), driver = fakeCudaDeviceUsed(dev);
+        /* managed memory is host memory to the fake: the driver holds both */
+        unsigned long long shim = shim_count(), driver = fakeCudaDeviceUsed(dev) + fakeCudaManagedUsed();
         printf("compare shim=%llu driver=%llu\n", shim, driver);
         unsigned long long diff = shim > driver ? shim - driver : driver - shim;
         if (diff > tolerance)
             fail("the shim counts %llu bytes, the driver holds %llu (tolerance %llu)", shim,
                  driver, tolerance);
+    } else if (strcmp(cmd, "ismanaged") == 0) {
+        int want = atoi(MARG()), got = -1;
+        if (g_nlive == 0)
+            fail("ismanaged with nothing allocated");
+        CUresult r = M(cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute")(
+            &got, CU_POINTER_ATTRIBUTE_IS_MANAGED, g_live[g_nlive - 1].key);
+        if (r != CUDA_SUCCESS || got != want)
+            fail("IS_MANAGED of the newest allocation: %d (rc %d), expected %d", got, (int)r, want);
+        unsigned int type = 0;
+        r = M(cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute")(
+            &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, g_live[g_nlive - 1].key);
+        if (r != CUDA_SUCCESS || type != CU_MEMORYTYPE_DEVICE)
+            fail("memory type of the newest allocation: %u (rc %d), expected device", type, (int)r);
+    } else if (strcmp(cmd, "preferred") == 0) {
+        int want = atoi(MARG());
+        if (g_nlive == 0)
+            fail("preferred with nothing allocated");
+        int got = fakeCudaPreferredLocation(g_live[g_nlive - 1].key);
+        if (got != want)
+            fail("preferred location %d, expected %d", got, want);
+    } else if (strcmp(cmd, "ipc") == 0) {
+        int want = parse_expect(MARG());
+        if (g_nlive == 0)
+            fail("ipc with nothing allocated");
+        CUipcMemHandle h;
+        CUresult r = M(cuIpcGetMemHandle, "cuIpcGetMemHandle", "cuIpcGetMemHandle")(
+            &h, g_live[g_nlive - 1].key);
+        if ((int)r != want)
+            fail("cuIpcGetMemHandle returned %d, expected %d", (int)r, want);
+    } else if (strcmp(cmd, "hostheld") == 0) {
+        unsigned long long want = parse_size(MARG()), got = fakeCudaManagedUsed();
+        if (got != want)
+            fail("the fake driver holds %llu bytes of managed memory, expected %llu", got, want);
     } else if (strcmp(cmd, "forkexit") == 0) {
         /* a worker forked after initialisation that leaves without touching CUDA (a data loader):
          * its exit must give back nothing of what the parent holds */

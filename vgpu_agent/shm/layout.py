@@ -51,6 +51,9 @@ POLICY_NAMES: Final = {
     POLICY_WORK_CONSERVING: "work-conserving",
 }
 
+# control_device.flags (1.1): readers ignore bits they do not know.
+CONTROL_FLAG_SPILL: Final = 1 << 0  # allocations the card cannot hold spill to managed memory
+
 CORE_LIMIT_FULL: Final = 1_000_000  # core_limit unit: parts per million of SM time
 DEFAULT_GRAPH_COST: Final = 1 << 20
 MAX_SLEEP_NS: Final = 10_000_000
@@ -188,7 +191,7 @@ PROC_KINDS_FIELDS: Final = (
     ("context", "I", 1),
     ("module", "I", 1),
     ("pool", "I", 1),
-    ("reserved", "I", 1),
+    ("spilled", "I", 1),
 )
 PROC_KINDS_OFFSETS, PROC_KINDS_SIZE = _layout(PROC_KINDS_FIELDS)
 
