@@ -170,6 +170,13 @@ def _as_choice(*choices: str) -> Callable[[str, object, str], str]:
     return check
 
 
+def _as_oversubscription(key: str, raw: object, source: str) -> str:
+    # YAML 1.1 reads a bare `off` as false: take it as the word that was written
+    if raw is False:
+        return "off"
+    return str(_as_choice("off", "spill")(key, raw, source))
+
+
 def _as_str(allow_empty: bool = True) -> Callable[[str, object, str], str]:
     def check(key: str, raw: object, source: str) -> str:
         if not isinstance(raw, str) or (not allow_empty and not raw):
@@ -316,7 +323,7 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "split_count": _as_int(1),
     "memory_scaling": _as_float("must be a number > 0", lambda v: v > 0),
     "allow_memory_oversubscription": _as_bool,
-    "memory_oversubscription": _as_choice("off", "spill"),
+    "memory_oversubscription": _as_oversubscription,
     "spill_host_memory_fraction": _as_float(
         "must be a number > 0 and <= 1 (a share of the host's memory)", lambda v: 0 < v <= 1
     ),

@@ -70,3 +70,9 @@ def test_bad_values_are_named_with_what_is_allowed(key, value, expected):
         build(env={"VGPU_AGENT_" + key.upper(): value})
     assert err.value.key == "VGPU_AGENT_" + key.upper()
     assert repr(value) in str(err.value) and expected in str(err.value)
+
+
+def test_a_bare_off_in_yaml_is_off_and_true_is_not_a_choice():
+    assert build("memory_oversubscription: off\n").memory_oversubscription == "off"
+    with pytest.raises(ConfigError, match="must be one of off, spill"):
+        build("memory_oversubscription: true\n")
