@@ -55,6 +55,8 @@
  *                                            -2 not managed)
  *   ipc EXPECT                               cuIpcGetMemHandle of the newest allocation
  *   hostheld SIZE                            managed memory the fake driver holds is SIZE
+ *   allocloop N SIZE                         N pairs of cuMemAlloc SIZE + cuMemFree, each timed;
+ *                                            prints "allocloop median_ns=X p99_ns=Y managed=M"
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
  */
 #define _GNU_SOURCE
@@ -204,6 +206,12 @@ static int parse_expect(const char *s)
     if (strcmp(s, "noinit") == 0)
         return CUDA_ERROR_NOT_INITIALIZED;
     return atoi(s);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
 }
 
 static uint64_t now_ns(void)
@@ -829,6 +837,25 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
             &h, g_live[g_nlive - 1].key);
         if ((int)r != want)
             fail("cuIpcGetMemHandle returned %d, expected %d", (int)r, want);
+    } else if (strcmp(cmd, "allocloop") == 0) {
+        int n = atoi(MARG());
+        unsigned long long size = parse_size(MARG());
+        if (n < 1 || n > 1000000)
+            fail("allocloop: N must be 1..1000000");
+        uint64_t *ns = calloc((size_t)n, sizeof *ns);
+        unsigned long long managed_before = fakeCudaCounter("managed");
+        for (int k = 0; k < n; k++) {
+            CUdeviceptr p = 0;
+            uint64_t t0 = now_ns();
+            if (A.alloc(&p, size) != CUDA_SUCCESS || A.free_(p) != CUDA_SUCCESS)
+                fail("allocloop: pair %d failed", k);
+            ns[k] = now_ns() - t0;
+        }
+        qsort(ns, (size_t)n, sizeof *ns, cmp_u64);
+        printf("allocloop median_ns=%llu p99_ns=%llu managed=%llu\n",
+               (unsigned long long)ns[n / 2], (unsigned long long)ns[(size_t)n * 99 / 100],
+               fakeCudaCounter("managed") - managed_before);
+        free(ns);
     } else if (strcmp(cmd, "hostheld") == 0) {
         unsigned long long want = parse_size(MARG()), got = fakeCudaManagedUsed();
         if (got != want)
