@@ -93,6 +93,7 @@ int shim_track_each(int kind, uint64_t lo, uint64_t hi,
 #define TRACK_VMM 6       /* key: handle; bytes; aux: references (low 32 bits), mappings (high) */
 #define TRACK_MAPPING 7   /* key: mapped address; aux: the handle */
 #define TRACK_ARRAY 8     /* key: CUarray / CUmipmappedArray */
+#define TRACK_POOL_PTR 9  /* key: pointer from a pool; aux: the pool; counts nothing itself */
 
 /* ---- spill.c: plain allocations the card cannot hold, served by managed memory */
 bool shim_spill_enabled(int rdev); /* VGPU_CONTROL_FLAG_SPILL on the device (and a 1.1 state) */

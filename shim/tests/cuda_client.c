@@ -57,6 +57,8 @@
  *   hostheld SIZE                            managed memory the fake driver holds is SIZE
  *   allocloop N SIZE                         N pairs of cuMemAlloc SIZE + cuMemFree, each timed;
  *                                            prints "allocloop median_ns=X p99_ns=Y managed=M"
+ *   timedalloc API N SIZE                    N allocations and frees of SIZE with API (as
+ *                                            "alloc"), prints "timedalloc ns=T"
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
  */
 #define _GNU_SOURCE
@@ -860,6 +862,15 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
         unsigned long long want = parse_size(MARG()), got = fakeCudaManagedUsed();
         if (got != want)
             fail("the fake driver holds %llu bytes of managed memory, expected %llu", got, want);
+    } else if (strcmp(cmd, "timedalloc") == 0) {
+        const char *api = MARG();
+        long n = atol(MARG());
+        unsigned long long size = parse_size(MARG());
+        uint64_t t0 = now_ns();
+        for (long k = 0; k < n; k++)
+            if (do_alloc(api, size) != CUDA_SUCCESS || do_free() != CUDA_SUCCESS)
+                fail("timedalloc %s: allocation or free failed", api);
+        printf("timedalloc ns=%llu\n", (unsigned long long)(now_ns() - t0));
     } else if (strcmp(cmd, "forkexit") == 0) {
         /* a worker forked after initialisation that leaves without touching CUDA (a data loader):
          * its exit must give back nothing of what the parent holds */
