@@ -96,3 +96,4 @@ class MetricsSources:
     pod_resources_failures: Callable[[], int] | None = None
     tasks: Callable[[], TaskView | None] | None = None
     backend_error: Callable[[], str] | None = None
+    allocate_error: Callable[[], str] | None = None  # why Allocate cannot work now, "" if it can
