@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import gc
 import os
+import resource
 import signal
 import threading
 import time
@@ -117,6 +118,8 @@ class Agent:
         was asked for even if some step hangs.
         """
         watchdog: threading.Timer | None = None
+        raise_open_files_limit()
+        asyncio.get_running_loop().set_exception_handler(_log_loop_error)
         with _signals(self.stop):
             try:
                 async with asyncio.TaskGroup() as group:
@@ -341,6 +344,32 @@ class Agent:
 
 class _Shutdown(Exception):
     pass
+
+
+def raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: containers often start with a soft 1024, and
+    the agent's descriptors (regions, gRPC, metrics clients) must not be what runs out first."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        raised = soft
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            raised = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    except (OSError, ValueError) as err:
+        log.warning("open_files_limit_unchanged", error=str(err))
+        return
+    log.info("open_files_limit", soft_before=soft, soft=raised, hard=hard)
+
+
+def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """What asyncio would print as a raw traceback (a failing callback, accept() out of
+    descriptors), as one structlog event."""
+    error = context.get("exception")
+    log.error(
+        "event_loop_error",
+        message=str(context.get("message", ""))[:300],
+        error=repr(error)[:300] if error is not None else None,
+    )
 
 
 async def _completed(action: Callable[[], None]) -> None:

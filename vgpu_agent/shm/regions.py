@@ -274,6 +274,8 @@ class Region:
         try:
             usage = self._read_usage()
         except Exception as err:  # whatever the container did to the file, the agent goes on
+            if self._view is None:
+                return RegionUsage(corrupt=True)  # collected while this read ran
             log.warning("region_state_read_failed", alloc_id=self._alloc_id, error=str(err))
             usage = RegionUsage(corrupt=True)
         if usage.corrupt:

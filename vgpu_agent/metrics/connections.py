@@ -1,0 +1,199 @@
+"""Limits on the metrics port's connections: how many, and how long a request head may take.
+
+Any pod can reach the port, and aiohttp waits for a request head as long as the client likes:
+a thousand connections that each send half a head would hold a thousand descriptors, and the
+agent's other work (regions, gRPC, NVML) would fail with "Too many open files". So each
+connection is wrapped before aiohttp sees it:
+
+- at most `max_connections` are open; a new one beyond that displaces the connection that has
+  waited longest for its request head (a scraper or a probe sends its head at once, an attacker
+  never does), and is refused with 503 only when every open connection has a request in hand;
+- a request head must be complete within `header_timeout_s` of its first byte (of the
+  connection, for the first one), or the connection is closed.
+
+The wrapper only watches the bytes for the blank line that ends a head; parsing, size limits and
+the 400 answer to a malformed head are aiohttp's. Everything here runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+HEAD_END = b"\r\n\r\n"
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+)
+REPORT_EVERY_S = 60.0
+
+
+@dataclass
+class ConnectionCounts:
+    """What the limits did, cumulative."""
+
+    accepted: int = 0
+    displaced: int = 0  # closed to make room for a new connection
+    refused: int = 0  # answered 503: every open connection was busy
+    head_timeouts: int = 0  # closed for a request head not complete in time
+
+
+class ConnectionGuard:
+    """Wraps a protocol factory (aiohttp's `runner.server`) with the limits above."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 128,
+        header_timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if max_connections < 1:
+            raise ValueError(f"max_connections={max_connections!r}: at least 1")
+        if not 0 < header_timeout_s <= 300:
+            raise ValueError(f"header_timeout_s={header_timeout_s!r}: more than 0, at most 300")
+        self.max_connections = max_connections
+        self.header_timeout_s = header_timeout_s
+        self.clock = clock
+        self.counts = ConnectionCounts()
+        self._open: set[_Guarded] = set()
+        self._reported_at: float | None = None
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        def make() -> asyncio.Protocol:
+            return _Guarded(self, factory)
+
+        return make
+
+    # --- called by the connections --------------------------------------------------------------
+
+    def _admit(self, new: _Guarded) -> bool:
+        if len(self._open) >= self.max_connections:
+            waiting = [c for c in self._open if c.head_since is not None]
+            if not waiting:
+                self.counts.refused += 1
+                self._report()
+                return False
+            oldest = min(waiting, key=lambda c: c.head_since or 0.0)
+            self._open.discard(oldest)
+            oldest.close()
+            self.counts.displaced += 1
+            self._report()
+        self._open.add(new)
+        self.counts.accepted += 1
+        return True
+
+    def _release(self, conn: _Guarded) -> None:
+        self._open.discard(conn)
+
+    def _timed_out(self, conn: _Guarded) -> None:
+        self._open.discard(conn)
+        self.counts.head_timeouts += 1
+        self._report()
+
+    def _report(self) -> None:
+        """One line when the limits first act, then at most one a minute: never a flood."""
+        now = self.clock()
+        if self._reported_at is not None and now - self._reported_at < REPORT_EVERY_S:
+            return
+        self._reported_at = now
+        log.warning(
+            "metrics_connections_limited",
+            open=len(self._open),
+            max_connections=self.max_connections,
+            header_timeout_s=self.header_timeout_s,
+            displaced=self.counts.displaced,
+            refused=self.counts.refused,
+            head_timeouts=self.counts.head_timeouts,
+            repeats=f"at most once per {REPORT_EVERY_S:.0f} s",
+        )
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: aiohttp's protocol inside, the head timer and the accounting outside."""
+
+    def __init__(self, guard: ConnectionGuard, factory: Callable[[], asyncio.Protocol]):
+        self._guard = guard
+        self._factory = factory
+        self._inner: asyncio.Protocol | None = None
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._tail = b""
+        self.head_since: float | None = None  # when the head now awaited began
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if not self._guard._admit(self):
+            transport.write(REFUSAL)
+            transport.close()
+            return
+        self._inner = self._factory()
+        self._inner.connection_made(transport)
+        self._head_started()
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is None:
+            return
+        if self.head_since is None and data:
+            self._head_started()
+        seen = self._tail + data
+        end = seen.rfind(HEAD_END)
+        if end >= 0:
+            self._head_done()
+            if end + len(HEAD_END) < len(seen):  # the next request began in the same bytes
+                self._head_started()
+        self._tail = seen[-(len(HEAD_END) - 1) :]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_done()
+        self._guard._release(self)
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.connection_lost(exc)
+
+    def close(self) -> None:
+        """Close now (abort: a client that sends nothing must not hold the descriptor)."""
+        self._head_done()
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _head_started(self) -> None:
+        self.head_since = self._guard.clock()
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._guard.header_timeout_s, self._expire)
+
+    def _head_done(self) -> None:
+        self.head_since = None
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self.head_since is None:
+            return
+        self._guard._timed_out(self)
+        self.close()
