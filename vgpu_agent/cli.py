@@ -99,15 +99,15 @@ def load_config(
 def read_config_file(path: str) -> str:
     """The file's text, read no further than the size a configuration may have.
 
-    Opened non-blocking, so a FIFO with no writer does not hang the start; `/dev/zero` or a
-    huge file stops at the cap.
+    Only a regular file (a symlink to one, as a mounted ConfigMap is) is read, opened
+    non-blocking so that a FIFO cannot hang the start, and never past the size cap.
     """
     allowed = f"must be a readable UTF-8 file of at most {MAX_CONFIG_BYTES} bytes"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise ConfigError("--config", path, f"{allowed} (it is a directory)")
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # /dev/zero, a FIFO, a directory
+                raise ConfigError("--config", path, f"{allowed} (it is not a regular file)")
             chunks: list[bytes] = []
             size = 0
             while size <= MAX_CONFIG_BYTES:
@@ -118,8 +118,6 @@ def read_config_file(path: str) -> str:
                 size += len(chunk)
         finally:
             os.close(fd)
-    except BlockingIOError:
-        raise ConfigError("--config", path, f"{allowed} (nothing to read yet)") from None
     except OSError as err:
         raise ConfigError("--config", path, f"{allowed} ({err.strerror})") from None
     if size > MAX_CONFIG_BYTES:

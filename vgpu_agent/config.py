@@ -40,6 +40,7 @@ _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s\[\]]*):(?P<port>\d{1,
 # access to the DaemonSet can write, and none of them may hang or exhaust the agent at start.
 MAX_CONFIG_BYTES = 64 * 1024  # the file, as read
 MAX_YAML_NODES = 10_000  # values in the loaded file, counting every alias expansion
+MAX_YAML_DEPTH = 32  # nested flow collections ([...] and {...})
 MAX_SPLIT_COUNT = 128  # slices per GPU
 MAX_MEMORY_SCALING = 10.0
 MAX_STRING = 1024  # characters in a name, 4096 in a path
@@ -394,11 +395,18 @@ def _parse_file(text: str, name: str) -> dict[str, object]:
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that an integer too long to be a setting stays a string.
-
-    `int()` of thousands of digits raises (or takes long); kept as text, the key's own check
-    rejects it and the error names the key.
+    """PyYAML's safe loader, bounded: flow collections nest at most `MAX_YAML_DEPTH` deep (the
+    scanner's work grows with the square of the depth), and an integer too long to be a
+    setting stays a string: `int()` of thousands of digits raises (or takes long); kept as
+    text, the key's own check rejects it and the error names the key.
     """
+
+    def fetch_flow_collection_start(self, TokenClass: type) -> None:
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"collections nested deeper than {MAX_YAML_DEPTH}", self.get_mark()
+            )
+        super().fetch_flow_collection_start(TokenClass)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> object:  # type: ignore[override]
         if isinstance(node.value, str) and len(node.value) > 32:
