@@ -171,8 +171,8 @@ class MetricsService:
             "metrics_serving",
             url=self.url,
             hami_metrics=self.hami,
-            max_connections=MAX_CONNECTIONS,
-            header_timeout_s=HEADER_TIMEOUT_S,
+            max_connections=self.connections.max_connections,
+            header_timeout_s=self.connections.header_timeout_s,
         )
 
     async def stop(self) -> None:
