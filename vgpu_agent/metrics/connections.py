@@ -62,6 +62,8 @@ class ConnectionGuard:
         self.clock = clock
         self.counts = ConnectionCounts()
         self._open: set[_Guarded] = set()
+        # the connections awaiting a request head, oldest first (a dict keeps insertion order)
+        self._waiting: dict[_Guarded, None] = {}
         self._reported_at: float | None = None
 
     @property
@@ -78,12 +80,11 @@ class ConnectionGuard:
 
     def _admit(self, new: _Guarded) -> bool:
         if len(self._open) >= self.max_connections:
-            waiting = [c for c in self._open if c.head_since is not None]
-            if not waiting:
+            if not self._waiting:
                 self.counts.refused += 1
                 self._report()
                 return False
-            oldest = min(waiting, key=lambda c: c.head_since or 0.0)
+            oldest = next(iter(self._waiting))
             self._open.discard(oldest)
             oldest.close()
             self.counts.displaced += 1
@@ -94,6 +95,12 @@ class ConnectionGuard:
 
     def _release(self, conn: _Guarded) -> None:
         self._open.discard(conn)
+        self._waiting.pop(conn, None)
+
+    def _head_waited(self, conn: _Guarded, waiting: bool) -> None:
+        self._waiting.pop(conn, None)
+        if waiting:
+            self._waiting[conn] = None  # now the newest
 
     def _timed_out(self, conn: _Guarded) -> None:
         self._open.discard(conn)
@@ -181,11 +188,14 @@ class _Guarded(asyncio.Protocol):
 
     def _head_started(self) -> None:
         self.head_since = self._guard.clock()
+        self._guard._head_waited(self, True)
         if self._timer is None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self._guard.header_timeout_s, self._expire)
 
     def _head_done(self) -> None:
+        if self.head_since is not None:
+            self._guard._head_waited(self, False)
         self.head_since = None
         timer, self._timer = self._timer, None
         if timer is not None:
