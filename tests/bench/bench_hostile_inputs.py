@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,8 +121,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def measure(kubelet: KubeletStandIn, port: int, calls: int, ids: list[str],
-                  allocs: list[float], probes: list[float]) -> None:
+                  allocs: list[float], probes: list[float],
+                  fds: Callable[[], None] = lambda: None) -> None:
     for n in range(calls):
+        fds()
         started = time.perf_counter()
         await kubelet.allocate(RESOURCE, [ids[n % len(ids)]])
         allocs.append(time.perf_counter() - started)
@@ -154,13 +157,15 @@ async def main(rounds: int, calls: int) -> None:
             fds: dict[str, int] = {}
             for _ in range(rounds):
                 for kind, (allocs, probes) in results.items():
+
+                    def sample(kind: str = kind) -> None:
+                        fds[kind] = max(fds.get(kind, 0), agent.open_descriptors())
+
                     if kind == "idle":
-                        await measure(kubelet, port, calls, ids, allocs, probes)
+                        await measure(kubelet, port, calls, ids, allocs, probes, sample)
                         continue
                     with Attack(kind, port):
-                        await measure(kubelet, port, calls, ids, allocs, probes)
-                        fds[kind] = max(fds.get(kind, 0), agent.open_descriptors())
-            fds["idle"] = agent.open_descriptors()
+                        await measure(kubelet, port, calls, ids, allocs, probes, sample)
         finally:
             await agent.stop()
             await kubelet.stop()
@@ -169,7 +174,7 @@ async def main(rounds: int, calls: int) -> None:
     print(f"agent RLIMIT_NOFILE 1024/1024; {rounds} rounds x {calls} calls per condition")
     idle_alloc, idle_probe = results["idle"]
     print(f"{'condition':<15} {'Allocate p50':>13} {'p99':>9} {'ratio':>6}   "
-          f"{'/healthz p50':>13} {'p99':>9} {'ratio':>6}   {'agent fds':>9}")
+          f"{'/healthz p50':>13} {'p99':>9} {'ratio':>6}   {'max fds':>9}")
     for kind, (allocs, probes) in results.items():
         a50, p50 = statistics.median(allocs), statistics.median(probes)
         print(

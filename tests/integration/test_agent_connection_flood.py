@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import resource
 import sys
 
 from tests.integration.hostile_clients import close_all, get, open_half_requests
@@ -20,10 +19,6 @@ from tests.integration.plugin_harness import RESOURCE, short_dir
 from vgpu_agent.kubelet.standin import KubeletStandIn
 
 NOFILE = 1024
-
-
-def _limit_open_files() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
 
 
 class AgentProcess:
@@ -37,7 +32,10 @@ class AgentProcess:
         self._reader: asyncio.Task[None] | None = None
 
     async def start(self, extra_env: dict[str, str] | None = None) -> None:
+        # `ulimit -n` in a shell that then becomes the agent: no preexec_fn, which would fork a
+        # process whose gRPC threads are busy
         self.proc = await asyncio.create_subprocess_exec(
+            "sh", "-c", f'ulimit -n {NOFILE} && exec "$@"', "sh",
             sys.executable, "-m", "vgpu_agent.cli", "run", "--backend", "sim",
             "--sim-gpus", "2xA100-80GB", "--split-count", "64",
             "--device-plugin-dir", str(self.root / "dp"), "--state-dir", str(self.root / "state"),
@@ -45,7 +43,6 @@ class AgentProcess:
             "--metrics-address", "127.0.0.1:0",
             env={**os.environ, **(extra_env or {})},
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            preexec_fn=_limit_open_files,
         )
         self._reader = asyncio.create_task(self._read())
 
