@@ -37,7 +37,9 @@ are garbage. Garbage is removed at the next reconcile, a region nobody holds onc
 held for `gc_grace_s`; and a region younger than `gc_grace_s` is never removed, because
 PodResources shows a container only some time after its Allocate. A region whose container is
 gone keeps its last known labels until it is removed. Without a PodResources answer nothing is
-ever removed.
+ever removed, and neither with one that lists no container of our resource: that is what a
+kubelet that restarts answers, and it says nothing about the regions (`gc_postponed`, and the
+grace starts again). A grace period therefore only passes on answers that list containers.
 """
 
 from __future__ import annotations
