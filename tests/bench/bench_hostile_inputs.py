@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import resource
@@ -157,17 +158,20 @@ async def main(rounds: int, calls: int) -> None:
                 k: ([], []) for k in ("idle", "half-open", "half-open-churn", "junk")
             }
             fds: dict[str, int] = {}
+            cpu: dict[str, list[float]] = {k: [0.0, 0.0] for k in results}  # agent CPU s, wall s
             for _ in range(rounds):
                 for kind, (allocs, probes) in results.items():
 
                     def sample(kind: str = kind) -> None:
                         fds[kind] = max(fds.get(kind, 0), agent.open_descriptors())
 
-                    if kind == "idle":
+                    with contextlib.ExitStack() as stack:
+                        if kind != "idle":
+                            stack.enter_context(Attack(kind, port))
+                        cpu_before, wall_before = agent.cpu_seconds(), time.perf_counter()
                         await measure(kubelet, port, calls, ids, allocs, probes, sample)
-                        continue
-                    with Attack(kind, port):
-                        await measure(kubelet, port, calls, ids, allocs, probes, sample)
+                        cpu[kind][0] += agent.cpu_seconds() - cpu_before
+                        cpu[kind][1] += time.perf_counter() - wall_before
         finally:
             await agent.stop()
             await kubelet.stop()
@@ -176,14 +180,15 @@ async def main(rounds: int, calls: int) -> None:
     print(f"agent RLIMIT_NOFILE 1024/1024; {rounds} rounds x {calls} calls per condition")
     idle_alloc, idle_probe = results["idle"]
     print(f"{'condition':<15} {'Allocate p50':>13} {'p99':>9} {'ratio':>6}   "
-          f"{'/healthz p50':>13} {'p99':>9} {'ratio':>6}   {'max fds':>9}")
+          f"{'/healthz p50':>13} {'p99':>9} {'ratio':>6}   {'max fds':>9} {'agent CPU':>9}")
     for kind, (allocs, probes) in results.items():
         a50, p50 = statistics.median(allocs), statistics.median(probes)
         print(
             f"{kind:<15} {a50 * 1e3:>10.2f} ms {pct(allocs, 0.99) * 1e3:>6.2f} ms "
             f"{a50 / statistics.median(idle_alloc):>5.2f}x   "
             f"{p50 * 1e3:>10.2f} ms {pct(probes, 0.99) * 1e3:>6.2f} ms "
-            f"{p50 / statistics.median(idle_probe):>5.2f}x   {fds.get(kind, 0):>9}"
+            f"{p50 / statistics.median(idle_probe):>5.2f}x   {fds.get(kind, 0):>9} "
+            f"{100 * cpu[kind][0] / cpu[kind][1]:>8.0f}%"
         )
 
 

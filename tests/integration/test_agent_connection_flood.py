@@ -69,6 +69,13 @@ class AgentProcess:
         assert self.proc is not None
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
+    def cpu_seconds(self) -> float:
+        """User and system CPU the agent has used so far."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     async def stop(self) -> int:
         assert self.proc is not None
         if self.proc.returncode is None:

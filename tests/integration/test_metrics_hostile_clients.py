@@ -130,6 +130,16 @@ async def test_malformed_requests_get_400_and_one_json_line(junk: bytes, caplog)
         assert status == 200
 
 
+async def test_a_first_head_beyond_16_kib_is_answered_431_without_reaching_aiohttp() -> None:
+    async with service() as svc:
+        answer = await asyncio.to_thread(
+            raw_exchange, svc.port, b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 20_000
+        )
+        assert answer.startswith(b"HTTP/1.1 431 ")
+        assert svc.connections.counts.oversized == 1
+        assert svc.bad_requests.count == 0  # refused before aiohttp parsed anything
+
+
 async def test_bad_requests_are_counted_and_logged_once_a_minute() -> None:
     async with service() as svc:
         with capture_logs() as logs:

@@ -11,8 +11,9 @@ connection is wrapped before aiohttp sees it:
 - a request head must be complete within `header_timeout_s` of its first byte (of the
   connection, for the first one), or the connection is closed.
 
-The wrapper only watches the bytes for the blank line that ends a head; parsing, size limits and
-the 400 answer to a malformed head are aiohttp's. Everything here runs on the event loop.
+The wrapper only watches the bytes for the blank line that ends a head (and holds a first head
+of at most 16 KiB); parsing, the other size limits and the 400 answer to a malformed head are
+aiohttp's. Everything here runs on the event loop.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ HEAD_END = b"\r\n\r\n"
 REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 )
+TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\n"
+    b"Content-Length: 0\r\n\r\n"
+)
+MAX_FIRST_HEAD = 16 * 1024  # bytes held for a connection's first request head
 REPORT_EVERY_S = 60.0
 
 
@@ -41,6 +47,7 @@ class ConnectionCounts:
     displaced: int = 0  # closed to make room for a new connection
     refused: int = 0  # answered 503: every open connection was busy
     head_timeouts: int = 0  # closed for a request head not complete in time
+    oversized: int = 0  # first request head larger than MAX_FIRST_HEAD: answered 431
 
 
 class ConnectionGuard:
@@ -121,17 +128,24 @@ class ConnectionGuard:
             displaced=self.counts.displaced,
             refused=self.counts.refused,
             head_timeouts=self.counts.head_timeouts,
+            oversized=self.counts.oversized,
             repeats=f"at most once per {REPORT_EVERY_S:.0f} s",
         )
 
 
 class _Guarded(asyncio.Protocol):
-    """One connection: aiohttp's protocol inside, the head timer and the accounting outside."""
+    """One connection: the head timer and the accounting, then aiohttp's protocol inside.
+
+    aiohttp's protocol (and the task it starts) is made only once the first request head is
+    complete: until then the connection costs a small buffer and a timer, so a flood of
+    connections that never finish a head never reaches aiohttp at all.
+    """
 
     def __init__(self, guard: ConnectionGuard, factory: Callable[[], asyncio.Protocol]):
         self._guard = guard
         self._factory = factory
         self._inner: asyncio.Protocol | None = None
+        self._first: bytearray | None = bytearray()  # the first head, until it is complete
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
@@ -141,14 +155,17 @@ class _Guarded(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         if not self._guard._admit(self):
+            self._first = None
             transport.write(REFUSAL)
             transport.close()
             return
-        self._inner = self._factory()
-        self._inner.connection_made(transport)
         self._head_started()
 
     def data_received(self, data: bytes) -> None:
+        first = self._first
+        if first is not None:
+            self._first_head(first, data)
+            return
         if self._inner is None:
             return
         if self.head_since is None and data:
@@ -162,6 +179,29 @@ class _Guarded(asyncio.Protocol):
         self._tail = seen[-(len(HEAD_END) - 1) :]
         self._inner.data_received(data)
 
+    def _first_head(self, first: bytearray, data: bytes) -> None:
+        searched_from = max(0, len(first) - len(HEAD_END) + 1)
+        first += data
+        end = first.find(HEAD_END, searched_from)
+        if end < 0:
+            if len(first) > MAX_FIRST_HEAD:
+                self._first = None
+                self._guard.counts.oversized += 1
+                self._head_done()
+                if self._transport is not None:
+                    self._transport.write(TOO_LARGE)
+                    self._transport.close()
+            return
+        self._first = None
+        self._head_done()
+        if end + len(HEAD_END) < len(first):  # pipelined: the next head has begun
+            self._head_started()
+        self._tail = bytes(first[-(len(HEAD_END) - 1) :])
+        assert self._transport is not None
+        self._inner = self._factory()
+        self._inner.connection_made(self._transport)
+        self._inner.data_received(bytes(first))
+
     def eof_received(self) -> bool | None:
         return self._inner.eof_received() if self._inner is not None else None
 
@@ -174,6 +214,7 @@ class _Guarded(asyncio.Protocol):
             self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._first = None
         self._head_done()
         self._guard._release(self)
         inner, self._inner = self._inner, None
