@@ -12,7 +12,9 @@ conditions, so all of them see the same machine noise:
   used to take every descriptor); the ones the agent closed are opened again once per head
   timeout, so the agent is at its connection cap throughout;
 - half-open-churn: the same, topped up every 100 ms: thousands of new connections a second;
-- junk: a client sends malformed requests back to back (TLS hellos, oversized headers).
+- junk: a client sends malformed requests back to back (TLS hellos, oversized headers);
+- cpu-only: the control: a process that keeps one core busy and never talks to the agent, as
+  the attackers (Python clients) do; what it costs is the machine's, not the agent's weakness.
 
 Every attacker runs in its own process on the same machine, so its CPU competes with the agent's
 as a pod's on the same node would.
@@ -97,6 +99,10 @@ def attack(kind: str, port: int) -> None:
             held = alive + open_half_requests("127.0.0.1", port, 1000 - len(alive))
         close_all(held)
         return
+    if kind == "cpu-only":
+        while not stop.is_set():  # one core busy, the agent untouched
+            sum(range(10_000))
+        return
     n = 0
     while not stop.is_set():
         try:
@@ -155,7 +161,8 @@ async def main(rounds: int, calls: int) -> None:
             ids = kubelet.free_devices(RESOURCE)
             await measure(kubelet, port, 5, ids, [], [])  # warm-up
             results: dict[str, tuple[list[float], list[float]]] = {
-                k: ([], []) for k in ("idle", "half-open", "half-open-churn", "junk")
+                k: ([], [])
+                for k in ("idle", "cpu-only", "half-open", "half-open-churn", "junk")
             }
             fds: dict[str, int] = {}
             cpu: dict[str, list[float]] = {k: [0.0, 0.0] for k in results}  # agent CPU s, wall s
