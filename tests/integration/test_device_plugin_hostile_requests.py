@@ -40,6 +40,7 @@ class Plugin:
     store: RegionStore
     stub: api_pb2_grpc.DevicePluginStub
     fail_on_grant: int | None = None  # the n-th hook call (1-based) fails
+    hang_on_grant: int | None = None  # the n-th hook call never returns
     grants: int = 0
 
     def region_dirs(self) -> list[str]:
@@ -60,6 +61,8 @@ async def plugin() -> AsyncIterator[Plugin]:
             p.grants += 1
             if p.grants == p.fail_on_grant:
                 raise RegionError(f"cannot create region: injected failure at {p.grants}")
+            if p.grants == p.hang_on_grant:
+                await asyncio.Event().wait()  # a region that takes for ever (a hung disk)
             return await store.on_grant(grant)
 
         plugin_dir = str(root / "dp")
@@ -115,6 +118,21 @@ async def test_an_allocate_failing_part_way_leaves_no_region_behind() -> None:
         response = await p.stub.Allocate(allocate_request([f"{U0}::0"], [f"{U0}::1"]))
         assert len(response.container_responses) == 2
         assert len(p.store.regions()) == 2 and len(p.region_dirs()) == 2
+
+
+async def test_an_allocate_the_kubelet_gives_up_on_leaves_no_region_behind() -> None:
+    async with plugin() as p:
+        p.hang_on_grant = 2
+        err = await refused(
+            p.stub.Allocate(allocate_request([f"{U0}::0"], [f"{U1}::0"]), timeout=0.5)
+        )
+        assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for _ in range(50):  # the server learns of the cancellation on its own schedule
+            if p.store.counters.rolled_back:
+                break
+            await asyncio.sleep(0.05)
+        assert p.store.counters.rolled_back == 1
+        assert p.store.regions() == [] and p.region_dirs() == []
 
 
 async def test_more_container_requests_than_the_node_has_slices_are_refused_at_once() -> None:
