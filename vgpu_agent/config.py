@@ -254,7 +254,7 @@ def _as_resource_name(key: str, raw: object, source: str) -> str:
         "must be an extended resource name '<domain>/<name>' such as nvidia.com/gpu "
         "(domain a DNS subdomain outside kubernetes.io, name of letters, digits, '-', '_', '.')"
     )
-    if not isinstance(raw, str) or raw.count("/") != 1:
+    if not isinstance(raw, str) or len(raw) > 253 + 1 + 63 or raw.count("/") != 1:
         raise ConfigError(key, raw, allowed, source)
     prefix, name = raw.split("/")
     if (

@@ -669,9 +669,13 @@ class RegionStore:
         else:
             region = self._build(seq, grant)
         self._add(region)
-        self.prepare_spares(len(grant.devices))
-        extras = self.extras_for(region)
+        try:
+            extras = self.extras_for(region)
+        except BaseException:
+            self.discard(region.alloc_id)  # nobody else knows of it yet
+            raise
         extras.rollback = lambda: self.discard(region.alloc_id)
+        self.prepare_spares(len(grant.devices))
         return extras
 
     def discard(self, alloc_id: str) -> None:
