@@ -17,7 +17,8 @@ conditions, so all of them see the same machine noise:
   the attackers (Python clients) do; what it costs is the machine's, not the agent's weakness.
 
 Every attacker runs in its own process on the same machine, so its CPU competes with the agent's
-as a pod's on the same node would.
+as a pod's on the same node would, and connects from 127.0.0.2 (another pod's address; the
+kubelet stand-in and the probes use 127.0.0.1).
 
 Each round makes `--calls` Allocate calls (gRPC, one slice, the full path with region creation)
 and `--calls` GETs of /healthz, and prints p50/p99 per condition and the ratio to idle.
@@ -56,6 +57,7 @@ from tests.integration.test_agent_connection_flood import AgentProcess  # noqa: 
 from vgpu_agent.kubelet.standin import KubeletStandIn  # noqa: E402
 from vgpu_agent.metrics.http import HEADER_TIMEOUT_S  # noqa: E402
 
+ATTACKER = "127.0.0.2"  # another address, as another pod is; the benchmark's own is 127.0.0.1
 JUNK = [
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 32 + b"\r\n\r\n",
     b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n",
@@ -92,11 +94,11 @@ def attack(kind: str, port: int) -> None:
     if kind.startswith("half-open"):
         # held: top up to 1,000 once per head timeout; churn: every 100 ms
         every_s = 0.1 if kind == "half-open-churn" else HEADER_TIMEOUT_S
-        held = open_half_requests("127.0.0.1", port, 1000)
+        held = open_half_requests("127.0.0.1", port, 1000, ATTACKER)
         while not stop.wait(every_s):
             alive = [s for s in held if _still_open(s)]
             close_all([s for s in held if s not in alive])
-            held = alive + open_half_requests("127.0.0.1", port, 1000 - len(alive))
+            held = alive + open_half_requests("127.0.0.1", port, 1000 - len(alive), ATTACKER)
         close_all(held)
         return
     if kind == "cpu-only":
@@ -106,7 +108,9 @@ def attack(kind: str, port: int) -> None:
     n = 0
     while not stop.is_set():
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            with socket.create_connection(
+                ("127.0.0.1", port), timeout=2, source_address=(ATTACKER, 0)
+            ) as sock:
                 sock.sendall(JUNK[n % len(JUNK)])
                 sock.recv(4096)
         except OSError:

@@ -15,13 +15,18 @@ import urllib.request
 HALF_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: vgpu-agent\r\nX-Slow: "
 
 
-def open_half_requests(host: str, port: int, count: int) -> list[socket.socket]:
-    """`count` connections that each send part of a request head and then nothing."""
+def open_half_requests(
+    host: str, port: int, count: int, source: str | None = None
+) -> list[socket.socket]:
+    """`count` connections that each send part of a request head and then nothing; from the
+    address `source` when given (any 127.x address on loopback: another peer)."""
     held = []
     for _ in range(count):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.settimeout(5)
         try:
+            if source is not None:
+                sock.bind((source, 0))
             sock.connect((host, port))
             sock.sendall(HALF_REQUEST)
         except OSError:

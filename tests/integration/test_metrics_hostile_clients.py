@@ -27,7 +27,8 @@ from vgpu_agent.metrics.sources import MetricsSources
 
 
 @contextlib.asynccontextmanager
-async def service(max_connections: int = 8, header_timeout_s: float = 5.0
+async def service(max_connections: int = 8, header_timeout_s: float = 5.0,
+                  max_per_peer: int | None = None, served_grace_s: float = 2.0,
                   ) -> AsyncIterator[MetricsService]:
     svc = MetricsService(
         MetricsSources(node="node-1", gpus=lambda: [], slices_per_gpu=4),
@@ -35,7 +36,10 @@ async def service(max_connections: int = 8, header_timeout_s: float = 5.0
         port=0,
     )
     svc.connections = ConnectionGuard(
-        max_connections=max_connections, header_timeout_s=header_timeout_s
+        max_connections=max_connections,
+        max_per_peer=max_per_peer or max_connections,
+        header_timeout_s=header_timeout_s,
+        served_grace_s=served_grace_s,
     )
     await svc.start()
     try:
@@ -69,6 +73,47 @@ async def test_a_flood_of_half_sent_requests_holds_at_most_the_cap_and_probes_an
             assert await asyncio.to_thread(closed_by_server, held) >= 50
         finally:
             close_all(held)
+
+
+async def test_one_peer_holds_at_most_its_share() -> None:
+    async with service(max_connections=40, max_per_peer=4) as svc:
+        held = await asyncio.to_thread(open_half_requests, "127.0.0.1", svc.port, 30)
+        try:
+            await asyncio.sleep(0.1)
+            assert svc.connections.open_connections == 4
+            # another address on this host is another peer, with its own share
+            other = await asyncio.to_thread(
+                open_half_requests, "127.0.0.1", svc.port, 3, "127.0.0.2"
+            )
+            await asyncio.sleep(0.1)
+            assert svc.connections.open_connections == 7
+            close_all(other)
+        finally:
+            close_all(held)
+
+
+def keep_alive(port: int) -> socket.socket:
+    """A connection that made one request, got its answer and stays open."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+async def test_idle_keep_alives_make_room_only_after_their_grace() -> None:
+    async with service(max_connections=2, served_grace_s=0.5) as svc:
+        idle = [await asyncio.to_thread(keep_alive, svc.port) for _ in range(2)]
+        try:
+            # both just served: nothing may be displaced yet, the newcomer is told to come back
+            answer = await asyncio.to_thread(raw_exchange, svc.port, b"")
+            assert answer.startswith(b"HTTP/1.1 503 ")
+            assert svc.connections.counts.refused == 1
+            await asyncio.sleep(0.6)
+            status, _ = await asyncio.to_thread(get, f"http://127.0.0.1:{svc.port}/healthz")
+            assert status == 200
+            assert svc.connections.counts.displaced == 1
+        finally:
+            close_all(idle)
 
 
 async def test_a_head_not_finished_in_time_is_closed() -> None:

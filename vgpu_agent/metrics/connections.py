@@ -5,9 +5,11 @@ a thousand connections that each send half a head would hold a thousand descript
 agent's other work (regions, gRPC, NVML) would fail with "Too many open files". So each
 connection is wrapped before aiohttp sees it:
 
-- at most `max_connections` are open; a new one beyond that displaces the connection that has
-  waited longest for its request head (a scraper or a probe sends its head at once, an attacker
-  never does), and is refused with 503 only when every open connection has a request in hand;
+- at most `max_connections` are open, at most `max_per_peer` from one address; a new one beyond
+  either displaces the connection (of that peer, when the peer is at its share) that has waited
+  longest for its request head (a scraper or a probe sends its head at once, an attacker never
+  does), or else one idle in keep-alive for more than `served_grace_s`, and is refused with 503
+  only when every such connection has a request in hand;
 - a request head must be complete within `header_timeout_s` of its first byte (of the
   connection, for the first one), or the connection is closed.
 
@@ -57,20 +59,30 @@ class ConnectionGuard:
         self,
         *,
         max_connections: int = 128,
+        max_per_peer: int = 32,
         header_timeout_s: float = 5.0,
+        served_grace_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ):
-        if max_connections < 1:
-            raise ValueError(f"max_connections={max_connections!r}: at least 1")
+        if max_connections < 1 or not 1 <= max_per_peer <= max_connections:
+            raise ValueError(
+                f"max_connections={max_connections!r}, max_per_peer={max_per_peer!r}: "
+                "at least 1, and per peer at most the total"
+            )
         if not 0 < header_timeout_s <= 300:
             raise ValueError(f"header_timeout_s={header_timeout_s!r}: more than 0, at most 300")
         self.max_connections = max_connections
+        self.max_per_peer = max_per_peer
         self.header_timeout_s = header_timeout_s
+        self.served_grace_s = served_grace_s
         self.clock = clock
         self.counts = ConnectionCounts()
         self._open: set[_Guarded] = set()
-        # the connections awaiting a request head, oldest first (a dict keeps insertion order)
+        self._peers: dict[str, set[_Guarded]] = {}
+        # Both oldest first (a dict keeps insertion order): connections awaiting a request head,
+        # and connections whose last head is complete, with when it completed.
         self._waiting: dict[_Guarded, None] = {}
+        self._served: dict[_Guarded, float] = {}
         self._reported_at: float | None = None
 
     @property
@@ -86,31 +98,70 @@ class ConnectionGuard:
     # --- called by the connections --------------------------------------------------------------
 
     def _admit(self, new: _Guarded) -> bool:
-        if len(self._open) >= self.max_connections:
-            if not self._waiting:
+        """Make room for `new` if it must be made, or refuse it.
+
+        Room is made by closing the connection that has waited longest for a request head, or
+        else one whose last request was served more than `served_grace_s` ago (an idle
+        keep-alive); first among the new connection's own peer's when that peer is at its
+        share, so one pod cannot fill the port.
+        """
+        mine = self._peers.setdefault(new.peer, set())
+        for pool, limit in ((mine, self.max_per_peer), (None, self.max_connections)):
+            if len(mine if pool is not None else self._open) < limit:
+                continue
+            victim = self._victim(pool)
+            if victim is None:
                 self.counts.refused += 1
                 self._report()
+                if not mine:
+                    del self._peers[new.peer]
                 return False
-            oldest = next(iter(self._waiting))
-            self._open.discard(oldest)
-            oldest.close()
+            self._forget(victim)
+            victim.close()
             self.counts.displaced += 1
             self._report()
         self._open.add(new)
+        mine.add(new)
         self.counts.accepted += 1
         return True
 
-    def _release(self, conn: _Guarded) -> None:
+    def _victim(self, pool: set[_Guarded] | None) -> _Guarded | None:
+        now = self.clock()
+        if pool is None:
+            if self._waiting:
+                return next(iter(self._waiting))
+            for conn, served_at in self._served.items():  # the oldest only
+                return conn if now - served_at >= self.served_grace_s else None
+            return None
+        waiting = [c for c in pool if c in self._waiting]
+        if waiting:
+            return min(waiting, key=lambda c: c.head_since or 0.0)
+        idle = [c for c in pool if now - self._served.get(c, now) >= self.served_grace_s]
+        return min(idle, key=lambda c: self._served[c]) if idle else None
+
+    def _forget(self, conn: _Guarded) -> None:
         self._open.discard(conn)
         self._waiting.pop(conn, None)
+        self._served.pop(conn, None)
+        mine = self._peers.get(conn.peer)
+        if mine is not None:
+            mine.discard(conn)
+            if not mine:
+                del self._peers[conn.peer]
 
     def _head_waited(self, conn: _Guarded, waiting: bool) -> None:
+        """`conn` now awaits a request head (`waiting`) or has one complete."""
+        if conn not in self._open:
+            return
         self._waiting.pop(conn, None)
+        self._served.pop(conn, None)
         if waiting:
             self._waiting[conn] = None  # now the newest
+        else:
+            self._served[conn] = self.clock()
 
     def _timed_out(self, conn: _Guarded) -> None:
-        self._open.discard(conn)
+        self._forget(conn)
         self.counts.head_timeouts += 1
         self._report()
 
@@ -124,6 +175,7 @@ class ConnectionGuard:
             "metrics_connections_limited",
             open=len(self._open),
             max_connections=self.max_connections,
+            max_per_peer=self.max_per_peer,
             header_timeout_s=self.header_timeout_s,
             displaced=self.counts.displaced,
             refused=self.counts.refused,
@@ -131,7 +183,6 @@ class ConnectionGuard:
             oversized=self.counts.oversized,
             repeats=f"at most once per {REPORT_EVERY_S:.0f} s",
         )
-
 
 class _Guarded(asyncio.Protocol):
     """One connection: the head timer and the accounting, then aiohttp's protocol inside.
@@ -150,10 +201,13 @@ class _Guarded(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._tail = b""
         self.head_since: float | None = None  # when the head now awaited began
+        self.peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
         if not self._guard._admit(self):
             self._first = None
             transport.write(REFUSAL)
@@ -216,7 +270,7 @@ class _Guarded(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._first = None
         self._head_done()
-        self._guard._release(self)
+        self._guard._forget(self)
         inner, self._inner = self._inner, None
         if inner is not None:
             inner.connection_lost(exc)

@@ -42,6 +42,7 @@ APPLICATION_JSON = "application/json"
 MAX_CONCURRENT_RENDERS = 2
 # What a client of the port may hold: see `connections.py` for why each is bounded.
 MAX_CONNECTIONS = 128
+MAX_CONNECTIONS_PER_PEER = 32  # the kubelet's probes and Prometheus each come from their own
 HEADER_TIMEOUT_S = 5.0
 KEEPALIVE_TIMEOUT_S = 5.0  # an idle connection after a response (aiohttp's default is an hour)
 MAX_REQUEST_LINE = 4096  # bytes in the request line and in each header
@@ -121,7 +122,9 @@ class MetricsService:
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self.connections = ConnectionGuard(
-            max_connections=MAX_CONNECTIONS, header_timeout_s=HEADER_TIMEOUT_S
+            max_connections=MAX_CONNECTIONS,
+            max_per_peer=MAX_CONNECTIONS_PER_PEER,
+            header_timeout_s=HEADER_TIMEOUT_S,
         )
         self.bad_requests = _BadRequestLog()
 
@@ -177,6 +180,7 @@ class MetricsService:
             url=self.url,
             hami_metrics=self.hami,
             max_connections=self.connections.max_connections,
+            max_per_peer=self.connections.max_per_peer,
             header_timeout_s=self.connections.header_timeout_s,
         )
 
