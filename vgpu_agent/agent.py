@@ -71,6 +71,7 @@ class Agent:
     ):
         self.config = config
         self.exit_process_after_s = exit_process_after_s
+        self._watchdog: threading.Timer | None = None
         self.backend = backend or make_backend(config)
         self.split = Split(config.split_count, config.memory_scaling, config.cores_scaling)
         self.inventory: Inventory | None = None
@@ -109,6 +110,8 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._watchdog is None:  # from the first stop request, wherever the agent is
+            self._watchdog = self._arm_watchdog()
 
     async def run(self) -> None:
         """Run until `stop()` or a signal; returns after an orderly shutdown.
@@ -117,7 +120,6 @@ class Agent:
         runs. With `exit_process_after_s` the process exits (status 0) that long after the stop
         was asked for even if some step hangs.
         """
-        watchdog: threading.Timer | None = None
         raise_open_files_limit()
         asyncio.get_running_loop().set_exception_handler(_log_loop_error)
         with _signals(self.stop):
@@ -130,7 +132,6 @@ class Agent:
                     group.create_task(self._main(group), name="main")
                     group.create_task(self._heartbeat(), name="loop-heartbeat")
                     await self._stop.wait()
-                    watchdog = self._arm_watchdog()
                     raise _Shutdown
             except* _Shutdown:
                 pass
@@ -149,8 +150,8 @@ class Agent:
                 await action()
             except Exception as err:
                 log.error("shutdown_step_failed", step=step, error=repr(err))
-        if watchdog is not None:
-            watchdog.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         log.info("agent_stopped")
 
     def _arm_watchdog(self) -> threading.Timer | None:
@@ -352,7 +353,8 @@ def raise_open_files_limit() -> None:
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         raised = soft
-        if hard == resource.RLIM_INFINITY or soft < hard:
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            # an unlimited hard limit still has the kernel's nr_open above it: a high number
             raised = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
             resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
     except (OSError, ValueError) as err:
