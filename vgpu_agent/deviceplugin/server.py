@@ -34,9 +34,9 @@ from vgpu_agent.gpu.model import GpuInfo
 log = structlog.get_logger(__name__)
 
 HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
 # GetPreferredAllocation requests with more IDs than this are worked out in a thread
 PREFERRED_INLINE_IDS = 1024
-UNHEALTHY = "Unhealthy"
 
 
 @dataclass
