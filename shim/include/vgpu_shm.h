@@ -21,7 +21,9 @@
  *
  * ABI 1.1 appends an extension to `state` (after slots[]): per-device words (struct
  * vgpu_state_ext_device: memory by kind, graph pricing, launch tickets) and per-slot memory by
- * kind (struct vgpu_proc_kinds). `control` keeps its size in 1.1. Readers of `state`:
+ * kind (struct vgpu_proc_kinds, whose spilled word counts what the process spilled). `control`
+ * keeps its size in 1.1 and gains one flag bit (VGPU_CONTROL_FLAG_SPILL, below); a shim that
+ * does not know it ignores it and does not spill. Readers of `state`:
  *   - a 1.1 reader (agent or shim) accepts abi_minor 0 with total_size == VGPU_STATE_SIZE_1_0
  *     (no extension: the features it carries are off and its fields read as zero), and
  *     abi_minor >= 1 with total_size >= sizeof(struct vgpu_state) (a later minor may append more;
