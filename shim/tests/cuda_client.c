@@ -55,6 +55,9 @@
  *                                            -2 not managed)
  *   ipc EXPECT                               cuIpcGetMemHandle of the newest allocation
  *   hostheld SIZE                            managed memory the fake driver holds is SIZE
+ *   spilled SIZE                             the region's state counts SIZE spilled on device 0
+ *   spillthreads T N SIZE                    T threads allocate up to 8 x SIZE and free them
+ *                                            (cuMemFree / cuMemFreeAsync alternately), N rounds
  *   allocloop N SIZE                         N pairs of cuMemAlloc SIZE + cuMemFree, each timed;
  *                                            prints "allocloop median_ns=X p99_ns=Y managed=M"
  *   timedalloc API N SIZE                    N allocations and frees of SIZE with API (as
@@ -75,6 +78,7 @@
 #include <unistd.h>
 
 #include "cuda_subset.h"
+#include "vgpu_shm.h"
 #include "nvml_subset.h"
 
 unsigned long long fakeCudaCounter(const char *name);
@@ -452,6 +456,54 @@ static void mtpace(CUcontext ctx, int threads, double seconds, unsigned grid, un
     printf("mtpace launches=%llu ns=%llu\n", total, (unsigned long long)(now_ns() - t0));
 }
 
+/* T threads each make N allocations of SIZE and free them, every other one with cuMemFreeAsync:
+ * with a small card some are device memory and some are spilled, all at once. */
+struct spill_worker {
+    CUcontext ctx;
+    int n;
+    unsigned long long size;
+};
+
+static void *spill_worker(void *arg)
+{
+    struct spill_worker *w = arg;
+    if (A.ctx_set(w->ctx) != CUDA_SUCCESS)
+        return (void *)1;
+    CUdeviceptr held[8];
+    for (int k = 0; k < w->n; k++) {
+        int m = 1 + k % 8;
+        for (int j = 0; j < m; j++)
+            if (A.alloc(&held[j], w->size) != CUDA_SUCCESS)
+                return (void *)2;
+        for (int j = 0; j < m; j++)
+            if ((j % 2 ? A.free_async(held[j], STREAM) : A.free_(held[j])) != CUDA_SUCCESS)
+                return (void *)3;
+    }
+    return NULL;
+}
+
+static void spillthreads(CUcontext ctx, int threads, int n, unsigned long long size)
+{
+    struct spill_worker w[32];
+    pthread_t t[32];
+    if (threads < 1 || threads > 32)
+        fail("spillthreads: 1..32 threads");
+    unsigned long long managed_before = fakeCudaCounter("managed");
+    for (int i = 0; i < threads; i++) {
+        w[i] = (struct spill_worker){ctx, n, size};
+        if (pthread_create(&t[i], NULL, spill_worker, &w[i]) != 0)
+            fail("pthread_create");
+    }
+    for (int i = 0; i < threads; i++) {
+        void *rc;
+        pthread_join(t[i], &rc);
+        if (rc != NULL)
+            fail("spillthreads: thread %d failed (%ld)", i, (long)(intptr_t)rc);
+    }
+    if (fakeCudaCounter("managed") == managed_before)
+        fail("spillthreads: nothing was spilled");
+}
+
 /* ------------------------------------------------------------------ memory the driver holds */
 
 CUresult fakeCudaGraphMemReserve(int dev, unsigned long long bytes);
@@ -605,6 +657,22 @@ static unsigned long long shim_count(void)
         fail("cannot read the shim's count from %s", path);
     fclose(f);
     return used;
+}
+
+/* ext[0].memory_spilled of the region's state (ABI 1.1) */
+static unsigned long long shim_spilled(void)
+{
+    const char *dir = getenv("VGPU_REGION_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/state", dir != NULL ? dir : "/run/vgpu");
+    FILE *f = fopen(path, "rb");
+    unsigned long long spilled = 0;
+    long at = (long)(offsetof(struct vgpu_state, ext) +
+                     offsetof(struct vgpu_state_ext_device, memory_spilled));
+    if (f == NULL || fseek(f, at, SEEK_SET) != 0 || fread(&spilled, sizeof spilled, 1, f) != 1)
+        fail("cannot read the spilled count from %s", path);
+    fclose(f);
+    return spilled;
 }
 
 /* A mixed workload: plain, async (default pool and a created one), VMM, contexts, modules,
@@ -858,6 +926,10 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
                (unsigned long long)ns[n / 2], (unsigned long long)ns[(size_t)n * 99 / 100],
                fakeCudaCounter("managed") - managed_before);
         free(ns);
+    } else if (strcmp(cmd, "spilled") == 0) {
+        unsigned long long want = parse_size(MARG()), got = shim_spilled();
+        if (got != want)
+            fail("the region counts %llu spilled bytes, expected %llu", got, want);
     } else if (strcmp(cmd, "hostheld") == 0) {
         unsigned long long want = parse_size(MARG()), got = fakeCudaManagedUsed();
         if (got != want)
@@ -941,6 +1013,9 @@ int main(int argc, char **argv)
             check(A.total_mem(&got, dev), 0, "cuDeviceTotalMem");
             if (got != want)
                 fail("cuDeviceTotalMem(%d) = %zu, expected %llu", dev, got, want);
+        } else if (strcmp(cmd, "spillthreads") == 0) {
+            int threads = atoi(ARG()), n = atoi(ARG());
+            spillthreads(ctx, threads, n, parse_size(ARG()));
         } else if (strcmp(cmd, "mtpace") == 0) {
             int threads = atoi(ARG());
             double seconds = atof(ARG());

@@ -1136,6 +1136,22 @@ static bool t_spill_counted_and_reclaimed(void)
     return ok;
 }
 
+static bool t_spill_threads_and_mixed(void)
+{
+    make_flagged_region("spillmt", &MEM1G, VGPU_CONTROL_FLAG_SPILL);
+    struct run r;
+    /* a 64 MiB card with a 16 MiB context: 4 threads holding up to 8 x 3 MiB each spill part of
+     * the time and free both ways; nothing is left counted after. Then a mixed workload of every
+     * kind with spilling on, within 1 % of the driver's count (device and managed memory) */
+    char *env[] = {SPILL_CARD, "FAKE_CUDA_CONTEXT_MEMORY=16777216", NULL};
+    run_client(&r, "spillmt", env,
+               ARGS("direct", "ctx", "0", "spilled", "0", "spillthreads", "4", "300", "3M",
+                    "spilled", "0", "hostheld", "0", "info", "1G", "1008M", "compare", "0", "0",
+                    "alloc", "plain", "48M", "ok", "alloc", "plain", "3M", "ok", "spilled", "3M",
+                    "free", "ok", "free", "ok", "mixed", "600", "5", "compare", "0", "10M"));
+    return client_ok(&r);
+}
+
 static bool t_spill_refuses_vmm_pools_ipc(const char *way)
 {
     make_flagged_region("spillno", &SPILL160, VGPU_CONTROL_FLAG_SPILL);
@@ -1306,6 +1322,8 @@ int main(int argc, char **argv)
            t_spill_refuses_vmm_pools_ipc("direct"));
     report("spill: VMM, pools, pitched memory do not spill; no IPC of spilled memory (procaddr)",
            t_spill_refuses_vmm_pools_ipc("procaddr"));
+    report("spill: threads spilling and freeing at once; mixed workload within 1%",
+           t_spill_threads_and_mixed());
     report("spill off (unknown flag bits only): unchanged", t_spill_off_is_unchanged());
     report("spill bit alongside unknown bits", t_spill_bit_with_unknown_bits());
     report("spill bit on a 1.0 state: no spilling", t_spill_needs_the_extension());
