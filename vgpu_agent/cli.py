@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from vgpu_agent import __version__
-from vgpu_agent.config import Config, ConfigError, ConfigSources, build_config
+from vgpu_agent.config import Config, ConfigError, ConfigSources, build_config, missing_for_mode
 
 EXIT_CONFIG = 2
 
@@ -36,6 +36,11 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--kubeconfig": ("kubeconfig", "kubeconfig file (default: in-cluster config when present)"),
     "--core-policy": ("core_policy", "default core policy: off, strict or work-conserving"),
     "--resource-name": ("resource_name", "extended resource name to advertise"),
+    "--mode": ("mode", "kubelet front door: device-plugin or dra"),
+    "--dra-driver-name": ("dra_driver_name", "DRA driver name (a DNS subdomain)"),
+    "--plugin-registry-dir": ("plugin_registry_dir", "kubelet plugin watcher directory"),
+    "--dra-plugin-dir": ("dra_plugin_dir", "kubelet plugins directory (socket <dir>/<driver>/)"),
+    "--cdi-dir": ("cdi_dir", "directory for CDI spec files"),
 }
 
 
@@ -132,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_reporting_os_errors(
             lambda: asyncio.run(simulate(config, duration=args.duration))
         )
+    missing = missing_for_mode(config, env)
+    if missing:
+        print(f"vgpu-agent: mode {config.mode} needs {'; and '.join(missing)}", file=sys.stderr)
+        return EXIT_CONFIG
     from vgpu_agent.agent import Agent
 
     return _run_reporting_os_errors(lambda: asyncio.run(Agent(config).run()))
