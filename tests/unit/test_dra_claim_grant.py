@@ -154,7 +154,7 @@ def test_no_parameters_leave_the_agent_defaults():
     ],
 )
 def test_malformed_parameters_are_rejected_naming_the_field(params, message):
-    with pytest.raises(ClaimError, match="config\\[0\\].opaque.parameters") as caught:
+    with pytest.raises(ClaimError, match=r"config\[0\]\.opaque\.parameters") as caught:
         grant_of(claim(result(), config=[opaque(params)]))
     assert message in str(caught.value)
     assert str(REF) in str(caught.value)
@@ -170,7 +170,7 @@ def test_conflicting_parameters_on_one_device_or_claim_are_refused():
     with pytest.raises(ClaimError, match="different corePolicy"):
         grant_of(claim(result(request="a", memory="1Gi"), result(request="b"), config=conflicting))
     priorities = [opaque({"priority": 1}, ["a"]), opaque({"priority": 2}, ["b"])]
-    with pytest.raises(ClaimError, match="different priority values \\[1, 2\\]"):
+    with pytest.raises(ClaimError, match=r"different priority values \[1, 2\]"):
         grant_of(claim(result("gpu-0", "a"), result("gpu-1", "b"), config=priorities))
 
 
