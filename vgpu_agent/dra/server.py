@@ -147,6 +147,25 @@ class DraPluginRunner:
         self._servers: list[grpc.aio.Server] = []
         self._inodes: dict[str, int] = {}
 
+    # --- the registration view the metrics read (same shape as the device plugin's) ------------
+
+    @property
+    def registered(self) -> bool:
+        return self.status.registered is True and self.serving.is_set()
+
+    @property
+    def registrations(self) -> int:
+        return self.status.registrations
+
+    @property
+    def kubelet_restarts(self) -> int:
+        """Times the sockets had to be served again (a kubelet restart wipes them)."""
+        return max(0, self.serves - 1)
+
+    @property
+    def last_error(self) -> str:
+        return self.status.error
+
     async def run(self) -> None:
         """Serve until cancelled; serve again when a socket disappears (a kubelet restart)."""
         backoff = Backoff(initial=0.2, cap=10.0, jitter=0)

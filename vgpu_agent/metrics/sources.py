@@ -96,3 +96,5 @@ class MetricsSources:
     pod_resources_failures: Callable[[], int] | None = None
     tasks: Callable[[], TaskView | None] | None = None
     backend_error: Callable[[], str] | None = None
+    # DRA: region alloc_id -> (claim namespace, claim name, claim uid) of its prepared claim
+    claims: Callable[[], Mapping[str, tuple[str, str, str]]] | None = None
