@@ -823,7 +823,7 @@ class ResourceStore:
         self._emit(plural, "DELETED", gone, current)
         return gone
 
-    def list(
+    def list_objects(
         self, plural: str, namespace: str | None, labels: Selector, fields: Selector
     ) -> dict[str, Any]:
         kind = KINDS[plural]
@@ -1013,7 +1013,7 @@ def add_routes(
         # the server parses booleans like Go's strconv.ParseBool; the client sends "True"
         if request.query.get("watch") in ("1", "t", "T", "true", "TRUE", "True"):
             return await _watch(request, store, plural, scope, labels, fields)
-        return answer(lambda: store.list(plural, scope, labels, fields))
+        return answer(lambda: store.list_objects(plural, scope, labels, fields))
 
     async def item(request: web.Request) -> web.StreamResponse:
         plural, namespace, name = where(request)
@@ -1070,12 +1070,14 @@ async def _watch(
             if left is not None and left <= 0:
                 break
             try:
-                line = await asyncio.wait_for(watcher.queue.get(), left)
+                next_line: dict[str, Any] | None = await asyncio.wait_for(
+                    watcher.queue.get(), left
+                )
             except TimeoutError:
                 break
-            if line is None:
+            if next_line is None:
                 break
-            await response.write(json.dumps(line).encode() + b"\n")
+            await response.write(json.dumps(next_line).encode() + b"\n")
     except (ConnectionResetError, asyncio.CancelledError):
         store.close_watch(watcher)
         raise
