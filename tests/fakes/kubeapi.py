@@ -1,4 +1,5 @@
-"""A fake Kubernetes API server on aiohttp: nodes and core/v1 events, with faults on demand.
+"""A fake Kubernetes API server on aiohttp: nodes, core/v1 events and the `resource.k8s.io/v1`
+kinds (ResourceSlice, ResourceClaim, DeviceClass: see `resourceapi.py`), with faults on demand.
 
 What it does like the real server:
 - keeps objects with a cluster-wide, increasing `metadata.resourceVersion` and a `uid`;
@@ -35,6 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.resourceapi import ResourceStore, add_routes
 from vgpu_agent.gpu.model import MIB, GpuInfo
 from vgpu_agent.kube.node import NodeIntegration
 
@@ -82,6 +84,10 @@ class FakeKubeAPI:
     _faults: list[_Fault] = field(default_factory=list)
     _runner: web.AppRunner | None = None
     _changed: asyncio.Condition | None = None
+    resources: ResourceStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.resources = ResourceStore(self._next_rv, lambda: self._rv)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -92,6 +98,7 @@ class FakeKubeAPI:
         app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
         app.router.add_get("/api/v1/namespaces/{ns}/events", self._list_events)
+        add_routes(app, self.resources, lambda request: request[_BODY])
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(
@@ -107,6 +114,7 @@ class FakeKubeAPI:
 
     async def stop(self) -> None:
         """Close the port: clients now get 'connection refused'."""
+        self.resources.close_watches()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
