@@ -162,6 +162,7 @@ class Agent:
         if self.config.mode == "dra":
             self.dra = DraFrontDoor(self.config, self.split, gpus, self.regions, self._on_prepared)
             self.dra.driver.restore()
+            self.regions.prepare_spares(1)
             self._supervise(group, "dra-plugin", self.dra.runner.run)
         else:
             self.regions.prepare_spares(1)  # most containers ask for slices of one GPU

@@ -61,7 +61,7 @@ def encode(claims: Mapping[str, PreparedClaim]) -> bytes:
     body = {uid: _claim_json(c) for uid, c in sorted(claims.items())}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     doc = {"version": VERSION, "checksum": _digest(text), "claims": body}
-    return json.dumps(doc, sort_keys=True, indent=1).encode()
+    return json.dumps(doc, sort_keys=True).encode()
 
 
 def decode(data: bytes, where: str) -> dict[str, PreparedClaim]:

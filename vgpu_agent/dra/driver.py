@@ -164,6 +164,7 @@ class DraDriver:
             region = None
             spec_file = None
             try:
+                spec = None
                 if granted.grant is not None:
                     region = self._regions.create(
                         granted.grant,
@@ -171,12 +172,12 @@ class DraDriver:
                         priority=granted.priority,
                         pinned=True,
                     )
+                    self._regions.prepare_spares(len(granted.grant.devices))
                     extras = self._regions.extras_for(region)
                     envs = container_envs(granted.grant, "cdi")
                     envs.update(extras.envs)
                     spec = cdi.claim_spec(self.driver, ref.uid, envs, extras.mounts)
                     spec_file = cdi.spec_name(self.driver, ref.uid)
-                    await asyncio.to_thread(cdi.write_spec, self._cdi_dir, spec_file, spec)
                 prepared = PreparedClaim(
                     ref,
                     region.alloc_id if region else None,
@@ -186,7 +187,9 @@ class DraDriver:
                 )
                 self._checkpoint.claims[ref.uid] = prepared
                 try:
-                    await asyncio.to_thread(self._checkpoint.save)
+                    # one hop to a thread for both files: the spec first, so the checkpoint
+                    # never names a spec that is not there
+                    await asyncio.to_thread(self._write_files, spec_file, spec)
                 except OSError:
                     del self._checkpoint.claims[ref.uid]
                     raise
@@ -220,6 +223,11 @@ class DraDriver:
         return ""
 
     # --- helpers ----------------------------------------------------------------------------------
+
+    def _write_files(self, spec_file: str | None, spec: Mapping[str, Any] | None) -> None:
+        if spec_file is not None and spec is not None:
+            cdi.write_spec(self._cdi_dir, spec_file, spec)
+        self._checkpoint.save()
 
     def _reported(self, granted: ClaimGrant, with_claim_device: bool) -> tuple[ReportedDevice, ...]:
         out = []
