@@ -19,7 +19,8 @@ What it does like the real server:
   unique DNS-label device names, one value per attribute, at most 32 attributes and capacities,
   quantities, request policies, taint effects; `spec.driver`, `spec.nodeName`, `spec.pool.name`
   of a slice and the whole `spec` of a claim are immutable;
-- stores quantities in canonical form (`1024Mi` is read back as `1Gi`);
+- stores quantities in canonical form (`1024Mi` is read back as `1Gi`) and stamps `timeAdded`
+  on device taints written without one (so a writer that leaves it out changes the slice);
 - watch streams `ADDED`/`MODIFIED`/`DELETED` lines from a resourceVersion (or the current objects
   first when none is given), sends `DELETED` when a change makes an object stop matching the
   selectors, answers a compacted resourceVersion with an `ERROR` event carrying a 410 Status, and
@@ -497,6 +498,15 @@ def _canonical_or_same(value: Any) -> Any:
         return value  # validation names it
 
 
+def _stamp_taints(obj: dict[str, Any]) -> None:
+    """Device taints get `timeAdded` on create or update where the writer left it out."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for device in (obj.get("spec") or {}).get("devices") or []:
+        for taint in (device.get("taints") if isinstance(device, dict) else None) or []:
+            if isinstance(taint, dict) and not taint.get("timeAdded"):
+                taint["timeAdded"] = now
+
+
 def _dig(obj: Any, path: Iterable[str]) -> Any:
     for key in path:
         obj = obj.get(key) if isinstance(obj, dict) else None
@@ -685,6 +695,7 @@ class ResourceStore:
             creationTimestamp=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
         obj = _canonical_quantities(obj)
+        _stamp_taints(obj)
         self.objects[plural][key] = obj
         self._emit(plural, "ADDED", obj, None)
         return copy.deepcopy(obj)
@@ -731,6 +742,7 @@ class ResourceStore:
                 for key in set(body) - {"apiVersion", "kind", "metadata", "spec"}:
                     updated[key] = copy.deepcopy(body[key])
         updated = _canonical_quantities(updated)
+        _stamp_taints(updated)
         for path in _IMMUTABLE[plural]:
             if _dig(updated, path) != _dig(current, path):
                 raise ApiError(
