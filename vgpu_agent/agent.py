@@ -37,6 +37,7 @@ from vgpu_agent.dra.server import DraPluginRunner
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
 from vgpu_agent.kube.node import NodeIntegration
+from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
 from vgpu_agent.kubelet.podresources import PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources, RegistrationView
@@ -190,6 +191,11 @@ class Agent:
         if self.runner is not None:
             self._supervise(group, "device-plugin", self.runner.run)
         self._supervise(group, "health", self.health.run)
+        if self.dra is not None:
+            # the ResourceSlice the scheduler allocates from, GPU health as device taints
+            publisher = ResourceSlicePublisher.from_config(self.config, gpus, health=self.health)
+            self.dra.publisher = publisher
+            self._supervise(group, "dra-slices", publisher.run)
         if self.runner is not None:
             self._supervise(group, "health-to-plugin", self._apply_health)
         self._supervise(
@@ -335,6 +341,7 @@ class DraFrontDoor:
         on_prepared: Callable[[], None],
     ):
         self.reader = ClaimReader(config.kubeconfig)
+        self.publisher: ResourceSlicePublisher | None = None  # set once the health monitor exists
         devices = device_table(gpus, split)
         plugin_dir = f"{config.dra_plugin_dir.rstrip('/')}/{config.dra_driver_name}"
         self.driver = DraDriver(

@@ -24,6 +24,7 @@ from typing import Any
 
 from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice, Split
 from vgpu_agent.dra.quantity import QuantityError, parse
+from vgpu_agent.dra.slices import device_name, memory_capacity
 from vgpu_agent.gpu.model import GpuInfo
 
 MEMORY = "memory"
@@ -91,16 +92,11 @@ class ClaimGrant:
     consumed: Mapping[str, tuple[int, int]]  # GPU uuid -> (memory bytes, core percent)
 
 
-def device_name(gpu: GpuInfo) -> str:
-    """The ResourceSlice device name of a GPU (a DNS label, stable while its index is)."""
-    return f"gpu-{gpu.index}"
-
-
 def device_table(gpus: Iterable[GpuInfo], split: Split) -> dict[str, DeviceCapacity]:
-    """Published device name -> capacity: memory scaled like the device plugin's slices."""
+    """Published device name -> capacity, exactly as the ResourceSlice declares them."""
     table = {}
     for gpu in gpus:
-        memory = math.floor(split.memory_scaling * gpu.memory_total)
+        memory, _ = memory_capacity(gpu, split)
         table[device_name(gpu)] = DeviceCapacity(device_name(gpu), gpu, memory, FULL_CORES)
     return table
 
