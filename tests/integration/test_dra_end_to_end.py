@@ -26,6 +26,7 @@ from vgpu_agent.agent import Agent
 from vgpu_agent.dra import cdi
 from vgpu_agent.kubelet.drastandin import DraKubeletStandIn
 from vgpu_agent.kubelet.standin import KubeletStandIn
+from vgpu_agent.simulate import simulate_defaults
 from vgpu_agent.simulation.demo import run_demo_workloads
 
 DRIVER = "gpu.vgpu.io"
@@ -198,3 +199,24 @@ async def test_two_claims_overfilling_a_gpu_are_refused_at_prepare():
         assert "already hold" in (await c.dra.prepare(DRIVER, [loser]))[loser[2]].error
         assert (await c.dra.unprepare(DRIVER, [winner])) == {winner[2]: ""}
         assert (await c.dra.prepare(DRIVER, [loser]))[loser[2]].error == ""
+
+
+async def test_simulate_dra_mode_prepares_both_demo_claims_and_cleans_up():
+    from structlog.testing import capture_logs
+
+    from vgpu_agent.config import ConfigSources, build_config
+    from vgpu_agent.simulate import simulate
+
+    defaults = simulate_defaults()
+    config = build_config(
+        ConfigSources(flags={**defaults, "mode": "dra", "metrics_address": "127.0.0.1:0"})
+    )
+    with capture_logs() as logs:
+        assert await simulate(config, duration=3.0) == 0
+    prepared = [e for e in logs if e["event"] == "sample_claim_prepared"]
+    assert [e["claim"] for e in prepared] == ["demo/sized", "demo/default-share"]
+    assert prepared[0]["consumed"] == {"memory": "10Gi", "cores": "30"}
+    assert all(len(e["cdi_devices"][0]) == 2 for e in prepared)
+    registered = [e for e in logs if e["event"] == "kubelet_saw_dra_driver"]
+    assert registered and registered[0]["version"] == "v1.DRAPlugin"
+    assert not Path(config.state_dir).parent.exists()  # its temporary root is gone
