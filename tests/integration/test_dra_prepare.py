@@ -406,3 +406,19 @@ def _opaque(params):
 
 def test_region_layout_holds_the_claim_device_ids():
     assert len(f"{uid(1)}-gpu-15".encode()) < layout.DEVICE_ID_LEN
+
+
+async def test_a_container_holding_two_claims_labels_both_regions(node):
+    from vgpu_agent.kubelet.podresources import ContainerRef
+
+    refs = [node.api.add(claim_obj(n, memory="1Gi", cores="5", share=f"s{n}")) for n in (1, 2)]
+    await node.kubelet.prepare(DRIVER, refs)
+    ctr = ContainerRef("ns", "pod", "main")
+    other = ContainerRef("ns", "other", "main")
+    held = {f"{uid(1)}-gpu-0": ctr, f"{uid(2)}-gpu-0": ctr, "GPU-x::0": other}
+    assert await node.store.reconcile(held) == {}
+    for n in (1, 2):
+        assert node.store.identity(node.driver.prepared[uid(n)].alloc_id) == tuple(ctr)
+    # the container is gone: the regions stay (pinned) and keep their last labels
+    assert await node.store.reconcile({}) == {}
+    assert node.store.identity(node.driver.prepared[uid(1)].alloc_id) == tuple(ctr)

@@ -956,15 +956,27 @@ class RegionStore:
             for alloc_id, key in plan.bound.items()
             if self._binding.bound.get(alloc_id) != key
         }
-        for alloc_id, key in newly.items():
-            log.info(
-                "region_bound", alloc_id=alloc_id, namespace=key[0], pod=key[1], container=key[2]
-            )
         last_known = dict(self._binding.bound)
         bound = dict(plan.bound)
         for alloc_id in plan.remove:
             if alloc_id in self._pinned and alloc_id in last_known:
                 bound[alloc_id] = last_known[alloc_id]  # kept, so it keeps its labels
+        for alloc_id in self._pinned:
+            # a claim's region belongs to the container holding all its IDs, also when that
+            # container holds other claims too (the plan's rule wants the exact set)
+            pinned = self._regions.get(alloc_id)
+            if pinned is None or not pinned.device_ids:
+                continue
+            refs = {tuple(assignments[i]) for i in pinned.device_ids if i in assignments}
+            if len(refs) == 1 and all(i in assignments for i in pinned.device_ids):
+                key = refs.pop()
+                if bound.get(alloc_id) != key and last_known.get(alloc_id) != key:
+                    newly[alloc_id] = (key[0], key[1], key[2])
+                bound[alloc_id] = (key[0], key[1], key[2])
+        for alloc_id, key in newly.items():
+            log.info(
+                "region_bound", alloc_id=alloc_id, namespace=key[0], pod=key[1], container=key[2]
+            )
         self._binding = _Binding(bound, plan.unheld_since)
         removed: dict[str, str] = {}
         for alloc_id, reason in plan.remove.items():
