@@ -157,7 +157,7 @@ class ResourceSlicePublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api_client: client.ApiClient | None = None
         self._api: client.ResourceV1Api | None = None
-        self._core: client.CoreV1Api | None = None
+        self._core_api: client.CoreV1Api | None = None
         self._node_uid: str | None = None
         self._generation = 0  # the highest pool generation seen or written
         self._written: set[str] = set()  # resourceVersions of our own writes
@@ -199,7 +199,7 @@ class ResourceSlicePublisher:
         )
         self._api_client = client.ApiClient(configuration=configuration)
         self._api = client.ResourceV1Api(self._api_client)
-        self._core = client.CoreV1Api(self._api_client)
+        self._core_api = client.CoreV1Api(self._api_client)
         log.info(
             "resourceslice_publisher_started",
             node=self.node_name,
@@ -233,7 +233,7 @@ class ResourceSlicePublisher:
             await self._api_client.close()
             self._api_client = None
             self._api = None
-            self._core = None
+            self._core_api = None
 
     async def withdraw(self) -> int:
         """Delete this agent's slices of this node (any driver); returns how many."""
@@ -400,10 +400,10 @@ class ResourceSlicePublisher:
             )
 
     async def _learn_node_uid(self) -> None:
-        assert self._core is not None
+        assert self._core_api is not None
         try:
             node = await call_json(
-                self._core.read_node, self.node_name, request_timeout=self._timeout
+                self._core_api.read_node, self.node_name, request_timeout=self._timeout
             )
         except ApiException as exc:
             if exc.status != 404:
