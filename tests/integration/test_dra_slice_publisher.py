@@ -283,11 +283,20 @@ async def test_a_conflicting_write_is_retried_at_once(running: Running) -> None:
 
 
 async def test_api_errors_and_timeouts_are_retried(running: Running) -> None:
-    running.api.fail(500, times=3, path="/resourceslices")
+    running.api.fail(500, times=3, method="PUT", path="/resourceslices/")
     running.api.stall(2.0, times=1, method="PUT", path="/resourceslices/")
     running.feed.report(HealthChange(GPUS[0].uuid, False, "critical XID 48", 48))
-    await running.settled(lambda: taints_of(running.mine())["gpu-0"] != [])
-    assert running.publisher.last_error is None
+    await running.publisher.wait_for(
+        lambda p: p.last_error is not None and "500" in p.last_error
+    )
+    await running.publisher.wait_for(
+        lambda p: p.last_error is None and p.published is not None
+        and bool(p.published.spec["devices"][0].get("taints")),
+        within=10,
+    )
+    assert taints_of(running.mine())["gpu-0"] == [f"{DRIVER}/xid=48:NoSchedule"]
+    failed = [r.status for r in running.api.requests if "resourceslices" in r.path]
+    assert failed.count(500) == 3
 
 
 async def test_an_api_server_down_at_start_and_restarted(tmp_path: Path) -> None:
@@ -298,8 +307,8 @@ async def test_an_api_server_down_at_start_and_restarted(tmp_path: Path) -> None
     await api.stop()
     publisher = publisher_for(kubeconfig, None)
     async with started(publisher):
-        await asyncio.sleep(0.3)
-        assert publisher.last_error and publisher.published is None
+        await publisher.wait_for(lambda p: p.last_error is not None)
+        assert publisher.published is None
         await api.start()
         await publisher.wait_for(lambda p: p.published is not None)
         # the server restarts (watches dropped); a later deletion is still noticed

@@ -161,6 +161,8 @@ class ResourceSlicePublisher:
         self._node_uid: str | None = None
         self._generation = 0  # the highest pool generation seen or written
         self._written: set[str] = set()  # resourceVersions of our own writes
+        # what the write in flight stores: its watch event may come before its answer
+        self._expected: dict[str, Any] | None = None
         self._deleted: set[str] = set()  # uids of slices we deleted
         self.published: Published | None = None
         self.reconciles = 0
@@ -263,7 +265,8 @@ class ResourceSlicePublisher:
             self._set_health(change.uuid, health)
 
     async def wait_for(self, predicate: Any, within: float = 5.0) -> None:
-        """Wait until predicate(publisher) holds after a reconcile (tests, benchmarks)."""
+        """Wait until predicate(publisher) holds after a reconcile, successful or not (tests,
+        benchmarks)."""
         async with asyncio.timeout(within), self._changed:
             await self._changed.wait_for(lambda: predicate(self))
 
@@ -311,6 +314,8 @@ class ResourceSlicePublisher:
                     attempt=backoff.failures,
                     retry_in_s=round(delay, 3),
                 )
+                async with self._changed:
+                    self._changed.notify_all()
                 await asyncio.sleep(delay)
                 self._wake.set()
                 continue
@@ -347,6 +352,7 @@ class ResourceSlicePublisher:
         wanted = slice_object(self.node_name, self.driver, spec, self._node_uid)
         if keeper is None:
             spec["pool"]["generation"] = self._generation + 1
+            self._expected = wanted
             stored = await call_json(self._api.create_resource_slice, wanted,
                                      request_timeout=self._timeout)
             self._remember(stored, "created")
@@ -369,6 +375,7 @@ class ResourceSlicePublisher:
             meta["annotations"] = keeper["metadata"]["annotations"]
         if "ownerReferences" not in meta and keeper["metadata"].get("ownerReferences"):
             meta["ownerReferences"] = keeper["metadata"]["ownerReferences"]
+        self._expected = wanted
         stored = await call_json(
             self._api.replace_resource_slice, name, wanted, request_timeout=self._timeout
         )
@@ -540,7 +547,16 @@ class ResourceSlicePublisher:
         meta = obj["metadata"]
         if kind == "DELETED":
             return meta.get("uid") not in self._deleted
-        return meta.get("resourceVersion") not in self._written
+        if meta.get("resourceVersion") in self._written:
+            return False
+        expected = self._expected
+        return not (
+            expected is not None
+            and meta.get("name") == expected["metadata"]["name"]
+            and _generation_of(obj) == _generation_of(expected)
+            and same_devices(obj["spec"], expected["spec"])
+            and metadata_current(obj, expected)
+        )
 
 
 def _generation_of(item: Mapping[str, Any]) -> int:
