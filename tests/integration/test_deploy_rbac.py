@@ -104,7 +104,7 @@ def allowed(call: Access, grants: set[Access]) -> bool:
 
 
 def methods_called_in_code() -> set[str]:
-    """Names of the API client methods vgpu_agent uses (the client lives in vgpu_agent/kube)."""
+    """Names of the API client methods vgpu_agent uses (the client lives in the API adapters)."""
     package = REPO / "vgpu_agent"
     users = []
     called = set()
@@ -127,7 +127,10 @@ def methods_called_in_code() -> set[str]:
                 and node.value.attr in ("_api", "_core_api")
             ):
                 called.add(node.attr)
-    assert users and all(u.startswith("vgpu_agent/kube/") for u in users), users
+    # the API adapters: kube/ (node, ResourceSlices) and dra/ (claim reads)
+    assert users and all(u.startswith(("vgpu_agent/kube/", "vgpu_agent/dra/")) for u in users), (
+        users
+    )
     return called
 
 

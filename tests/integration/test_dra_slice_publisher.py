@@ -40,6 +40,9 @@ class Feed:
         self.queues.append(queue)
         return queue
 
+    def unsubscribe(self, queue: asyncio.Queue[Any]) -> None:
+        self.queues.remove(queue)
+
     def healthy(self) -> dict[str, bool]:
         return dict(self.state)
 
@@ -392,3 +395,18 @@ async def test_the_health_monitor_feeds_it(tmp_path: Path) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await api.stop()
+
+
+async def test_run_again_after_it_ended_works_with_one_subscription(running: Running) -> None:
+    """As the agent's supervisor does after a failure: the same publisher runs again."""
+    assert len(running.feed.queues) == 1
+    running.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running.task
+    assert running.feed.queues == []
+    async with started(running.publisher):
+        await running.publisher.wait_for(lambda p: len(running.feed.queues) == 1)
+        running.feed.report(HealthChange(GPUS[1].uuid, False, "critical XID 48", 48))
+        await running.settled(lambda: taints_of(running.mine())["gpu-1"] != [])
+        assert len(running.feed.queues) == 1
+    assert len(running.slices()) == 1

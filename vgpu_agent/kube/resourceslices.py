@@ -214,8 +214,8 @@ class ResourceSlicePublisher:
         """Publish and keep the slice until cancelled."""
         if self._api is None:
             await self.start()
+        queue = self._feed.subscribe() if self._feed is not None else None
         try:
-            queue = self._feed.subscribe() if self._feed is not None else None
             if self._feed is not None:
                 for uuid, ok in self._feed.healthy().items():
                     if not ok:
@@ -228,6 +228,9 @@ class ResourceSlicePublisher:
                 if queue is not None:
                     group.create_task(self._health_loop(queue), name="dra-slices-health")
         finally:
+            unsubscribe = getattr(self._feed, "unsubscribe", None)
+            if queue is not None and unsubscribe is not None:
+                unsubscribe(queue)  # a supervisor may run() again: one queue per run
             await self.close()
 
     async def close(self) -> None:
