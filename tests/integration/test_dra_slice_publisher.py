@@ -341,6 +341,8 @@ def test_bad_arguments_are_refused() -> None:
         ResourceSlicePublisher("", DRIVER, GPUS, Split(2))
     with pytest.raises(ValueError, match="resync_seconds"):
         ResourceSlicePublisher(NODE, DRIVER, GPUS, Split(2), resync_seconds=0)
+    with pytest.raises(ValueError, match="driver name 'GPU_io'"):
+        ResourceSlicePublisher(NODE, "GPU_io", GPUS, Split(2))
 
 
 async def test_withdraw_deletes_only_this_agents_slices(running: Running) -> None:
