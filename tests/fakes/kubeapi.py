@@ -59,6 +59,7 @@ class Recorded:
     status: int = 0
     body: Any = None
     at: float = field(default_factory=time.monotonic)
+    query: str = ""
 
 
 @dataclass
@@ -233,7 +234,10 @@ class FakeKubeAPI:
                 body = json.loads(raw)
             except ValueError:
                 body = raw
-        record = Recorded(request.method, request.path, request.content_type, body=body)
+        record = Recorded(
+            request.method, request.path, request.content_type, body=body,
+            query=request.query_string,
+        )
         self.requests.append(record)
         request[_BODY] = body
         try:

@@ -34,6 +34,7 @@ managedFields, no finalizers, no admission; bookmarks are not sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import datetime as dt
 import json
@@ -1095,5 +1096,6 @@ async def _watch(
         raise
     finally:
         store.close_watch(watcher)
-    await response.write_eof()
+    with contextlib.suppress(ConnectionError):  # the client went away first
+        await response.write_eof()
     return response

@@ -40,6 +40,9 @@ class Feed:
         self.queues.append(queue)
         return queue
 
+    def unsubscribe(self, queue: asyncio.Queue[Any]) -> None:
+        self.queues.remove(queue)
+
     def healthy(self) -> dict[str, bool]:
         return dict(self.state)
 
@@ -283,11 +286,20 @@ async def test_a_conflicting_write_is_retried_at_once(running: Running) -> None:
 
 
 async def test_api_errors_and_timeouts_are_retried(running: Running) -> None:
-    running.api.fail(500, times=3, path="/resourceslices")
+    running.api.fail(500, times=3, method="PUT", path="/resourceslices/")
     running.api.stall(2.0, times=1, method="PUT", path="/resourceslices/")
     running.feed.report(HealthChange(GPUS[0].uuid, False, "critical XID 48", 48))
-    await running.settled(lambda: taints_of(running.mine())["gpu-0"] != [])
-    assert running.publisher.last_error is None
+    await running.publisher.wait_for(
+        lambda p: p.last_error is not None and "500" in p.last_error
+    )
+    await running.publisher.wait_for(
+        lambda p: p.last_error is None and p.published is not None
+        and bool(p.published.spec["devices"][0].get("taints")),
+        within=10,
+    )
+    assert taints_of(running.mine())["gpu-0"] == [f"{DRIVER}/xid=48:NoSchedule"]
+    failed = [r.status for r in running.api.requests if "resourceslices" in r.path]
+    assert failed.count(500) == 3
 
 
 async def test_an_api_server_down_at_start_and_restarted(tmp_path: Path) -> None:
@@ -298,8 +310,8 @@ async def test_an_api_server_down_at_start_and_restarted(tmp_path: Path) -> None
     await api.stop()
     publisher = publisher_for(kubeconfig, None)
     async with started(publisher):
-        await asyncio.sleep(0.3)
-        assert publisher.last_error and publisher.published is None
+        await publisher.wait_for(lambda p: p.last_error is not None)
+        assert publisher.published is None
         await api.start()
         await publisher.wait_for(lambda p: p.published is not None)
         # the server restarts (watches dropped); a later deletion is still noticed
@@ -329,6 +341,8 @@ def test_bad_arguments_are_refused() -> None:
         ResourceSlicePublisher("", DRIVER, GPUS, Split(2))
     with pytest.raises(ValueError, match="resync_seconds"):
         ResourceSlicePublisher(NODE, DRIVER, GPUS, Split(2), resync_seconds=0)
+    with pytest.raises(ValueError, match="driver name 'GPU_io'"):
+        ResourceSlicePublisher(NODE, "GPU_io", GPUS, Split(2))
 
 
 async def test_withdraw_deletes_only_this_agents_slices(running: Running) -> None:
@@ -383,3 +397,18 @@ async def test_the_health_monitor_feeds_it(tmp_path: Path) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await api.stop()
+
+
+async def test_run_again_after_it_ended_works_with_one_subscription(running: Running) -> None:
+    """As the agent's supervisor does after a failure: the same publisher runs again."""
+    assert len(running.feed.queues) == 1
+    running.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running.task
+    assert running.feed.queues == []
+    async with started(running.publisher):
+        await running.publisher.wait_for(lambda p: len(running.feed.queues) == 1)
+        running.feed.report(HealthChange(GPUS[1].uuid, False, "critical XID 48", 48))
+        await running.settled(lambda: taints_of(running.mine())["gpu-1"] != [])
+        assert len(running.feed.queues) == 1
+    assert len(running.slices()) == 1

@@ -273,6 +273,7 @@ async def test_json_patch_and_merge_patch_content_types(api: Api) -> None:
     )
     assert api.fake.requests[-1].content_type == "application/json-patch+json"
     assert patched["spec"]["devices"][0]["taints"][0]["effect"] == "NoExecute"
+    assert patched["spec"]["devices"][0]["taints"][0]["timeAdded"]  # stamped by the server
     assert patched["metadata"]["generation"] == 2
     merged = await api.raw(
         api.v1.patch_resource_slice,
@@ -470,3 +471,30 @@ def test_label_selector_parsing_rejects_garbage() -> None:
     assert not selector.matches({**labels, "c": "d"}.get)
     with pytest.raises(ApiError):
         parse_label_selector("a=(b")
+
+
+async def test_a_slice_leaving_a_watched_selector_is_deleted_for_the_watcher(api: Api) -> None:
+    await api.raw(api.v1.create_resource_slice, slice_body("s1"))
+    response = await api.v1.list_resource_slice(
+        watch=True, label_selector="app=vgpu", _preload_content=False
+    )
+    try:
+        first = await read_watch(response, 1)
+        api.fake.resources.edit(
+            "resourceslices", "s1", lambda s: s["metadata"]["labels"].update(app="other")
+        )
+        gone = await read_watch(response, 1)
+    finally:
+        response.release()
+    assert [e["type"] for e in first + gone] == ["ADDED", "DELETED"]
+
+
+async def test_kinds_are_served_only_at_their_scope(api: Api) -> None:
+    for path in (
+        "/apis/resource.k8s.io/v1/namespaces/team/resourceslices",
+        "/apis/resource.k8s.io/v1/resourceclaims/c1",
+        "/apis/resource.k8s.io/v1/widgets",
+    ):
+        with pytest.raises(ApiException) as caught:
+            await api.raw(api.client.call_api, path, "GET", auth_settings=["BearerToken"])
+        assert caught.value.status == 404, path

@@ -226,3 +226,14 @@ def test_a_default_request_gets_one_device_plugin_slice_worth() -> None:
 
 def test_healthy_default() -> None:
     assert DeviceHealth() == HEALTHY and taints(HEALTHY, DRIVER) == []
+
+
+@pytest.mark.parametrize("driver", ["GPU.vgpu.io", "gpu_vgpu", "", "a" * 64, "-gpu.io"])
+def test_bad_driver_names_are_named(driver: str) -> None:
+    with pytest.raises(SliceError, match="driver name"):
+        build_spec(NODE, driver, [gpu(0)], Split(2), {}, 1)
+
+
+def test_bad_node_names_are_named() -> None:
+    with pytest.raises(SliceError, match="node name 'Node_A'"):
+        build_spec("Node_A", DRIVER, [gpu(0)], Split(2), {}, 1)

@@ -216,6 +216,13 @@ def build_spec(
 ) -> dict[str, Any]:
     """The slice's `spec` for these GPUs (MIG-enabled GPUs are not offered, as in the device
     plugin), at pool generation `generation`."""
+    if len(driver) > 63 or not _DNS_SUBDOMAIN.match(driver):
+        raise SliceError(
+            f"driver name {driver!r} is not a DNS subdomain of at most 63 characters "
+            "(lower-case letters, digits, '-' and '.'), e.g. gpu.vgpu.io"
+        )
+    if not _DNS_SUBDOMAIN.match(node):
+        raise SliceError(f"node name {node!r} is not a DNS subdomain")
     offered = sorted((g for g in gpus if not g.mig_enabled), key=lambda g: g.index)
     if len(offered) > MAX_DEVICES_WITH_TAINTS:
         raise SliceError(

@@ -157,10 +157,12 @@ class ResourceSlicePublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api_client: client.ApiClient | None = None
         self._api: client.ResourceV1Api | None = None
-        self._core: client.CoreV1Api | None = None
+        self._core_api: client.CoreV1Api | None = None
         self._node_uid: str | None = None
         self._generation = 0  # the highest pool generation seen or written
         self._written: set[str] = set()  # resourceVersions of our own writes
+        # what the write in flight stores: its watch event may come before its answer
+        self._expected: dict[str, Any] | None = None
         self._deleted: set[str] = set()  # uids of slices we deleted
         self.published: Published | None = None
         self.reconciles = 0
@@ -199,7 +201,7 @@ class ResourceSlicePublisher:
         )
         self._api_client = client.ApiClient(configuration=configuration)
         self._api = client.ResourceV1Api(self._api_client)
-        self._core = client.CoreV1Api(self._api_client)
+        self._core_api = client.CoreV1Api(self._api_client)
         log.info(
             "resourceslice_publisher_started",
             node=self.node_name,
@@ -212,8 +214,8 @@ class ResourceSlicePublisher:
         """Publish and keep the slice until cancelled."""
         if self._api is None:
             await self.start()
+        queue = self._feed.subscribe() if self._feed is not None else None
         try:
-            queue = self._feed.subscribe() if self._feed is not None else None
             if self._feed is not None:
                 for uuid, ok in self._feed.healthy().items():
                     if not ok:
@@ -226,6 +228,9 @@ class ResourceSlicePublisher:
                 if queue is not None:
                     group.create_task(self._health_loop(queue), name="dra-slices-health")
         finally:
+            unsubscribe = getattr(self._feed, "unsubscribe", None)
+            if queue is not None and unsubscribe is not None:
+                unsubscribe(queue)  # a supervisor may run() again: one queue per run
             await self.close()
 
     async def close(self) -> None:
@@ -233,7 +238,7 @@ class ResourceSlicePublisher:
             await self._api_client.close()
             self._api_client = None
             self._api = None
-            self._core = None
+            self._core_api = None
 
     async def withdraw(self) -> int:
         """Delete this agent's slices of this node (any driver); returns how many."""
@@ -263,7 +268,8 @@ class ResourceSlicePublisher:
             self._set_health(change.uuid, health)
 
     async def wait_for(self, predicate: Any, within: float = 5.0) -> None:
-        """Wait until predicate(publisher) holds after a reconcile (tests, benchmarks)."""
+        """Wait until predicate(publisher) holds after a reconcile, successful or not (tests,
+        benchmarks)."""
         async with asyncio.timeout(within), self._changed:
             await self._changed.wait_for(lambda: predicate(self))
 
@@ -311,6 +317,8 @@ class ResourceSlicePublisher:
                     attempt=backoff.failures,
                     retry_in_s=round(delay, 3),
                 )
+                async with self._changed:
+                    self._changed.notify_all()
                 await asyncio.sleep(delay)
                 self._wake.set()
                 continue
@@ -347,6 +355,7 @@ class ResourceSlicePublisher:
         wanted = slice_object(self.node_name, self.driver, spec, self._node_uid)
         if keeper is None:
             spec["pool"]["generation"] = self._generation + 1
+            self._expected = wanted
             stored = await call_json(self._api.create_resource_slice, wanted,
                                      request_timeout=self._timeout)
             self._remember(stored, "created")
@@ -369,6 +378,7 @@ class ResourceSlicePublisher:
             meta["annotations"] = keeper["metadata"]["annotations"]
         if "ownerReferences" not in meta and keeper["metadata"].get("ownerReferences"):
             meta["ownerReferences"] = keeper["metadata"]["ownerReferences"]
+        self._expected = wanted
         stored = await call_json(
             self._api.replace_resource_slice, name, wanted, request_timeout=self._timeout
         )
@@ -400,10 +410,10 @@ class ResourceSlicePublisher:
             )
 
     async def _learn_node_uid(self) -> None:
-        assert self._core is not None
+        assert self._core_api is not None
         try:
             node = await call_json(
-                self._core.read_node, self.node_name, request_timeout=self._timeout
+                self._core_api.read_node, self.node_name, request_timeout=self._timeout
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -540,7 +550,16 @@ class ResourceSlicePublisher:
         meta = obj["metadata"]
         if kind == "DELETED":
             return meta.get("uid") not in self._deleted
-        return meta.get("resourceVersion") not in self._written
+        if meta.get("resourceVersion") in self._written:
+            return False
+        expected = self._expected
+        return not (
+            expected is not None
+            and meta.get("name") == expected["metadata"]["name"]
+            and _generation_of(obj) == _generation_of(expected)
+            and same_devices(obj["spec"], expected["spec"])
+            and metadata_current(obj, expected)
+        )
 
 
 def _generation_of(item: Mapping[str, Any]) -> int:
