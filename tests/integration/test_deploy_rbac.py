@@ -21,6 +21,7 @@ import pytest
 from tests.fakes.kubeapi import NODE, Change, FakeKubeAPI, gpu
 from tests.integration.deploy_support import REPO, one, render
 from vgpu_agent.deviceplugin.allocation import Split
+from vgpu_agent.dra.claims import ClaimReader, ClaimReadError
 from vgpu_agent.dra.slices import slice_name
 from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
@@ -52,9 +53,7 @@ CLIENT_METHODS: dict[str, set[Rule]] = {
 }
 
 # Granted ahead of the code that makes the call: excused as unused only while no code calls it.
-GRANTED_AHEAD: dict[Rule, str] = {
-    ("resource.k8s.io", "resourceclaims", "get"): "read_namespaced_resource_claim",
-}
+GRANTED_AHEAD: dict[Rule, str] = {}
 
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/[^/]+)"
@@ -209,9 +208,27 @@ async def exercise_resource_slices(tmp_path: Path, namespace: str) -> list[Acces
     return [access_of(r.method, r.path, r.query) for r in api.requests]
 
 
+async def exercise_claim_reads(tmp_path: Path, namespace: str) -> list[Access]:
+    """The DRA driver reads each claim it prepares; a claim that is gone is read too."""
+    api = FakeKubeAPI()
+    await api.start()
+    body = {"metadata": {"name": "train"}, "spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.vgpu.io"}}]}}}
+    api.resources.create("resourceclaims", "team-a", body)
+    reader = ClaimReader(str(api.write_kubeconfig(tmp_path / "kubeconfig-claims")))
+    try:
+        await reader.read("team-a", "train")
+        with contextlib.suppress(ClaimReadError):
+            await reader.read("team-a", "deleted")
+    finally:
+        await reader.close()
+        await api.stop()
+    return [access_of(r.method, r.path, r.query) for r in api.requests]
+
+
 Exercise = Callable[[Path, str], Awaitable[list[Access]]]
 # What each deployed mode runs. DRA parts that call the API add their exercise here.
-DRA_EXERCISES: list[Exercise] = [exercise_resource_slices]
+DRA_EXERCISES: list[Exercise] = [exercise_resource_slices, exercise_claim_reads]
 EXERCISES: dict[str, list[Exercise]] = {
     "base": [exercise_everything],
     "overlays/dra": [exercise_everything, *DRA_EXERCISES],

@@ -88,7 +88,7 @@ async def test_an_unreachable_or_slow_api_is_a_retryable_claim_error(api, tmp_pa
 
 async def test_no_configuration_is_refused_at_start(tmp_path):
     reader = ClaimReader(None, environ={})
-    with pytest.raises(ClaimReadError, match="no kubeconfig and no in-cluster"):
+    with pytest.raises(ClaimReadError, match="no Kubernetes API configuration"):
         await reader.start()
     broken = ClaimReader(str(tmp_path / "missing-kubeconfig"), environ={})
     with pytest.raises(ClaimReadError, match="cannot load"):
