@@ -359,13 +359,21 @@ async def test_failed_checkpoint_write_rolls_the_claim_back(node, monkeypatch):
 
 
 async def test_kubelet_restart_wipes_sockets_and_the_driver_registers_again(node):
+    before = node.api.add(claim_obj(2, memory="1Gi", share="s2"))
+    first = (await node.kubelet.prepare(DRIVER, [before]))[uid(2)]
     serves = node.runner.serves
     await node.kubelet.restart()
     await node.kubelet.wait_registered(DRIVER)
     assert node.runner.serves == serves + 1
     assert node.runner.status.registrations >= 2
+    assert node.runner.kubelet_restarts == 1
     ref = node.api.add(claim_obj(1))
     assert (await node.kubelet.prepare(DRIVER, [ref]))[uid(1)].error == ""
+    # a claim prepared before the restart: the kubelet prepares it again, then unprepares it
+    assert (await node.kubelet.prepare(DRIVER, [before]))[uid(2)] == first
+    alloc_id = node.driver.prepared[uid(2)].alloc_id
+    assert (await node.kubelet.unprepare(DRIVER, [before])) == {uid(2): ""}
+    assert node.store.get(alloc_id) is None
 
 
 async def test_a_refused_registration_is_an_error_with_the_kubelets_reason():

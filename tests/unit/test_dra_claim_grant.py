@@ -190,6 +190,8 @@ def test_conflicting_parameters_on_one_device_or_claim_are_refused():
         (claim(result(memory="50Gi"), result(request="b", memory="40Gi")), "has 85899345920"),
         ({"metadata": "x"}, "metadata is str"),
         (claim("not an object"), "results[0] is str"),
+        (claim(result(driver="other.example.com")), "from: other.example.com"),
+        (claim(), "no device of it is allocated from driver gpu.vgpu.io"),
     ],
 )
 def test_bad_claims_are_refused_with_a_specific_message(obj, message):

@@ -135,6 +135,12 @@ def claim_grant(
         if result.get("driver") != driver:
             continue
         ours.append((where, result))
+    if not ours:
+        drivers = sorted({str(r.get("driver")) for r in results if isinstance(r, Mapping)})
+        raise ClaimError(
+            f"claim {ref}: no device of it is allocated from driver {driver} "
+            f"(its results are from: {', '.join(drivers) or 'none'})"
+        )
     params = _parameters_by_request(alloc_devices.get("config", []), ref, driver)
 
     prepared: list[PreparedDevice] = []
