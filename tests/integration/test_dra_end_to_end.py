@@ -168,6 +168,7 @@ async def test_publish_allocate_prepare_enforce_measure_unprepare():
             'vgpu_container_claim_info{namespace="team-a",pod="train-pod",container="main",'
             f'claim_namespace="team-a",claim_name="train",claim_uid="{sized[2]}"}} 1'
         ) in body
+        assert f'vgpu_plugin_registered{{node="{NODE}"}} 1' in body  # the DRA registration
 
         for pod, claim in claims.items():
             assert (await c.dra.remove_pod(NS, f"{pod}-pod", DRIVER, [claim])) == {claim[2]: ""}
