@@ -8,9 +8,10 @@ that would overfill one).
 
 The file is JSON with a checksum over its claims, replaced atomically (temp file + rename) after
 every change (not fsync'd, like the regions: after a power loss the containers are gone too,
-and the kubelet prepares its claims again). A file that does not parse, has the wrong version or a wrong checksum is moved
-aside (`.corrupt-<ns>`) and the agent starts with no prepared claims: their regions are then
-collected like any region nobody holds, and Unprepare of them succeeds with nothing to do.
+and the kubelet prepares its claims again). A file that does not parse, has the wrong version or
+a wrong checksum is moved aside (`.corrupt-<ns>`) and the agent starts with no prepared claims:
+their regions are then collected like any region nobody holds, and Unprepare of them succeeds
+with nothing to do.
 """
 
 from __future__ import annotations

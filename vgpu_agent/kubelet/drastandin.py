@@ -163,12 +163,13 @@ class DraKubeletStandIn:
                     await plugin_channel.close()
                     plugin_channel = None
                     reason = f"cannot connect to endpoint {info.endpoint}"
+            if reason:
+                self.rejected.append((path, reason))  # recorded before the plugin hears it
+                log.info("dra_standin_rejected", socket=path, reason=reason)
             await stub.NotifyRegistrationStatus(
                 reg.RegistrationStatus(plugin_registered=not reason, error=reason), timeout=5
             )
         if reason or plugin_channel is None:
-            self.rejected.append((path, reason))
-            log.info("dra_standin_rejected", socket=path, reason=reason)
             return
         version = next(v for v in self.speak if v in info.supported_versions)
         old = self.plugins.get(info.name)
