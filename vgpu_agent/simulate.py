@@ -63,7 +63,7 @@ def simulate_defaults() -> dict[str, object]:
 
 async def simulate(config: Config, duration: float = 0.0, view: bool = False) -> int:
     if config.mode == "dra":
-        return await simulate_dra(config, duration)
+        return await simulate_dra(config, duration, view)
     log_file = _log_to_file(config) if view else None
     kubelet = KubeletStandIn(config.device_plugin_dir, config.pod_resources_socket)
     await kubelet.start()
@@ -210,8 +210,9 @@ def _source_checkout_fakes() -> tuple[Any, Any]:
     return kubeapi.FakeKubeAPI, allocator.allocate_in
 
 
-async def simulate_dra(config: Config, duration: float = 0.0) -> int:
+async def simulate_dra(config: Config, duration: float = 0.0, view: bool = False) -> int:
     fake_api, allocate_in = _source_checkout_fakes()
+    log_file = _log_to_file(config) if view else None
     api = fake_api(token=None)
     await api.start()
     node = config.node_name or "sim-node"
@@ -235,6 +236,7 @@ async def simulate_dra(config: Config, duration: float = 0.0) -> int:
     agent = Agent(config)
     agent_task = asyncio.create_task(agent.run(), name="agent")
     demo: asyncio.Task[object] | None = None
+    view_task: asyncio.Task[None] | None = None
     try:
         plugin = await dra.wait_registered(driver, limit_s=30)
         log.info("kubelet_saw_dra_driver", driver=driver, endpoint=plugin.endpoint,
@@ -280,15 +282,19 @@ async def simulate_dra(config: Config, duration: float = 0.0) -> int:
         )
         log.info("metrics_url", url=agent.metrics.url)
         print(f"metrics: {agent.metrics.url}  (Ctrl-C to stop)", flush=True)
+        if log_file is not None:
+            print(f"log: {log_file.name}", flush=True)
+            view_task = asyncio.create_task(_live_view(agent), name="live-view")
         if duration > 0:
             await asyncio.wait({agent_task}, timeout=duration)
         else:
             await agent_task
     finally:
-        if demo is not None:
-            demo.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await demo
+        for task in (view_task, demo):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         agent.stop()
         with contextlib.suppress(asyncio.CancelledError):
             await agent_task
@@ -296,4 +302,6 @@ async def simulate_dra(config: Config, duration: float = 0.0) -> int:
         await kubelet.stop()
         await api.stop()
         _remove_own_root(config)
+        if log_file is not None:
+            log_file.close()
     return 0
