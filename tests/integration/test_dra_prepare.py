@@ -430,3 +430,40 @@ async def test_a_container_holding_two_claims_labels_both_regions(node):
     # the container is gone: the regions stay (pinned) and keep their last labels
     assert await node.store.reconcile({}) == {}
     assert node.store.identity(node.driver.prepared[uid(1)].alloc_id) == tuple(ctr)
+
+
+async def test_unusable_registry_dir_is_retried_until_it_works():
+    with short_dir() as root:
+        (root / "registry").write_text("a file where the kubelet's directory should be")
+        store = RegionStore(root / "state")
+        runner = DraPluginRunner(
+            build_driver(root, Api(), store),
+            driver_name=DRIVER,
+            dra_socket=str(root / "plugins" / DRIVER / "dra.sock"),
+            registration_socket=str(root / "registry" / f"{DRIVER}-reg.sock"),
+            check_interval_s=0.05,
+        )
+        with capture_logs() as logs:
+            task = asyncio.create_task(runner.run())
+            try:
+                for _ in range(100):
+                    if any(e["event"] == "dra_serve_failed" for e in logs):
+                        break
+                    await asyncio.sleep(0.02)
+                assert not runner.serving.is_set()
+                (root / "registry").unlink()  # the kubelet comes up and makes its directory
+                (root / "registry").mkdir()
+                kubelet = DraKubeletStandIn(str(root / "registry"), str(root / "plugins"))
+                await kubelet.start()
+                try:
+                    await kubelet.wait_registered(DRIVER)
+                finally:
+                    await kubelet.stop()
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                store.close()
+        failed = [e for e in logs if e["event"] == "dra_serve_failed"]
+        assert failed and "retry_in_s" in failed[0]
+        assert not (root / "plugins" / DRIVER / "dra.sock").exists()  # removed on the way out
