@@ -69,8 +69,9 @@ class _Fault:
     times: int
     status: int = 0  # 0: stall instead of answering
     seconds: float = 0.0
-    action: Any = None  # called after the request was answered
+    action: Any = None  # called after the request was answered (or before, see `first`)
     handled: bool = False  # stall after the request took effect (only the answer is late)
+    first: bool = False  # the action runs before the request is handled
 
 
 @dataclass
@@ -210,9 +211,16 @@ class FakeKubeAPI:
         an object between a client's read and its write."""
         self._faults.append(_Fault(method, re.compile(path), times, action=action))
 
-    def _take_fault(self, request: web.Request, actions: bool = False) -> _Fault | None:
+    def before(self, method: str, action: Any, times: int = 1, path: str = ".*") -> None:
+        """Run action() right before the next matching requests are handled, e.g. to change an
+        object after a client read it and before its write lands (a certain conflict)."""
+        self._faults.append(_Fault(method, re.compile(path), times, action=action, first=True))
+
+    def _take_fault(
+        self, request: web.Request, actions: bool = False, first: bool = False
+    ) -> _Fault | None:
         for fault in self._faults:
-            if (fault.action is not None) != actions:
+            if (fault.action is not None) != actions or fault.first != first:
                 continue
             if (fault.method is None or fault.method == request.method) and fault.path.search(
                 request.path
@@ -241,6 +249,9 @@ class FakeKubeAPI:
         self.requests.append(record)
         request[_BODY] = body
         try:
+            ahead = self._take_fault(request, actions=True, first=True)
+            if ahead is not None:
+                ahead.action()
             response = await self._answer(request, handler)
             follow_up = self._take_fault(request, actions=True)
             if follow_up is not None:

@@ -187,12 +187,15 @@ async def exercise_resource_slices(tmp_path: Path, namespace: str) -> list[Acces
     name = slice_name(NODE, "gpu.vgpu.io")
     try:
         await publisher.wait_for(lambda p: p.published is not None)
+        async with asyncio.timeout(5):  # the watch is open: the next slice GET is a reconcile's
+            while not api.resources.watchers:
+                await asyncio.sleep(0.01)
         mine = api.resources.get("resourceslices", name)
         api.resources.create("resourceslices", "", {
             "metadata": {"name": "duplicate"}, "spec": mine["spec"]})
-        api.after("GET", lambda: api.resources.edit(
+        api.before("PUT", lambda: api.resources.edit(
             "resourceslices", name, lambda s: s["metadata"].update(annotations={"a": "b"})),
-            path="/resourceslices$")
+            path="/resourceslices/")
         publisher.on_health_change(Change(gpu(0).uuid, False, "critical XID 48", 48))
         await publisher.wait_for(
             lambda p: p.published is not None and p.published.generation >= 2

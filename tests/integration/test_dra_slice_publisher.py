@@ -125,6 +125,8 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
     async with started(publisher) as task:
         run = Running(api, feed, publisher, task, kubeconfig)
         await run.settled(lambda: len(run.slices()) == 1)
+        # the watch is open: from now on every GET of the slices is a reconcile's list
+        await run.settled(lambda: len(api.resources.watchers) == 1)
         yield run
     await api.stop()
 
@@ -272,11 +274,11 @@ async def test_a_restart_with_an_unhealthy_gpu_taints_at_once(running: Running) 
 async def test_a_conflicting_write_is_retried_at_once(running: Running) -> None:
     store = running.api.resources
     # between the publisher's list and its update, someone else changes the slice
-    running.api.after(
-        "GET",
+    running.api.before(
+        "PUT",
         lambda: store.edit("resourceslices", NAME,
                            lambda s: s["metadata"].setdefault("annotations", {}).update(x="y")),
-        path="/resourceslices$",
+        path="/resourceslices/",
     )
     running.feed.report(HealthChange(GPUS[0].uuid, False, "critical XID 48", 48))
     await running.settled(lambda: taints_of(running.mine())["gpu-0"] != [])
