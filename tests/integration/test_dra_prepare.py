@@ -343,6 +343,7 @@ async def test_unusable_cdi_dir_fails_the_claim_and_leaves_nothing(node):
     ref = node.api.add(claim_obj(1))
     result = (await node.kubelet.prepare(DRIVER, [ref]))[uid(1)]
     assert "File exists" in result.error or "Not a directory" in result.error
+    assert result.error.startswith(f"claim ns/claim-1 ({uid(1)}): ")  # the claim is named
     assert node.store.regions() == [] and node.driver.prepared == {}
 
 

@@ -139,8 +139,11 @@ class DraDriver:
                 )
                 prepared = await self._commit_claim(granted)
             except (ClaimReadError, ClaimError, RegionError, OSError) as err:
-                log.warning("dra_prepare_failed", claim=str(ref), error=str(err))
-                return PrepareResult(error=str(err))
+                message = str(err)
+                if ref.name not in message:  # the kubelet shows it beside the pod: name the claim
+                    message = f"claim {ref}: {message}"
+                log.warning("dra_prepare_failed", claim=str(ref), error=message)
+                return PrepareResult(error=message)
             except Exception as err:  # a bug must fail this claim only, and say so
                 log.exception("dra_prepare_failed", claim=str(ref), error=str(err))
                 return PrepareResult(error=f"claim {ref}: internal error: {err}")
