@@ -131,14 +131,14 @@ async def running(root: Path, api: Api, kubelet: DraKubeletStandIn | None = None
     if kubelet is None:
         kubelet = DraKubeletStandIn(str(root / "registry"), str(root / "plugins"))
         await kubelet.start()
-    task = asyncio.create_task(runner.run())
+    node = Node(root, api, store, driver, runner, kubelet, asyncio.create_task(runner.run()))
     try:
         await kubelet.wait_registered(DRIVER)
-        yield Node(root, api, store, driver, runner, kubelet, task)
+        yield node
     finally:
-        task.cancel()
+        node.task.cancel()  # the test may have replaced it
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            await node.task
         if own_kubelet:
             await kubelet.stop()
         store.close()
@@ -468,3 +468,20 @@ async def test_unusable_registry_dir_is_retried_until_it_works():
         failed = [e for e in logs if e["event"] == "dra_serve_failed"]
         assert failed and "retry_in_s" in failed[0]
         assert not (root / "plugins" / DRIVER / "dra.sock").exists()  # removed on the way out
+
+
+async def test_a_stopped_driver_is_deregistered_until_it_serves_again(node):
+    node.task.cancel()  # the agent stops: it removes its sockets on the way out
+    with contextlib.suppress(asyncio.CancelledError):
+        await node.task
+    for _ in range(100):
+        if DRIVER not in node.kubelet.plugins:
+            break
+        await asyncio.sleep(0.02)
+    assert DRIVER not in node.kubelet.plugins  # as the kubelet's watcher does on deletion
+    with pytest.raises(RuntimeError, match="not registered"):
+        await node.kubelet.prepare(DRIVER, [("ns", "claim-1", uid(1))])
+    node.task = asyncio.create_task(node.runner.run())  # the agent is back
+    await node.kubelet.wait_registered(DRIVER)
+    ref = node.api.add(claim_obj(1))
+    assert (await node.kubelet.prepare(DRIVER, [ref]))[uid(1)].error == ""

@@ -133,6 +133,9 @@ class DraKubeletStandIn:
                 names = sorted(os.listdir(self.registry_dir))
             except FileNotFoundError:
                 names = []
+            present = {os.path.join(self.registry_dir, name) for name in names}
+            for path in [p for p in self._seen if p not in present]:
+                await self._deregister(path)  # the plugin's socket is gone: so is the plugin
             for name in names:
                 path = os.path.join(self.registry_dir, name)
                 try:
@@ -180,6 +183,16 @@ class DraKubeletStandIn:
         log.info("dra_standin_registered", driver=info.name, version=version)
         async with self.changed:
             self.changed.notify_all()
+
+    async def _deregister(self, path: str) -> None:
+        self._seen.pop(path, None)
+        for name, plugin in list(self.plugins.items()):
+            if plugin.registration_socket == path:
+                del self.plugins[name]
+                await plugin.channel.close()
+                log.info("dra_standin_deregistered", driver=name, socket=path)
+                async with self.changed:
+                    self.changed.notify_all()
 
     def _check(self, info: reg.PluginInfo) -> str:
         if info.type != "DRAPlugin":
