@@ -131,9 +131,10 @@ async def running(root: Path, api: Api, kubelet: DraKubeletStandIn | None = None
     if kubelet is None:
         kubelet = DraKubeletStandIn(str(root / "registry"), str(root / "plugins"))
         await kubelet.start()
+    seen = kubelet.registrations  # a shared kubelet may still hold an earlier agent's driver
     node = Node(root, api, store, driver, runner, kubelet, asyncio.create_task(runner.run()))
     try:
-        await kubelet.wait_registered(DRIVER)
+        await kubelet.wait_registered(DRIVER, after=seen)
         yield node
     finally:
         node.task.cancel()  # the test may have replaced it
@@ -364,7 +365,7 @@ async def test_kubelet_restart_wipes_sockets_and_the_driver_registers_again(node
     first = (await node.kubelet.prepare(DRIVER, [before]))[uid(2)]
     serves = node.runner.serves
     await node.kubelet.restart()
-    await node.kubelet.wait_registered(DRIVER)
+    await node.kubelet.wait_registered(DRIVER)  # restart() forgot every plugin
     assert node.runner.serves == serves + 1
     assert node.runner.status.registrations >= 2
     assert node.runner.kubelet_restarts == 1
@@ -481,7 +482,8 @@ async def test_a_stopped_driver_is_deregistered_until_it_serves_again(node):
     assert DRIVER not in node.kubelet.plugins  # as the kubelet's watcher does on deletion
     with pytest.raises(RuntimeError, match="not registered"):
         await node.kubelet.prepare(DRIVER, [("ns", "claim-1", uid(1))])
+    seen = node.kubelet.registrations
     node.task = asyncio.create_task(node.runner.run())  # the agent is back
-    await node.kubelet.wait_registered(DRIVER)
+    await node.kubelet.wait_registered(DRIVER, after=seen)
     ref = node.api.add(claim_obj(1))
     assert (await node.kubelet.prepare(DRIVER, [ref]))[uid(1)].error == ""

@@ -145,7 +145,7 @@ class DraPluginRunner:
         self.serves = 0  # times the sockets were (re)created
         self.serving = asyncio.Event()
         self._servers: list[grpc.aio.Server] = []
-        self._inodes: dict[str, int] = {}
+        self._inodes: dict[str, tuple[int, int]] = {}  # path -> (inode, ctime) of our socket
 
     # --- the registration view the metrics read (same shape as the device plugin's) ------------
 
@@ -187,7 +187,7 @@ class DraPluginRunner:
             await self._stop()
             for path in (self.registration_socket, self.dra_socket):
                 with contextlib.suppress(OSError):
-                    if self._inodes.get(path) == os.stat(path).st_ino:
+                    if self._inodes.get(path) == _identity(path):
                         os.unlink(path)
 
     async def _serve(self) -> None:
@@ -220,7 +220,7 @@ class DraPluginRunner:
         server.add_insecure_port(f"unix:{path}")
         self._servers.append(server)
         await server.start()
-        self._inodes[path] = os.stat(path).st_ino
+        self._inodes[path] = _identity(path)
 
     async def _watch(self) -> None:
         """Return when a socket is gone or replaced (no inotify: the dirs are hostPaths that
@@ -231,9 +231,9 @@ class DraPluginRunner:
                 return
 
     def _sockets_intact(self) -> bool:
-        for path, inode in self._inodes.items():
+        for path, identity in self._inodes.items():
             try:
-                if os.stat(path).st_ino != inode:
+                if _identity(path) != identity:
                     return False
             except FileNotFoundError:
                 return False
@@ -244,3 +244,9 @@ class DraPluginRunner:
         servers, self._servers = self._servers, []
         for server in servers:
             await server.stop(grace=0.5)
+
+
+def _identity(path: str) -> tuple[int, int]:
+    """A socket file's identity: inode numbers are reused at once, change times are not."""
+    info = os.stat(path)
+    return info.st_ino, info.st_ctime_ns

@@ -79,7 +79,7 @@ class DraKubeletStandIn:
         self.refuse: dict[str, str] = {}  # driver name -> reason to refuse it with
         self.registrations = 0
         self.changed = asyncio.Condition()
-        self._seen: dict[str, int] = {}  # socket path -> inode handled
+        self._seen: dict[str, tuple[int, int]] = {}  # socket path -> (inode, ctime) handled
         self._watcher: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -120,9 +120,15 @@ class DraKubeletStandIn:
                     dirs.append(path)
         return dirs
 
-    async def wait_registered(self, driver: str, limit_s: float = 10.0) -> DraPlugin:
+    async def wait_registered(
+        self, driver: str, limit_s: float = 10.0, after: int = -1
+    ) -> DraPlugin:
+        """Wait until `driver` is registered, by a registration numbered above `after` (the
+        `registrations` count seen before a plugin restarted) when given."""
         async with asyncio.timeout(limit_s), self.changed:
-            await self.changed.wait_for(lambda: driver in self.plugins)
+            await self.changed.wait_for(
+                lambda: driver in self.plugins and self.registrations > after
+            )
         return self.plugins[driver]
 
     # --- the plugin watcher ---------------------------------------------------------------------
@@ -142,9 +148,11 @@ class DraKubeletStandIn:
                     info = os.lstat(path)
                 except FileNotFoundError:
                     continue
-                if not stat.S_ISSOCK(info.st_mode) or self._seen.get(path) == info.st_ino:
+                # inode numbers are reused at once: a new socket is told by its change time too
+                identity = (info.st_ino, info.st_ctime_ns)
+                if not stat.S_ISSOCK(info.st_mode) or self._seen.get(path) == identity:
                     continue
-                self._seen[path] = info.st_ino
+                self._seen[path] = identity
                 try:
                     await self._register(path)
                 except (grpc.aio.AioRpcError, TimeoutError) as err:
