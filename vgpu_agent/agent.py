@@ -18,7 +18,7 @@ import dataclasses
 import gc
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -37,12 +37,15 @@ from vgpu_agent.dra.server import DraPluginRunner
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
 from vgpu_agent.kube.node import NodeIntegration
+from vgpu_agent.kube.pods import NodePods
 from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
-from vgpu_agent.kubelet.podresources import PodResourcesClient
+from vgpu_agent.kubelet.podresources import ContainerRef, PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources, RegistrationView
-from vgpu_agent.shm.regions import RegionStore
+from vgpu_agent.shm.regions import Region, RegionStore
 from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.podpolicy import PodPolicyRules
+from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +60,16 @@ def make_backend(config: Config) -> GpuBackend:
     return NvmlBackend(config.nvml_library)
 
 
+def pod_policy_rules(config: Config) -> PodPolicyRules:
+    """What pods may choose by annotation on this node, from the configuration."""
+    return PodPolicyRules(
+        default_policy=config.core_policy,
+        allowed_policies=frozenset(config.pod_core_policies),
+        priority_max=config.pod_priority_max,
+        priority_namespaces=frozenset(config.pod_priority_namespaces),
+    )
+
+
 @dataclass
 class TaskHealth:
     """Liveness of the supervised tasks, for /healthz."""
@@ -67,7 +80,13 @@ class TaskHealth:
 
 
 class Agent:
-    def __init__(self, config: Config, *, backend: GpuBackend | None = None):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend: GpuBackend | None = None,
+        pods: PodLookup | None = None,
+    ):
         self.config = config
         self.backend = backend or make_backend(config)
         self.split = Split(config.split_count, config.memory_scaling, config.cores_scaling)
@@ -97,6 +116,15 @@ class Agent:
             proc_root=config.host_proc_dir,
         )
         self.node: NodeIntegration | None = None
+        # Pods' own core policy and priority (annotations); `pods` stands in for the API's pods
+        # (the simulation), else the node integration's pod watch provides them.
+        self.pods: NodePods | None = None
+        self.pod_policies = RegionPolicies(
+            self._pod_policy_regions,
+            self.regions.identity,
+            pod_policy_rules(config),
+            pods=pods,
+        )
         self.tasks = TaskHealth()
         host, port = config.metrics_host_port()
         self.metrics = MetricsService(
@@ -202,9 +230,10 @@ class Agent:
             group,
             "pod-resources",
             lambda: self.pod_resources.run(
-                self.config.pod_resources_refresh_seconds, self.regions.reconcile
+                self.config.pod_resources_refresh_seconds, self._reconcile
             ),
         )
+        self._supervise(group, "pod-policies", self.pod_policies.run)
         self._supervise(group, "throttle", self.controller.run)
         self._supervise(group, "metrics-caches", self._refresh_metrics)
         self._start_node_integration(group, gpus)
@@ -221,6 +250,14 @@ class Agent:
         node = NodeIntegration(self.config.node_name, self.config.kubeconfig)
         self.node = node
         self._supervise(group, "kube", node.run)
+        if self.pod_policies.pods is None:
+            pods = NodePods(
+                self.config.node_name, node.api_configuration, on_change=self.pod_policies.poke
+            )
+            self.pods = pods
+            self.pod_policies.pods = pods
+            self.pod_policies.on_refusal = pods.report_refusal
+            self._supervise(group, "kube-pods", pods.run)
         assert self.health is not None
         self.health.add_listener(node.on_health_change)
 
@@ -250,11 +287,26 @@ class Agent:
             region_events=self._region_events,
             pod_resources_failures=lambda: self.pod_resources.failures,
             tasks=lambda: self.tasks,
+            policy_source=self._policy_source,
             backend_error=lambda: (
                 self.backend_error or ("" if self.inventory is not None else "GPU backend starting")
             ),
             claims=lambda: self.dra.claims_by_region() if self.dra is not None else {},
         )
+
+    def _pod_policy_regions(self) -> list[Region]:
+        """Regions whose policy and priority pods choose by annotation: all but DRA claims',
+        which their claim's parameters (or the node default) decide once, at Prepare."""
+        regions = self.regions.regions()
+        if self.dra is None:
+            return regions
+        claims = self.dra.claims_by_region()
+        return [r for r in regions if r.alloc_id not in claims]
+
+    def _policy_source(self, alloc_id: str) -> str:
+        if self.dra is not None and alloc_id in self.dra.claims_by_region():
+            return "claim"
+        return self.pod_policies.source(alloc_id)
 
     def _registration(self) -> RegistrationView | None:
         if self.runner is not None:
@@ -269,6 +321,12 @@ class Agent:
         events["state_read_corrupt"] = self.regions.corrupt_reads()
         events["state_records_skipped"] = self.regions.skipped_records()
         return events
+
+    async def _reconcile(self, assignments: Mapping[str, ContainerRef]) -> dict[str, str]:
+        """Bind regions to containers, then give each newly bound region its pod's policy."""
+        removed = await self.regions.reconcile(assignments)
+        self.pod_policies.poke()
+        return removed
 
     async def _on_grant(self, grant: Grant) -> Extras:
         extras = await self.regions.on_grant(grant)

@@ -41,6 +41,15 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--plugin-registry-dir": ("plugin_registry_dir", "kubelet plugin watcher directory"),
     "--dra-plugin-dir": ("dra_plugin_dir", "kubelet plugins directory (socket <dir>/<driver>/)"),
     "--cdi-dir": ("cdi_dir", "directory for CDI spec files"),
+    "--pod-core-policies": (
+        "pod_core_policies",
+        "core policies pods may choose by annotation, comma-separated",
+    ),
+    "--pod-priority-max": ("pod_priority_max", "highest priority a pod may take (-100..100)"),
+    "--pod-priority-namespaces": (
+        "pod_priority_namespaces",
+        "namespaces whose pods may take priorities above 0, comma-separated",
+    ),
 }
 
 

@@ -24,7 +24,9 @@ from vgpu_agent.deviceplugin.allocation import Split
 from vgpu_agent.dra.claims import ClaimReader, ClaimReadError
 from vgpu_agent.dra.slices import slice_name
 from vgpu_agent.kube.node import NodeIntegration
+from vgpu_agent.kube.pods import NodePods
 from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
+from vgpu_agent.throttle.podpolicy import PodPolicyRules, resolve
 
 
 class Access(NamedTuple):
@@ -50,6 +52,8 @@ CLIENT_METHODS: dict[str, set[Rule]] = {
     "replace_resource_slice": {("resource.k8s.io", "resourceslices", "update")},
     "delete_resource_slice": {("resource.k8s.io", "resourceslices", "delete")},
     "read_namespaced_resource_claim": {("resource.k8s.io", "resourceclaims", "get")},
+    # called twice: a list, then a watch from the list's resourceVersion
+    "list_pod_for_all_namespaces": {("", "pods", "list"), ("", "pods", "watch")},
 }
 
 # Granted ahead of the code that makes the call: excused as unused only while no code calls it.
@@ -135,10 +139,12 @@ def methods_called_in_code() -> set[str]:
 
 async def exercise_everything(tmp_path: Path, namespace: str) -> list[Access]:
     """Drive every API path of the node integration: label set and removal, a conflict, events
-    for unhealthy and recovered, a lost answer."""
+    for unhealthy and recovered, a lost answer; the pod list and watch sharing its client, and
+    an event on a pod whose annotation is refused."""
     api = FakeKubeAPI()
     await api.start()
     api.add_node(NODE, {"vgpu.io/stale": "x", "other": "y"})
+    api.add_pod("job", "team-a", annotations={"vgpu.io/core-policy": "fastest"})
     node = NodeIntegration(
         NODE,
         str(api.write_kubeconfig(tmp_path / "kubeconfig")),
@@ -147,22 +153,32 @@ async def exercise_everything(tmp_path: Path, namespace: str) -> list[Access]:
         backoff_initial=0.01,
         backoff_cap=0.05,
     )
+    pods = NodePods(NODE, node.api_configuration, request_timeout=0.2, backoff_initial=0.01)
     task = asyncio.create_task(node.run())
+    pod_task = asyncio.create_task(pods.run())
     try:
-        api.after("GET", lambda: api.set_labels(NODE, other="z"))
+        api.after("GET", lambda: api.set_labels(NODE, other="z"), path="/nodes/")
         api.stall(0.4, method="POST", handled=True)
         await node.publish_labels([gpu(0)], 4, "1")
         node.on_health_change(Change("GPU-1", False, "XID", 79))
         node.on_health_change(Change("GPU-1", True, "recovered", None))
+        async with asyncio.timeout(10):  # a watch stays open: no request end to wake on
+            while pods.watches == 0:
+                await asyncio.sleep(0.02)
+        job = pods.pod("team-a", "job")
+        assert job is not None
+        for refusal in resolve(job.annotations, "team-a", "main", PodPolicyRules()).refusals:
+            pods.report_refusal(job, refusal)
         await api.wait_for(
-            lambda: len(api.all_events()) == 2
+            lambda: len(api.all_events()) == 3
             and "vgpu.io/gpu.count" in api.nodes[NODE]["metadata"]["labels"],
             within=10,
         )
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for running in (pod_task, task):
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
         await api.stop()
     return [access_of(r.method, r.path, r.query) for r in api.requests]
 
@@ -299,7 +315,7 @@ def test_dra_grants_are_the_base_ones_plus_resource_slices_and_claims() -> None:
     assert granted(base + dra, (ns, "vgpu-agent")) == base_grants
 
 
-def test_events_grant_is_namespaced_and_nodes_grant_is_not() -> None:
+def test_node_events_grant_is_namespaced_and_the_rest_cluster_wide() -> None:
     docs = render("base")
     daemonset = one(docs, "DaemonSet", "vgpu-agent")
     namespace = daemonset["metadata"]["namespace"]
@@ -308,6 +324,10 @@ def test_events_grant_is_namespaced_and_nodes_grant_is_not() -> None:
         Access("", "nodes", "get", None),
         Access("", "nodes", "patch", None),
         Access("", "events", "create", namespace),
+        # pods of any namespace run on the node: their list, watch and events are cluster-wide
+        Access("", "pods", "list", None),
+        Access("", "pods", "watch", None),
+        Access("", "events", "create", None),
     }
 
 
@@ -319,6 +339,10 @@ def test_request_paths_map_to_rbac_terms() -> None:
     assert access_of("PUT", slices + "/s1") == Access(
         "resource.k8s.io", "resourceslices", "update", None
     )
+    assert access_of("GET", "/api/v1/pods", "fieldSelector=x&watch=True") == Access(
+        "", "pods", "watch", None
+    )
+    assert access_of("GET", "/api/v1/pods", "watch=false") == Access("", "pods", "list", None)
     assert access_of("GET", "/api/v1/namespaces/a/events") == Access("", "events", "list", "a")
     assert access_of("POST", "/apis/events.k8s.io/v1/namespaces/a/events") == Access(
         "events.k8s.io", "events", "create", "a"

@@ -113,6 +113,8 @@ async def test_publish_allocate_prepare_enforce_measure_unprepare():
     async with cluster() as c:
         (published,) = c.api.resources.slices(NODE, DRIVER)
         assert [d["name"] for d in published["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+        # the pod asks for a policy by annotation: a claim's region follows its claim instead
+        c.api.add_pod("train-pod", NS, NODE, {"vgpu.io/core-policy": "work-conserving"})
         sized = c.claim("train", {"memory": "10Gi", "cores": "30"})
         default = c.claim("infer")  # one default share: what a device-plugin slice is worth
         claims = {"train": sized, "infer": default}
@@ -169,6 +171,11 @@ async def test_publish_allocate_prepare_enforce_measure_unprepare():
             f'claim_namespace="team-a",claim_name="train",claim_uid="{sized[2]}"}} 1'
         ) in body
         assert f'vgpu_plugin_registered{{node="{NODE}"}} 1' in body  # the DRA registration
+        assert train.policy(0) == "strict"  # the node default: the claim set no corePolicy
+        assert re.search(
+            r'vgpu_container_core_policy_info\{[^}]*pod="train-pod"[^}]*policy_source="claim"',
+            body,
+        ), body
 
         for pod, claim in claims.items():
             assert (await c.dra.remove_pod(NS, f"{pod}-pod", DRIVER, [claim])) == {claim[2]: ""}

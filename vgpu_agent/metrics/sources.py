@@ -110,3 +110,5 @@ class MetricsSources:
     backend_error: Callable[[], str] | None = None
     # DRA: region alloc_id -> (claim namespace, claim name, claim uid) of its prepared claim
     claims: Callable[[], Mapping[str, tuple[str, str, str]]] | None = None
+    # "pod" when the region's core policy and priority are its pod's choice, else "default"
+    policy_source: Callable[[str], str] | None = None
