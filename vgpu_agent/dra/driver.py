@@ -225,7 +225,7 @@ class DraDriver:
         log.info("dra_claim_unprepared", claim=str(ref), alloc_id=known.alloc_id)
         return ""
 
-    # --- internals---------------------------------------------------------------------------------
+    # --- internals --------------------------------------------------------------------------------
 
     def _write_files(self, spec_file: str | None, spec: Mapping[str, Any] | None) -> None:
         if spec_file is not None and spec is not None:

@@ -278,7 +278,7 @@ def parse_parameters(raw: object, where: str, driver: str) -> Parameters:
     return Parameters(policy, priority)
 
 
-# --- internals-----------------------------------------------------------------------------------
+# --- internals ----------------------------------------------------------------------------------
 
 
 def _allocation(claim: Mapping[str, Any]) -> Mapping[str, Any] | None:
