@@ -21,8 +21,8 @@ AGENT = "system:serviceaccount:vgpu-system:vgpu-agent-dra"
 BOUND = {"authentication.kubernetes.io/node-name": ["gpu-1"]}
 
 
-def policy() -> dict[str, Any]:
-    return one(render("overlays/dra-hardened"), "ValidatingAdmissionPolicy")
+def policy(name: str = "vgpu-agent-dra-slice-guard") -> dict[str, Any]:
+    return one(render("overlays/dra-hardened"), "ValidatingAdmissionPolicy", name)
 
 
 def admit(
@@ -121,7 +121,7 @@ def test_policy_matches_the_deployed_service_account_and_driver_and_is_bound() -
     (condition,) = policy()["spec"]["matchConditions"]
     assert f"system:serviceaccount:{namespace}:{account}" in condition["expression"]
     assert one(docs, "DeviceClass")["metadata"]["name"] == DEFAULT_DRIVER
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", policy()["metadata"]["name"])
     assert binding["spec"]["policyName"] == policy()["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert policy()["spec"]["failurePolicy"] == "Fail"
@@ -130,3 +130,14 @@ def test_policy_matches_the_deployed_service_account_and_driver_and_is_bound() -
         "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
         "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"],
     }]
+
+
+def test_the_node_guard_covers_the_dra_agent_too() -> None:
+    node_guard = policy("vgpu-agent-node-guard")
+    (condition,) = node_guard["spec"]["matchConditions"]
+    cel = celpy()
+    program = cel.Environment().program(cel.Environment().compile(condition["expression"]))
+    for user, matched in ((AGENT, True), ("system:serviceaccount:vgpu-system:vgpu-agent", True),
+                          ("system:serviceaccount:vgpu-system:other", False)):
+        request = cel.json_to_cel({"userInfo": {"username": user}})
+        assert bool(program.evaluate({"request": request})) is matched, user
