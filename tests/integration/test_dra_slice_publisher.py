@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import types
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +15,14 @@ import pytest
 
 from tests.fakes.dra_allocator import allocate_in
 from tests.fakes.kubeapi import NODE, FakeKubeAPI, gpu
+from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import Split
 from vgpu_agent.dra.slices import slice_name
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.healthstate import HealthChange
 from vgpu_agent.gpu.sim import SimBackend, build_inventory
 from vgpu_agent.kube.node import KubeConfigError
-from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
+from vgpu_agent.kube.resourceslices import DEFAULT_DRIVER, ResourceSlicePublisher
 
 DRIVER = "gpu.vgpu.io"
 NAME = slice_name(NODE, DRIVER)
@@ -414,3 +416,15 @@ async def test_run_again_after_it_ended_works_with_one_subscription(running: Run
         await running.settled(lambda: taints_of(running.mine())["gpu-1"] != [])
         assert len(running.feed.queues) == 1
     assert len(running.slices()) == 1
+
+
+def test_from_config_takes_the_split_driver_and_driver_version() -> None:
+    config = Config(node_name=NODE, kubeconfig="/k", split_count=2, memory_scaling=0.5)
+    monitor = types.SimpleNamespace(backend=types.SimpleNamespace(driver_version="550.54.15"))
+    publisher = ResourceSlicePublisher.from_config(config, GPUS, health=monitor)  # type: ignore[arg-type]
+    assert (publisher.node_name, publisher.driver) == (NODE, DEFAULT_DRIVER)
+    assert publisher.split == Split(2, 0.5, 1.0)
+    assert publisher.driver_version == "550.54.15"
+    named = types.SimpleNamespace(**vars(config), dra_driver_name="other.vgpu.io")
+    other = ResourceSlicePublisher.from_config(named, GPUS, driver_version="1.2.3")
+    assert (other.driver, other.driver_version) == ("other.vgpu.io", "1.2.3")

@@ -2,8 +2,7 @@
 
 Usage (DRA mode; the composition runs `run()` as a supervised task):
 
-    publisher = ResourceSlicePublisher.from_config(config, gpus, health=health_monitor,
-                                                   driver_version=backend.driver_version)
+    publisher = ResourceSlicePublisher.from_config(config, gpus, health=health_monitor)
     group.create_task(publisher.run())        # or supervise it; it runs until cancelled
 
 or with explicit arguments:
@@ -179,7 +178,11 @@ class ResourceSlicePublisher:
         **options: Any,
     ) -> ResourceSlicePublisher:
         """From the agent's Config: node_name, kubeconfig, split_count, memory_scaling,
-        cores_scaling and dra_driver_name (default gpu.vgpu.io)."""
+        cores_scaling and dra_driver_name (default gpu.vgpu.io). Without `driver_version`, the
+        health feed's backend is asked (the NVML backend knows it once started)."""
+        if driver_version is None:
+            backend = getattr(health, "backend", None)
+            driver_version = getattr(backend, "driver_version", None)
         return cls(
             config.node_name,
             getattr(config, "dra_driver_name", None) or DEFAULT_DRIVER,
@@ -187,7 +190,7 @@ class ResourceSlicePublisher:
             Split(config.split_count, config.memory_scaling, config.cores_scaling),
             kubeconfig=config.kubeconfig,
             health=health,
-            driver_version=driver_version,
+            driver_version=driver_version if isinstance(driver_version, str) else None,
             **options,
         )
 
