@@ -289,7 +289,8 @@ async def test_unprepare_removes_region_and_spec_and_is_idempotent(node):
 async def test_prepared_region_survives_reconcile_until_unprepare(node):
     ref = node.api.add(claim_obj(1))
     await node.kubelet.prepare(DRIVER, [ref])
-    assert await node.store.reconcile({}) == {}  # nobody holds it yet (image pull): kept
+    someone = {"GPU-x::0": ("ns", "other", "main")}
+    assert await node.store.reconcile(someone) == {}  # nobody holds it yet (image pull): kept
     assert len(node.store.regions()) == 1
 
 
@@ -308,7 +309,8 @@ async def test_agent_restart_keeps_claims_and_unprepares_them_later():
                 assert (await kubelet.prepare(DRIVER, [ref]))[uid(1)] == first
                 region = node.store.get(alloc_id)
                 assert region is not None and region.memory_limit(0) == 10 * GIB
-                assert await node.store.reconcile({}) == {}  # still pinned after adoption
+                someone = {"GPU-x::0": ("ns", "other", "main")}
+                assert await node.store.reconcile(someone) == {}  # still pinned after adoption
                 assert (await kubelet.unprepare(DRIVER, [ref])) == {uid(1): ""}
                 assert node.store.get(alloc_id) is None
                 assert not (node.cdi_dir / cdi.spec_name(DRIVER, uid(1))).exists()
@@ -331,7 +333,9 @@ async def test_corrupt_checkpoint_is_set_aside_and_its_leftovers_cleaned():
             async with running(root, api) as node:
                 assert node.driver.prepared == {}
                 assert list(node.cdi_dir.iterdir()) == []  # unowned specs and temp files gone
-                removed = await node.store.reconcile({})  # no longer pinned: collected
+                # no longer pinned: collected once PodResources shows it held by nobody
+                someone = {"GPU-x::0": ("ns", "other", "main")}
+                removed = await node.store.reconcile(someone)
                 assert len(removed) == 1
                 # the kubelet prepares it again: a fresh region from the API's allocation
                 assert (await node.kubelet.prepare(DRIVER, [ref]))[uid(1)].error == ""
@@ -430,7 +434,7 @@ async def test_a_container_holding_two_claims_labels_both_regions(node):
     for n in (1, 2):
         assert node.store.identity(node.driver.prepared[uid(n)].alloc_id) == tuple(ctr)
     # the container is gone: the regions stay (pinned) and keep their last labels
-    assert await node.store.reconcile({}) == {}
+    assert await node.store.reconcile({"GPU-x::0": other}) == {}
     assert node.store.identity(node.driver.prepared[uid(1)].alloc_id) == tuple(ctr)
 
 
