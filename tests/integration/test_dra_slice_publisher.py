@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import types
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -425,6 +426,6 @@ def test_from_config_takes_the_split_driver_and_driver_version() -> None:
     assert (publisher.node_name, publisher.driver) == (NODE, DEFAULT_DRIVER)
     assert publisher.split == Split(2, 0.5, 1.0)
     assert publisher.driver_version == "550.54.15"
-    named = types.SimpleNamespace(**vars(config), dra_driver_name="other.vgpu.io")
+    named = dataclasses.replace(config, dra_driver_name="other.vgpu.io")
     other = ResourceSlicePublisher.from_config(named, GPUS, driver_version="1.2.3")
     assert (other.driver, other.driver_version) == ("other.vgpu.io", "1.2.3")
