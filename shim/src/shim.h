@@ -69,7 +69,7 @@ void shim_track_unlock(void);
 
 /* Memory by kind (ABI 1.1, see vgpu_shm.h): every kind counts in memory_used; the kinds other
  * than data are also counted in ext[d] and this process's slot_kinds, in VGPU_KIND_UNIT units. */
-enum shim_kind { KIND_DATA = 0, KIND_CONTEXT, KIND_MODULE, KIND_POOL };
+enum shim_kind { KIND_DATA = 0, KIND_CONTEXT, KIND_MODULE, KIND_POOL, KIND_SPILLED };
 uint64_t shim_kind_bytes(int kind, uint64_t bytes); /* what a charge of `bytes` counts */
 CUresult shim_mem_reserve_kind(int rdev, uint64_t bytes, int kind); /* bytes: shim_kind_bytes */
 void shim_mem_unreserve_kind(int rdev, uint64_t bytes, int kind);
@@ -94,6 +94,16 @@ int shim_track_each(int kind, uint64_t lo, uint64_t hi,
 #define TRACK_MAPPING 7   /* key: mapped address; aux: the handle */
 #define TRACK_ARRAY 8     /* key: CUarray / CUmipmappedArray */
 #define TRACK_POOL_PTR 9  /* key: pointer from a pool; aux: the pool; counts nothing itself */
+
+/* ---- spill.c: plain allocations the card cannot hold, served by managed memory */
+bool shim_spill_enabled(int rdev); /* VGPU_CONTROL_FLAG_SPILL on the device (and a 1.1 state) */
+/* After the driver refused `bytes` for lack of memory: serve them spilled. CUDA_SUCCESS with *dptr
+ * set and everything counted, or CUDA_ERROR_OUT_OF_MEMORY with nothing counted. */
+CUresult shim_spill_alloc(int rdev, CUdeviceptr *dptr, uint64_t bytes);
+bool shim_spill_is_spilled(CUdeviceptr ptr); /* a pointer this process spilled */
+void shim_spill_released(void);             /* a KIND_SPILLED record was given back */
+void shim_spill_forget(void);               /* after fork: the child holds none */
+#define SHIM_SPILL_MAX 65536                /* spilled allocations a process may hold at once */
 
 /* ---- hooks_memory.c: what pools and graphs hold, settled against the driver's own counts */
 void shim_pools_settle_all_if_free(void); /* skipped when the pool lock is busy */

@@ -48,6 +48,18 @@
  *                                            by at most TOLERANCE; prints "compare shim=.. driver=.."
  *   mixed N SEED                             N random operations of every kind above
  *   forkexit                                 forks a child that exits at once, waits for it
+ * spilling to managed memory:
+ *   ismanaged 0|1                            cuPointerGetAttribute(IS_MANAGED) of the newest
+ *                                            allocation is that
+ *   preferred DEV                            the fake's preferred location of the newest (-1 none,
+ *                                            -2 not managed)
+ *   ipc EXPECT                               cuIpcGetMemHandle of the newest allocation
+ *   hostheld SIZE                            managed memory the fake driver holds is SIZE
+ *   spilled SIZE                             the region's state counts SIZE spilled on device 0
+ *   spillthreads T N SIZE                    T threads allocate up to 8 x SIZE and free them
+ *                                            (cuMemFree / cuMemFreeAsync alternately), N rounds
+ *   allocloop N SIZE                         N pairs of cuMemAlloc SIZE + cuMemFree, each timed;
+ *                                            prints "allocloop median_ns=X p99_ns=Y managed=M"
  *   timedalloc API N SIZE                    N allocations and frees of SIZE with API (as
  *                                            "alloc"), prints "timedalloc ns=T"
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
@@ -66,6 +78,7 @@
 #include <unistd.h>
 
 #include "cuda_subset.h"
+#include "vgpu_shm.h"
 #include "nvml_subset.h"
 
 unsigned long long fakeCudaCounter(const char *name);
@@ -199,6 +212,12 @@ static int parse_expect(const char *s)
     if (strcmp(s, "noinit") == 0)
         return CUDA_ERROR_NOT_INITIALIZED;
     return atoi(s);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
 }
 
 static uint64_t now_ns(void)
@@ -437,10 +456,60 @@ static void mtpace(CUcontext ctx, int threads, double seconds, unsigned grid, un
     printf("mtpace launches=%llu ns=%llu\n", total, (unsigned long long)(now_ns() - t0));
 }
 
+/* T threads each make N allocations of SIZE and free them, every other one with cuMemFreeAsync:
+ * with a small card some are device memory and some are spilled, all at once. */
+struct spill_worker {
+    CUcontext ctx;
+    int n;
+    unsigned long long size;
+};
+
+static void *spill_worker(void *arg)
+{
+    struct spill_worker *w = arg;
+    if (A.ctx_set(w->ctx) != CUDA_SUCCESS)
+        return (void *)1;
+    CUdeviceptr held[8];
+    for (int k = 0; k < w->n; k++) {
+        int m = 1 + k % 8;
+        for (int j = 0; j < m; j++)
+            if (A.alloc(&held[j], w->size) != CUDA_SUCCESS)
+                return (void *)2;
+        for (int j = 0; j < m; j++)
+            if ((j % 2 ? A.free_async(held[j], STREAM) : A.free_(held[j])) != CUDA_SUCCESS)
+                return (void *)3;
+    }
+    return NULL;
+}
+
+static void spillthreads(CUcontext ctx, int threads, int n, unsigned long long size)
+{
+    struct spill_worker w[32];
+    pthread_t t[32];
+    if (threads < 1 || threads > 32)
+        fail("spillthreads: 1..32 threads");
+    unsigned long long managed_before = fakeCudaCounter("managed");
+    for (int i = 0; i < threads; i++) {
+        w[i] = (struct spill_worker){ctx, n, size};
+        if (pthread_create(&t[i], NULL, spill_worker, &w[i]) != 0)
+            fail("pthread_create");
+    }
+    for (int i = 0; i < threads; i++) {
+        void *rc;
+        pthread_join(t[i], &rc);
+        if (rc != NULL)
+            fail("spillthreads: thread %d failed (%ld)", i, (long)(intptr_t)rc);
+    }
+    if (fakeCudaCounter("managed") == managed_before)
+        fail("spillthreads: nothing was spilled");
+}
+
 /* ------------------------------------------------------------------ memory the driver holds */
 
 CUresult fakeCudaGraphMemReserve(int dev, unsigned long long bytes);
 unsigned long long fakeCudaDeviceUsed(int dev);
+unsigned long long fakeCudaManagedUsed(void);
+int fakeCudaPreferredLocation(unsigned long long ptr);
 
 static void *mem_api(void *direct, const char *versioned, const char *base)
 {
@@ -588,6 +657,22 @@ static unsigned long long shim_count(void)
         fail("cannot read the shim's count from %s", path);
     fclose(f);
     return used;
+}
+
+/* ext[0].memory_spilled of the region's state (ABI 1.1) */
+static unsigned long long shim_spilled(void)
+{
+    const char *dir = getenv("VGPU_REGION_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/state", dir != NULL ? dir : "/run/vgpu");
+    FILE *f = fopen(path, "rb");
+    unsigned long long spilled = 0;
+    long at = (long)(offsetof(struct vgpu_state, ext) +
+                     offsetof(struct vgpu_state_ext_device, memory_spilled));
+    if (f == NULL || fseek(f, at, SEEK_SET) != 0 || fread(&spilled, sizeof spilled, 1, f) != 1)
+        fail("cannot read the spilled count from %s", path);
+    fclose(f);
+    return spilled;
 }
 
 /* A mixed workload: plain, async (default pool and a created one), VMM, contexts, modules,
@@ -786,12 +871,69 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
         /* what the shim reads when it reports: cuMemGetInfo settles the pools first */
         size_t f = 0, t = 0;
         A.info(&f, &t);
-        unsigned long long shim = shim_count(), driver = fakeCudaDeviceUsed(dev);
+        /* managed memory is host memory to the fake: the driver holds both */
+        unsigned long long shim = shim_count(), driver = fakeCudaDeviceUsed(dev) + fakeCudaManagedUsed();
         printf("compare shim=%llu driver=%llu\n", shim, driver);
         unsigned long long diff = shim > driver ? shim - driver : driver - shim;
         if (diff > tolerance)
             fail("the shim counts %llu bytes, the driver holds %llu (tolerance %llu)", shim,
                  driver, tolerance);
+    } else if (strcmp(cmd, "ismanaged") == 0) {
+        int want = atoi(MARG()), got = -1;
+        if (g_nlive == 0)
+            fail("ismanaged with nothing allocated");
+        CUresult r = M(cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute")(
+            &got, CU_POINTER_ATTRIBUTE_IS_MANAGED, g_live[g_nlive - 1].key);
+        if (r != CUDA_SUCCESS || got != want)
+            fail("IS_MANAGED of the newest allocation: %d (rc %d), expected %d", got, (int)r, want);
+        unsigned int type = 0;
+        r = M(cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute")(
+            &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, g_live[g_nlive - 1].key);
+        if (r != CUDA_SUCCESS || type != CU_MEMORYTYPE_DEVICE)
+            fail("memory type of the newest allocation: %u (rc %d), expected device", type, (int)r);
+    } else if (strcmp(cmd, "preferred") == 0) {
+        int want = atoi(MARG());
+        if (g_nlive == 0)
+            fail("preferred with nothing allocated");
+        int got = fakeCudaPreferredLocation(g_live[g_nlive - 1].key);
+        if (got != want)
+            fail("preferred location %d, expected %d", got, want);
+    } else if (strcmp(cmd, "ipc") == 0) {
+        int want = parse_expect(MARG());
+        if (g_nlive == 0)
+            fail("ipc with nothing allocated");
+        CUipcMemHandle h;
+        CUresult r = M(cuIpcGetMemHandle, "cuIpcGetMemHandle", "cuIpcGetMemHandle")(
+            &h, g_live[g_nlive - 1].key);
+        if ((int)r != want)
+            fail("cuIpcGetMemHandle returned %d, expected %d", (int)r, want);
+    } else if (strcmp(cmd, "allocloop") == 0) {
+        int n = atoi(MARG());
+        unsigned long long size = parse_size(MARG());
+        if (n < 1 || n > 1000000)
+            fail("allocloop: N must be 1..1000000");
+        uint64_t *ns = calloc((size_t)n, sizeof *ns);
+        unsigned long long managed_before = fakeCudaCounter("managed");
+        for (int k = 0; k < n; k++) {
+            CUdeviceptr p = 0;
+            uint64_t t0 = now_ns();
+            if (A.alloc(&p, size) != CUDA_SUCCESS || A.free_(p) != CUDA_SUCCESS)
+                fail("allocloop: pair %d failed", k);
+            ns[k] = now_ns() - t0;
+        }
+        qsort(ns, (size_t)n, sizeof *ns, cmp_u64);
+        printf("allocloop median_ns=%llu p99_ns=%llu managed=%llu\n",
+               (unsigned long long)ns[n / 2], (unsigned long long)ns[(size_t)n * 99 / 100],
+               fakeCudaCounter("managed") - managed_before);
+        free(ns);
+    } else if (strcmp(cmd, "spilled") == 0) {
+        unsigned long long want = parse_size(MARG()), got = shim_spilled();
+        if (got != want)
+            fail("the region counts %llu spilled bytes, expected %llu", got, want);
+    } else if (strcmp(cmd, "hostheld") == 0) {
+        unsigned long long want = parse_size(MARG()), got = fakeCudaManagedUsed();
+        if (got != want)
+            fail("the fake driver holds %llu bytes of managed memory, expected %llu", got, want);
     } else if (strcmp(cmd, "timedalloc") == 0) {
         const char *api = MARG();
         long n = atol(MARG());
@@ -871,6 +1013,9 @@ int main(int argc, char **argv)
             check(A.total_mem(&got, dev), 0, "cuDeviceTotalMem");
             if (got != want)
                 fail("cuDeviceTotalMem(%d) = %zu, expected %llu", dev, got, want);
+        } else if (strcmp(cmd, "spillthreads") == 0) {
+            int threads = atoi(ARG()), n = atoi(ARG());
+            spillthreads(ctx, threads, n, parse_size(ARG()));
         } else if (strcmp(cmd, "mtpace") == 0) {
             int threads = atoi(ARG());
             double seconds = atof(ARG());

@@ -44,6 +44,8 @@ class RegionUsage:
     memory_context: tuple[int, ...] = ()
     memory_module: tuple[int, ...] = ()
     memory_pool: tuple[int, ...] = ()
+    # of the data: bytes served by managed memory because the card was full (spilled), <= data
+    memory_spilled: tuple[int, ...] = ()
     graphs_unpriced: tuple[int, ...] = ()  # graph launches charged a fallback price, cumulative
     extension: bool = False  # the file carries the 1.1 extension
 

@@ -15,6 +15,13 @@
 //                                           into the pool, then cudaMallocFromPoolAsync from a new
 //                                           pool until refused; prints "async=B refused=CODE
 //                                           second=B held=R" (R: the default pool's reserve)
+//   gpu_check spill CHUNK_MIB TOTAL_MIB PASSES
+//                                           cudaMalloc TOTAL_MIB in chunks (past the card the shim
+//                                           serves managed memory), cudaMemGetInfo, a kernel that
+//                                           increments every word PASSES times over all of it, then
+//                                           the same kernel over device memory only; prints
+//                                           "allocated=B managed_chunks=N meminfo_total=T
+//                                           meminfo_free=F spill_gbps=X device_gbps=Y correct=0|1"
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -46,6 +53,39 @@ __global__ void empty() {}
 static double seconds_since(std::chrono::steady_clock::time_point t0)
 {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+__global__ void touch(unsigned *p, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] += 1;
+}
+
+// PASSES rounds of `touch` over every chunk; GB/s counts each word read and written once a pass.
+static double touch_gbps(const std::vector<void *> &chunks, size_t chunk, int passes)
+{
+    auto t0 = std::chrono::steady_clock::now();
+    for (int pass = 0; pass < passes; pass++)
+        for (void *p : chunks)
+            touch<<<1024, 256>>>(static_cast<unsigned *>(p), chunk / sizeof(unsigned));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaGetLastError());
+    return 2.0 * (double)chunk * (double)chunks.size() * passes / seconds_since(t0) / 1e9;
+}
+
+// The first and last word of every chunk read back (a copy from either kind of memory).
+static bool all_equal(const std::vector<void *> &chunks, size_t chunk, unsigned want)
+{
+    for (void *p : chunks) {
+        unsigned first = 0, last = 0;
+        char *base = static_cast<char *>(p);
+        CHECK(cudaMemcpy(&first, base, sizeof first, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(&last, base + chunk - sizeof last, sizeof last, cudaMemcpyDeviceToHost));
+        if (first != want || last != want)
+            return false;
+    }
+    return true;
 }
 
 int main(int argc, char **argv)
@@ -174,6 +214,47 @@ int main(int argc, char **argv)
         CHECK(cudaMemPoolDestroy(pool));
         std::printf("async=%zu refused=%d second=%zu held=%llu\n", async, (int)refused, second,
                     (unsigned long long)reserved);
+        return 0;
+    }
+    if (std::strcmp(argv[1], "spill") == 0 && argc == 5) {
+        size_t chunk = std::strtoull(argv[2], nullptr, 10) << 20;
+        size_t total = std::strtoull(argv[3], nullptr, 10) << 20;
+        int passes = std::atoi(argv[4]);
+        std::vector<void *> held;
+        size_t allocated = 0, managed = 0;
+        while (allocated + chunk <= total) {
+            void *p = nullptr;
+            if (cudaMalloc(&p, chunk) != cudaSuccess)
+                break;
+            cudaPointerAttributes attr;
+            CHECK(cudaPointerGetAttributes(&attr, p));
+            managed += attr.type == cudaMemoryTypeManaged;
+            CHECK(cudaMemset(p, 0, chunk));
+            held.push_back(p);
+            allocated += chunk;
+        }
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        CHECK(cudaMemGetInfo(&free_b, &total_b));
+        double spill_gbps = touch_gbps(held, chunk, passes);
+        bool correct = all_equal(held, chunk, (unsigned)passes);
+        for (void *p : held)
+            CHECK(cudaFree(p));
+        // the same kernel over device memory: as many chunks as a quarter of the total
+        std::vector<void *> device;
+        for (size_t i = 0; i < held.size() / 4 + 1; i++) {
+            void *p = nullptr;
+            CHECK(cudaMalloc(&p, chunk));
+            CHECK(cudaMemset(p, 0, chunk));
+            device.push_back(p);
+        }
+        double device_gbps = touch_gbps(device, chunk, passes);
+        correct = correct && all_equal(device, chunk, (unsigned)passes);
+        for (void *p : device)
+            CHECK(cudaFree(p));
+        std::printf("allocated=%zu managed_chunks=%zu meminfo_total=%zu meminfo_free=%zu "
+                    "spill_gbps=%.1f device_gbps=%.1f correct=%d\n",
+                    allocated, managed, total_b, free_b, spill_gbps, device_gbps, (int)correct);
         return 0;
     }
     std::fprintf(stderr, "bad arguments\n");

@@ -6,7 +6,8 @@
 # Uses GPU 0. Builds libvgpu.so and gpu_check.cu, writes region files with the agent's own
 # encoder (vgpu_agent/shm/layout.py, standard library only), runs each check with and without
 # the shim preloaded, and prints one summary table. Exit status 0 when every check passed.
-# Takes about a minute plus the nvcc build; every step has a time limit, the whole stays < 5 min.
+# Takes about a minute plus the nvcc build, and the spill check (1.5x the card, through host
+# memory) up to 4 minutes more; every step has a time limit, the whole stays < 10 min.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -45,7 +46,10 @@ field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 
 declare -a ROWS
 fails=0
-row() { ROWS+=("$(printf '%-34s %18s %18s  %s' "$1" "$2" "$3" "$4")"); [[ "$4" == ok* ]] || fails=$((fails + 1)); }
+row() {
+  ROWS+=("$(printf '%-34s %18s %18s  %s' "$1" "$2" "$3" "$4")")
+  [[ "$4" == ok* || "$4" == skipped* ]] || fails=$((fails + 1))
+}
 
 # ---- memory: the limit is refused beyond, and cudaMemGetInfo reports inside it
 mem_dir="$(region mem $((LIMIT_MIB * MIB)) 1000000 0 0 0)"
@@ -89,6 +93,36 @@ verdict="FAIL"
 (( s_async + s_ctx_used <= LIMIT_MIB && s_async > 0 && s_second + s_held <= LIMIT_MIB )) && verdict="ok"
 row "async pool, then 2nd pool (MiB)" "$(($(echo "$b_pool" | field async) / MIB)), $(($(echo "$b_pool" | field second) / MIB))" \
     "$s_async, $s_second (held $s_held)" "$verdict"
+
+# ---- spill: a limit of 1.5x the card with the spill flag; the part past the card is managed
+# memory (host memory once evicted), so the host needs about half a card free
+card_mib=$(($(echo "$base_mem" | field meminfo_total) / MIB))
+spill_mib=$((card_mib * 3 / 2))
+spill_chunk=1024
+avail_mib=$(($(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo) / 1024))
+if (( avail_mib < spill_mib - card_mib + 8192 )); then
+  row "spill 1.5x card: touch GB/s" "-" "-" "skipped (host memory ${avail_mib} MiB free)"
+else
+  spill_dir="$(python3 "$HERE/make_region.py" "$WORK/spill" "$UUID" $((spill_mib * MIB)) 1000000 0 0 0 1 \
+               && echo "$WORK/spill")"
+  s_spill="$(LD_PRELOAD="$SHIM_LIB" VGPU_REGION_DIR="$spill_dir" VGPU_FAIL_CLOSED=1 timeout 240 \
+             "$CHECK" spill "$spill_chunk" "$spill_mib" 2)"
+  sp_alloc=$(($(echo "$s_spill" | field allocated) / MIB))
+  sp_managed="$(echo "$s_spill" | field managed_chunks)"
+  sp_total=$(($(echo "$s_spill" | field meminfo_total) / MIB))
+  sp_free=$(($(echo "$s_spill" | field meminfo_free) / MIB))
+  sp_gbps="$(echo "$s_spill" | field spill_gbps)"
+  dev_gbps="$(echo "$s_spill" | field device_gbps)"
+  sp_ok="$(echo "$s_spill" | field correct)"
+  verdict="FAIL"
+  # the whole 1.5x was served (less the context's share), part of it managed, the info inside
+  # the limit, and the data right
+  if (( sp_alloc + spill_chunk * 2 >= spill_mib && sp_managed > 0 && sp_total == spill_mib
+        && sp_free <= spill_mib )) && [[ "$sp_ok" == 1 ]]; then
+    verdict="ok ($sp_alloc MiB, $sp_managed GiB managed; info $sp_total/$sp_free MiB)"
+  fi
+  row "spill 1.5x card: touch GB/s" "$dev_gbps (device)" "$sp_gbps (spilled)" "$verdict"
+fi
 
 # ---- throughput: rates giving 25/50/100% of what the GPU does unthrottled
 base_tp="$(plain throughput "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US")"
