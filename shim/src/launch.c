@@ -84,6 +84,12 @@ static bool try_take(struct vgpu_state_device *sd, uint64_t cost, const struct p
 }
 
 /* Take `cost` tokens, waiting for them if needed; returns the ns waited. */
+static uint64_t graph_floor_cost(uint64_t cost, const struct params *p)
+{
+    uint64_t floor = p->graph_cost != 0 ? p->graph_cost : VGPU_DEFAULT_GRAPH_COST;
+    return cost > floor ? cost : floor;
+}
+
 static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *p, uint64_t *now)
 {
     struct vgpu_state_device *sd = &g_shim.st->devices[rdev];
@@ -91,9 +97,10 @@ static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *
         return 0;
     *now = shim_now_ns();
     uint64_t waited = 0;
+    uint64_t known = cost;
     for (;;) {
         if (graph)
-            cost = p->graph_cost != 0 ? p->graph_cost : VGPU_DEFAULT_GRAPH_COST;
+            cost = graph_floor_cost(known, p);
         refill_shared(sd, *now, p);
         int64_t balance = __atomic_load_n(&sd->balance, __ATOMIC_RELAXED);
         if (vgpu_admits(balance, cost, p->burst) || waited >= VGPU_MAX_WAIT_NS) {
@@ -201,7 +208,14 @@ CUresult shim_launch_gate(uint64_t cost, bool graph)
     enum shim_mode mode = shim_mode();
     if (mode != SHIM_ACTIVE)
         return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
-    int rdev = shim_region_dev_current();
+    return shim_launch_gate_dev(shim_region_dev_current(), cost, graph);
+}
+
+CUresult shim_launch_gate_dev(int rdev, uint64_t cost, bool graph)
+{
+    enum shim_mode mode = shim_mode();
+    if (mode != SHIM_ACTIVE)
+        return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
     if (rdev < 0)
         return CUDA_SUCCESS;
     struct params p;
@@ -209,7 +223,7 @@ CUresult shim_launch_gate(uint64_t cost, bool graph)
     uint64_t now = shim_coarse_now_ns();
     uint64_t waited = 0;
     if (graph)
-        cost = p.graph_cost != 0 ? p.graph_cost : VGPU_DEFAULT_GRAPH_COST;
+        cost = graph_floor_cost(cost, &p);
     if (!vgpu_unlimited(p.policy, p.core_limit, p.rate, p.burst))
         waited = take_tokens(rdev, cost, graph, &p, &now);
     count_launch(rdev, cost, waited, now);
