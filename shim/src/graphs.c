@@ -232,7 +232,7 @@ static void count_unpriced(int rdev)
 /* Install d as exec's price (replacing what was there); takes ownership of d. */
 static void install(CUgraphExec exec, struct gdetail *d)
 {
-    if (exec == NULL || d == NULL) {
+    if ((uintptr_t)exec <= PTR_TOMBSTONE || d == NULL) {
         free_detail(d);
         return;
     }
@@ -395,7 +395,9 @@ static bool set_all(struct gdetail *d, const void *params)
 bool shim_graph_price(CUgraphExec exec, uint64_t *cost)
 {
     uint64_t word;
-    if (!ptr_lookup(&g_graphs, (uintptr_t)exec, &word)) {
+    if ((uintptr_t)exec <= PTR_TOMBSTONE) {
+        word = PRICE_UNPRICED; /* not a handle: the driver refuses it; priced, not counted */
+    } else if (!ptr_lookup(&g_graphs, (uintptr_t)exec, &word)) {
         /* instantiated where the shim did not see it: priced conservatively, counted once */
         struct gdetail *d = calloc(1, sizeof *d);
         if (d != NULL) {
@@ -484,7 +486,7 @@ INSTANTIATE_PARAMS(cuGraphInstantiateWithParams_ptsz)
 SHIM_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 {
     NEED_REAL(cuGraphExecDestroy);
-    if (hGraphExec != NULL) {
+    if ((uintptr_t)hGraphExec > PTR_TOMBSTONE) {
         /* before the driver frees it: the handle may be handed out again at once */
         pthread_mutex_lock(&g_graphs.lock);
         struct gdetail *d = ptr_remove_locked(&g_graphs, (uintptr_t)hGraphExec);

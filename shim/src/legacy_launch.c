@@ -36,7 +36,7 @@ SHIM_EXPORT CUresult cuFuncSetBlockShape(CUfunction hfunc, int x, int y, int z)
 {
     NEED_REAL(cuFuncSetBlockShape);
     CUresult r = real_(hfunc, x, y, z);
-    if (r != CUDA_SUCCESS || hfunc == NULL || shim_mode() != SHIM_ACTIVE)
+    if (r != CUDA_SUCCESS || (uintptr_t)hfunc <= PTR_TOMBSTONE || shim_mode() != SHIM_ACTIVE)
         return r;
     uint64_t packed = ((uint64_t)dim(x) & SHAPE_MASK) | (((uint64_t)dim(y) & SHAPE_MASK) << 21) |
                       (((uint64_t)dim(z) & SHAPE_MASK) << 42);
