@@ -496,7 +496,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     if (symbol == NULL || pfn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
-    if (strcmp(symbol, "cuGetProcAddress") == 0 && cudaVersion < 12000) {
+    if (strcmp(symbol, "cuGetProcAddress") == 0 && cudaVersion >= 11030 && cudaVersion < 12000) {
         *pfn = fake_maybe_trampoline((void *)cuGetProcAddress);
         if (status)
             *status = CU_GET_PROC_ADDRESS_SUCCESS;

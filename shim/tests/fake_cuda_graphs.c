@@ -83,12 +83,13 @@ struct fstream {
     int mode;         /* CUstreamCaptureMode of the capture */
     pthread_t thread; /* that began the capture */
     struct fgraph *graph;
+    int borrowed;     /* graph is the caller's (cuStreamBeginCaptureToGraph) */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *g_live[MAX_OBJECTS];
 static int g_query_fail;
-static __thread struct fstream t_per_thread = {O_STREAM, -1, 0, 0, 0, 0, NULL};
+static __thread struct fstream t_per_thread = {O_STREAM, -1, 0, 0, 0, 0, NULL, 0};
 
 static void fork_prepare(void)
 {
@@ -702,7 +703,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
     pthread_mutex_lock(&g_lock);
     struct fstream *st = live_get(hStream, O_STREAM);
     if (st != NULL) {
-        if (st->graph != NULL)
+        if (st->graph != NULL && !st->borrowed)
             graph_free(st->graph);
         live_del(st);
     }
@@ -728,7 +729,8 @@ EXPORT CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device)
     return CUDA_SUCCESS;
 }
 
-static CUresult begin_capture(CUstream s, int per_thread, CUstreamCaptureMode mode)
+static CUresult begin_capture_into(CUstream s, int per_thread, CUstreamCaptureMode mode,
+                                   CUgraph into)
 {
     if (mode > CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
@@ -742,8 +744,12 @@ static CUresult begin_capture(CUstream s, int per_thread, CUstreamCaptureMode mo
         r = CUDA_ERROR_INVALID_HANDLE;
     else if (st->capture != CU_STREAM_CAPTURE_STATUS_NONE)
         r = CUDA_ERROR_ILLEGAL_STATE;
+    struct fgraph *target = NULL;
+    if (r == CUDA_SUCCESS && into != NULL && (target = live_get(into, O_GRAPH)) == NULL)
+        r = CUDA_ERROR_INVALID_VALUE;
     if (r == CUDA_SUCCESS) {
-        st->graph = graph_new(O_GRAPH);
+        st->graph = target != NULL ? target : graph_new(O_GRAPH);
+        st->borrowed = target != NULL;
         st->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
         st->mode = mode;
         st->thread = pthread_self();
@@ -756,6 +762,33 @@ static CUresult begin_capture(CUstream s, int per_thread, CUstreamCaptureMode mo
     }
     pthread_mutex_unlock(&g_lock);
     return r;
+}
+
+static CUresult begin_capture(CUstream s, int per_thread, CUstreamCaptureMode mode)
+{
+    return begin_capture_into(s, per_thread, mode, NULL);
+}
+
+EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                            const CUgraphNode *dependencies,
+                                            const void *dependencyData, size_t numDependencies,
+                                            CUstreamCaptureMode mode)
+{
+    (void)dependencies, (void)dependencyData, (void)numDependencies;
+    if (hGraph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture_into(hStream, 0, mode, hGraph);
+}
+
+EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                 const CUgraphNode *dependencies,
+                                                 const void *dependencyData,
+                                                 size_t numDependencies, CUstreamCaptureMode mode)
+{
+    (void)dependencies, (void)dependencyData, (void)numDependencies;
+    if (hGraph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture_into(hStream, 1, mode, hGraph);
 }
 
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
@@ -800,7 +833,8 @@ static CUresult end_capture(CUstream s, int per_thread, CUgraph *phGraph)
                 t_local_captures--;
         }
         if (st->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
-            graph_free(st->graph);
+            if (!st->borrowed)
+                graph_free(st->graph);
             *phGraph = NULL;
             r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
         } else {
@@ -1090,6 +1124,8 @@ static const struct vproc g_vprocs[] = {
      10000},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture_v2,
      (void *)cuStreamBeginCapture_v2_ptsz, 10010},
+    {"cuStreamBeginCaptureToGraph", 12030, (void *)cuStreamBeginCaptureToGraph,
+     (void *)cuStreamBeginCaptureToGraph_ptsz, 12030},
     {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture, (void *)cuStreamEndCapture_ptsz,
      10000},
     {"cuGraphCreate", 10000, (void *)cuGraphCreate, NULL, 0},

@@ -186,10 +186,10 @@ static pid_t spawn(const char *region, char *const *env, char *const *args, int 
         int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(e, 2);
         close(e);
-        char *argv[160];
+        static char *argv[4400];
         int n = 0;
         argv[n++] = client;
-        for (int i = 0; args[i] != NULL && n < 159; i++)
+        for (int i = 0; args[i] != NULL && n < 4399; i++)
             argv[n++] = args[i];
         argv[n] = NULL;
         execv(client, argv);
@@ -787,6 +787,8 @@ static bool t_slot_high_water(void)
     return ok;
 }
 
+#include "shim_test_launch.c"
+
 /* ------------------------------------------------------------------ main */
 
 static void cleanup(void)
@@ -862,6 +864,7 @@ int main(int argc, char **argv)
     report("VGPU_DISABLE=1 is a pure pass-through", t_disabled());
     report("fork under load: no deadlock, children get their own slots", t_fork_under_load());
     report("dlsym(RTLD_NEXT) answers for the caller, not for the shim", t_rtld_next());
+    run_launch_tests();
     printf("1..%d\n", g_count);
     if (g_failed)
         printf("# %d of %d failed\n", g_failed, g_count);
