@@ -63,6 +63,86 @@ void shim_mem_unreserve(int rdev, uint64_t bytes)
         saturating_sub(&slot->devices[rdev].memory_used, bytes);
 }
 
+/* ---------------------------------------------------------------- memory by kind (ABI 1.1) */
+
+uint64_t shim_kind_bytes(int kind, uint64_t bytes)
+{
+    if (kind == KIND_DATA || bytes == 0)
+        return bytes;
+    uint64_t units = bytes / VGPU_KIND_UNIT + (bytes % VGPU_KIND_UNIT != 0);
+    return units * VGPU_KIND_UNIT;
+}
+
+static uint64_t *ext_word(int rdev, int kind)
+{
+    struct vgpu_state_ext_device *ext = &g_shim.ext[rdev];
+    return kind == KIND_CONTEXT ? &ext->memory_context
+           : kind == KIND_MODULE ? &ext->memory_module
+                                 : &ext->memory_pool;
+}
+
+static uint32_t *slot_kind_word(struct vgpu_proc_slot *slot, int rdev, int kind)
+{
+    struct vgpu_proc_kinds *k = &g_shim.st->slot_kinds[slot - g_shim.st->slots][rdev];
+    return kind == KIND_CONTEXT ? &k->context : kind == KIND_MODULE ? &k->module : &k->pool;
+}
+
+/* 32-bit saturating subtraction of units from a slot's kind word. */
+static void saturating_sub32(uint32_t *word, uint32_t units)
+{
+    uint32_t cur = __atomic_load_n(word, __ATOMIC_RELAXED);
+    uint32_t next;
+    do {
+        next = cur > units ? cur - units : 0;
+    } while (!__atomic_compare_exchange_n(word, &cur, next, true, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+}
+
+CUresult shim_mem_reserve_kind(int rdev, uint64_t bytes, int kind)
+{
+    CUresult rc = shim_mem_reserve(rdev, bytes);
+    if (rc != CUDA_SUCCESS || rdev < 0 || kind == KIND_DATA || g_shim.ext == NULL || bytes == 0)
+        return rc;
+    __atomic_fetch_add(ext_word(rdev, kind), bytes, __ATOMIC_RELAXED);
+    struct vgpu_proc_slot *slot = shim_slot();
+    if (slot != NULL) {
+        uint64_t units = bytes / VGPU_KIND_UNIT;
+        __atomic_fetch_add(slot_kind_word(slot, rdev, kind),
+                           units > UINT32_MAX ? UINT32_MAX : (uint32_t)units, __ATOMIC_RELAXED);
+    }
+    return rc;
+}
+
+void shim_mem_unreserve_kind(int rdev, uint64_t bytes, int kind)
+{
+    if (rdev < 0 || bytes == 0)
+        return;
+    if (kind != KIND_DATA && g_shim.ext != NULL) {
+        struct vgpu_proc_slot *slot = shim_slot();
+        if (slot != NULL) {
+            uint64_t units = bytes / VGPU_KIND_UNIT;
+            saturating_sub32(slot_kind_word(slot, rdev, kind),
+                             units > UINT32_MAX ? UINT32_MAX : (uint32_t)units);
+        }
+        saturating_sub(ext_word(rdev, kind), bytes);
+    }
+    shim_mem_unreserve(rdev, bytes);
+}
+
+void shim_kinds_release_slot(int slot_index, int rdev)
+{
+    if (g_shim.ext == NULL || slot_index < 0 || slot_index >= VGPU_MAX_PROCS)
+        return;
+    struct vgpu_proc_kinds *k = &g_shim.st->slot_kinds[slot_index][rdev];
+    static const int kinds[] = {KIND_CONTEXT, KIND_MODULE, KIND_POOL};
+    uint32_t *words[] = {&k->context, &k->module, &k->pool};
+    for (int i = 0; i < 3; i++) {
+        uint64_t units = __atomic_exchange_n(words[i], 0, __ATOMIC_ACQ_REL);
+        if (units != 0)
+            saturating_sub(ext_word(rdev, kinds[i]), units * VGPU_KIND_UNIT);
+    }
+}
+
 /* ---------------------------------------------------------------- this process's allocations */
 
 struct track {

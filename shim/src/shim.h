@@ -26,6 +26,9 @@ enum shim_mode {
 struct shim {
     const struct vgpu_control *ctl; /* read-only mapping */
     struct vgpu_state *st;          /* read-write shared mapping */
+    /* st->ext when the state file has the 1.1 extension, else NULL (a 1.0 region: the features
+     * kept there are off; st->slot_kinds is not mapped either) */
+    struct vgpu_state_ext_device *ext;
     int device_count;
 };
 
@@ -63,6 +66,14 @@ void shim_track_lock(void);
 void shim_track_unlock(void);
 #define TRACK_PTR 1
 #define TRACK_HANDLE 2
+
+/* Memory by kind (ABI 1.1, see vgpu_shm.h): every kind counts in memory_used; the kinds other
+ * than data are also counted in ext[d] and this process's slot_kinds, in VGPU_KIND_UNIT units. */
+enum shim_kind { KIND_DATA = 0, KIND_CONTEXT, KIND_MODULE, KIND_POOL };
+uint64_t shim_kind_bytes(int kind, uint64_t bytes); /* what a charge of `bytes` counts */
+CUresult shim_mem_reserve_kind(int rdev, uint64_t bytes, int kind); /* bytes: shim_kind_bytes */
+void shim_mem_unreserve_kind(int rdev, uint64_t bytes, int kind);
+void shim_kinds_release_slot(int slot_index, int rdev); /* a slot given back: its kinds too */
 
 /* ---- launch.c */
 /* Spend `cost` tokens on the current device (or rdev), waiting for them if needed. With

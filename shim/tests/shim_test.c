@@ -623,6 +623,18 @@ static bool t_corrupt_region_passes_through(const char *what)
         region_path(path, sizeof path, "corrupt", "state");
         if (truncate(path, 4096) != 0)
             return failf("truncate");
+    } else if (strcmp(what, "1.1-without-extension") == 0) {
+        /* says 1.1 but ends where a 1.0 file does: mapping the extension would fault */
+        region_path(path, sizeof path, "corrupt", "state");
+        if (truncate(path, (off_t)VGPU_STATE_SIZE_1_0) != 0)
+            return failf("truncate");
+    } else if (strcmp(what, "1.0-with-1.1-size") == 0) {
+        region_path(path, sizeof path, "corrupt", "state");
+        int fd = open(path, O_WRONLY);
+        uint32_t minor = 0;
+        if (pwrite(fd, &minor, sizeof minor, offsetof(struct vgpu_state, abi_minor)) != 4)
+            return failf("pwrite");
+        close(fd);
     } else if (strcmp(what, "short-control") == 0) {
         region_path(path, sizeof path, "corrupt", "control");
         chmod(path, 0644);
@@ -855,7 +867,8 @@ int main(int argc, char **argv)
            t_launch_bigger_than_burst());
     report("missing region passes through with one warning", t_missing_region_passes_through());
     static const char *const corrupt[] = {"magic", "major", "short-state", "short-control",
-                                          "device-count"};
+                                          "device-count", "1.1-without-extension",
+                                          "1.0-with-1.1-size"};
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         snprintf(name, sizeof name, "corrupt region (%s) passes through", corrupt[i]);
         report(name, t_corrupt_region_passes_through(corrupt[i]));

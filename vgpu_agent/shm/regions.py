@@ -182,7 +182,7 @@ class Region:
         self._reported_corrupt = False
         # the bytes of the last `state` read and what they decoded to (one tuple, replaced whole,
         # so that readers in other threads see a matching pair)
-        self._last_read: tuple[bytes, RegionUsage] | None = None
+        self._last_read: tuple[bytes, bytes | None, RegionUsage] | None = None
 
     @classmethod
     def open(cls, path: Path) -> Region:
@@ -352,7 +352,9 @@ class Region:
         return True
 
     def _read_usage(self) -> RegionUsage:
-        """Two preads: the header, then only the slots below its high-water mark.
+        """Two preads: the header, then only the slots below its high-water mark; a third for
+        the per-device words of the 1.1 extension when the header says the file has it (a
+        region an agent of ABI 1.0 created has not).
 
         The mark is bounded by the ABI's slot count, and a file shorter than it says gives a
         short read, which the decoder counts; nothing past what was read is ever looked at.
@@ -362,23 +364,32 @@ class Region:
         assert self._state_fd is not None
         buffer = _read_buffer()
         header = layout.STATE_HEADER_SIZE
+        extension: bytes | None = None
         with memoryview(buffer) as whole:
             size = os.preadv(self._state_fd, [whole[:header]], 0)
             slots = layout.state_slots_to_read(whole[:size]) if size == header else 0
+            if size == header and layout.state_has_extension(whole[:size]):
+                extension = os.pread(
+                    self._state_fd, layout.STATE_EXT_SIZE, layout.STATE_OFFSETS["ext"]
+                )
             if slots:
                 size += os.preadv(
                     self._state_fd, [whole[header : header + slots * layout.SLOT_SIZE]], header
                 )
             with whole[:size] as view:
                 if size > _DECODE_CACHE_BYTES:
-                    return layout.decode_state(view, self.device_count, slots_read=slots)
+                    return layout.decode_state(
+                        view, self.device_count, slots_read=slots, extension=extension
+                    )
                 raw = bytes(view)
         # An idle container leaves `state` as it was: the same bytes decode the same way.
         last = self._last_read
-        if last is not None and last[0] == raw:
-            return last[1]
-        usage = layout.decode_state(raw, self.device_count, slots_read=slots)
-        self._last_read = (raw, usage)
+        if last is not None and last[0] == raw and last[1] == extension:
+            return last[2]
+        usage = layout.decode_state(
+            raw, self.device_count, slots_read=slots, extension=extension
+        )
+        self._last_read = (raw, extension, usage)
         return usage
 
 
