@@ -223,7 +223,7 @@ struct vgpu_state_ext_device {
     uint64_t memory_module;     /* bytes of memory_used held by loaded modules and libraries */
     uint64_t memory_pool;       /* bytes of memory_used reserved by stream-ordered pools */
     uint64_t memory_spilled;    /* 0: reserved for memory spilled to the host */
-    uint64_t graphs_unpriced;   /* graph launches whose price could not be computed, cumulative */
+    uint64_t graphs_unpriced;   /* executable graphs priced at the graph_cost floor, cumulative */
     uint64_t ticket_next;       /* launch turns: next ticket to hand out */
     uint64_t ticket_serving;    /* launch turns: ticket being served */
     uint64_t reserved[9];

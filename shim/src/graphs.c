@@ -224,7 +224,8 @@ uint64_t shim_graphs_unpriced_local(void)
 static void count_unpriced(int rdev)
 {
     __atomic_fetch_add(&g_unpriced_local, 1, __ATOMIC_RELAXED);
-    (void)rdev;
+    if (rdev >= 0 && rdev < g_shim.device_count && g_shim.ext != NULL) /* 1.0 regions: none */
+        __atomic_fetch_add(&g_shim.ext[rdev].graphs_unpriced, 1, __ATOMIC_RELAXED);
 }
 
 /* ---------------------------------------------------------------- the table */

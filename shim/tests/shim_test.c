@@ -878,6 +878,7 @@ int main(int argc, char **argv)
     report("fork under load: no deadlock, children get their own slots", t_fork_under_load());
     report("dlsym(RTLD_NEXT) answers for the caller, not for the shim", t_rtld_next());
     run_launch_tests();
+    run_turn_tests();
     printf("1..%d\n", g_count);
     if (g_failed)
         printf("# %d of %d failed\n", g_failed, g_count);

@@ -264,6 +264,10 @@ static bool t_graph_priced_by_kernels(const char *way, const char *how)
                     "ok", "counter", "graph_kernels", "9"));
     if (!client_ok(&r))
         return false;
+    struct vgpu_state *s = map_state("gprice");
+    uint64_t unpriced = s->ext[0].graphs_unpriced;
+    munmap(s, sizeof *s);
+    CHECK(unpriced == 0, "a readable graph counted as unpriced (%llu)", (unsigned long long)unpriced);
     uint64_t spent = spent_on("gprice", 0);
     CHECK(spent == 3 * 2664, "3 launches of a graph of 2664 threads (%s, %s) spent %llu", way, how,
           (unsigned long long)spent);
@@ -337,6 +341,11 @@ static bool t_graph_unpriced(void)
     uint64_t spent = spent_on("gunp", 0);
     CHECK(spent == want, "unpriced graphs spent %llu, expected %llu", (unsigned long long)spent,
           (unsigned long long)want);
+    struct vgpu_state *s = map_state("gunp");
+    uint64_t unpriced = s->ext[0].graphs_unpriced;
+    munmap(s, sizeof *s);
+    CHECK(unpriced == 3, "3 unpriced executable graphs (one launched twice), the state counts %llu",
+          (unsigned long long)unpriced);
     return true;
 }
 
@@ -567,4 +576,173 @@ static void run_launch_tests(void)
            t_legacy_launches("procaddr"));
     report("legacy launches are paced", t_legacy_launch_paced());
     report("multi-device cooperative launches pay on each device", t_multidevice_launch());
+}
+
+/* ------------------------------------------------------------------ fair turns */
+
+/* A state file as a 1.0 agent writes it: no extension (no ticket words, no counters). */
+static void make_region_1_0(const char *name, int ndev, const struct dev_cfg *cfg)
+{
+    make_region(name, ndev, cfg);
+    char path[600];
+    region_path(path, sizeof path, name, "state");
+    int fd = open(path, O_RDWR);
+    uint32_t minor = 0;
+    uint64_t total = VGPU_STATE_SIZE_1_0;
+    if (fd < 0 || ftruncate(fd, (off_t)VGPU_STATE_SIZE_1_0) != 0 ||
+        pwrite(fd, &minor, sizeof minor, offsetof(struct vgpu_state, abi_minor)) != 4 ||
+        pwrite(fd, &total, sizeof total, offsetof(struct vgpu_state, total_size)) != 8) {
+        perror(path);
+        exit(2);
+    }
+    close(fd);
+}
+
+/* Two processes of one container spin on kernels of 1e6 threads (0.05 ms on the fake GPU at
+ * 50 ps per thread) and 1e8 threads (5 ms) for `seconds`; tokens/s each. */
+static bool mixed_run(const char *region, double seconds, double *fast, double *slow)
+{
+    char secs[32];
+    snprintf(secs, sizeof secs, "%.2f", seconds);
+    char *env[] = {"FAKE_CUDA_PS_PER_THREAD=50", NULL};
+    pid_t pids[2];
+    char outs[2][600], errs[2][600];
+    for (int i = 0; i < 2; i++) {
+        snprintf(outs[i], sizeof outs[i], "%s/mixed%d.out", g_tmp, i);
+        snprintf(errs[i], sizeof errs[i], "%s/mixed%d.err", g_tmp, i);
+        pids[i] = spawn(region, env,
+                        ARGS(i == 0 ? "direct" : "procaddr", "ctx", "0", "spin", secs,
+                             i == 0 ? "1000" : "100000", "1000"),
+                        NULL, outs[i], errs[i]);
+    }
+    double *res[2] = {fast, slow};
+    const double cost[2] = {1e6, 1e8};
+    for (int i = 0; i < 2; i++) {
+        int status = wait_timeout(pids[i], 60);
+        char out[256];
+        read_all(outs[i], out, sizeof out);
+        unsigned long long n = 0;
+        const char *line = strstr(out, "spin ");
+        if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || line == NULL ||
+            sscanf(line, "spin launches=%llu", &n) != 1) {
+            char err[1024];
+            read_all(errs[i], err, sizeof err);
+            return failf("mixed workload process %d: status %#x, %s %s", i, status, out, err);
+        }
+        *res[i] = (double)n * cost[i] / seconds;
+    }
+    return true;
+}
+
+static bool t_fair_turns_mixed_workload(void)
+{
+    /* demand: what each process does alone on an unthrottled container */
+    struct dev_cfg off = {0, 0, VGPU_CORE_LIMIT_FULL, 0, 0, VGPU_POLICY_OFF, 0};
+    make_region("demand", 1, &off);
+    double d_fast, d_slow; /* unthrottled they do not meet: each runs its own kernels */
+    if (!mixed_run("demand", 1.0, &d_fast, &d_slow))
+        return false;
+    /* the container gets one process's worth: half of what the two want together */
+    uint64_t rate = (uint64_t)((d_fast + d_slow) / 2);
+    struct dev_cfg cfg = {0, 0, 500000, rate, 100000000, VGPU_POLICY_STRICT, 0};
+    const double seconds = 3.0;
+    double fast, slow, fast0, slow0;
+    make_region_1_0("unordered", 1, &cfg);
+    if (!mixed_run("unordered", seconds, &fast0, &slow0))
+        return false;
+    make_region("turns", 1, &cfg);
+    if (!mixed_run("turns", seconds, &fast, &slow))
+        return false;
+    double want_slow = d_slow / (d_fast + d_slow);
+    double share = slow / (fast + slow), share0 = slow0 / (fast0 + slow0);
+    double total = (fast + slow) / (double)rate;
+    printf("#   demand alone: 0.05 ms kernels %.3g tokens/s, 5 ms kernels %.3g tokens/s; "
+           "container rate %.3g\n", d_fast, d_slow, (double)rate);
+    printf("#   5 ms process's share: %.1f%% with turns, %.1f%% without (proportional to demand: "
+           "%.1f%%); container total with turns %.3f of the rate\n",
+           100 * share, 100 * share0, 100 * want_slow, total);
+    CHECK(share >= 0.8 * want_slow && share <= 1.2 * want_slow,
+          "the 5 ms process got %.1f%% of the container, its demand is %.1f%%", 100 * share,
+          100 * want_slow);
+    CHECK(1 - share >= 0.8 * (1 - want_slow) && 1 - share <= 1.2 * (1 - want_slow),
+          "the 0.05 ms process got %.1f%%, its demand is %.1f%%", 100 * (1 - share),
+          100 * (1 - want_slow));
+    CHECK(total >= 0.93 && total <= 1.07, "with turns the container spent %.3f of its rate", total);
+    return true;
+}
+
+/* a ticket holder that died (a ticket taken, never served) delays the others by at most
+ * VGPU_MAX_WAIT_NS, once; damaged ticket words do not stop launches either */
+static bool t_turns_survive_dead_holder(void)
+{
+    const uint64_t rate = 2000000;
+    struct dev_cfg cfg = {0, 0, 300000, rate, rate / 10, VGPU_POLICY_STRICT, 0};
+    make_region("deadturn", 1, &cfg);
+    char path[600];
+    region_path(path, sizeof path, "deadturn", "state");
+    int fd = open(path, O_RDWR);
+    struct vgpu_state *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    CHECK(s != MAP_FAILED, "map state");
+    s->ext[0].ticket_next = 5; /* tickets 0..4 were taken by processes now gone */
+    s->ext[0].ticket_serving = 0;
+    struct run r;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    /* 400 launches of 1000: the burst (200000) pays 200, the rest take 0.1 s at the rate */
+    run_client(&r, "deadturn", NOENV, ARGS("direct", "ctx", "0", "launch", "kernel", "400", "10",
+                                           "100", "ok"));
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double took = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    bool ok = client_ok(&r);
+    uint64_t next = s->ext[0].ticket_next, serving = s->ext[0].ticket_serving;
+    if (ok && !(took < 2.0 + 0.5 && next == serving))
+        ok = failf("with 5 dead tickets ahead: %.2f s, next %llu serving %llu", took,
+                   (unsigned long long)next, (unsigned long long)serving);
+    printf("#   5 dead tickets ahead: 400 launches in %.2f s\n", took);
+    /* serving past next: damage, repaired at the next wait */
+    s->ext[0].ticket_next = 3;
+    s->ext[0].ticket_serving = 1000;
+    if (ok) {
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        run_client(&r, "deadturn", NOENV,
+                   ARGS("direct", "ctx", "0", "launch", "kernel", "400", "10", "100", "ok"));
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        took = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+        ok = client_ok(&r);
+        if (ok && !(took < 1.0 && s->ext[0].ticket_next == s->ext[0].ticket_serving))
+            ok = failf("damaged ticket words: %.2f s, next %llu serving %llu", took,
+                       (unsigned long long)s->ext[0].ticket_next,
+                       (unsigned long long)s->ext[0].ticket_serving);
+    }
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+/* 1.0 regions have no extension: graphs, capture and unpriced graphs still work, nothing counted */
+static bool t_graphs_on_1_0_region(void)
+{
+    struct dev_cfg cfg = ample(50000);
+    make_region_1_0("old", 1, &cfg);
+    struct run r;
+    run_client(&r, "old", NOENV,
+               ARGS("direct", "ctx", "0", "gnew", "0", "gkernel", "0", "10", "100", "gcond", "0",
+                    "ginst", "0", "0", "flags", "ok", "glaunch", "0", "1", "null", "ok", "gnew",
+                    "1", "gkernel", "1", "10", "100", "ginst", "1", "1", "flags", "ok", "glaunch",
+                    "1", "1", "null", "ok", "launch", "kernel", "4", "10", "100", "ok"));
+    if (!client_ok(&r))
+        return false;
+    uint64_t spent = spent_on("old", 0);
+    CHECK(spent == 50000 + 1000 + 4000, "on a 1.0 region: spent %llu, expected 55000",
+          (unsigned long long)spent);
+    return true;
+}
+
+static void run_turn_tests(void)
+{
+    report("fair turns: a mixed workload shares the container by demand",
+           t_fair_turns_mixed_workload());
+    report("fair turns: dead ticket holders and damaged words delay boundedly",
+           t_turns_survive_dead_holder());
+    report("graphs on a 1.0 region (no extension)", t_graphs_on_1_0_region());
 }
