@@ -44,7 +44,7 @@ class RegionUsage:
     memory_context: tuple[int, ...] = ()
     memory_module: tuple[int, ...] = ()
     memory_pool: tuple[int, ...] = ()
-    graphs_unpriced: tuple[int, ...] = ()  # executable graphs charged the fallback price, cumulative
+    graphs_unpriced: tuple[int, ...] = ()  # executable graphs charged the fallback, cumulative
     extension: bool = False  # the file carries the 1.1 extension
 
     def memory_data(self, dev: int) -> int:
