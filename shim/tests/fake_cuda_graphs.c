@@ -88,7 +88,7 @@ struct fstream {
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *g_live[MAX_OBJECTS];
+static void *g_live[2 * MAX_OBJECTS];
 static int g_query_fail;
 static __thread struct fstream t_per_thread = {O_STREAM, -1, 0, 0, 0, 0, NULL, 0};
 
@@ -110,32 +110,50 @@ __attribute__((constructor)) static void graphs_load(void)
         prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 }
 
+/* the live objects: an open-addressing set of pointers (tombstones reused), under g_lock */
+#define LIVE_SLOTS (2 * MAX_OBJECTS)
+#define LIVE_GONE ((void *)1)
+
+static size_t live_hash(const void *p)
+{
+    return (size_t)(((uintptr_t)p * UINT64_C(0x9E3779B97F4A7C15)) >> 40) % LIVE_SLOTS;
+}
+
 static void live_add(void *p)
 {
-    for (int i = 0; i < MAX_OBJECTS; i++)
-        if (g_live[i] == NULL) {
+    size_t i = live_hash(p);
+    for (size_t n = 0; n < LIVE_SLOTS; n++, i = (i + 1) % LIVE_SLOTS)
+        if (g_live[i] == NULL || g_live[i] == LIVE_GONE) {
             g_live[i] = p;
             return;
         }
 }
 
+static void **live_slot(const void *p)
+{
+    size_t i = live_hash(p);
+    for (size_t n = 0; n < LIVE_SLOTS; n++, i = (i + 1) % LIVE_SLOTS) {
+        if (g_live[i] == p)
+            return &g_live[i];
+        if (g_live[i] == NULL)
+            return NULL;
+    }
+    return NULL;
+}
+
 static void live_del(void *p)
 {
-    for (int i = 0; i < MAX_OBJECTS; i++)
-        if (g_live[i] == p) {
-            g_live[i] = NULL;
-            return;
-        }
+    void **slot = live_slot(p);
+    if (slot != NULL)
+        *slot = LIVE_GONE;
 }
 
 static void *live_get(const void *p, enum okind kind)
 {
-    if (p == NULL)
+    if (p == NULL || p == LIVE_GONE)
         return NULL;
-    for (int i = 0; i < MAX_OBJECTS; i++)
-        if (g_live[i] == p)
-            return *(const enum okind *)p == kind ? g_live[i] : NULL;
-    return NULL;
+    void **slot = live_slot(p);
+    return slot != NULL && *(const enum okind *)*slot == kind ? *slot : NULL;
 }
 
 EXPORT void fakeCudaGraphQueriesFail(int fail)
@@ -672,9 +690,9 @@ static int legacy_fenced(void)
 
 static void invalidate_fencing_captures(void)
 {
-    for (int i = 0; i < MAX_OBJECTS; i++) {
+    for (int i = 0; i < LIVE_SLOTS; i++) {
         struct fstream *st = g_live[i];
-        if (st != NULL && st->kind == O_STREAM && st->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE &&
+        if (st != NULL && st != LIVE_GONE && st->kind == O_STREAM && st->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE &&
             !(st->flags & CU_STREAM_NON_BLOCKING))
             st->capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
     }
