@@ -6,8 +6,11 @@
  *   2. dlsym(handle, "cuX"): the shim exports dlsym; for a hooked name it remembers the library's
  *      own function (the real one) and returns the hook;
  *   3. cuGetProcAddress / cuGetProcAddress_v2 (how the CUDA 12/13 runtime finds entry points):
- *      the real lookup runs first, and when the pointer it returns is the driver's own export of a
- *      hooked versioned name (compared by address), the hook for that name is returned instead.
+ *      the real lookup runs first; when the pointer it returns is the driver's own export of a
+ *      hooked name (compared by address), that hook is returned. Real drivers hand out internal
+ *      entry points instead: then the driver's rule is applied to versions.def (the newest ABI not
+ *      newer than the requested version; its per-thread form when the flag asks and one exists,
+ *      else the legacy one) and the hook of exactly that ABI is returned, or none.
  *
  * Every other dlsym call is answered by the C library's dlsym. dlsym(RTLD_NEXT, ...) must search
  * after the *caller's* object, not after the shim: the C library finds the caller from its return
