@@ -47,6 +47,7 @@
  *                                            cuGetProcAddress_v2 and cuGetProcAddress of BASE:
  *                                            the shim's hook NAME, a driver function, or not found
  *   spin SECONDS GRID BLOCK                  launches until SECONDS pass; prints "spin launches=N"
+ *   itimer US                                a no-op SIGALRM every US microseconds (interrupts sleeps)
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
  */
 #define _GNU_SOURCE
@@ -58,6 +59,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -721,6 +724,14 @@ static void gpa(const char *base, int version, const char *flag, const char *exp
 
 /* ------------------------------------------------------------------ main */
 
+static volatile sig_atomic_t g_alarms;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    g_alarms++;
+}
+
 static void check(CUresult got, int want, const char *what)
 {
     if ((int)got != want)
@@ -1031,6 +1042,14 @@ int main(int argc, char **argv)
             int version = atoi(ARG());
             const char *flag = ARG();
             gpa(base, version, flag, ARG());
+        } else if (strcmp(cmd, "itimer") == 0) {
+            long us = atol(ARG());
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_alarm; /* no SA_RESTART: every sleep in progress is interrupted */
+            sigaction(SIGALRM, &sa, NULL);
+            struct itimerval it = {{us / 1000000, us % 1000000}, {us / 1000000, us % 1000000}};
+            setitimer(ITIMER_REAL, &it, NULL);
         } else if (strcmp(cmd, "spin") == 0) {
             double seconds = atof(ARG());
             unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
