@@ -31,7 +31,9 @@
  *     understands" and passes through without limits (or refuses with VGPU_FAIL_CLOSED=1). This
  *     is the one-time cost of 1.1: containers started by a 1.1 agent need a 1.1 shim. A 1.1 agent
  *     keeps adopting, steering and reading the 1.0 regions an older agent created, and a 1.1 shim
- *     works on them (without the extension).
+ *     works on them (without the extension). A 1.0 agent (after a downgrade) adopts 1.1 regions
+ *     (control did not change) and reads the 1.0 part of their state, counting the total size it
+ *     does not know as one skipped record per read.
  *
  * Integers are little-endian, every field is naturally aligned. All timestamps are
  * CLOCK_MONOTONIC nanoseconds (Python: time.monotonic_ns()), the same clock for every

@@ -57,7 +57,7 @@ struct gdetail {
 
 static struct ptr_slot g_graph_slots[GRAPH_TABLE_SIZE];
 static struct ptr_table g_graphs = {g_graph_slots, GRAPH_TABLE_SIZE - 1, PTHREAD_MUTEX_INITIALIZER};
-static int g_capture_seen; /* atomic: this process has begun a stream capture */
+int g_capture_seen; /* atomic: this process has begun a stream capture */
 static uint64_t g_unpriced_local; /* atomic: executable graphs unpriced in this process */
 
 /* ---------------------------------------------------------------- driver queries */
@@ -414,7 +414,7 @@ bool shim_graph_price(CUgraphExec exec, uint64_t *cost)
 
 bool shim_launch_in_capture(CUstream stream, bool per_thread)
 {
-    if (__builtin_expect(!__atomic_load_n(&g_capture_seen, __ATOMIC_RELAXED), 1))
+    if (!__atomic_load_n(&g_capture_seen, __ATOMIC_RELAXED))
         return false;
     static void *cache;
     is_capturing_fn query = (is_capturing_fn)driver_fn(&cache, "cuStreamIsCapturing");

@@ -64,7 +64,7 @@ static uint64_t legacy_cost(CUfunction f, int grid_w, int grid_h)
 SHIM_EXPORT CUresult cuLaunch(CUfunction f)
 {
     NEED_REAL(cuLaunch);
-    if (shim_mode() == SHIM_ACTIVE && shim_launch_in_capture(NULL, false))
+    if (shim_capturing(NULL, false))
         return real_(f);
     CUresult r = shim_launch_gate(legacy_cost(f, 1, 1), false);
     return r != CUDA_SUCCESS ? r : real_(f);
@@ -73,7 +73,7 @@ SHIM_EXPORT CUresult cuLaunch(CUfunction f)
 SHIM_EXPORT CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
 {
     NEED_REAL(cuLaunchGrid);
-    if (shim_mode() == SHIM_ACTIVE && shim_launch_in_capture(NULL, false))
+    if (shim_capturing(NULL, false))
         return real_(f, grid_width, grid_height);
     CUresult r = shim_launch_gate(legacy_cost(f, grid_width, grid_height), false);
     return r != CUDA_SUCCESS ? r : real_(f, grid_width, grid_height);
@@ -83,7 +83,7 @@ SHIM_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_he
                                        CUstream hStream)
 {
     NEED_REAL(cuLaunchGridAsync);
-    if (shim_mode() == SHIM_ACTIVE && shim_launch_in_capture(hStream, false))
+    if (shim_capturing(hStream, false))
         return real_(f, grid_width, grid_height, hStream);
     CUresult r = shim_launch_gate(legacy_cost(f, grid_width, grid_height), false);
     return r != CUDA_SUCCESS ? r : real_(f, grid_width, grid_height, hStream);

@@ -74,6 +74,29 @@ uint64_t shim_kind_bytes(int kind, uint64_t bytes); /* what a charge of `bytes` 
 CUresult shim_mem_reserve_kind(int rdev, uint64_t bytes, int kind); /* bytes: shim_kind_bytes */
 void shim_mem_unreserve_kind(int rdev, uint64_t bytes, int kind);
 void shim_kinds_release_slot(int slot_index, int rdev); /* a slot given back: its kinds too */
+void shim_mem_count_kind(int rdev, uint64_t bytes, int kind); /* held already: past the limit too */
+
+/* A tracked record: what it counts, as what, and a word its kind needs. */
+struct shim_tracked {
+    int rdev;
+    int mkind;
+    uint64_t bytes;
+    uint64_t aux;
+};
+void shim_track_put(int kind, uint64_t key, const struct shim_tracked *rec);
+bool shim_track_get(int kind, uint64_t key, struct shim_tracked *out, bool remove);
+int shim_track_each(int kind, uint64_t lo, uint64_t hi,
+                    void (*fn)(uint64_t key, struct shim_tracked *rec, void *arg), void *arg);
+#define TRACK_CONTEXT 3   /* key: CUcontext; bytes: its measured cost */
+#define TRACK_LIMIT 4     /* key: CUcontext ^ limit; bytes: heap or stack charged for it */
+#define TRACK_MODULE 5    /* key: CUmodule / CUlibrary; bytes: measured */
+#define TRACK_VMM 6       /* key: handle; bytes; aux: references (low 32 bits), mappings (high) */
+#define TRACK_MAPPING 7   /* key: mapped address; aux: the handle */
+#define TRACK_ARRAY 8     /* key: CUarray / CUmipmappedArray */
+
+/* ---- hooks_memory.c: what pools and graphs hold, settled against the driver's own counts */
+void shim_pools_settle_all_if_free(void); /* skipped when the pool lock is busy */
+void shim_graph_mem_settle(CUdevice dev); /* after graph instantiation or launch on dev */
 
 /* ---- launch.c */
 /* Spend `cost` tokens on the current device (or rdev), waiting for them if needed. With
@@ -86,6 +109,13 @@ void shim_forget_pending(void); /* after fork: the child does not own the parent
 /* ---- graphs.c */
 bool shim_graph_price(CUgraphExec exec, uint64_t *cost); /* true: unpriced (use graph_floor) */
 bool shim_launch_in_capture(CUstream stream, bool per_thread); /* records only: spend nothing */
+extern int g_capture_seen; /* atomic: this process has begun a stream capture */
+/* The launch path's check: one relaxed load until the process first begins a capture. */
+static inline bool shim_capturing(CUstream stream, bool per_thread)
+{
+    return __builtin_expect(__atomic_load_n(&g_capture_seen, __ATOMIC_RELAXED) != 0, 0) &&
+           shim_mode() == SHIM_ACTIVE && shim_launch_in_capture(stream, per_thread);
+}
 uint64_t shim_graphs_unpriced_local(void);
 
 /* ---- interpose.c: real entry points, found through dlsym/cuGetProcAddress/RTLD_NEXT */

@@ -205,7 +205,7 @@ static bool t_procaddr_versions(bool trampolines)
                     snprintf(store[ns], 48, "hook:%s", name);
                     args[na++] = store[ns++];
                 } else {
-                    args[na++] = "other";
+                    args[na++] = "nothook";
                 }
                 probes++;
             }
@@ -233,14 +233,17 @@ static bool t_procaddr_versions(bool trampolines)
  * memory hook came back unhooked. Through trampolines, the per-thread way still limits memory. */
 static bool t_per_thread_trampolines_limit_memory(void)
 {
-    make_region("ptmem", 1, &MEM64);
+    struct dev_cfg cfg = MEM64;
+    cfg.memory_limit = 256 * MiB;
+    make_region("ptmem", 1, &cfg);
     struct run r;
     char *env[] = {"FAKE_CUDA_TRAMPOLINES=1", NULL};
     run_client(&r, "ptmem", env,
-               ARGS("procaddr_ptsz", "ctx", "0", "totalmem", "0", "64M", "alloc", "plain", "40M",
-                    "ok", "alloc", "pitch", "30M", "oom", "alloc", "async", "20M", "ok", "alloc",
-                    "create", "8M", "oom", "info", "64M", "4M", "free", "ok", "free", "ok", "info",
-                    "64M", "64M", "launch", "kernel", "3", "10", "100", "ok"));
+               ARGS("procaddr_ptsz", "ctx", "0", "totalmem", "0", "256M", "alloc", "plain", "128M",
+                    "ok", "alloc", "pitch", "200M", "oom", "alloc", "async", "32M", "ok", "alloc",
+                    "create", "200M", "oom", "info", "256M", "-", "free", "ok", "free", "ok",
+                    "alloc", "plain", "200M", "ok", "free", "ok", "launch", "kernel", "3", "10",
+                    "100", "ok"));
     if (!client_ok(&r))
         return false;
     CHECK(spent_on("ptmem", 0) == 3000, "per-thread launches through trampolines spent %llu, "

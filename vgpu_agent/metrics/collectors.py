@@ -55,6 +55,7 @@ class ContainerDevice:
     """One device of one identified container, with everything its series need."""
 
     identity: Identity
+    alloc_id: str
     dev: int  # index inside the container
     gpu: GpuInfo | None  # None when the region names a GPU this node does not have
     uuid: str
@@ -63,6 +64,7 @@ class ContainerDevice:
     rate: int
     burst: int
     usage_known: bool  # False: state unreadable or corrupt, only the limits are known
+    policy: str = "off"  # as written in `control`
     memory_used: int = 0  # every kind together
     memory_context: int = 0  # of memory_used: contexts, heap and stack (ABI 1.1 regions)
     memory_module: int = 0  # of memory_used: loaded modules and libraries
@@ -112,7 +114,7 @@ def memory_by_kind(entry: ContainerDevice) -> dict[str, int]:
     return {"data": max(0, entry.memory_used - sum(others.values())), **others}
 
 
-def _container_devices(
+def container_devices(
     identity: Identity,
     region: RegionSample,
     by_uuid: Mapping[str, GpuInfo],
@@ -132,6 +134,7 @@ def _container_devices(
         out.append(
             ContainerDevice(
                 identity=identity,
+                alloc_id=region.alloc_id,
                 dev=dev,
                 gpu=by_uuid.get(uuid),
                 uuid=uuid,
@@ -140,6 +143,7 @@ def _container_devices(
                 rate=status.rate if status is not None else limits.rate,
                 burst=limits.burst,
                 usage_known=known,
+                policy=limits.policy,
                 memory_used=_at(usage.memory_used if usage else (), dev),
                 memory_context=_at(usage.memory_context if usage else (), dev),
                 memory_module=_at(usage.memory_module if usage else (), dev),
@@ -193,7 +197,7 @@ def take_snapshot(
 
     containers = []
     for identity, region in chosen.items():
-        containers += _container_devices(identity, region, by_uuid, throttle)
+        containers += container_devices(identity, region, by_uuid, throttle)
 
 
     registration = sources.registration() if sources.registration else None
