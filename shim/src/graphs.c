@@ -316,7 +316,7 @@ static bool set_enabled(struct gdetail *d, const void *params)
             d->v[i].enabled = a->enabled != 0;
             return true;
         }
-    return false;
+    return true; /* a copy or memset node: it costs nothing either way */
 }
 
 /* Replace the subtree of child-graph entry `node` with `fresh` (priced from the new child). */

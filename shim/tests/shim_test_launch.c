@@ -1,7 +1,7 @@
 /*
  * shim_test_launch.c - tests of what launches cost: cuGetProcAddress versions and trampolines,
  * graphs priced by their kernel nodes, stream capture, legacy and multi-device launches.
- * Included by shim_test.c (it uses its region, client and assertion helpers).
+ * Included by shim_test.c (it uses its region, client and assertion functions).
  */
 
 /* tokens spent on region device `dev` once every client has exited (counters are flushed at exit) */

@@ -6,7 +6,7 @@
 # Uses GPU 0. Builds libvgpu.so and gpu_check.cu, writes region files with the agent's own
 # encoder (vgpu_agent/shm/layout.py, standard library only), runs each check with and without
 # the shim preloaded, and prints one summary table. Exit status 0 when every check passed.
-# Takes about a minute plus the nvcc build; every step has a time limit, the whole stays < 5 min.
+# Takes about two minutes plus the nvcc build; every step has a time limit, the whole stays < 5 min.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
