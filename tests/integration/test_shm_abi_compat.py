@@ -162,3 +162,29 @@ def test_a_1_0_shim_refuses_a_1_1_state_by_name(tmp_path: Path, client: Path,
         env=_env(old_region, old_shim), capture_output=True, text=True, timeout=60, check=False)
     assert fine.returncode == 0, fine.stderr
     assert "libvgpu:" not in fine.stderr
+
+
+def test_agent_reads_memory_by_kind_the_shim_wrote(tmp_path: Path, client: Path) -> None:
+    region_dir = _region(tmp_path, state_minor=layout.ABI_MINOR, memory_limit=1 << 30)
+    env = _env(region_dir, BUILD / "libvgpu.so", FAKE_CUDA_CONTEXT_MEMORY=str(100 * MIB))
+    holder = subprocess.Popen(
+        [str(client), "direct", "ctx", "0", "module", "data", "8M", "ok", "alloc", "async", "16M",
+         "ok", "free", "ok", "alloc", "plain", "4M", "ok", "hold"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    region = Region.open(region_dir)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "ready"
+        usage = region.usage()
+        assert usage.extension and usage.skipped_records == 0
+        assert usage.memory_used == (128 * MIB,)
+        assert (usage.memory_context, usage.memory_module, usage.memory_pool) == (
+            (100 * MIB,), (8 * MIB,), (16 * MIB,))  # the pool keeps what was freed into it
+        assert usage.memory_data(0) == 4 * MIB
+        assert [p.memory_used for p in usage.processes] == [(128 * MIB,)]
+    finally:
+        _, err = holder.communicate(timeout=30)
+        region.close()
+    assert holder.returncode == 0, err
+    after = layout.decode_state((region_dir / "state").read_bytes(), 1)
+    assert after.memory_used == (0,) and after.memory_context == (0,) and after.memory_pool == (0,)
