@@ -15,8 +15,9 @@
  *     the in-place updates name (cuGraphExecKernelNodeSetParams, ...ChildGraphNodeSetParams,
  *     cuGraphExecNodeSetParams, cuGraphNodeSetEnabled); cuGraphExecUpdate takes the parameters of
  *     a graph of the same topology, node for node;
- *   - kernels "run" for FAKE_CUDA_PS_PER_THREAD picoseconds per thread (grid x block), default 0:
- *     the launch returns when the kernel is done, like a launch followed by a synchronize;
+ *   - kernels "run" for FAKE_CUDA_PS_PER_THREAD picoseconds per thread (grid x block), default 0,
+ *     one after the other on the process's GPU; a launch returns once at most FAKE_CUDA_QUEUE_NS
+ *     (default 1 ms) of queued work is ahead of it, like a launch into a bounded queue;
  *   - cuGetProcAddress resolves a base name to the newest version not newer than the requested
  *     one (a per-thread form only where one exists), and with FAKE_CUDA_TRAMPOLINES=1 returns an
  *     internal stub that jumps to the function instead of the exported symbol.
@@ -24,6 +25,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,19 +171,42 @@ static int current_dev(void)
 
 /* ------------------------------------------------------------------ kernel run time */
 
+/* The process's GPU runs its kernels one after the other: a launch queues its kernel behind the
+ * ones already queued and returns at once, unless more than FAKE_CUDA_QUEUE_NS (default 1 ms)
+ * of work would then be ahead of the caller: then it waits until that much is left, as a launch
+ * into a full queue does. A short hiccup of the launching thread leaves the GPU busy. */
+static uint64_t g_gpu_free_at; /* CLOCK_MONOTONIC ns when the queued work is done */
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void run_for(uint64_t threads)
 {
-    static long ps = -1;
+    static long ps = -1, queue = -1;
     long per = __atomic_load_n(&ps, __ATOMIC_RELAXED);
     if (per < 0) {
-        const char *e = getenv("FAKE_CUDA_PS_PER_THREAD");
+        const char *e = getenv("FAKE_CUDA_PS_PER_THREAD"), *q = getenv("FAKE_CUDA_QUEUE_NS");
         per = e != NULL ? atol(e) : 0;
+        __atomic_store_n(&queue, q != NULL ? atol(q) : 1000000L, __ATOMIC_RELAXED);
         __atomic_store_n(&ps, per, __ATOMIC_RELAXED);
     }
     if (per <= 0)
         return;
-    uint64_t ns = threads * (uint64_t)per / 1000;
-    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    uint64_t ns = threads * (uint64_t)per / 1000, now = mono_ns();
+    uint64_t free_at = __atomic_load_n(&g_gpu_free_at, __ATOMIC_RELAXED), end;
+    do {
+        end = (free_at > now ? free_at : now) + ns;
+    } while (!__atomic_compare_exchange_n(&g_gpu_free_at, &free_at, end, true, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    uint64_t ahead = (uint64_t)__atomic_load_n(&queue, __ATOMIC_RELAXED);
+    if (end - now <= ahead)
+        return;
+    uint64_t wait = end - now - ahead;
+    struct timespec ts = {(time_t)(wait / 1000000000u), (long)(wait % 1000000000u)};
     while (nanosleep(&ts, &ts) != 0) {
     }
 }

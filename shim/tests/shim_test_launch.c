@@ -602,8 +602,9 @@ static void make_region_1_0(const char *name, int ndev, const struct dev_cfg *cf
 }
 
 /* Two processes of one container spin on kernels of 1e6 threads (0.05 ms on the fake GPU at
- * 50 ps per thread) and 1e8 threads (5 ms); tokens/s each, from their slots' counters sampled
- * after a settling second, over `window` seconds (the start-up and the initial burst left out). */
+ * 50 ps per thread) and 1e8 threads (5 ms), each on its own GPU timeline with up to 1 ms queued;
+ * tokens/s each, from their slots' counters sampled after a settling second, over `window`
+ * seconds (the start-up and the initial burst left out). */
 static uint64_t slot_tokens(const struct vgpu_state *s, pid_t pid)
 {
     for (int i = 0; i < VGPU_MAX_PROCS; i++)
