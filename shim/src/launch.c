@@ -160,12 +160,12 @@ static uint64_t take_ticket(struct vgpu_state_ext_device *ext)
     return __atomic_fetch_add(&ext->ticket_next, 1, __ATOMIC_ACQ_REL);
 }
 
-static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *p, uint64_t *now)
+/* The slow path: tokens short, or others waiting. */
+__attribute__((noinline, cold)) static uint64_t wait_for_tokens(int rdev, uint64_t cost, bool graph,
+                                                                struct params *p, uint64_t *now)
 {
     struct vgpu_state_device *sd = &g_shim.st->devices[rdev];
     struct vgpu_state_ext_device *ext = g_shim.ext != NULL ? &g_shim.ext[rdev] : NULL;
-    if (nobody_waits(ext) && try_take(sd, cost, p, *now))
-        return 0;
     *now = shim_now_ns();
     uint64_t waited = 0, ticket = 0;
     bool turn = false;
@@ -201,6 +201,16 @@ static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *
     if (turn)
         pass_turn(ext, ticket);
     return waited;
+}
+
+/* Take `cost` tokens, waiting for them if needed; returns the ns waited. */
+static inline uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *p,
+                                   uint64_t *now)
+{
+    struct vgpu_state_ext_device *ext = g_shim.ext != NULL ? &g_shim.ext[rdev] : NULL;
+    if (__builtin_expect(nobody_waits(ext) && try_take(&g_shim.st->devices[rdev], cost, p, *now), 1))
+        return 0;
+    return wait_for_tokens(rdev, cost, graph, p, now);
 }
 
 /*
@@ -282,19 +292,8 @@ static void count_launch(int rdev, uint64_t cost, uint64_t waited, uint64_t now)
     }
 }
 
-CUresult shim_launch_gate(uint64_t cost, bool graph)
+static inline CUresult gate(int rdev, uint64_t cost, bool graph)
 {
-    enum shim_mode mode = shim_mode();
-    if (mode != SHIM_ACTIVE)
-        return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
-    return shim_launch_gate_dev(shim_region_dev_current(), cost, graph);
-}
-
-CUresult shim_launch_gate_dev(int rdev, uint64_t cost, bool graph)
-{
-    enum shim_mode mode = shim_mode();
-    if (mode != SHIM_ACTIVE)
-        return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
     if (rdev < 0)
         return CUDA_SUCCESS;
     struct params p;
@@ -307,4 +306,20 @@ CUresult shim_launch_gate_dev(int rdev, uint64_t cost, bool graph)
         waited = take_tokens(rdev, cost, graph, &p, &now);
     count_launch(rdev, cost, waited, now);
     return CUDA_SUCCESS;
+}
+
+CUresult shim_launch_gate(uint64_t cost, bool graph)
+{
+    enum shim_mode mode = shim_mode();
+    if (mode != SHIM_ACTIVE)
+        return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
+    return gate(shim_region_dev_current(), cost, graph);
+}
+
+CUresult shim_launch_gate_dev(int rdev, uint64_t cost, bool graph)
+{
+    enum shim_mode mode = shim_mode();
+    if (mode != SHIM_ACTIVE)
+        return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
+    return gate(rdev, cost, graph);
 }

@@ -18,7 +18,9 @@ interleaved round after round so that machine noise hits them alike:
 Each run reports the median and p99 of per-kernel cost over blocks of 1000 kernels (thread CPU
 time, so preemption is not counted); the table gives the median over rounds of each, the
 added ns against the baseline of its kind and the ratio. Goal: <= 50 ns added per launch.
-Tokens: the strict regions' state files say what was spent; a kernel in a graph must cost what
+With --other-shim, another build (say the previous release) is timed on the 1.0 region too, so
+that a change's own cost shows against the same machine noise. Tokens: the strict regions' state
+files say what was spent; a kernel in a graph must cost what
 it costs launched alone (ratio 1.000, goal within 1 %), a captured kernel nothing.
 """
 
@@ -74,6 +76,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--blocks", type=int, default=2000, help="blocks of 1000 launches")
     parser.add_argument("--graph-kernels", type=int, default=100, help="kernels per graph")
+    parser.add_argument("--other-shim", type=Path, default=None,
+                        help="another libvgpu.so (e.g. an earlier build) to time on the 1.0 region")
     args = parser.parse_args()
     subprocess.run(["make", "-s", "-C", str(SHIM), "all", "build/bench_launch"], check=True)
 
@@ -109,6 +113,10 @@ def main() -> int:
                                        "capture: no shim", strict["capture"]),
             "capture: strict, empty": (shimmed(empty), ["capture"], "capture: no shim", empty),
         }
+        if args.other_shim is not None:
+            variants["other shim, ample, 1.0 region"] = (
+                {**base_env, "LD_PRELOAD": str(args.other_shim.resolve()),
+                 "VGPU_REGION_DIR": str(old)}, [], "no shim", None)
         results: dict[str, list[tuple[float, float, int]]] = {name: [] for name in variants}
         for _ in range(args.rounds):
             for name, (env, mode, _base, _region) in variants.items():
