@@ -680,9 +680,15 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     rec->charged += need;
     CUresult r = alloc(dptr, size, pool, stream, real);
     pool_settle(rec);
+    if (r == CUDA_SUCCESS) { /* which pool to look at again when the pointer is freed */
+        struct shim_tracked from = {rec->rdev, KIND_POOL, 0, (uint64_t)(uintptr_t)pool};
+        shim_track_put(TRACK_POOL_PTR, *dptr, &from);
+    }
     if (r == CUDA_SUCCESS && over_limit(rec->rdev)) {
         __typeof__(&cuMemPoolTrimTo) trim = DRIVER(cuMemPoolTrimTo);
         if (free_fn != NULL && free_fn(*dptr, stream) == CUDA_SUCCESS) {
+            struct shim_tracked gone;
+            shim_track_get(TRACK_POOL_PTR, *dptr, &gone, true);
             if (trim != NULL)
                 trim(pool, used);
             *dptr = 0;
@@ -751,9 +757,16 @@ ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync_ptsz)
                 shim_track_put(TRACK_PTR, dptr, &rec_);                                           \
             return r_;                                                                            \
         }                                                                                         \
+        bool known_ = shim_track_get(TRACK_POOL_PTR, dptr, &rec_, true);                          \
         pthread_mutex_lock(&g_pool_lock);                                                         \
         CUresult r_ = real_(dptr, hStream);                                                       \
-        settle_all_locked();                                                                      \
+        struct pool_rec *pool_ = known_ ? pool_find((CUmemoryPool)(uintptr_t)rec_.aux, -2) : NULL; \
+        if (known_ && r_ != CUDA_SUCCESS)                                                         \
+            shim_track_put(TRACK_POOL_PTR, dptr, &rec_);                                          \
+        if (pool_ != NULL)                                                                        \
+            pool_settle(pool_); /* the pool it came from */                                       \
+        else                                                                                      \
+            settle_all_locked(); /* from a pool made before the shim saw it */                    \
         pthread_mutex_unlock(&g_pool_lock);                                                       \
         return r_;                                                                                \
     }

@@ -93,6 +93,7 @@ int shim_track_each(int kind, uint64_t lo, uint64_t hi,
 #define TRACK_VMM 6       /* key: handle; bytes; aux: references (low 32 bits), mappings (high) */
 #define TRACK_MAPPING 7   /* key: mapped address; aux: the handle */
 #define TRACK_ARRAY 8     /* key: CUarray / CUmipmappedArray */
+#define TRACK_POOL_PTR 9  /* key: pointer from a pool; aux: the pool; counts nothing itself */
 
 /* ---- hooks_memory.c: what pools and graphs hold, settled against the driver's own counts */
 void shim_pools_settle_all_if_free(void); /* skipped when the pool lock is busy */

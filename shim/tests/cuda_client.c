@@ -67,6 +67,8 @@
  *                                            by at most TOLERANCE; prints "compare shim=.. driver=.."
  *   mixed N SEED                             N random operations of every kind above
  *   forkexit                                 forks a child that exits at once, waits for it
+ *   timedalloc API N SIZE                    N allocations and frees of SIZE with API (as
+ *                                            "alloc"), prints "timedalloc ns=T"
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
  */
 #define _GNU_SOURCE
@@ -1123,6 +1125,15 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
         if (diff > tolerance)
             fail("the shim counts %llu bytes, the driver holds %llu (tolerance %llu)", shim,
                  driver, tolerance);
+    } else if (strcmp(cmd, "timedalloc") == 0) {
+        const char *api = MARG();
+        long n = atol(MARG());
+        unsigned long long size = parse_size(MARG());
+        uint64_t t0 = now_ns();
+        for (long k = 0; k < n; k++)
+            if (do_alloc(api, size) != CUDA_SUCCESS || do_free() != CUDA_SUCCESS)
+                fail("timedalloc %s: allocation or free failed", api);
+        printf("timedalloc ns=%llu\n", (unsigned long long)(now_ns() - t0));
     } else if (strcmp(cmd, "forkexit") == 0) {
         /* a worker forked after initialisation that leaves without touching CUDA (a data loader):
          * its exit must give back nothing of what the parent holds */

@@ -9,7 +9,10 @@ process, in one run.
    make pools give memory back) under a 1 GiB and a 4 GiB limit, then compares the shim's count in
    the region's `state` with the bytes the fake driver holds on the device. Reported: median and
    largest |shim - driver| over the seeds, as a share of the limit (goal <= 1 %).
-2. Start-up: PROCS processes started at once, each creating a context (its memory measured by the
+2. Cost per allocation and free, plain (cuMemAlloc/cuMemFree) and stream-ordered
+   (cuMemAllocAsync/cuMemFreeAsync, where the shim reads the pool's reserve around each call),
+   without and with the shim, interleaved rounds, median per pair.
+3. Start-up: PROCS processes started at once, each creating a context (its memory measured by the
    shim through NVML) and making one allocation, without and with the shim, interleaved; the
    median and p99 of each process's wall time and the wall time of the whole wave.
 """
@@ -102,6 +105,7 @@ def main() -> int:
     parser.add_argument("--ops", type=int, default=1000)
     parser.add_argument("--procs", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=20000)
     args = parser.parse_args()
     subprocess.run(["make", "-s", "-C", str(SHIM), "all", "build/cuda_client"], check=True)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}")
@@ -114,6 +118,23 @@ def main() -> int:
             errors = accounting(tmp, limit, args.seeds, args.ops)
             print(f"{limit >> 20:>6}Mi {100 * statistics.median(errors):>13.4f}% "
                   f"{100 * max(errors):>11.4f}%")
+
+        region = make_region(tmp / "pairs", 64 << 30)
+        shimmed = {**clean_env(), "LD_PRELOAD": str(BUILD / "libvgpu.so"),
+                   "VGPU_REGION_DIR": str(region)}
+        print(f"\nallocation + free pairs, {args.pairs} per run, {args.rounds} rounds (ns/pair):")
+        print(f"{'api':<8} {'no shim':>9} {'shim':>9} {'added':>9}")
+        for api in ("plain", "async"):
+            costs: dict[str, list[float]] = {"no shim": [], "shim": []}
+            for _ in range(args.rounds):
+                for label, env in (("no shim", clean_env()), ("shim", shimmed)):
+                    out = subprocess.run(
+                        [str(CLIENT), "direct", "ctx", "0", "timedalloc", api, str(args.pairs),
+                         "1M"], env=env, check=True, capture_output=True, text=True).stdout
+                    ns = int(out.split("ns=")[1].split()[0])
+                    costs[label].append(ns / args.pairs)
+            base, shim = statistics.median(costs["no shim"]), statistics.median(costs["shim"])
+            print(f"{api:<8} {base:>9.0f} {shim:>9.0f} {shim - base:>9.0f}")
 
         region = make_region(tmp / "startup", 64 << 30)
         variants = {

@@ -3,17 +3,21 @@
 A 1.1 agent adopts, steers and reads a region a 1.0 agent created; a 1.1 shim enforces the limit
 on such a region; a 1.0 shim (built from the last commit of this repository whose header says
 1.0) refuses a 1.1 `state` with its named error and passes through, or refuses CUDA with
-VGPU_FAIL_CLOSED=1: the documented one-time cost of 1.1.
+VGPU_FAIL_CLOSED=1: the documented one-time cost of 1.1; and a 1.0 agent (after a downgrade)
+still reads a 1.1 region, counting the size it does not know.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -188,3 +192,49 @@ def test_agent_reads_memory_by_kind_the_shim_wrote(tmp_path: Path, client: Path)
     assert holder.returncode == 0, err
     after = layout.decode_state((region_dir / "state").read_bytes(), 1)
     assert after.memory_used == (0,) and after.memory_context == (0,) and after.memory_pool == (0,)
+
+
+def _layout_1_0(tmp_path: Path) -> ModuleType | None:
+    """vgpu_agent/shm/layout.py as the last 1.0 agent had it (from this repository's history)."""
+    commit = _last_1_0_commit()
+    if commit is None:
+        return None
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{commit}:vgpu_agent/shm/layout.py"],
+        capture_output=True, text=True, timeout=30, check=True).stdout
+    path = tmp_path / "layout_1_0.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("layout_1_0", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["layout_1_0"] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["layout_1_0"]
+    return module
+
+
+def test_a_1_0_agent_reads_a_1_1_state_and_counts_the_size_it_does_not_know(
+    tmp_path: Path, client: Path
+) -> None:
+    old = _layout_1_0(tmp_path)
+    if old is None:
+        pytest.skip("no git history with a 1.0 agent (not a git checkout)")
+    assert old.ABI_MINOR == 0 and old.STATE_SIZE == layout.STATE_SIZE_1_0
+    region_dir = _region(tmp_path, state_minor=layout.ABI_MINOR, memory_limit=64 * MIB)
+    holder = subprocess.Popen(
+        [str(client), "direct", "ctx", "0", "alloc", "plain", "24M", "ok", "hold"],
+        env=_env(region_dir, BUILD / "libvgpu.so"), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "ready"
+        usage = old.decode_state((region_dir / "state").read_bytes(), 1)
+        # after a downgrade: the regions stay readable, the unknown size is one skipped record
+        assert not usage.corrupt and usage.skipped_records == 1
+        assert usage.memory_used == (24 * MIB,)
+        assert [p.pid for p in usage.processes] == [holder.pid]
+    finally:
+        _, err = holder.communicate(timeout=30)
+    assert holder.returncode == 0, err
