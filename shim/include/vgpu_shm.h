@@ -52,7 +52,10 @@
  * Token bucket (the spending rule; vgpu_agent/shm/layout.py implements the same rule in Python,
  * `refill`, `admits`, `spend`, `wait_ns_for`, and a test runs both on the same inputs):
  *   - a kernel launch costs gridX*gridY*gridZ * blockX*blockY*blockZ tokens (threads);
- *     a graph launch costs the device's `graph_cost` (VGPU_DEFAULT_GRAPH_COST when 0);
+ *     a graph launch costs the sum of its kernel nodes' costs (child graphs included); a graph
+ *     the shim cannot price costs max(what it could read, the device's `graph_cost`, which is
+ *     VGPU_DEFAULT_GRAPH_COST when 0) and is counted in ext[d].graphs_unpriced (1.1); a launch
+ *     into a stream that is being captured runs nothing and costs nothing;
  *   - refill(balance, last, now, rate, burst): elapsed = now - last (nothing when now <= last or
  *     rate == 0, except clamping to burst); add = floor(elapsed * rate / 1e9); if add >= burst the
  *     bucket is full: balance = burst, last = now; otherwise balance = min(burst, balance + add) and
@@ -74,6 +77,13 @@
  *   - balance and last_refill_ns live in `state` and are shared by all processes of the container;
  *     the shim claims elapsed time by compare-and-swap on last_refill_ns and adds the tokens with a
  *     CAS loop on balance, so every nanosecond of refill is credited exactly once.
+ *   - turns (1.1): a launch that is not admitted at once takes a ticket (atomic fetch-add on
+ *     ext[d].ticket_next) and spends only when ext[d].ticket_serving equals its ticket, then sets
+ *     ticket_serving to ticket + 1 (CAS); a launch spends at once only when ticket_next ==
+ *     ticket_serving (nobody waits). A launch that has waited VGPU_MAX_WAIT_NS for its turn takes
+ *     it (CAS ticket_serving to its ticket): tickets of holders that died are skipped that way, and
+ *     a launch that finds ticket_serving past its ticket goes on without order. A serving word
+ *     ahead of ticket_next is damage and is set back to ticket_next. 1.0 files have no turns;
  *   The bucket is unlimited (nothing is spent) when the policy is VGPU_POLICY_OFF, or the core
  *   limit is >= VGPU_CORE_LIMIT_FULL, or burst == 0 and rate == 0 (never configured).
  *
@@ -185,7 +195,8 @@ struct vgpu_control_device {
     uint64_t burst;             /* bucket capacity, tokens */
     uint64_t policy;            /* VGPU_POLICY_* */
     uint64_t flags;             /* VGPU_CONTROL_FLAG_* */
-    uint64_t graph_cost;        /* tokens charged per cuGraphLaunch; 0 = VGPU_DEFAULT_GRAPH_COST */
+    uint64_t graph_cost;        /* least tokens per launch of a graph the shim cannot price;
+                                   0 = VGPU_DEFAULT_GRAPH_COST */
     uint64_t reserved[5];
 };
 
@@ -242,7 +253,7 @@ struct vgpu_state_ext_device {
     uint64_t memory_module;     /* bytes of memory_used held by loaded modules and libraries */
     uint64_t memory_pool;       /* bytes of memory_used reserved by stream-ordered pools */
     uint64_t memory_spilled;    /* bytes of memory_used served by managed memory (spilled) */
-    uint64_t graphs_unpriced;   /* graph launches whose price could not be computed, cumulative */
+    uint64_t graphs_unpriced;   /* executable graphs priced at the graph_cost floor, cumulative */
     uint64_t ticket_next;       /* launch turns: next ticket to hand out */
     uint64_t ticket_serving;    /* launch turns: ticket being served */
     uint64_t reserved[9];

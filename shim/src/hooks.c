@@ -177,26 +177,31 @@ SHIM_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 /* ---------------------------------------------------------------- launches */
 
-#define LAUNCH(name)                                                                              \
+/* A launch into a stream being captured records a node and runs nothing: it spends nothing. */
+#define CAPTURING(stream, per_thread) shim_capturing((stream), (per_thread))
+
+#define LAUNCH(name, per_thread)                                                                  \
     SHIM_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,    \
                               unsigned int bx, unsigned int by, unsigned int bz,                  \
                               unsigned int shmem, CUstream hStream, void **params, void **extra)  \
     {                                                                                             \
         NEED_REAL(name);                                                                          \
+        if (CAPTURING(hStream, per_thread))                                                       \
+            return real_(f, gx, gy, gz, bx, by, bz, shmem, hStream, params, extra);               \
         CUresult r_ = shim_launch_gate(vgpu_launch_cost(gx, gy, gz, bx, by, bz), false);          \
         if (r_ != CUDA_SUCCESS)                                                                   \
             return r_;                                                                            \
         return real_(f, gx, gy, gz, bx, by, bz, shmem, hStream, params, extra);                   \
     }
-LAUNCH(cuLaunchKernel)
-LAUNCH(cuLaunchKernel_ptsz)
+LAUNCH(cuLaunchKernel, false)
+LAUNCH(cuLaunchKernel_ptsz, true)
 
-#define LAUNCH_EX(name)                                                                           \
+#define LAUNCH_EX(name, per_thread)                                                               \
     SHIM_EXPORT CUresult name(const CUlaunchConfig *config, CUfunction f, void **params,          \
                               void **extra)                                                       \
     {                                                                                             \
         NEED_REAL(name);                                                                          \
-        if (config != NULL) {                                                                     \
+        if (config != NULL && !CAPTURING(config->hStream, per_thread)) {                                                                     \
             CUresult r_ = shim_launch_gate(                                                       \
                 vgpu_launch_cost(config->gridDimX, config->gridDimY, config->gridDimZ,            \
                                  config->blockDimX, config->blockDimY, config->blockDimZ),        \
@@ -206,31 +211,44 @@ LAUNCH(cuLaunchKernel_ptsz)
         }                                                                                         \
         return real_(config, f, params, extra);                                                   \
     }
-LAUNCH_EX(cuLaunchKernelEx)
-LAUNCH_EX(cuLaunchKernelEx_ptsz)
+LAUNCH_EX(cuLaunchKernelEx, false)
+LAUNCH_EX(cuLaunchKernelEx_ptsz, true)
 
-#define LAUNCH_COOP(name)                                                                         \
+#define LAUNCH_COOP(name, per_thread)                                                             \
     SHIM_EXPORT CUresult name(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,    \
                               unsigned int bx, unsigned int by, unsigned int bz,                  \
                               unsigned int shmem, CUstream hStream, void **params)                \
     {                                                                                             \
         NEED_REAL(name);                                                                          \
+        if (CAPTURING(hStream, per_thread))                                                       \
+            return real_(f, gx, gy, gz, bx, by, bz, shmem, hStream, params);                      \
         CUresult r_ = shim_launch_gate(vgpu_launch_cost(gx, gy, gz, bx, by, bz), false);          \
         if (r_ != CUDA_SUCCESS)                                                                   \
             return r_;                                                                            \
         return real_(f, gx, gy, gz, bx, by, bz, shmem, hStream, params);                          \
     }
-LAUNCH_COOP(cuLaunchCooperativeKernel)
-LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
+LAUNCH_COOP(cuLaunchCooperativeKernel, false)
+LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz, true)
 
-#define LAUNCH_GRAPH(name)                                                                        \
+/* A graph costs the sum of its kernel nodes (src/graphs.c); an unpriced one at least graph_cost. */
+#define LAUNCH_GRAPH(name, per_thread)                                                            \
     SHIM_EXPORT CUresult name(CUgraphExec hGraphExec, CUstream hStream)                           \
     {                                                                                             \
         NEED_REAL(name);                                                                          \
-        CUresult r_ = shim_launch_gate(0, true);                                                  \
+        enum shim_mode mode_ = shim_mode();                                                       \
+        if (mode_ != SHIM_ACTIVE) {                                                               \
+            if (mode_ == SHIM_FAIL_CLOSED)                                                        \
+                return CUDA_ERROR_NOT_INITIALIZED;                                                \
+            return real_(hGraphExec, hStream);                                                    \
+        }                                                                                         \
+        if (shim_capturing(hStream, per_thread))                                                  \
+            return real_(hGraphExec, hStream);                                                    \
+        uint64_t cost_;                                                                           \
+        bool floor_ = shim_graph_price(hGraphExec, &cost_);                                       \
+        CUresult r_ = shim_launch_gate(cost_, floor_);                                            \
         if (r_ != CUDA_SUCCESS)                                                                   \
             return r_;                                                                            \
         return real_(hGraphExec, hStream);                                                        \
     }
-LAUNCH_GRAPH(cuGraphLaunch)
-LAUNCH_GRAPH(cuGraphLaunch_ptsz)
+LAUNCH_GRAPH(cuGraphLaunch, false)
+LAUNCH_GRAPH(cuGraphLaunch_ptsz, true)

@@ -110,9 +110,24 @@ void shim_pools_settle_all_if_free(void); /* skipped when the pool lock is busy 
 void shim_graph_mem_settle(CUdevice dev); /* after graph instantiation or launch on dev */
 
 /* ---- launch.c */
-CUresult shim_launch_gate(uint64_t cost, bool graph);
+/* Spend `cost` tokens on the current device (or rdev), waiting for them if needed. With
+ * `graph_floor` the cost is at least the device's graph_cost (an unpriced graph). */
+CUresult shim_launch_gate(uint64_t cost, bool graph_floor);
+CUresult shim_launch_gate_dev(int rdev, uint64_t cost, bool graph_floor);
 void shim_flush_pending(void);  /* publish this thread's launch counts */
 void shim_forget_pending(void); /* after fork: the child does not own the parent's counts */
+
+/* ---- graphs.c */
+bool shim_graph_price(CUgraphExec exec, uint64_t *cost); /* true: unpriced (use graph_floor) */
+bool shim_launch_in_capture(CUstream stream, bool per_thread); /* records only: spend nothing */
+extern int g_capture_seen; /* atomic: this process has begun a stream capture */
+/* The launch path's check: one relaxed load until the process first begins a capture. */
+static inline bool shim_capturing(CUstream stream, bool per_thread)
+{
+    return __builtin_expect(__atomic_load_n(&g_capture_seen, __ATOMIC_RELAXED) != 0, 0) &&
+           shim_mode() == SHIM_ACTIVE && shim_launch_in_capture(stream, per_thread);
+}
+uint64_t shim_graphs_unpriced_local(void);
 
 /* ---- interpose.c: real entry points, found through dlsym/cuGetProcAddress/RTLD_NEXT */
 enum hook_id {

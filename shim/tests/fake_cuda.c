@@ -9,7 +9,8 @@
  * Managed memory (cuMemAllocManaged) lives in host memory as far as capacity goes: it is not
  * charged to the device (its pages would migrate), so it succeeds past a full device; it takes
  * cuMemAdvise, answers pointer attributes as managed, and cuIpcGetMemHandle refuses it.
- * Launches do no work; they are counted (fakeCudaCounter) so tests can see they arrived.
+ * Launches are counted (fakeCudaCounter) so tests can see they arrived; streams, capture, graphs,
+ * kernel run time and versioned entry points are in fake_cuda_graphs.c.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "cuda_subset.h"
+#include "fake_cuda_graphs.h"
 #include "fake_cuda_internal.h"
 #include "fake_ids.h"
 
@@ -78,7 +80,7 @@ EXPORT unsigned long long fakeCudaCounter(const char *name)
     for (int i = 0; i < C_COUNT; i++)
         if (strcmp(counter_names[i], name) == 0)
             return __atomic_load_n(&g_counters[i], __ATOMIC_RELAXED);
-    return ~0ull;
+    return fake_graphs_counter(name);
 }
 
 EXPORT CUresult cuInit(unsigned int flags)
@@ -467,22 +469,33 @@ static CUresult check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz
     return CUDA_SUCCESS;
 }
 
+/* checked, then recorded into a capture or run (fake_cuda_graphs.c); counted when it ran */
+static CUresult launch(enum counter c, int per_thread, CUfunction f, unsigned gx, unsigned gy,
+                       unsigned gz, unsigned bx, unsigned by, unsigned bz, CUstream s)
+{
+    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz);
+    int ran = 0;
+    if (r == CUDA_SUCCESS)
+        r = fake_submit_kernel(s, per_thread, f, gx, gy, gz, bx, by, bz, &ran);
+    if (r == CUDA_SUCCESS && ran)
+        count(c);
+    return r;
+}
+
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params,
                                void **extra)
 {
-    (void)shmem, (void)s, (void)params, (void)extra;
-    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz);
-    if (r == CUDA_SUCCESS)
-        count(C_LAUNCH);
-    return r;
+    (void)shmem, (void)params, (void)extra;
+    return launch(C_LAUNCH, 0, f, gx, gy, gz, bx, by, bz, s);
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                     unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                     CUstream s, void **params, void **extra)
 {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    (void)shmem, (void)params, (void)extra;
+    return launch(C_LAUNCH, 1, f, gx, gy, gz, bx, by, bz, s);
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
@@ -490,43 +503,39 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p
     (void)params, (void)extra;
     if (c == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r =
-        check_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
-    if (r == CUDA_SUCCESS)
-        count(C_LAUNCH_EX);
-    return r;
+    return launch(C_LAUNCH_EX, 0, f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX,
+                  c->blockDimY, c->blockDimZ, c->hStream);
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params,
                                       void **extra)
 {
-    return cuLaunchKernelEx(c, f, params, extra);
+    (void)params, (void)extra;
+    if (c == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(C_LAUNCH_EX, 1, f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX,
+                  c->blockDimY, c->blockDimZ, c->hStream);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                           unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                           CUstream s, void **params)
 {
-    (void)shmem, (void)s, (void)params;
-    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz);
-    if (r == CUDA_SUCCESS)
-        count(C_COOP);
-    return r;
+    (void)shmem, (void)params;
+    return launch(C_COOP, 0, f, gx, gy, gz, bx, by, bz, s);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                                unsigned bx, unsigned by, unsigned bz,
                                                unsigned shmem, CUstream s, void **params)
 {
-    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+    (void)shmem, (void)params;
+    return launch(C_COOP, 1, f, gx, gy, gz, bx, by, bz, s);
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
-    (void)s;
-    CUresult r = need_ctx();
-    if (r == CUDA_SUCCESS && g == NULL)
-        r = CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = fake_graph_launch(g, s, 0);
     if (r == CUDA_SUCCESS)
         count(C_GRAPH);
     return r;
@@ -534,7 +543,10 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
-    return cuGraphLaunch(g, s);
+    CUresult r = fake_graph_launch(g, s, 1);
+    if (r == CUDA_SUCCESS)
+        count(C_GRAPH);
+    return r;
 }
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
@@ -593,11 +605,19 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     if (symbol == NULL || pfn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
-    if (strcmp(symbol, "cuGetProcAddress") == 0 && cudaVersion < 12000) {
-        *pfn = (void *)cuGetProcAddress;
+    if (strcmp(symbol, "cuGetProcAddress") == 0 && cudaVersion >= 11030 && cudaVersion < 12000) {
+        *pfn = fake_maybe_trampoline((void *)cuGetProcAddress);
         if (status)
             *status = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;
+    }
+    int versioned = fake_versioned_proc(symbol, cudaVersion, flags, pfn);
+    if (versioned != 0) {
+        if (status)
+            *status = versioned > 0 ? CU_GET_PROC_ADDRESS_SUCCESS
+                                    : CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        *pfn = versioned > 0 ? fake_maybe_trampoline(*pfn) : NULL;
+        return versioned > 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
     }
     size_t n;
     const struct proc_entry *t = proc_table(&n);
@@ -610,7 +630,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
             return CUDA_ERROR_NOT_FOUND;
         }
         int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-        *pfn = want_ptsz && t[i].ptsz != NULL ? t[i].ptsz : t[i].plain;
+        *pfn = fake_maybe_trampoline(want_ptsz && t[i].ptsz != NULL ? t[i].ptsz : t[i].plain);
         if (status)
             *status = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;

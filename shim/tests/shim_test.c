@@ -186,10 +186,10 @@ static pid_t spawn(const char *region, char *const *env, char *const *args, int 
         int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(e, 2);
         close(e);
-        char *argv[160];
+        static char *argv[4400];
         int n = 0;
         argv[n++] = client;
-        for (int i = 0; args[i] != NULL && n < 159; i++)
+        for (int i = 0; args[i] != NULL && n < 4399; i++)
             argv[n++] = args[i];
         argv[n] = NULL;
         execv(client, argv);
@@ -801,6 +801,7 @@ static bool t_slot_high_water(void)
     return ok;
 }
 
+#include "shim_test_launch.c"
 /* ------------------------------------------------------------------ memory the driver holds */
 
 static const struct dev_cfg MEM1G = {0, 1ull << 30, VGPU_CORE_LIMIT_FULL, 0, 0, VGPU_POLICY_OFF, 0};
@@ -1140,12 +1141,13 @@ static bool t_spill_threads_and_mixed(void)
 {
     make_flagged_region("spillmt", &MEM1G, VGPU_CONTROL_FLAG_SPILL);
     struct run r;
-    /* a 64 MiB card with a 16 MiB context: 4 threads holding up to 8 x 3 MiB each spill part of
-     * the time and free both ways; nothing is left counted after. Then a mixed workload of every
+    /* a 64 MiB card with a 16 MiB context: 4 threads holding up to 8 x 7 MiB each spill part of
+     * the time (each alone outgrows the 48 MiB left, however the threads interleave) and free
+     * both ways; nothing is left counted after. Then a mixed workload of every
      * kind with spilling on, within 1 % of the driver's count (device and managed memory) */
     char *env[] = {SPILL_CARD, "FAKE_CUDA_CONTEXT_MEMORY=16777216", NULL};
     run_client(&r, "spillmt", env,
-               ARGS("direct", "ctx", "0", "spilled", "0", "spillthreads", "4", "300", "3M",
+               ARGS("direct", "ctx", "0", "spilled", "0", "spillthreads", "4", "300", "7M",
                     "spilled", "0", "hostheld", "0", "info", "1G", "1008M", "compare", "0", "0",
                     "alloc", "plain", "48M", "ok", "alloc", "plain", "3M", "ok", "spilled", "3M",
                     "free", "ok", "free", "ok", "mixed", "600", "5", "compare", "0", "10M"));
@@ -1292,6 +1294,8 @@ int main(int argc, char **argv)
     report("VGPU_DISABLE=1 is a pure pass-through", t_disabled());
     report("fork under load: no deadlock, children get their own slots", t_fork_under_load());
     report("dlsym(RTLD_NEXT) answers for the caller, not for the shim", t_rtld_next());
+    run_launch_tests();
+    run_turn_tests();
     for (size_t i = 0; i < 3; i++) {
         snprintf(name, sizeof name, "context memory counts and shows in cuMemGetInfo (%s)", ways[i]);
         report(name, t_context_memory_counts(ways[i]));

@@ -112,6 +112,12 @@ class ShimWriter:
                              ("memory_pool", pool), ("memory_spilled", spilled)):
             struct.pack_into("<Q", self._map, base + o[field], value)
 
+    def graphs_unpriced(self, dev: int, count: int) -> None:
+        """Executable graphs the shim priced at the graph_cost floor (the ABI 1.1 extension)."""
+        base = layout.STATE_OFFSETS["ext"] + dev * layout.STATE_EXT_DEVICE_SIZE
+        struct.pack_into("<Q", self._map, base + layout.STATE_EXT_DEVICE_OFFSETS["graphs_unpriced"],
+                         count)
+
     def scribble_header(self) -> None:
         """What a buggy or hostile process in the container could do to the file."""
         self._map[0:16] = b"\xde\xad\xbe\xef" * 4

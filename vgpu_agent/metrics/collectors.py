@@ -70,6 +70,7 @@ class ContainerDevice:
     memory_module: int = 0  # of memory_used: loaded modules and libraries
     memory_pool: int = 0  # of memory_used: held by stream-ordered pools
     memory_spilled: int = 0  # of the data: served by managed (host-backed) memory, card full
+    graphs_unpriced: int = 0  # executable graphs charged the graph_cost floor (ABI 1.1 regions)
     launches: int = 0
     wait_ns: int = 0
     last_launch_ns: int = 0  # CLOCK_MONOTONIC ns, 0 = never
@@ -154,6 +155,7 @@ def container_devices(
                 memory_module=_at(usage.memory_module if usage else (), dev),
                 memory_pool=_at(usage.memory_pool if usage else (), dev),
                 memory_spilled=_at(usage.memory_spilled if usage else (), dev),
+                graphs_unpriced=_at(usage.graphs_unpriced if usage else (), dev),
                 launches=sum(p.launches[dev] for p in procs),
                 wait_ns=sum(p.wait_ns[dev] for p in procs),
                 last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
@@ -372,6 +374,12 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         "vgpu_container_token_wait_seconds", "Time the container's launches waited for tokens.", L
     )
     launches = _counter("vgpu_container_kernel_launches", "Kernel launches by the container.", L)
+    unpriced = _counter(
+        "vgpu_container_graphs_unpriced",
+        "Executable CUDA graphs the shim could not price from their kernel nodes (each launch of "
+        "one costs at least the device's graph_cost).",
+        L,
+    )
     rate = _gauge(
         "vgpu_container_token_refill_rate",
         "Tokens per second the container's bucket refills at (absent when unlimited).",
@@ -418,11 +426,12 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         _put(mem_spilled, labels, entry.memory_spilled)
         _put(waited, labels, entry.wait_ns / 1e9)
         _put(launches, labels, entry.launches)
+        _put(unpriced, labels, entry.graphs_unpriced)
         launch_age = _launch_age_s(snap, entry)
         if launch_age is not None:
             _put(age, labels, launch_age)
-    yield from (mem_limit, mem_used, mem_spilled, core_limit, core_util, waited, launches, rate)
-    yield from (age, open_loop)
+    yield from (mem_limit, mem_used, mem_spilled, core_limit, core_util, waited, launches)
+    yield from (unpriced, rate, age, open_loop)
     yield from (policy_info, priority)
 
 

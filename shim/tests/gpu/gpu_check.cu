@@ -9,6 +9,14 @@
 //                                           SECONDS; prints "launches_per_s=X cost=TOKENS"
 //   gpu_check overhead N                    N launches of an empty kernel, host time per launch;
 //                                           prints "ns_per_launch=X"
+//   gpu_check procaddr                      cudaGetDriverEntryPointByVersion (CUDA 12.8 ABIs) of
+//                                           entry points the shim hooks, with the default and the
+//                                           per-thread flag; prints "default=H/N per_thread=H/N"
+//                                           (H: answered by libvgpu.so)
+//   gpu_check graph SECONDS GRID BLOCK SPIN_US N
+//                                           captures N spin kernels into a graph (stream capture),
+//                                           then launches the graph for SECONDS; prints
+//                                           "kernels_per_s=X cost=TOKENS capture_ms=C"
 //   gpu_check ctxmem                        cudaMemGetInfo right after the context exists;
 //                                           prints "used=B total=T free=F"
 //   gpu_check pool CHUNK_MIB MAX_MIB        cudaMallocAsync until refused (at most MAX_MIB), frees
@@ -23,6 +31,7 @@
 //                                           "allocated=B managed_chunks=N meminfo_total=T
 //                                           meminfo_free=F spill_gbps=X device_gbps=Y correct=0|1"
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <chrono>
 #include <cstdio>
@@ -161,6 +170,66 @@ int main(int argc, char **argv)
         }
         CHECK(cudaGetLastError());
         std::printf("ns_per_launch=%.1f\n", host * 1e9 / (double)((n + 255) / 256 * 256));
+        return 0;
+    }
+    if (std::strcmp(argv[1], "procaddr") == 0 && argc == 2) {
+        // entry points the shim hooks, by base name (their 12.8 ABI is the one hooked)
+        static const char *const names[] = {
+            "cuMemAlloc",        "cuMemFree",          "cuMemGetInfo",         "cuMemAllocAsync",
+            "cuMemFreeAsync",    "cuLaunchKernel",     "cuLaunchKernelEx",     "cuGraphLaunch",
+            "cuGraphInstantiateWithFlags", "cuGraphExecUpdate", "cuStreamBeginCapture",
+            "cuDeviceTotalMem", "cuMemCreate", "cuMemRelease"};
+        const unsigned long long flags[2] = {cudaEnableDefault, cudaEnablePerThreadDefaultStream};
+        int hooked[2] = {0, 0};
+        const int n = (int)(sizeof names / sizeof names[0]);
+        for (int f = 0; f < 2; f++)
+            for (int i = 0; i < n; i++) {
+                void *p = nullptr;
+                cudaDriverEntryPointQueryResult q;
+                Dl_info info;
+                if (cudaGetDriverEntryPointByVersion(names[i], &p, 12080, flags[f], &q) ==
+                        cudaSuccess &&
+                    p != nullptr && dladdr(p, &info) != 0 && info.dli_fname != nullptr &&
+                    std::strstr(info.dli_fname, "libvgpu") != nullptr)
+                    hooked[f]++;
+                else if (getenv("LD_PRELOAD") != nullptr)
+                    std::fprintf(stderr, "not hooked: %s (flag %llu)\n", names[i], flags[f]);
+            }
+        std::printf("default=%d/%d per_thread=%d/%d\n", hooked[0], n, hooked[1], n);
+        return 0;
+    }
+    if (std::strcmp(argv[1], "graph") == 0 && argc == 7) {
+        double seconds = std::atof(argv[2]);
+        unsigned grid = (unsigned)std::atoi(argv[3]), block = (unsigned)std::atoi(argv[4]);
+        unsigned long long spin_ns = std::strtoull(argv[5], nullptr, 10) * 1000ull;
+        int n = std::atoi(argv[6]);
+        cudaStream_t s;
+        CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        cudaGraph_t g;
+        cudaGraphExec_t e;
+        auto c0 = std::chrono::steady_clock::now();
+        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        for (int i = 0; i < n; i++)
+            spin<<<grid, block, 0, s>>>(spin_ns);
+        CHECK(cudaStreamEndCapture(s, &g));
+        double capture_ms = seconds_since(c0) * 1e3;
+        CHECK(cudaGraphInstantiate(&e, g, 0));
+        CHECK(cudaGraphLaunch(e, s)); // warm up
+        CHECK(cudaStreamSynchronize(s));
+        auto t0 = std::chrono::steady_clock::now();
+        unsigned long long launches = 0;
+        while (seconds_since(t0) < seconds) {
+            CHECK(cudaGraphLaunch(e, s));
+            launches++;
+            if (launches % 8 == 0)
+                CHECK(cudaStreamSynchronize(s)); // keep the queue short: time is GPU time
+        }
+        CHECK(cudaStreamSynchronize(s));
+        std::printf("kernels_per_s=%.1f cost=%llu capture_ms=%.2f\n",
+                    (double)launches * n / seconds_since(t0), (unsigned long long)grid * block,
+                    capture_ms);
+        CHECK(cudaGraphExecDestroy(e));
+        CHECK(cudaGraphDestroy(g));
         return 0;
     }
     if (std::strcmp(argv[1], "ctxmem") == 0 && argc == 2) {

@@ -6,7 +6,7 @@
 # Uses GPU 0. Builds libvgpu.so and gpu_check.cu, writes region files with the agent's own
 # encoder (vgpu_agent/shm/layout.py, standard library only), runs each check with and without
 # the shim preloaded, and prints one summary table. Exit status 0 when every check passed.
-# Takes about a minute plus the nvcc build, and the spill check (1.5x the card, through host
+# Takes about two minutes plus the nvcc build, and the spill check (1.5x the card, through host
 # memory) up to 4 minutes more; every step has a time limit, the whole stays < 10 min.
 set -euo pipefail
 
@@ -143,6 +143,38 @@ for pct in 25 50 100; do
   python3 -c "import sys; sys.exit(0 if abs($share - $pct) <= max(5, 0.1 * $pct) else 1)" && verdict="ok"
   row "launches/s at a rate for $pct%" "$full (100%)" "$got ($share%)" "$verdict"
 done
+
+# ---- cuGetProcAddress: both flags hand out the hooks (through the runtime's entry-point lookup)
+pa_dir="$(region procaddr 0 500000 $((1 << 61)) $((1 << 61)) "$POLICY_STRICT")"
+pa="$(shimmed "$pa_dir" procaddr)"
+pa_def="$(echo "$pa" | sed -n 's/.*default=\([0-9]*\/[0-9]*\).*/\1/p')"
+pa_pt="$(echo "$pa" | sed -n 's/.*per_thread=\([0-9]*\/[0-9]*\).*/\1/p')"
+verdict="FAIL"
+[[ -n "$pa_def" && "${pa_def%/*}" == "${pa_def#*/}" && "${pa_pt%/*}" == "${pa_pt#*/}" ]] && verdict="ok"
+row "entry points hooked (default / pt)" "-" "$pa_def / $pa_pt" "$verdict"
+
+# ---- graphs: a captured graph of GRAPH_N kernels is paced like its kernels (25/50/100%)
+GRAPH_N=20
+base_g="$(plain graph "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US" "$GRAPH_N")"
+gfull="$(echo "$base_g" | field kernels_per_s)"
+gcost="$(echo "$base_g" | field cost)"
+for pct in 25 50 100; do
+  rate=$(python3 -c "print(int($pct / 100 * float('$gfull') * $gcost))")
+  burst=$(python3 -c "print(max($gcost * $GRAPH_N, $rate // 20))")
+  dir="$(region "graph$pct" 0 $((pct == 100 ? 999999 : pct * 10000)) "$rate" "$burst" "$POLICY_STRICT")"
+  got="$(shimmed "$dir" graph "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US" "$GRAPH_N" | field kernels_per_s)"
+  share=$(python3 -c "print(round(100 * float('$got') / float('$gfull'), 1))")
+  verdict="FAIL"
+  python3 -c "import sys; sys.exit(0 if abs($share - $pct) <= max(5, 0.1 * $pct) else 1)" && verdict="ok"
+  row "graph kernels/s at a rate for $pct%" "$gfull (100%)" "$got ($share%)" "$verdict"
+done
+# capture with an empty bucket (1 token/s): recording spends nothing, so it does not wait
+empty_dir="$(region empty 0 500000 1 1 "$POLICY_STRICT")"
+b_cap="$(echo "$base_g" | field capture_ms)"
+s_cap="$(shimmed "$empty_dir" graph 0 "$GRID" "$BLOCK" "$SPIN_US" "$GRAPH_N" | field capture_ms)"
+verdict="FAIL"
+python3 -c "import sys; sys.exit(0 if float('$s_cap') < float('$b_cap') + 50 else 1)" && verdict="ok"
+row "capture $GRAPH_N kernels, empty bucket (ms)" "$b_cap" "$s_cap" "$verdict"
 
 # ---- launch overhead (host time per launch of an empty kernel)
 ample_dir="$(region ample 0 500000 $((1 << 61)) $((1 << 61)) "$POLICY_STRICT")"
