@@ -15,6 +15,7 @@ exposed in `open_loop_gpus`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections import defaultdict
@@ -194,7 +195,7 @@ class ThrottleController:
         self.pid_resolver: PidResolver = pid_resolver or CgroupPidResolver(proc_root)
         self.ns_resolver = NamespacePidResolver(proc_root)
         self._sampled_pids: set[int] = set()
-        self.params = params or ControlParams(spend_window_s=max(0.4, 4 * tick_s))
+        self.params = params or ControlParams()
         self.clock = clock
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
@@ -203,6 +204,12 @@ class ThrottleController:
         # id(region) -> (region, its devices): the region is held so that its id stays its own
         self._by_region: dict[int, tuple[RegionHandle, list[_Device]]] = {}
         self._since_us: dict[str, int] = {}
+        self._newest_us: dict[str, int] = {}  # per GPU: the newest sample's stamp
+        self._period_us: dict[str, int] = {}  # per GPU: NVML's sample period, as seen
+        self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
+        self._now_ns = 0
+        # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
+        self._recent: dict[str, dict[int, tuple[str, int, float]]] = {}
         self._open_loop: set[str] = set()
         self._last_tick_ns: int | None = None
 
@@ -267,7 +274,7 @@ class ThrottleController:
             await asyncio.sleep(next_at - loop.time())
 
     async def tick(self) -> None:
-        now_ns = self.clock()
+        now_ns = self._now_ns = self.clock()
         dt_s = self.tick_s if self._last_tick_ns is None else (now_ns - self._last_tick_ns) / 1e9
         self._last_tick_ns = now_ns
         self.ticks += 1
@@ -300,6 +307,7 @@ class ThrottleController:
         by_gpu = self._gather(regions)
         sampled: dict[str, list[ProcessSample] | BaseException] = {}
         for uuid in by_gpu:
+            self._first_read_ns.setdefault(uuid, self._now_ns)
             try:
                 sampled[uuid] = self.backend.process_utilization(uuid, self._since_us.get(uuid, 0))
             except Exception as e:  # judged on the event loop, with the others
@@ -366,13 +374,61 @@ class ThrottleController:
             return None
         if outcome:
             since = self._since_us.get(uuid, 0)
-            self._since_us[uuid] = max(since, *(s.timestamp_us for s in outcome))
+            newest = max(s.timestamp_us for s in outcome)
+            self._since_us[uuid] = max(since, newest)
+            if since == 0:
+                # The first reading returns the driver's whole history, from before the
+                # spending the law knows of: only the newest period describes the present,
+                # and the history tells the sample period.
+                stamps = sorted({s.timestamp_us for s in outcome})
+                if len(stamps) > 1:
+                    self._period_us[uuid] = min(b - a for a, b in itertools.pairwise(stamps))
+                outcome = [s for s in outcome if s.timestamp_us == newest]
         return outcome
 
+    def _span(self, uuid: str, samples: list[ProcessSample]) -> tuple[float, int]:
+        """(seconds the samples describe, samples per process) for the law's evidence."""
+        stamps = sorted({s.timestamp_us for s in samples})
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        previous = self._newest_us.get(uuid)
+        if previous is not None and previous < stamps[0]:
+            gaps.insert(0, stamps[0] - previous)
+        self._newest_us[uuid] = stamps[-1]
+        period = self._period_us.get(uuid, 0)
+        if gaps:
+            # the sample period: the shortest gap seen (longer ones span missed periods)
+            period = min([period, *gaps]) if period else min(gaps)
+            self._period_us[uuid] = period
+        if not period:
+            # A first sample and no history: it cannot describe more than the time since the
+            # GPU was first read (and a second at most; no driver samples less often).
+            watched_s = (self._now_ns - self._first_read_ns.setdefault(uuid, self._now_ns)) / 1e9
+            return min(1.0, watched_s + self.tick_s), len(stamps)
+        return len(stamps) * period / 1e6, len(stamps)
+
+    def _owner(self, pid: int, known: Mapping[int, str],
+               slots: Mapping[tuple[int, int], str]) -> str | None:
+        """The alloc_id whose container host `pid` runs in; None when none can be told."""
+        found = known.get(pid)
+        if found is None and slots:
+            found = self.ns_resolver.resolve(pid, slots)
+        if found is None:
+            try:
+                found = self.pid_resolver(pid, known)
+            except Exception:
+                self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
+                found = None
+        return found
+
     def _utilization(
-        self, entries: _Entries, samples: list[ProcessSample] | None
-    ) -> dict[str, float] | None:
-        """SM percent per alloc_id from this tick's samples; None when nothing new arrived."""
+        self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None
+    ) -> tuple[dict[str, float], float, int] | None:
+        """SM percent per alloc_id from this tick's samples, the seconds they describe and how
+        many samples per process they average; None when nothing new arrived.
+
+        A process that had samples lately but none in this batch (NVML missed it) counts with
+        its last value: a missed sample is not an idle process.
+        """
         if not samples:
             return None
         known: dict[int, str] = {}
@@ -390,19 +446,26 @@ class ThrottleController:
         for s in samples:
             per_pid[s.pid].append(s.sm_util)
         self._sampled_pids.update(per_pid)
+        span_s, count = self._span(uuid, samples)
+        newest = self._newest_us[uuid]
+        recent = self._recent.setdefault(uuid, {})
         for pid, values in per_pid.items():
-            found = known.get(pid)
-            if found is None and slots:
-                found = self.ns_resolver.resolve(pid, slots)
-            if found is None:
-                try:
-                    found = self.pid_resolver(pid, known)
-                except Exception:
-                    self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
-                    found = None
+            found = self._owner(pid, known, slots)
+            value = min(100.0, max(0.0, sum(values) / len(values)))
             if found in util:
-                util[found] += min(100.0, max(0.0, sum(values) / len(values)))
-        return util
+                util[found] += value
+                recent[pid] = (found, newest, value)
+            else:
+                recent.pop(pid, None)
+        stale_us = newest - 3 * (self._period_us.get(uuid) or 1_000_000)
+        for pid, (alloc_id, stamp, value) in list(recent.items()):
+            if pid in per_pid:
+                continue
+            if stamp < stale_us or alloc_id not in util:
+                del recent[pid]
+            else:
+                util[alloc_id] += value
+        return util, span_s, count
 
     def _limits(self, device: _Device) -> tuple[float, CorePolicy, int]:
         """(limit, policy, priority) of a device, read from its region the first time."""
@@ -417,7 +480,8 @@ class ThrottleController:
         return limits
 
     def _observe(
-        self, device: _Device, usage: RegionUsage, util: float | None
+        self, device: _Device, usage: RegionUsage, util: float | None, span_s: float = 0.0,
+        count: int = 1,
     ) -> tuple[Observation, tuple[int, int]]:
         """The device's tick for the law, and the (rate, burst) found written in its region."""
         dev = device.dev
@@ -445,20 +509,23 @@ class ThrottleController:
             rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
         limit, policy, priority = self._limits(device)
         obs = Observation(
-            device.key, limit, policy, priority, spent, launches, wait / 1e9, util, rate, burst
+            device.key, limit, policy, priority, spent, launches, wait / 1e9, util, rate, burst,
+            span_s, count,
         )
         return obs, written
 
     def _steer_gpu(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None, dt_s: float
     ) -> None:
-        utils = self._utilization(entries, samples)
+        measured = self._utilization(uuid, entries, samples)
+        utils, span_s, count = measured if measured is not None else (None, 0.0, 1)
         observations: list[Observation] = []
         steered: list[tuple[_Device, tuple[int, int]]] = []
         for device, usage in entries:
             try:
                 obs, written = self._observe(
-                    device, usage, None if utils is None else utils[device.alloc_id]
+                    device, usage, None if utils is None else utils[device.alloc_id], span_s,
+                    count,
                 )
             except Exception:
                 self._failed("region_read", "throttle_region_read_failed",
