@@ -88,8 +88,8 @@ class ControlParams:
     drift_per_s: float = 0.01  # relative drift of the workload's cost a second may bring
     surprise_sigmas: float = 4.0  # an innovation this far out is a changed workload
     initial_spread: float = 1.0  # relative standard deviation of the cold-start bound
-    cold_samples: int = 6  # measurements before a strict container drops the margin
-    cold_sigmas: float = 2.0  # the margin, in standard deviations of the estimate
+    cold_samples: int = 3  # measurements before a strict container drops the margin
+    cold_sigmas: float = 1.0  # the margin, in standard deviations of the estimate
     hungry_wait_fraction: float = 0.02  # waiting this fraction of a tick means rate-limited
     hungry_spend_fraction: float = 0.9  # spending this fraction of the rate means rate-limited
     boot_widening: float = 1.25  # margin on the first sample, so the first rate stays below
