@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.simulation.gpu import SimGpu, Workload
+from vgpu_agent.simulation.imperfections import IDEAL
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID, ContainerSpec, ControlledRun
 from vgpu_agent.throttle.control import UNLIMITED_RATE
@@ -24,7 +25,7 @@ def share(run: ControlledRun, name: str, last_s: float = 1.0) -> float:
 
 async def test_steers_containers_to_their_limits_and_beats_every_tick():
     run = ControlledRun((ContainerSpec("a", 25, BUSY), ContainerSpec("b", 75, Workload(
-        kernel_s=0.0005, blocks=128))))
+        kernel_s=0.0005, blocks=512))))
     await run.advance(4)
     assert share(run, "a") == pytest.approx(25, abs=2)
     assert share(run, "b") == pytest.approx(75, abs=2)
@@ -33,7 +34,7 @@ async def test_steers_containers_to_their_limits_and_beats_every_tick():
     status = run.controller.status[("a", 0)]
     assert status.uuid == SIM_UUID and status.limit == 25 and status.policy == "work-conserving"
     assert run.regions["a"].rates[0] == (status.rate, status.burst)
-    assert status.measured_util == pytest.approx(25, abs=2)
+    assert status.measured_util == pytest.approx(25, abs=9)  # one sample, noisy by 3 points
     assert not status.open_loop and not run.controller.open_loop_gpus
     assert run.controller.error_counts == {}
 
@@ -118,7 +119,8 @@ def write_cgroup(root, pid: int, text: str) -> None:
 
 async def test_a_process_without_host_pid_is_found_through_its_cgroup(tmp_path):
     pod = "0::/kubepods/burstable/pod1234/cri-containerd-abc\n"
-    gpu = SimGpu(SIM_UUID)
+    # the ideal plant: this checks whose samples are counted, which noise would blur
+    gpu = SimGpu(SIM_UUID, imperfections=IDEAL)
     region = SimRegion("r", (SIM_UUID,), (100.0,), ("work-conserving",))
     known = gpu.shim_process("known", Workload(kernel_s=0.001), region, pid=4001)
     hidden = gpu.shim_process("hidden", Workload(kernel_s=0.001), region, pid=4002,

@@ -91,7 +91,7 @@ class ControlParams:
     cold_samples: int = 3  # measurements before a strict container drops the margin
     cold_sigmas: float = 1.0  # the margin, in standard deviations of the estimate
     hungry_wait_fraction: float = 0.02  # waiting this fraction of a tick means rate-limited
-    hungry_spend_fraction: float = 0.9  # spending this fraction of the rate means rate-limited
+    hungry_spend_fraction: float = 0.8  # spending this fraction of the rate means rate-limited
     boot_widening: float = 1.25  # margin on the first sample, so the first rate stays below
     demand_margin: float = 3.0  # headroom kept for a container that is not rate-limited
     demand_ticks: int = 3  # demand is the peak spending of this many recent ticks
@@ -185,6 +185,9 @@ class LoopState(NamedTuple):
     k_floor: float = 0.0  # the cold-start bound: k is at least this (0: none)
     target: float = 0.0  # the share the rate in force aimed at
     learned: int = 0  # how many measurements `k` has been learned from
+
+
+_BLANK = LoopState()
 
 
 class Claim(NamedTuple):
@@ -348,9 +351,12 @@ def _observe(
     if obs.launches:
         cost = max(cost, spent / obs.launches)
     waited = obs.waited_s >= params.hungry_wait_fraction * dt_s
+    # Long kernels make one tick's spending lumpy: the last few ticks' mean counts too.
+    recent = history[-params.demand_ticks :]
     spent_all = (
         rate_in_force < UNLIMITED_RATE
-        and spend_rate >= params.hungry_spend_fraction * rate_in_force
+        and max(spend_rate, sum(recent) / len(recent))
+        >= params.hungry_spend_fraction * rate_in_force
     )
     hungry = waited or spent_all
 
@@ -368,10 +374,17 @@ def _observe(
         k_floor, spread = spend_rate / FULL_SHARE, params.initial_spread**2
     elif k > 0:
         spread += params.drift_per_s**2 * dt_s
-    else:
-        # No model: what it spent before (a first sight counts nothing) would only mislead.
+    if prev is _BLANK:
+        # First sight: the controller counts nothing spent (it has no earlier totals), which
+        # is not what the container did.
         history = ()
-    if util is not None and k > 0 and weights is not None:
+    if util is not None and k <= 0 and weights is not None and util >= params.resolution:
+        # Held at a rate it found written (the agent restarted): its first measurement.
+        x, _ = _matched_spend(history, weights)
+        if x > 0:
+            k, spread, last_pair = x / util, params.initial_spread**2, (x, util)
+            learned += 1
+    elif util is not None and k > 0 and weights is not None:
         x, misaligned = _matched_spend(history, weights)
         if x > 0:
             floor = params.resolution**2 / 12
@@ -419,7 +432,7 @@ def _state(learned: _Learned, target: float) -> LoopState:
 def rate_for(k: float, target: float, obs: Observation, state_spread: float, learned: int,
              params: ControlParams) -> float:
     """Tokens/s buying `target` percent; for a strict container still learning, less."""
-    if obs.policy == "strict" and learned < params.cold_samples and params.cold_sigmas:
+    if obs.policy == "strict" and 0 < learned < params.cold_samples and params.cold_sigmas:
         fade = 1 - learned / params.cold_samples
         k /= 1 + params.cold_sigmas * fade * math.sqrt(state_spread)
     return k * target
@@ -440,8 +453,7 @@ def control_step(
         raise ValueError(f"duplicate container keys in one GPU's observations: {keys}")
     history_len = max(params.demand_ticks, math.ceil(params.history_s / dt_s) + 1)
 
-    blank = LoopState()
-    previous = [states.get(o.key, blank) for o in observations]
+    previous = [states.get(o.key, _BLANK) for o in observations]
     # The containers of one GPU share their samples' span: place it on the history once.
     weights_by_span: dict[float, tuple[float, ...]] = {}
     updated = []
@@ -482,7 +494,8 @@ def control_step(
             decisions[o.key] = Decision(kept[0], kept[1], target, hungry, demand,
                                         _state(learned, prev.target))
             continue
-        rate = max(params.min_rate, round(rate_for(k, target, o, learned[5], learned[10], params)))
+        rate = max(params.min_rate,
+                   round(rate_for(k, target, o, learned[5], learned[10], params)))
         burst = max(
             round(rate * params.burst_s),
             math.ceil(params.burst_launches * learned[3]),
