@@ -44,8 +44,8 @@ async def test_rates_are_written_only_when_they_change():
     await run.advance(5)
     writes = run.regions["solo"].rate_writes
     await run.advance(2)
-    # Settled: a few corrections at most, not one write per tick.
-    assert run.regions["solo"].rate_writes - writes < 10
+    # Settled: a correction at most per NVML sample (6 a second), not one write per tick.
+    assert run.regions["solo"].rate_writes - writes <= 12
 
 
 async def test_open_loop_when_the_gpu_cannot_report_per_process_use():

@@ -145,8 +145,9 @@ def test_work_conserving_lends_and_the_owner_gets_it_back_within_one_tick():
     assert plant.decisions[-1]["owner"].hungry or plant.decisions[-1]["owner"].demand > 50
     assert plant.decisions[-1]["borrower"].target == pytest.approx(30)
     plant.run(3)
-    assert plant.share("owner", 1) == pytest.approx(70, abs=2)
-    assert plant.share("borrower", 1) == pytest.approx(30, abs=2)
+    # a full GPU less the 1.25% its context switches cost
+    assert plant.share("owner", 1) == pytest.approx(70 * 0.9875, abs=2)
+    assert plant.share("borrower", 1) == pytest.approx(30 * 0.9875, abs=2)
 
 
 def test_priority_decides_who_is_served_when_limits_exceed_the_gpu():

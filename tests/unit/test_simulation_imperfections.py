@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 from dataclasses import replace
 
@@ -32,16 +33,31 @@ def test_the_default_plant_is_the_imperfect_one():
     assert REAL.nvml_sigma > 0 and REAL.kernel_jitter > 0 and REAL.sm_count > 0
 
 
-def test_nvml_noise_scatters_samples_around_the_true_use_by_sigma():
-    gpu = gpu_with(nvml_sigma=5.0)
+@pytest.mark.parametrize(
+    ("model", "spread_at_twenty"),
+    [("additive", 5.0), ("sampled", 5.0 * (0.2 * 0.8) ** 0.5 / 0.5)],
+)
+def test_nvml_noise_scatters_samples_around_the_true_use(model, spread_at_twenty):
+    gpu = gpu_with(nvml_sigma=5.0, nvml_noise=model)
     p = gpu.shim_process("p", LAUNCH, region(rate=TWENTY_PERCENT))
     gpu.advance(40)
     values = [s.sm_util for s in gpu.process_utilization(0) if s.pid == p.pid]
     assert all(isinstance(v, int) and 0 <= v <= 100 for v in values)
     assert statistics.mean(values) == pytest.approx(20, abs=1)
-    assert statistics.stdev(values) == pytest.approx(5, rel=0.25)
+    assert statistics.stdev(values) == pytest.approx(spread_at_twenty, rel=0.25)
     # ground truth is untouched by the noise
     assert gpu.shares(p, 10)[-1][1] == pytest.approx(20, abs=0.5)
+
+
+def test_sampled_noise_is_unbiased_near_zero_where_additive_noise_is_clipped():
+    rng = random.Random(3)
+    sampled = Imperfections(nvml_sigma=8.0)
+    additive = Imperfections(nvml_sigma=8.0, nvml_noise="additive")
+    near_zero = [sampled.observe(3.0, rng) for _ in range(4000)]
+    clipped = [additive.observe(3.0, rng) for _ in range(4000)]
+    assert statistics.mean(near_zero) == pytest.approx(3.0, abs=0.3)
+    assert statistics.mean(clipped) > 4.5  # negative readings cannot exist: biased upwards
+    assert sampled.observe(0.0, rng) == 0 and sampled.observe(100.0, rng) == 100
 
 
 def test_missed_samples_leave_gaps_not_zeros():
@@ -137,7 +153,7 @@ def test_runs_repeat_exactly_for_a_seed_and_differ_between_seeds():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("nvml_sigma", -1.0), ("missed_samples", 1.0), ("window_periods", 0),
+    [("nvml_sigma", -1.0), ("nvml_noise", "pink"), ("missed_samples", 1.0), ("window_periods", 0),
      ("kernel_jitter", 2.0), ("switch_s", 0.01), ("overlap", 1.5), ("sm_count", -1),
      ("packing_efficiency", 0.0), ("timeslice_s", 0.0)],
 )

@@ -303,9 +303,7 @@ class SimGpu:
             if imp.missed_samples and rng.random() < imp.missed_samples:
                 continue
             value = 100 * sum(recent) / (len(recent) * period_s)
-            if imp.nvml_sigma:
-                value = min(100.0, max(0.0, value + rng.gauss(0, imp.nvml_sigma)))
-            self.samples.append(ProcessSample(p.pid, stamp_us, round(value)))
+            self.samples.append(ProcessSample(p.pid, stamp_us, imp.observe(value, rng)))
         self._next_sample_ns += self.sample_ns
         oldest_us = (self.now_ns - self._history_ns) // 1000
         while self.samples and self.samples[0].timestamp_us < oldest_us:

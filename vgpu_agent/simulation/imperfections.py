@@ -6,8 +6,12 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
 
 - `nvml_sigma` 3 points: per-process SM samples are themselves sampled by the driver and
   windowed; repeated readings of a steady process scatter by a few points around its true use.
-  Each sample gets independent Gaussian noise of this standard deviation, is clipped to
-  [0, 100] and rounded to the integer percent NVML reports.
+  With `nvml_noise` "sampled" (the default) a sample is the fraction of the driver's instants
+  at which the process was seen busy: unbiased, never negative, its error largest (sigma) at
+  50 % use and shrinking towards 0 % and 100 %, as a proportion's does. With "additive" each
+  sample gets Gaussian noise of sigma whatever the use, clipped to [0, 100]: harsher, and
+  biased upwards for processes using only a few percent. Either way the value is rounded to
+  the integer percent NVML reports.
 - `missed_samples` 2 %: a process that ran in a period does not always appear in that period's
   samples (the driver's buffer is per GPU and finite); the law must not read a missing sample
   as zero use.
@@ -36,12 +40,15 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Imperfections:
     nvml_sigma: float = 3.0  # points, standard deviation of each per-process sample
+    nvml_noise: str = "sampled"  # or "additive" (see the module note)
     missed_samples: float = 0.02  # probability that a process's sample is absent
     window_periods: int = 1  # sample periods each sample averages over
     kernel_jitter: float = 0.1  # relative standard deviation of a kernel's duration
@@ -54,6 +61,7 @@ class Imperfections:
     def __post_init__(self) -> None:
         checks = {
             "nvml_sigma": self.nvml_sigma >= 0,
+            "nvml_noise": self.nvml_noise in ("sampled", "additive"),
             "missed_samples": 0 <= self.missed_samples < 1,
             "window_periods": self.window_periods >= 1,
             "kernel_jitter": 0 <= self.kernel_jitter <= 1,
@@ -67,6 +75,22 @@ class Imperfections:
             if not ok:
                 raise ValueError(f"Imperfections.{name} out of range: {getattr(self, name)!r} "
                                  "(see the module note for what is allowed)")
+
+    def observe(self, percent: float, rng: random.Random) -> int:
+        """What NVML reports for a process that truly used `percent` of the SMs."""
+        sigma = self.nvml_sigma
+        if sigma and self.nvml_noise == "additive":
+            percent += rng.gauss(0, sigma)
+        elif sigma:
+            # n busy-or-idle instants give a proportion whose spread at 50 % is sigma
+            instants = max(1, round((50 / sigma) ** 2))
+            p = min(1.0, max(0.0, percent / 100))
+            if instants <= 400:
+                busy = sum(1 for _ in range(instants) if rng.random() < p)
+            else:
+                busy = round(instants * p + rng.gauss(0, math.sqrt(instants * p * (1 - p))))
+            percent = 100 * busy / instants
+        return round(min(100.0, max(0.0, percent)))
 
 
 IDEAL = Imperfections(nvml_sigma=0.0, missed_samples=0.0, window_periods=1, kernel_jitter=0.0,
