@@ -11,10 +11,12 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import importlib
 import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -26,12 +28,15 @@ from vgpu_agent.deviceplugin.registration import PluginRunner
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
-from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kubelet.podresources import PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.shm.regions import RegionStore
 from vgpu_agent.throttle.controller import ThrottleController
+
+if TYPE_CHECKING:  # kubernetes_asyncio is imported when the node integration starts
+    from vgpu_agent.gpu.health import HealthChange
+    from vgpu_agent.kube.node import NodeIntegration
 
 log = structlog.get_logger(__name__)
 
@@ -186,11 +191,32 @@ class Agent:
         if not self.config.node_name:
             log.warning("kube_node_unknown", detail="no node name: node labels and events are off")
             return
-        node = NodeIntegration(self.config.node_name, self.config.kubeconfig)
+        assert self.health is not None
+        # Health changes from now on are kept until the integration is there to report them.
+        early: list[HealthChange] = []
+        self.health.add_listener(
+            lambda change: self.node.on_health_change(change) if self.node else early.append(change)
+        )
+        group.create_task(self._node_integration(group, gpus, early), name="kube-start")
+
+    async def _node_integration(
+        self, group: asyncio.TaskGroup, gpus: list[GpuInfo], early: list[HealthChange]
+    ) -> None:
+        # kubernetes_asyncio takes about a second to import: a worker thread does it, so that
+        # registering with the kubelet and the first control ticks do not wait for it.
+        try:
+            kube_node = await asyncio.to_thread(importlib.import_module, "vgpu_agent.kube.node")
+        except Exception:
+            log.exception("kube_import_failed", detail="node labels and events are off")
+            return
+        node: NodeIntegration = kube_node.NodeIntegration(
+            self.config.node_name, self.config.kubeconfig
+        )
+        for change in early:
+            node.on_health_change(change)
+        early.clear()
         self.node = node
         self._supervise(group, "kube", node.run)
-        assert self.health is not None
-        self.health.add_listener(node.on_health_change)
 
         async def publish() -> None:
             await node.publish_labels(gpus, self.config.split_count, __version__)
