@@ -29,7 +29,9 @@ async def test_steers_containers_to_their_limits_and_beats_every_tick():
     await run.advance(4)
     assert share(run, "a") == pytest.approx(25, abs=2)
     assert share(run, "b") == pytest.approx(75, abs=2)
-    assert all(r.heartbeat_ns == run.gpu.now_ns for r in run.regions.values())
+    # beaten at the heartbeat rate (once a second), not every tick
+    assert all(0 <= run.gpu.now_ns - r.heartbeat_ns < run.controller.heartbeat_ns
+               for r in run.regions.values())
     assert run.controller.ticks == 40
     status = run.controller.status[("a", 0)]
     assert status.uuid == SIM_UUID and status.limit == 25 and status.policy == "work-conserving"
@@ -64,6 +66,9 @@ class BrokenRegion(SimRegion):
     def usage(self):  # type: ignore[override]
         raise OSError("state file vanished")
 
+    def counters(self):  # type: ignore[override]
+        raise OSError("state file vanished")
+
 
 class ReadOnlyRegion(SimRegion):
     def set_rate(self, dev: int, rate: int, burst: int) -> None:
@@ -81,7 +86,7 @@ async def test_one_bad_region_is_counted_and_the_others_are_still_steered():
     counts = run.controller.error_counts
     assert counts["region_usage"] == run.controller.ticks
     assert counts["set_rate"] >= 1
-    assert readonly.heartbeat_ns == run.gpu.now_ns  # beats still go out
+    assert 0 <= run.gpu.now_ns - readonly.heartbeat_ns < 10**9  # beats still go out
     assert ("broken", 0) not in run.controller.status
 
 
@@ -107,7 +112,7 @@ async def test_failures_of_the_region_list_and_of_nvml_are_counted_not_fatal():
     assert controller.error_counts["list_regions"] == 1
     assert controller.error_counts["nvml"] == 2
     assert not controller.open_loop_gpus  # only NOT_SUPPORTED means open loop
-    assert region.heartbeat_ns == now["ns"]
+    assert 0 <= now["ns"] - region.heartbeat_ns < controller.heartbeat_ns
     # Nothing measured, nothing spent: the never-configured region is left unthrottled.
     assert region.rates[0] == (UNLIMITED_RATE, UNLIMITED_RATE)
 

@@ -185,6 +185,7 @@ class LoopState(NamedTuple):
     k_floor: float = 0.0  # the cold-start bound: k is at least this (0: none)
     target: float = 0.0  # the share the rate in force aimed at
     learned: int = 0  # how many measurements `k` has been learned from
+    adopted: bool = False  # k was first learned under a rate found written (agent restart)
 
 
 _BLANK = LoopState()
@@ -328,7 +329,7 @@ def _matched_spend(history: Sequence[float], weights: Sequence[float]) -> tuple[
 # which the allocation decides afterwards: the state is built once, with its target.
 _Learned = tuple[
     float, bool, tuple[float, ...], float, float | None, float, float, int,
-    tuple[float, float], float, int,
+    tuple[float, float], float, int, bool,
 ]
 
 
@@ -363,6 +364,7 @@ def _observe(
     k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
     spread, noise = prev.spread, prev.noise or params.noise_prior
     noise_pairs, last_pair, k_floor = prev.noise_pairs, prev.last_pair, prev.k_floor
+    adopted = prev.adopted
     if k <= 0 and spend_rate > 0 and rate_in_force >= UNLIMITED_RATE:
         # Unthrottled for the tick: its share was at most 100%, or, when NVML already reports
         # it, about `util` (widened, as the sample and the tick do not cover the same moments).
@@ -382,7 +384,9 @@ def _observe(
         # Held at a rate it found written (the agent restarted): its first measurement.
         x, _ = _matched_spend(history, weights)
         if x > 0:
-            k, spread, last_pair = x / util, params.initial_spread**2, (x, util)
+            # as uncertain as one measurement: the rate it ran under was presumably right
+            spread = max(noise, params.resolution**2 / 12) / obs.util_samples / util**2
+            k, last_pair, adopted = x / util, (x, util), True
             learned += 1
     elif util is not None and k > 0 and weights is not None:
         x, misaligned = _matched_spend(history, weights)
@@ -419,14 +423,14 @@ def _observe(
         if k > 0 else 0.0
     last_util = prev.util if util is None else util
     learned_now = (k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
-                   last_pair, k_floor, learned)
+                   last_pair, k_floor, learned, adopted)
     return learned_now, hungry, demand
 
 
 def _state(learned: _Learned, target: float) -> LoopState:
-    k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor, count = learned
+    k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor, count, adopted = learned
     return LoopState(k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor,
-                     target, count)
+                     target, count, adopted)
 
 
 def rate_for(k: float, target: float, obs: Observation, state_spread: float, learned: int,
@@ -486,10 +490,11 @@ def control_step(
             continue
         target = targets[o.key]
         k = learned[0]
-        if k <= 0:
+        if k <= 0 or (learned[11] and learned[10] < params.cold_samples
+                      and o.rate < UNLIMITED_RATE):
             # No model yet. A rate already in force (written before an agent restart) is kept
-            # until the model is learned from it; otherwise the container runs one tick
-            # unthrottled, which gives the cold-start bound.
+            # until the model has been learned from a few measurements under it; otherwise the
+            # container runs one tick unthrottled, which gives the cold-start bound.
             kept = (o.rate, o.burst) if o.rate < UNLIMITED_RATE else (UNLIMITED_RATE,) * 2
             decisions[o.key] = Decision(kept[0], kept[1], target, hungry, demand,
                                         _state(learned, prev.target))
