@@ -21,7 +21,6 @@ import math
 import os
 import platform
 import sys
-
 from dataclasses import dataclass, replace
 
 from vgpu_agent.simulation.gpu import Workload
