@@ -3,6 +3,7 @@ the heartbeat at its own rate, a tick that slows down while all is calm, nothing
 
 from __future__ import annotations
 
+import itertools
 import struct
 from pathlib import Path
 
@@ -153,7 +154,7 @@ async def test_the_heartbeat_goes_out_at_its_own_rate():
         clock["ns"] += 100_000_000
         await controller.tick()
     assert len(beats) == 4  # 2 s of 100 ms ticks, a beat every 0.5 s
-    assert all(b - a == 500_000_000 for a, b in zip(beats, beats[1:], strict=False))
+    assert all(b - a == 500_000_000 for a, b in itertools.pairwise(beats))
 
 
 async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():

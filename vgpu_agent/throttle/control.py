@@ -92,12 +92,14 @@ class ControlParams:
     cold_sigmas: float = 1.0  # the margin, in standard deviations of the estimate
     hungry_wait_fraction: float = 0.02  # waiting this fraction of a tick means rate-limited
     hungry_spend_fraction: float = 0.8  # spending this fraction of the rate means rate-limited
+    hungry_hysteresis: float = 0.1  # and, once rate-limited, this much less still does
     boot_widening: float = 1.25  # margin on the first sample, so the first rate stays below
     demand_margin: float = 3.0  # headroom kept for a container that is not rate-limited
     demand_ticks: int = 3  # demand is the peak spending of this many recent ticks
     burst_s: float = 0.02  # bucket depth in seconds of refill
     burst_launches: float = 2.0  # and never less than this many of the largest launches
     min_rate: int = 1  # tokens/s; zero would starve a squeezed-out container forever
+    rate_deadband: float = 0.01  # a new rate this close to the one in force is not written
 
     def __post_init__(self) -> None:
         for name in ("nvml_period_s", "history_s", "noise_prior", "noise_memory", "resolution",
@@ -186,6 +188,7 @@ class LoopState(NamedTuple):
     target: float = 0.0  # the share the rate in force aimed at
     learned: int = 0  # how many measurements `k` has been learned from
     adopted: bool = False  # k was first learned under a rate found written (agent restart)
+    hungry: bool = False  # it was rate-limited the tick before
 
 
 _BLANK = LoopState()
@@ -329,7 +332,7 @@ def _matched_spend(history: Sequence[float], weights: Sequence[float]) -> tuple[
 # which the allocation decides afterwards: the state is built once, with its target.
 _Learned = tuple[
     float, bool, tuple[float, ...], float, float | None, float, float, int,
-    tuple[float, float], float, int, bool,
+    tuple[float, float], float, int, bool, bool,
 ]
 
 
@@ -354,10 +357,12 @@ def _observe(
     waited = obs.waited_s >= params.hungry_wait_fraction * dt_s
     # Long kernels make one tick's spending lumpy: the last few ticks' mean counts too.
     recent = history[-params.demand_ticks :]
+    # Hysteresis: once rate-limited, it stays so until it spends clearly less, so that a
+    # container using just about its rate does not flip every tick.
+    fraction = params.hungry_spend_fraction - (params.hungry_hysteresis if prev.hungry else 0.0)
     spent_all = (
         rate_in_force < UNLIMITED_RATE
-        and max(spend_rate, sum(recent) / len(recent))
-        >= params.hungry_spend_fraction * rate_in_force
+        and max(spend_rate, sum(recent) / len(recent)) >= fraction * rate_in_force
     )
     hungry = waited or spent_all
 
@@ -423,14 +428,15 @@ def _observe(
         if k > 0 else 0.0
     last_util = prev.util if util is None else util
     learned_now = (k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
-                   last_pair, k_floor, learned, adopted)
+                   last_pair, k_floor, learned, adopted, hungry)
     return learned_now, hungry, demand
 
 
 def _state(learned: _Learned, target: float) -> LoopState:
-    k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor, count, adopted = learned
+    (k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor, count, adopted,
+     hungry) = learned
     return LoopState(k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor,
-                     target, count, adopted)
+                     target, count, adopted, hungry)
 
 
 def rate_for(k: float, target: float, obs: Observation, state_spread: float, learned: int,
@@ -501,6 +507,12 @@ def control_step(
             continue
         rate = max(params.min_rate,
                    round(rate_for(k, target, o, learned[5], learned[10], params)))
+        if o.rate < UNLIMITED_RATE and abs(rate - o.rate) <= params.rate_deadband * o.rate:
+            # Noisy samples nudge k a little every time: a nudge is not worth a write (and
+            # the shim's re-read); the bucket keeps what it has.
+            decisions[o.key] = Decision(o.rate, o.burst, target, hungry, demand,
+                                        _state(learned, target))
+            continue
         burst = max(
             round(rate * params.burst_s),
             math.ceil(params.burst_launches * learned[3]),
