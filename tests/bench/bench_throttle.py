@@ -74,9 +74,9 @@ def scenarios(duration_s: float) -> list[Scenario]:
         Scenario(
             "4 20us and 5ms kernels",
             (
-                # 64 blocks fill half of a 132-SM GPU: on the imperfect plant two of its
+                # 66 blocks fill half of a 132-SM GPU: on the imperfect plant two of its
                 # kernels pack, so its SM time per token depends on how fast it launches.
-                ContainerSpec("short", 40, Workload(kernel_s=20e-6, blocks=64,
+                ContainerSpec("short", 40, Workload(kernel_s=20e-6, blocks=66,
                                                     threads_per_block=128, queue_s=0.005,
                                                     streams=4)),
                 ContainerSpec("long", 60, Workload(kernel_s=0.005, blocks=4096,

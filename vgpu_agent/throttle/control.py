@@ -95,6 +95,7 @@ class ControlParams:
     hungry_hysteresis: float = 0.1  # and, once rate-limited, this much less still does
     boot_widening: float = 1.25  # margin on the first sample, so the first rate stays below
     demand_margin: float = 3.0  # headroom kept for a container that is not rate-limited
+    saturation_margin: float = 5.0  # a GPU this close to 100% in use lends nothing
     demand_ticks: int = 3  # demand is the peak spending of this many recent ticks
     burst_s: float = 0.02  # bucket depth in seconds of refill
     burst_launches: float = 2.0  # and never less than this many of the largest launches
@@ -481,9 +482,19 @@ def control_step(
         for o, (learned, _, _) in zip(observations, updated, strict=True)
         if o.policy == "off"
     )
+    # A full GPU has nothing to lend: whoever spends there takes part as if rate-limited (the
+    # GPU, not its bucket, is what holds it back), so nobody is lent a neighbour's share. Use
+    # is judged by spending / k, which NVML's noise does not shake.
+    in_use = sum(
+        learned[2][-1] / learned[0]
+        for o, (learned, _, _) in zip(observations, updated, strict=True)
+        if learned[0] > 0 and learned[2]
+    )
+    full = in_use >= FULL_SHARE - params.saturation_margin
     claims = [
-        Claim(o.key, o.limit, o.policy, o.priority, hungry, demand)
-        for o, (_, hungry, demand) in zip(observations, updated, strict=True)
+        Claim(o.key, o.limit, o.policy, o.priority,
+              hungry or (full and bool(learned[2]) and learned[2][-1] > 0), demand)
+        for o, (learned, hungry, demand) in zip(observations, updated, strict=True)
     ]
     shares = allocate(claims, max(0.0, FULL_SHARE - off_use))
 
