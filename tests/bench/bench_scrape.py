@@ -49,6 +49,7 @@ HOST_PID_BASE = 200_000
 GOAL_P99_MS = 50.0
 GOAL_CPU_PERCENT = 2.0
 GOAL_CHANGING_CPU_PERCENT = 5.0
+SHIM_STEP_S = 0.05  # the containers' counters move this often (a real shim's move continuously)
 GOAL_RSS_MB = 150.0
 
 
@@ -92,10 +93,12 @@ class ShimSide:
             self.maps.append((mmap.mmap(fd, 0), int(row["devices"]), int(row["host_pid"])))
             os.close(fd)
         self.step = 0
+        self.started_ns = time.monotonic_ns()
 
     def tick(self) -> None:
         layout = self.layout
-        self.step += 1
+        # counters follow the clock, so the spending rate is the same however often this runs
+        self.step = (time.monotonic_ns() - self.started_ns) // 10_000_000
         now = time.monotonic_ns()
         slot = layout.STATE_OFFSETS["slots"]
         mark = layout.STATE_OFFSETS["slot_high_water"]
@@ -223,7 +226,7 @@ def pause_with_shim(shim: ShimSide, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         shim.tick()
-        time.sleep(0.1)
+        time.sleep(SHIM_STEP_S)
 
 
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bool,
@@ -237,7 +240,7 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bo
     )
     try:
         deadline = time.monotonic() + 30
-        while not port_file.exists():
+        while not (port_file.exists() and port_file.read_text().strip()):
             if child.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("the agent side did not start")
             time.sleep(0.05)
