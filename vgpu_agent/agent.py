@@ -12,9 +12,12 @@ import contextlib
 import dataclasses
 import gc
 import importlib
+import os
+import resource
 import signal
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,21 +27,27 @@ from vgpu_agent import __version__
 from vgpu_agent.backoff import Backoff
 from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import Grant, Split
-from vgpu_agent.deviceplugin.registration import PluginRunner
+from vgpu_agent.deviceplugin.registration import PluginRunner, check_plugin_dir
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
-from vgpu_agent.kubelet.podresources import PodResourcesClient
+from vgpu_agent.kube.pods import NodePods
+from vgpu_agent.kubelet.podresources import ContainerRef, PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.shm.regions import RegionStore
 from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.podpolicy import PodPolicyRules
+from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
 
 if TYPE_CHECKING:  # kubernetes_asyncio is imported when the node integration starts
     from vgpu_agent.gpu.health import HealthChange
     from vgpu_agent.kube.node import NodeIntegration
 
 log = structlog.get_logger(__name__)
+
+# A stopped agent exits within this many seconds whatever hangs (the kubelet's SIGKILL comes later)
+SHUTDOWN_DEADLINE_S = 4.5
 
 
 def make_backend(config: Config) -> GpuBackend:
@@ -51,6 +60,16 @@ def make_backend(config: Config) -> GpuBackend:
     return NvmlBackend(config.nvml_library)
 
 
+def pod_policy_rules(config: Config) -> PodPolicyRules:
+    """What pods may choose by annotation on this node, from the configuration."""
+    return PodPolicyRules(
+        default_policy=config.core_policy,
+        allowed_policies=frozenset(config.pod_core_policies),
+        priority_max=config.pod_priority_max,
+        priority_namespaces=frozenset(config.pod_priority_namespaces),
+    )
+
+
 @dataclass
 class TaskHealth:
     """Liveness of the supervised tasks, for /healthz."""
@@ -61,8 +80,17 @@ class TaskHealth:
 
 
 class Agent:
-    def __init__(self, config: Config, *, backend: GpuBackend | None = None):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend: GpuBackend | None = None,
+        pods: PodLookup | None = None,
+        exit_process_after_s: float | None = None,
+    ):
         self.config = config
+        self.exit_process_after_s = exit_process_after_s
+        self._watchdog: threading.Timer | None = None
         self.backend = backend or make_backend(config)
         self.split = Split(config.split_count, config.memory_scaling, config.cores_scaling)
         self.inventory: Inventory | None = None
@@ -86,6 +114,15 @@ class Agent:
             proc_root=config.host_proc_dir,
         )
         self.node: NodeIntegration | None = None
+        # Pods' own core policy and priority (annotations); `pods` stands in for the API's pods
+        # (the simulation), else the node integration's pod watch provides them.
+        self.pods: NodePods | None = None
+        self.pod_policies = RegionPolicies(
+            self.regions.regions,
+            self.regions.identity,
+            pod_policy_rules(config),
+            pods=pods,
+        )
         self.tasks = TaskHealth()
         host, port = config.metrics_host_port()
         self.metrics = MetricsService(
@@ -101,28 +138,63 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._watchdog is None:  # from the first stop request, wherever the agent is
+            self._watchdog = self._arm_watchdog()
 
     async def run(self) -> None:
-        """Run until `stop()` or a signal; returns after an orderly shutdown."""
+        """Run until `stop()` or a signal; returns after an orderly shutdown.
+
+        Nothing that fails on the way out stops the shutdown: it is logged and the next step
+        runs. With `exit_process_after_s` the process exits (status 0) that long after the stop
+        was asked for even if some step hangs.
+        """
+        raise_open_files_limit()
+        asyncio.get_running_loop().set_exception_handler(_log_loop_error)
         with _signals(self.stop):
             try:
                 async with asyncio.TaskGroup() as group:
                     # Probes answer from the start, also while the GPU backend is retried.
                     await self.metrics.start()
+                    # Allocate needs both directories: find out now, not at the first Allocate.
+                    await asyncio.to_thread(self._check_directories)
                     group.create_task(self._main(group), name="main")
                     group.create_task(self._heartbeat(), name="loop-heartbeat")
                     await self._stop.wait()
                     raise _Shutdown
             except* _Shutdown:
                 pass
-        with contextlib.suppress(Exception):
-            await self.metrics.stop()
-        with contextlib.suppress(Exception):
-            await self.pod_resources.close()
-        self.regions.close()
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.backend.shutdown)
+            except* Exception as failed:
+                if not self._stop.is_set():
+                    raise
+                for err in failed.exceptions:
+                    log.error("shutdown_step_failed", step="tasks", error=repr(err))
+        for step, action in (
+            ("metrics", self.metrics.stop),
+            ("pod-resources", self.pod_resources.close),
+            ("regions", lambda: _completed(self.regions.close)),
+            ("gpu-backend", lambda: asyncio.to_thread(self.backend.shutdown)),
+        ):
+            try:
+                await action()
+            except Exception as err:
+                log.error("shutdown_step_failed", step=step, error=repr(err))
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         log.info("agent_stopped")
+
+    def _arm_watchdog(self) -> threading.Timer | None:
+        if self.exit_process_after_s is None:
+            return None
+        after_s = self.exit_process_after_s
+        timer = threading.Timer(after_s, _exit_stuck, (after_s,))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _check_directories(self) -> None:
+        """Raise OSError naming the path if the state dir or the plugin dir is unusable."""
+        self.regions.check_usable()
+        check_plugin_dir(self.config.device_plugin_dir)
 
     async def _main(self, group: asyncio.TaskGroup) -> None:
         self.inventory = await self._start_backend()
@@ -175,9 +247,10 @@ class Agent:
             group,
             "pod-resources",
             lambda: self.pod_resources.run(
-                self.config.pod_resources_refresh_seconds, self.regions.reconcile
+                self.config.pod_resources_refresh_seconds, self._reconcile
             ),
         )
+        self._supervise(group, "pod-policies", self.pod_policies.run)
         self._supervise(group, "throttle", self.controller.run)
         self._supervise(group, "metrics-caches", self._refresh_metrics)
         self._start_node_integration(group, gpus)
@@ -217,6 +290,14 @@ class Agent:
         early.clear()
         self.node = node
         self._supervise(group, "kube", node.run)
+        if self.pod_policies.pods is None:
+            pods = NodePods(
+                self.config.node_name, node.api_configuration, on_change=self.pod_policies.poke
+            )
+            self.pods = pods
+            self.pod_policies.pods = pods
+            self.pod_policies.on_refusal = pods.report_refusal
+            self._supervise(group, "kube-pods", pods.run)
 
         async def publish() -> None:
             await node.publish_labels(gpus, self.config.split_count, __version__)
@@ -244,9 +325,11 @@ class Agent:
             region_events=self._region_events,
             pod_resources_failures=lambda: self.pod_resources.failures,
             tasks=lambda: self.tasks,
+            policy_source=self.pod_policies.source,
             backend_error=lambda: (
                 self.backend_error or ("" if self.inventory is not None else "GPU backend starting")
             ),
+            allocate_error=lambda: self.regions.create_error,
         )
 
     def _region_events(self) -> dict[str, int]:
@@ -254,6 +337,12 @@ class Agent:
         events["state_read_corrupt"] = self.regions.corrupt_reads()
         events["state_records_skipped"] = self.regions.skipped_records()
         return events
+
+    async def _reconcile(self, assignments: Mapping[str, ContainerRef]) -> dict[str, str]:
+        """Bind regions to containers, then give each newly bound region its pod's policy."""
+        removed = await self.regions.reconcile(assignments)
+        self.pod_policies.poke()
+        return removed
 
     async def _on_grant(self, grant: Grant) -> Extras:
         extras = await self.regions.on_grant(grant)
@@ -303,7 +392,12 @@ class Agent:
                     return
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as err:
+                    if _cancelling():
+                        # It failed on its way out (a socket that cannot be removed, say): the
+                        # shutdown goes on, and a restart would keep the agent from exiting.
+                        log.error("task_failed_while_stopping", task=name, error=repr(err))
+                        raise asyncio.CancelledError from err
                     delay = backoff.next_delay()
                     log.exception("task_failed", task=name, restart_in_s=delay)
                     self.tasks.restarts[name] = self.tasks.restarts.get(name, 0) + 1
@@ -316,6 +410,49 @@ class Agent:
 
 class _Shutdown(Exception):
     pass
+
+
+def raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: containers often start with a soft 1024, and
+    the agent's descriptors (regions, gRPC, metrics clients) must not be what runs out first."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        raised = soft
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            # an unlimited hard limit still has the kernel's nr_open above it: a high number
+            raised = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    except (OSError, ValueError) as err:
+        log.warning("open_files_limit_unchanged", error=str(err))
+        return
+    log.info("open_files_limit", soft_before=soft, soft=raised, hard=hard)
+
+
+def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """What asyncio would print as a raw traceback (a failing callback, accept() out of
+    descriptors), as one structlog event."""
+    error = context.get("exception")
+    log.error(
+        "event_loop_error",
+        message=str(context.get("message", ""))[:300],
+        error=repr(error)[:300] if error is not None else None,
+    )
+
+
+async def _completed(action: Callable[[], None]) -> None:
+    action()
+
+
+def _exit_stuck(after_s: float) -> None:
+    """The last resort of a shutdown that hangs: a stopped agent must not need SIGKILL."""
+    log.error("shutdown_deadline_exceeded", after_s=after_s, effect="exiting without cleanup")
+    os._exit(0)
+
+
+def _cancelling() -> bool:
+    """Whether the running task has been asked to stop (its cancellation is still pending)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 @contextlib.contextmanager

@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 
 from vgpu_agent import __version__
-from vgpu_agent.config import Config, ConfigError, ConfigSources, build_config
+from vgpu_agent.config import (
+    MAX_CONFIG_BYTES,
+    Config,
+    ConfigError,
+    ConfigSources,
+    build_config,
+)
 
 EXIT_CONFIG = 2
 
@@ -20,10 +27,10 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--nvml-library": ("nvml_library", "load this libnvidia-ml instead of the system one"),
     "--backend": ("backend", "GPU backend: nvml or sim"),
     "--sim-gpus": ("sim_gpus", "simulated GPUs, e.g. 2xA100-80GB,1xL4-24GB"),
-    "--split-count": ("split_count", "slices per physical GPU (K >= 1)"),
+    "--split-count": ("split_count", "slices per physical GPU (1 <= K <= 128)"),
     "--memory-scaling": (
         "memory_scaling",
-        "memory scaling S (> 0; > 1 needs --allow-memory-oversubscription)",
+        "memory scaling S (0 < S <= 10; > 1 needs --allow-memory-oversubscription)",
     ),
     "--cores-scaling": ("cores_scaling", "cores scaling (0 < x <= 1)"),
     "--allocation-policy": ("allocation_policy", "spread or binpack"),
@@ -36,6 +43,15 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--kubeconfig": ("kubeconfig", "kubeconfig file (default: in-cluster config when present)"),
     "--core-policy": ("core_policy", "default core policy: off, strict or work-conserving"),
     "--resource-name": ("resource_name", "extended resource name to advertise"),
+    "--pod-core-policies": (
+        "pod_core_policies",
+        "core policies pods may choose by annotation, comma-separated",
+    ),
+    "--pod-priority-max": ("pod_priority_max", "highest priority a pod may take (-100..100)"),
+    "--pod-priority-namespaces": (
+        "pod_priority_namespaces",
+        "namespaces whose pods may take priorities above 0, comma-separated",
+    ),
 }
 
 
@@ -66,13 +82,43 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--duration", type=float, default=0.0, help="stop after SECONDS (0: until Ctrl-C)"
     )
+    simulate.add_argument(
+        "--view",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the live `top` view instead of share log lines (auto: when stdout is a terminal;"
+        " the log then goes to a file)",
+    )
     check = commands.add_parser("check-config", help="validate the configuration and print it")
     _add_config_flags(check)
+    top = commands.add_parser(
+        "top", help="live view of a node's GPUs, slices and containers (reads /status)"
+    )
+    top.add_argument(
+        "--url",
+        default="http://127.0.0.1:9394/status",
+        help="the agent's status URL, or its base URL (default: %(default)s)",
+    )
+    top.add_argument(
+        "--interval", type=_interval, default=1.0, help="seconds between frames (0.1..3600)"
+    )
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--json", action="store_true", help="print the raw status document")
     commands.add_parser(
         "install-shim",
         help="install libvgpu.so into the host state dir (see: vgpu-agent install-shim --help)",
     )
     return parser
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: seconds in 0.1..3600")
+    return value
 
 
 def load_config(
@@ -83,16 +129,42 @@ def load_config(
         flags["allow_memory_oversubscription"] = True
     text, name = None, "config file"
     if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as err:
-            raise ConfigError(
-                "--config", args.config, f"must be a readable file ({err.strerror})"
-            ) from None
+        text = read_config_file(args.config)
         name = args.config
     merged_flags: dict[str, object] = {**(overrides or {}), **flags}
     return build_config(ConfigSources(file_text=text, file_name=name, env=env, flags=merged_flags))
+
+
+def read_config_file(path: str) -> str:
+    """The file's text, read no further than the size a configuration may have.
+
+    Only a regular file (a symlink to one, as a mounted ConfigMap is) is read, opened
+    non-blocking so that a FIFO cannot hang the start, and never past the size cap.
+    """
+    allowed = f"must be a readable UTF-8 file of at most {MAX_CONFIG_BYTES} bytes"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # /dev/zero, a FIFO, a directory
+                raise ConfigError("--config", path, f"{allowed} (it is not a regular file)")
+            chunks: list[bytes] = []
+            size = 0
+            while size <= MAX_CONFIG_BYTES:
+                chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise ConfigError("--config", path, f"{allowed} ({err.strerror})") from None
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("--config", path, f"{allowed} (it is larger)")
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError("--config", path, f"{allowed} (byte {err.start} is not UTF-8)") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
+    if args.command == "top":
+        from vgpu_agent.top import run_top
+
+        return run_top(args.url, args.interval, once=args.once, as_json=args.json)
     env = dict(os.environ)
     try:
         if args.command == "simulate":
@@ -130,11 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from vgpu_agent.simulate import simulate
 
         return _run_reporting_os_errors(
-            lambda: asyncio.run(simulate(config, duration=args.duration))
+            lambda: asyncio.run(
+                simulate(
+                    config,
+                    duration=args.duration,
+                    view=args.view == "on" or (args.view == "auto" and sys.stdout.isatty()),
+                )
+            )
         )
-    from vgpu_agent.agent import Agent
+    from vgpu_agent.agent import SHUTDOWN_DEADLINE_S, Agent
 
-    return _run_reporting_os_errors(lambda: asyncio.run(Agent(config).run()))
+    agent = Agent(config, exit_process_after_s=SHUTDOWN_DEADLINE_S)
+    return _run_reporting_os_errors(lambda: asyncio.run(agent.run()))
 
 
 def _run_reporting_os_errors(run: Callable[[], object]) -> int:

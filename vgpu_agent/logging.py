@@ -1,9 +1,14 @@
-"""structlog set-up: key-value events as JSON lines or readable console lines."""
+"""structlog set-up: key-value events as JSON lines or readable console lines.
+
+Libraries that log through the standard library (grpc, asyncio, aiohttp) are routed into the same
+stream as one event per record (`library_log`), never as a raw multi-line traceback.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
@@ -15,7 +20,9 @@ _LEVELS = {
 }
 
 
-def configure(log_format: str = "json", level: str = "info") -> None:
+def configure(log_format: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
+    """Log to `stream` (stderr by default)."""
+    stream = stream if stream is not None else sys.stderr
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -25,12 +32,37 @@ def configure(log_format: str = "json", level: str = "info") -> None:
     ]
     renderer: structlog.typing.Processor
     if log_format == "console":
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
     else:
         renderer = structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+    route_library_logs()
+
+
+class _ToStructlog(logging.Handler):
+    """A standard-library record as one structlog event: the message and the error, no trace."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            error = record.exc_info[1] if record.exc_info else None
+            structlog.get_logger(record.name).log(
+                record.levelno,
+                "library_log",
+                logger=record.name,
+                message=record.getMessage()[:500],
+                error=repr(error)[:300] if error is not None else None,
+            )
+        except Exception:
+            self.handleError(record)
+
+
+def route_library_logs() -> None:
+    """Send WARNING and above from standard-library loggers through structlog (once)."""
+    root = logging.getLogger()
+    if not any(isinstance(h, _ToStructlog) for h in root.handlers):
+        root.addHandler(_ToStructlog(logging.WARNING))

@@ -76,3 +76,51 @@ def health_event(
         "lastTimestamp": stamp,
         "count": 1,
     }
+
+
+# --- events on pods (a refused vgpu.io/ annotation) ---------------------------------------------
+
+REASON_ANNOTATION_REFUSED = "VgpuAnnotationRefused"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The pod an event is about. Events on a pod live in the pod's namespace."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def pod_event(
+    pod: PodRef, reason: str, message: str, host: str, now: dt.datetime, seq: int
+) -> dict[str, Any]:
+    """The body of a core/v1 Warning Event about `pod`, reported by the agent on node `host`."""
+    if now.tzinfo is None:
+        raise ValueError("event time must carry a time zone")
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{pod.name[:200].rstrip('.-')}.{int(now.timestamp() * 1e9):x}.{seq}",
+            "namespace": pod.namespace,
+            "labels": {"app.kubernetes.io/name": COMPONENT},
+        },
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+        },
+        "reason": reason,
+        "message": message[:_MAX_MESSAGE],
+        "type": "Warning",
+        "source": {"component": COMPONENT, "host": host},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": host,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }

@@ -117,6 +117,8 @@ class NodeIntegration:
         Backoff(backoff_initial, backoff_cap)
         self._events_wake = asyncio.Event()
         self._seq = itertools.count()
+        self._configured = asyncio.Event()  # start() has decided: a configuration, or no API
+        self._configuration: Any = None  # a kubernetes_asyncio Configuration once loaded
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -139,6 +141,7 @@ class NodeIntegration:
                 effect="node labels and GPU health events are not published",
             )
             self._events.clear()
+            self._configured.set()
             return
         configuration = client.Configuration()
         try:
@@ -158,10 +161,13 @@ class NodeIntegration:
                 raise KubeConfigError(f"cannot load {what} configuration: {exc}") from exc
             log.warning("kube_api_disabled", reason=f"in-cluster configuration unusable: {exc}")
             self._events.clear()
+            self._configured.set()
             return
         self._api_client = client.ApiClient(configuration=configuration)
         self._api = client.CoreV1Api(self._api_client)
         self.enabled = True
+        self._configuration = configuration
+        self._configured.set()
         log.info(
             "kube_api_enabled",
             source=source,
@@ -183,7 +189,14 @@ class NodeIntegration:
         finally:
             await self.close()
 
+    async def api_configuration(self) -> Any:
+        """The API configuration once `start()` has loaded it (None: no API is used), for other
+        parts of the agent that talk to the API with clients of their own."""
+        await self._configured.wait()
+        return self._configuration
+
     async def close(self) -> None:
+        self._configured.clear()
         if self._api_client is not None:
             await self._api_client.close()
             self._api_client = None

@@ -55,6 +55,7 @@ class ContainerDevice:
     """One device of one identified container, with everything its series need."""
 
     identity: Identity
+    alloc_id: str
     dev: int  # index inside the container
     gpu: GpuInfo | None  # None when the region names a GPU this node does not have
     uuid: str
@@ -63,12 +64,18 @@ class ContainerDevice:
     rate: int
     burst: int
     usage_known: bool  # False: state unreadable or corrupt, only the limits are known
-    memory_used: int = 0
+    policy: str = "off"  # as written in `control`
+    memory_used: int = 0  # every kind together
+    memory_context: int = 0  # of memory_used: contexts, heap and stack (ABI 1.1 regions)
+    memory_module: int = 0  # of memory_used: loaded modules and libraries
+    memory_pool: int = 0  # of memory_used: held by stream-ordered pools
     launches: int = 0
     wait_ns: int = 0
     last_launch_ns: int = 0  # CLOCK_MONOTONIC ns, 0 = never
     utilization: float | None = None  # percent, from the throttle controller
     open_loop: bool | None = None
+    priority: int = 0
+    policy_source: str = ""  # "pod" or "default" ("" when the agent does not say)
 
 
 @dataclass(frozen=True)
@@ -97,11 +104,23 @@ class Snapshot:
 _UNLIMITED_RATE = 1 << 52
 
 
-def _container_devices(
+def _at(values: Sequence[int], dev: int) -> int:
+    return values[dev] if dev < len(values) else 0
+
+
+def memory_by_kind(entry: ContainerDevice) -> dict[str, int]:
+    """The container's memory split by kind; data is what the other kinds leave of the total."""
+    others = {"context": entry.memory_context, "module": entry.memory_module,
+              "pool": entry.memory_pool}
+    return {"data": max(0, entry.memory_used - sum(others.values())), **others}
+
+
+def container_devices(
     identity: Identity,
     region: RegionSample,
     by_uuid: Mapping[str, GpuInfo],
     throttle: Mapping[tuple[str, int], ThrottleStatus],
+    policy_source: str = "",
 ) -> list[ContainerDevice]:
     out: list[ContainerDevice] = []
     seen: set[str] = set()
@@ -117,6 +136,7 @@ def _container_devices(
         out.append(
             ContainerDevice(
                 identity=identity,
+                alloc_id=region.alloc_id,
                 dev=dev,
                 gpu=by_uuid.get(uuid),
                 uuid=uuid,
@@ -125,14 +145,18 @@ def _container_devices(
                 rate=status.rate if status is not None else limits.rate,
                 burst=limits.burst,
                 usage_known=known,
-                memory_used=(
-                    usage.memory_used[dev] if usage and dev < len(usage.memory_used) else 0
-                ),
+                policy=limits.policy,
+                memory_used=_at(usage.memory_used if usage else (), dev),
+                memory_context=_at(usage.memory_context if usage else (), dev),
+                memory_module=_at(usage.memory_module if usage else (), dev),
+                memory_pool=_at(usage.memory_pool if usage else (), dev),
                 launches=sum(p.launches[dev] for p in procs),
                 wait_ns=sum(p.wait_ns[dev] for p in procs),
                 last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
                 utilization=status.measured_util if status is not None else None,
                 open_loop=status.open_loop if status is not None else None,
+                priority=region.priority,
+                policy_source=policy_source,
             )
         )
     return out
@@ -175,8 +199,10 @@ def take_snapshot(
             chosen[identity] = region
 
     containers = []
+    source_of = sources.policy_source
     for identity, region in chosen.items():
-        containers += _container_devices(identity, region, by_uuid, throttle)
+        source = source_of(region.alloc_id) if source_of is not None else ""
+        containers += container_devices(identity, region, by_uuid, throttle, source)
 
 
     registration = sources.registration() if sources.registration else None
@@ -306,7 +332,10 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         "vgpu_container_memory_limit_bytes", "GPU memory the container may use (0: no limit).", L
     )
     mem_used = _gauge(
-        "vgpu_container_memory_used_bytes", "GPU memory the container holds (shim's account).", L
+        "vgpu_container_memory_used_bytes",
+        "GPU memory the container holds (shim's account), by kind: data (allocations), context "
+        "(contexts, device heap and stack), module (loaded code), pool (held by memory pools).",
+        [*L, "kind"],
     )
     core_limit = _gauge(
         "vgpu_container_core_limit_ratio", "Share of the GPU's SM time the container is given.", L
@@ -333,8 +362,24 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         "1 while the container's rate is not steered by measured use (no NVML samples).",
         L,
     )
+    # The policy's own series carry `policy_source`: on the others a label that changes when
+    # the pod becomes known would cut their counters into two series.
+    policy_info = _gauge(
+        "vgpu_container_core_policy_info",
+        "1 for the core policy in force; policy_source: pod (its annotations) or default (node).",
+        (*L, "policy", "policy_source"),
+    )
+    priority = _gauge(
+        "vgpu_container_priority",
+        "Priority in force when the GPU is oversubscribed (larger first); policy_source as above.",
+        (*L, "policy_source"),
+    )
     for entry in snap.containers:
         labels = _container_labels(entry)
+        if entry.policy_source:
+            _put(policy_info, {**labels, "policy": entry.policy,
+                               "policy_source": entry.policy_source}, 1)
+            _put(priority, {**labels, "policy_source": entry.policy_source}, entry.priority)
         _put(mem_limit, labels, entry.memory_limit)
         _put(core_limit, labels, entry.core_limit / 100.0)
         if 0 < entry.rate < _UNLIMITED_RATE:
@@ -345,13 +390,15 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
             _put(open_loop, labels, 1 if entry.open_loop else 0)
         if not entry.usage_known:
             continue
-        _put(mem_used, labels, entry.memory_used)
+        for kind, used in memory_by_kind(entry).items():
+            _put(mem_used, {**labels, "kind": kind}, used)
         _put(waited, labels, entry.wait_ns / 1e9)
         _put(launches, labels, entry.launches)
         launch_age = _launch_age_s(snap, entry)
         if launch_age is not None:
             _put(age, labels, launch_age)
     yield from (mem_limit, mem_used, core_limit, core_util, waited, launches, rate, age, open_loop)
+    yield from (policy_info, priority)
 
 
 def _node_family(kind: str, name: str, doc: str, value: float, node: str) -> Metric:

@@ -1,16 +1,20 @@
-"""The metrics HTTP server (aiohttp): /metrics, /healthz, /readyz.
+"""The metrics HTTP server (aiohttp): /metrics, /status, /healthz, /readyz.
 
 `MetricsService.run()` serves and keeps the two caches fresh until cancelled: NVML readings
 every `poll_s`, region files once per scrape, read just before it is due (see `RegionCache`).
 A scrape copies the caches on the loop, then builds, encodes and (for Prometheus) gzips the
 exposition in a worker thread; at most two scrapes encode at once, later ones wait their turn.
-A scrape never calls NVML or the kubelet.
+A scrape never calls NVML or the kubelet. `/status` (the JSON document `vgpu-agent top` shows,
+see `metrics/status.py`) is built from the same caches, the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -25,14 +29,66 @@ from vgpu_agent.metrics.collectors import (
     render_exposition,
     take_snapshot,
 )
+from vgpu_agent.metrics.connections import ConnectionGuard
 from vgpu_agent.metrics.poller import GpuPoller, RegionCache
 from vgpu_agent.metrics.probes import liveness, readiness
 from vgpu_agent.metrics.sources import MetricsSources
+from vgpu_agent.metrics.status import build_status
 
 log = structlog.get_logger(__name__)
 
 TEXT_PLAIN = "text/plain; charset=utf-8"
+APPLICATION_JSON = "application/json"
 MAX_CONCURRENT_RENDERS = 2
+# What a client of the port may hold: see `connections.py` for why each is bounded.
+MAX_CONNECTIONS = 128
+MAX_CONNECTIONS_PER_PEER = 32  # the kubelet's probes and Prometheus each come from their own
+HEADER_TIMEOUT_S = 5.0
+KEEPALIVE_TIMEOUT_S = 5.0  # an idle connection after a response (aiohttp's default is an hour)
+MAX_REQUEST_LINE = 4096  # bytes in the request line and in each header
+MAX_HEADERS = 32
+MAX_BODY = 4096  # no endpoint reads a body
+BAD_REQUEST_REPORT_EVERY_S = 60.0
+
+
+class _BadRequestLog(logging.Handler):
+    """aiohttp's server log (a malformed request, a failing handler) as one structlog line.
+
+    aiohttp answers a malformed request 400 itself and logs it with a traceback through the
+    standard library; here it becomes one JSON event, the first at once and the rest counted in
+    the next line at most once a minute, so a flood of junk cannot flood the log.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+        self._reported_at: float | None = None
+        self._unreported = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if self._reported_at is not None and now - self._reported_at < BAD_REQUEST_REPORT_EVERY_S:
+            self._unreported += 1
+            return
+        self._reported_at = now
+        error = record.exc_info[1] if record.exc_info else None
+        log.warning(
+            "http_request_failed",
+            detail=record.getMessage()[:200],
+            error=repr(error)[:300] if error is not None else None,
+            not_logged_since_last=self._unreported,
+            repeats=f"at most once per {BAD_REQUEST_REPORT_EVERY_S:.0f} s",
+        )
+        self._unreported = 0
+
+
+def _server_logger(handler: logging.Handler) -> logging.Logger:
+    logger = logging.getLogger(f"{__name__}.server.{id(handler)}")
+    logger.handlers = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    return logger
 
 
 class MetricsService:
@@ -64,6 +120,13 @@ class MetricsService:
         self.scrape_errors = 0
         self._renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self.connections = ConnectionGuard(
+            max_connections=MAX_CONNECTIONS,
+            max_per_peer=MAX_CONNECTIONS_PER_PEER,
+            header_timeout_s=HEADER_TIMEOUT_S,
+        )
+        self.bad_requests = _BadRequestLog()
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -74,32 +137,57 @@ class MetricsService:
         return f"http://{shown}:{self.port}/metrics"
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_BODY)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/status", self._status)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         return app
 
     async def start(self) -> None:
         """Bind and serve; `port` is the bound port afterwards (useful with port 0)."""
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+            max_line_size=MAX_REQUEST_LINE,
+            max_field_size=MAX_REQUEST_LINE,
+            max_headers=MAX_HEADERS,
+            logger=_server_logger(self.bad_requests),
+        )
         await runner.setup()
+        assert runner.server is not None
         try:
-            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-            await site.start()
+            # Not aiohttp's TCPSite: every connection goes through the guard first.
+            server = await asyncio.get_running_loop().create_server(
+                self.connections.wrap(runner.server),
+                self.host or None,
+                self.port,
+                reuse_address=True,
+            )
         except OSError as err:
             await runner.cleanup()
             raise OSError(
                 err.errno, f"cannot serve metrics on {self.host}:{self.port}: {err.strerror}"
             ) from err
-        self._runner = runner
-        for address in runner.addresses:
-            if isinstance(address, tuple) and len(address) >= 2:
-                self.port = int(address[1])
-                break
-        log.info("metrics_serving", url=self.url, hami_metrics=self.hami)
+        self._runner, self._server = runner, server
+        for sock in server.sockets:
+            self.port = int(sock.getsockname()[1])
+            break
+        log.info(
+            "metrics_serving",
+            url=self.url,
+            hami_metrics=self.hami,
+            max_connections=self.connections.max_connections,
+            max_per_peer=self.connections.max_per_peer,
+            header_timeout_s=self.connections.header_timeout_s,
+        )
 
     async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -157,6 +245,29 @@ class MetricsService:
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)
 
+    async def status(self) -> bytes:
+        """The `/status` document, JSON-encoded (the encoding runs in a worker thread)."""
+        regions = await self.regions.fresh()
+        samples = self.poller.samples if self.poller is not None else {}
+        snap = take_snapshot(self.sources, samples, regions, self.regions.read_errors)
+        throttle = dict(self.sources.throttle_status()) if self.sources.throttle_status else {}
+        document = build_status(
+            snap, regions, self.sources.identity, throttle,
+            policy_source=self.sources.policy_source,
+        )
+        async with self._renders:
+            return await asyncio.to_thread(_json_bytes, document)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        try:
+            body = await self.status()
+        except Exception as err:
+            log.exception("status_failed")
+            return web.Response(
+                status=500, text=f"status collection failed: {err!r}\n", content_type="text/plain"
+            )
+        return web.Response(body=body, headers={"Content-Type": APPLICATION_JSON})
+
     async def _healthz(self, request: web.Request) -> web.Response:
         ok, lines = liveness(self.sources)
         return _probe_response(ok, lines)
@@ -177,6 +288,10 @@ def _render_body(
     body = render_exposition(snap, instruments, hami, encoder, openmetrics)
     # level 1: about a sixth of the CPU of level 6, and the text still shrinks some 15x
     return gzip.compress(body, compresslevel=1) if gzipped else body
+
+
+def _json_bytes(document: object) -> bytes:
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _probe_response(ok: bool, lines: list[str]) -> web.Response:

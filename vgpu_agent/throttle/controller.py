@@ -154,6 +154,7 @@ class DeviceStatus:
     burst: int
     rate_limited: bool
     open_loop: bool
+    priority: int = 0
 
 
 class _Device:
@@ -272,6 +273,7 @@ class ThrottleController:
                 burst=decision.burst,
                 rate_limited=decision.hungry,
                 open_loop=open_loop,
+                priority=obs.priority,
             )
         return out
 
@@ -330,9 +332,12 @@ class ThrottleController:
             else:
                 self.hops += 1
                 by_gpu, sampled = await asyncio.to_thread(self._read, regions)
+            # A region collected while the worker read it is closed now: skipped, not an error.
+            regions = [r for r in regions if not getattr(r, "closed", False)]
         else:
             by_gpu, sampled = {}, {}
         for uuid, entries in by_gpu.items():
+            entries[:] = [e for e in entries if not getattr(e[0].region, "closed", False)]
             samples = self._samples(uuid, sampled[uuid])
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
@@ -375,6 +380,8 @@ class ThrottleController:
         by_gpu: dict[str, _Entries] = defaultdict(list)
         tick = self.ticks
         for region in regions:
+            if getattr(region, "closed", False):
+                continue
             try:
                 counters = _counters(region)
                 devices = self._devices_of(region)
@@ -581,15 +588,20 @@ class ThrottleController:
         return known, slots
 
     def _limits(self, device: _Device) -> tuple[float, CorePolicy, int]:
-        """(limit, policy, priority) of a device, read from its region the first time."""
+        """(limit, policy, priority) of a device. The limit is read from its region the first
+        time (it never changes); policy and priority every tick, since the agent rewrites them
+        in `control` when the pod's annotations change (see `throttle/regionpolicy.py`)."""
+        region, dev = device.region, device.dev
+        policy, priority = region.policy(dev), region.priority
         limits = device.limits
-        if limits is None:
-            region, dev = device.region, device.dev
-            policy = region.policy(dev)
+        if limits is None or limits[2] != priority or limits[1] != policy:
             if policy not in CORE_POLICIES:
                 policy = self.default_policy
-            limit = min(100.0, max(1e-6, float(region.core_limit(dev))))
-            limits = device.limits = (limit, policy, region.priority)
+            limit = (
+                limits[0] if limits is not None
+                else min(100.0, max(1e-6, float(region.core_limit(dev))))
+            )
+            limits = device.limits = (limit, policy, priority)
         return limits
 
     def _observe(
