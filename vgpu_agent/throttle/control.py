@@ -16,11 +16,20 @@ container, in percent of the GPU's SM time:
 3. Reserve: a container keeps a rate for its full guarantee even while idle, so the moment it
    launches again it is served; the next tick sees its spending and takes the loan back.
 
+"Waiting for tokens" (hungry) means it waited, or spent most of its rate over the last few
+ticks; once hungry it stays so until it spends clearly less (`hungry_hysteresis`), so that a
+container using just about its rate does not flip every tick. A GPU in use to within
+`saturation_margin` of 100 % (judged by spending / k, which NVML's noise does not shake) has
+nothing to lend: every container spending there counts as waiting, since the GPU, not its
+bucket, holds it back.
+
 *Rates.* The shim charges whatever a launch costs (grid blocks x threads), so the law never
 assumes a token unit. It learns, per container, `k` = tokens per second that buy one percent of
 SM time, and sets `rate = k * target`. A change of target is therefore applied in one step
 (feed-forward), and the quality of the loop rests on `k` alone, which is a property of the
-workload at its operating point, not of the share.
+workload at its operating point, not of the share. A new rate within `rate_deadband` (1 %) of
+the one in force is not written: noisy samples nudge `k` every time, and a nudge is not worth
+the write and the shim's re-read.
 
 *Learning `k` through noise.* NVML's per-process samples are coarse (integer percent), late
 (each describes the sample period that ended before it was read) and noisy (a few points from one
