@@ -3,10 +3,12 @@
 Per tick and physical GPU: NVML per-process SM samples since the last tick, host PIDs mapped to
 regions through the shim's process slots (falling back to the PID's cgroup), tokens spent,
 launches and time waited from the header of each region's `state` (the lean read: one pread,
-no slot decoded); `control.control_step` turns these into rates, written with `set_rate` where
-they changed. The slots (who runs in the container) are read only when a sample names a
-process the controller cannot yet place, at most once a second per GPU. A failing region or GPU
-is logged and counted; the loop goes on.
+no slot decoded); the law turns these into rates, written with `set_rate` where they changed.
+The law is `fastlaw.control_step_gpu`, all containers of a GPU in one call; it decides exactly as
+the reference `control.control_step` (which `law=` can select, as the tests do).
+The slots (who runs in the container) are read only when a sample names a process the
+controller cannot yet place, at most once a second per GPU. A failing region or GPU is logged
+and counted; the loop goes on.
 
 What a tick costs, and how often it runs:
 
@@ -47,8 +49,13 @@ from vgpu_agent.throttle.control import (
     Decision,
     LoopState,
     Observation,
-    control_step,
 )
+from vgpu_agent.throttle.fastlaw import control_step_gpu
+
+# One tick of the law for one GPU's containers: `control.control_step`'s signature.
+Law = Callable[
+    [list[Observation], Mapping[str, LoopState], float, ControlParams], dict[str, Decision]
+]
 
 log = structlog.get_logger(__name__)
 
@@ -202,6 +209,7 @@ class ThrottleController:
         max_tick_s: float | None = None,
         calm_ticks: int = 10,
         inline_read_s: float = 0.001,
+        law: Law = control_step_gpu,
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -221,6 +229,7 @@ class ThrottleController:
         self.ns_resolver = NamespacePidResolver(proc_root)
         self._sampled_pids: set[int] = set()
         self.params = params or ControlParams()
+        self.law = law
         self.clock = clock
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
@@ -654,7 +663,7 @@ class ThrottleController:
                 continue
             observations.append(obs)
             steered.append((device, written))
-        decisions = control_step(observations, self._states.get(uuid, {}), dt_s, self.params)
+        decisions = self.law(observations, self._states.get(uuid, {}), dt_s, self.params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
         for obs, (device, written) in zip(observations, steered, strict=True):
