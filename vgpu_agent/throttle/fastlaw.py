@@ -9,6 +9,8 @@ the same law, decision for decision, arranged for speed over a GPU's containers:
   run over those ticks only, not the whole history.
 - The per-container update (`control._observe`) is inlined, and a container's new state is
   built once, with its target.
+- The guarantees of the share allocation depend only on the containers' priorities and limits
+  and on the capacity, which rarely change: they are computed once and remembered.
 
 Agreement with the reference is exact, not approximate: every float is computed by the same
 operations in the same order (the ticks a span does not cover carry weight 0.0, and adding
@@ -33,12 +35,16 @@ from vgpu_agent.throttle.control import (
     Decision,
     LoopState,
     Observation,
+    _by_priority,
     _Learned,
-    allocate,
+    _water_fill,
     span_weights,
 )
 
 _DEFAULT_PARAMS = ControlParams()
+# The records are named tuples: built directly, without the Python-level `__new__` that spells
+# out each field (the same object, a third of the cost).
+_new = tuple.__new__
 
 # Per measurement span: (weights, index of the first tick it covers, their sum, the sum of all
 # but the newest: the same window one tick later).
@@ -78,6 +84,42 @@ def _matched(history: tuple[float, ...], window: _Window) -> tuple[float, float]
     later = sum([h * w for h, w in zip(covered_h[1:], covered_w[:-1], strict=True)])
     shifted = later / later_total if later_total > _EPS else matched
     return matched, abs(shifted - matched)
+
+
+# (priorities, limits, capacity) -> the guarantees and their order, as `control._by_priority`
+# gives them; small, since a GPU's containers and limits change rarely.
+_GUARANTEES: dict[tuple[tuple[int, ...], tuple[float, ...], float],
+                  tuple[list[float], list[int] | None]] = {}
+_GUARANTEES_KEPT = 64
+
+
+def _allocate(claims: Sequence[Claim], capacity: float) -> dict[str, float]:
+    """`control.allocate(claims, capacity).target`, the guarantees remembered."""
+    limited = [c for c in claims if c.policy != "off"]
+    priorities = [c.priority for c in limited]
+    limits = [c.limit for c in limited]
+    key = (tuple(priorities), tuple(limits), capacity)
+    known = _GUARANTEES.get(key)
+    if known is None:
+        if len(_GUARANTEES) >= _GUARANTEES_KEPT:
+            _GUARANTEES.clear()
+        known = _GUARANTEES[key] = _by_priority(priorities, limits, limits, capacity)
+    guarantee, order = known
+    wants = [c.limit if c.hungry else min(c.limit, c.demand) for c in limited]
+    used, _ = _by_priority(priorities, limits, wants, capacity)
+    spare = capacity - (sum(used) if order is None else sum([used[i] for i in order]))
+    lend_caps: list[float] = []
+    for c, got in zip(limited, used, strict=True):
+        if c.policy == "work-conserving":
+            ceiling = math.inf if c.hungry else max(c.demand, got)
+        else:
+            ceiling = c.limit if c.hungry else min(c.limit, c.demand)
+        lend_caps.append(max(0.0, ceiling - got))
+    lent = _water_fill(spare, limits, lend_caps)
+    return {
+        c.key: max(g, u + extra)
+        for c, g, u, extra in zip(limited, guarantee, used, lent, strict=True)
+    }
 
 
 def control_step_gpu(
@@ -200,7 +242,7 @@ def control_step_gpu(
         for o, lrn, hungry, demand in zip(observations, learned_all, hungers, demands,
                                           strict=True)
     ]
-    targets = allocate(claims, max(0.0, FULL_SHARE - off_use)).target
+    targets = _allocate(claims, max(0.0, FULL_SHARE - off_use))
 
     cold_samples, cold_sigmas = p.cold_samples, p.cold_sigmas
     min_rate, deadband = p.min_rate, p.rate_deadband
@@ -212,10 +254,10 @@ def control_step_gpu(
          adopted, _) = lrn
         key = o.key
         if o.policy == "off":
-            decisions[key] = Decision(
+            decisions[key] = _new(Decision, (
                 UNLIMITED_RATE, UNLIMITED_RATE, FULL_SHARE, hungry, demand,
-                LoopState(k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                          k_floor, prev.target, count, adopted, hungry))
+                _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
+                                 k_floor, prev.target, count, adopted, hungry))))
             continue
         target = targets[key]
         rate_in_force = o.rate
@@ -223,21 +265,21 @@ def control_step_gpu(
             kept_rate, kept_burst = (
                 (rate_in_force, o.burst) if rate_in_force < UNLIMITED_RATE
                 else (UNLIMITED_RATE, UNLIMITED_RATE))
-            decisions[key] = Decision(
+            decisions[key] = _new(Decision, (
                 kept_rate, kept_burst, target, hungry, demand,
-                LoopState(k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                          k_floor, prev.target, count, adopted, hungry))
+                _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
+                                 k_floor, prev.target, count, adopted, hungry))))
             continue
         k_rate = k
         if o.policy == "strict" and 0 < count < cold_samples and cold_sigmas:
             fade = 1 - count / cold_samples
             k_rate /= 1 + cold_sigmas * fade * math.sqrt(spread)
         rate = max(min_rate, round(k_rate * target))
-        state = LoopState(k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                          k_floor, target, count, adopted, hungry)
+        state = _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
+                                 k_floor, target, count, adopted, hungry))
         if rate_in_force < UNLIMITED_RATE and abs(rate - rate_in_force) <= deadband * rate_in_force:
-            decisions[key] = Decision(rate_in_force, o.burst, target, hungry, demand, state)
+            decisions[key] = _new(Decision, (rate_in_force, o.burst, target, hungry, demand, state))
             continue
         burst = max(round(rate * burst_s), math.ceil(burst_launches * cost), 1)
-        decisions[key] = Decision(rate, burst, target, hungry, demand, state)
+        decisions[key] = _new(Decision, (rate, burst, target, hungry, demand, state))
     return decisions
