@@ -31,6 +31,7 @@ from vgpu_agent.kubelet.podresources import PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.shm.regions import RegionStore
+from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.controller import ThrottleController
 
 log = structlog.get_logger(__name__)
@@ -53,6 +54,13 @@ class TaskHealth:
     restarts: dict[str, int] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
     loop_heartbeat: float = field(default_factory=time.monotonic)
+
+
+def _simulated_host(backend: GpuBackend) -> HostEvidence | None:
+    """A simulated node answers for its simulated processes; a real one is examined in /proc."""
+    from vgpu_agent.gpu.sim import SimBackend
+
+    return backend if isinstance(backend, SimBackend) else None
 
 
 class Agent:
@@ -79,6 +87,9 @@ class Agent:
             tick_s=config.throttle_tick_seconds,
             default_policy=config.core_policy,
             proc_root=config.host_proc_dir,
+            container_region_dir=config.container_region_dir,
+            # a simulated node proves its simulated processes itself; a real one through /proc
+            evidence=_simulated_host(self.backend),
         )
         self.node: NodeIntegration | None = None
         self.tasks = TaskHealth()
@@ -227,6 +238,8 @@ class Agent:
         events = dataclasses.asdict(self.regions.counters)
         events["state_read_corrupt"] = self.regions.corrupt_reads()
         events["state_records_skipped"] = self.regions.skipped_records()
+        # claims in `state` that the host refuted (per region in the log and the controller)
+        events["identity_rejected"] = self.controller.attributor.rejected_total
         return events
 
     async def _on_grant(self, grant: Grant) -> Extras:

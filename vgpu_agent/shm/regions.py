@@ -177,6 +177,9 @@ class Region:
             for d in control.devices
         )
         self._state_fd: int | None = None
+        # st_dev of `control`: a process proves it is the container's when its own mount table
+        # shows this region's `control` from this device (`throttle.attribution`)
+        self.control_dev: int | None = None
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
         self.skipped_records = 0  # nonsense values skipped over all reads
         self._reported_corrupt = False
@@ -201,6 +204,7 @@ class Region:
                     f"a regular file of {layout.CONTROL_SIZE} bytes expected"
                 )
             control_map = mmap.mmap(fd, layout.CONTROL_SIZE, access=mmap.ACCESS_WRITE)
+            control_dev = info.st_dev
         finally:
             os.close(fd)
         try:
@@ -209,6 +213,7 @@ class Region:
             control_map.close()
             raise
         region = cls(path, alloc_id, control_map, control)
+        region.control_dev = control_dev
         region._open_state()
         return region
 

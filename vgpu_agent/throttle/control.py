@@ -48,7 +48,7 @@ Kernel length does not matter: long kernels make spending lumpy within a tick, w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -56,6 +56,8 @@ from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy
 
 # Written for `off` containers (and for ones the law knows nothing about yet): large enough
 # that no bucket ever runs dry, small enough that the shim's 64-bit arithmetic cannot overflow.
+# It is also the upper bound of every rate and burst the law decides; the lower bounds are
+# `ControlParams.min_rate` and 1 token.
 UNLIMITED_RATE = 1 << 52
 
 FULL_SHARE = 100.0
@@ -376,6 +378,17 @@ def _state(learned: _Learned, target: float) -> LoopState:
     return LoopState(k, lower_bound, spends, limited, cost, util, utils, rates, target, count)
 
 
+def _clamp_tokens(value: float, low: int, to_int: Callable[[float], int] = round) -> int:
+    """A rate or burst within the documented bounds [low, UNLIMITED_RATE]: whatever a container
+    made the law learn (a huge spending, a zero utilization), what is written stays a value the
+    shim's 64-bit arithmetic handles, and a NaN never reaches `round`."""
+    if not value >= low:  # also NaN
+        return low
+    if value >= UNLIMITED_RATE:
+        return UNLIMITED_RATE
+    return max(low, min(UNLIMITED_RATE, to_int(value)))
+
+
 def control_step(
     observations: Sequence[Observation],
     states: Mapping[str, LoopState],
@@ -430,6 +443,9 @@ def control_step(
             continue
         target = targets[o.key]
         k = learned[0]
+        if not math.isfinite(k):  # nothing sane was learned: start over from no model
+            learned = (0.0, False, *learned[2:])
+            k = 0.0
         if k <= 0:
             # No model yet. A rate already in force (written before an agent restart) is kept
             # until the model is learned from it; otherwise the container runs one tick
@@ -438,11 +454,10 @@ def control_step(
             decisions[o.key] = Decision(kept[0], kept[1], target, hungry, demand,
                                         _state(learned, prev.target))
             continue
-        rate = max(params.min_rate, round(k * target))
+        rate = _clamp_tokens(k * target, params.min_rate)
         burst = max(
-            round(rate * params.burst_s),
-            math.ceil(params.burst_launches * learned[4]),
-            1,
+            _clamp_tokens(rate * params.burst_s, 1),
+            _clamp_tokens(params.burst_launches * learned[4], 1, math.ceil),
         )
         decisions[o.key] = Decision(rate, burst, target, hungry, demand, _state(learned, target))
     return decisions

@@ -1,7 +1,8 @@
 """The core-throttle loop: every tick, measure each container on each GPU and write its token rate.
 
-Per tick and physical GPU: NVML per-process SM samples since the last tick, host PIDs mapped to
-regions through the shim's process slots (falling back to the PID's cgroup), tokens spent and
+Per tick and physical GPU: NVML per-process SM samples since the last tick, host PIDs attributed
+to regions on host evidence (`identity.Attributor`: what the shim's slots claim is only checked,
+never believed; a cgroup sibling of a proven process is the fallback), tokens spent and
 time waited from the regions' usage; `control.control_step` turns these into rates, written with
 `set_rate` where they changed. Every region's heartbeat is refreshed every tick. A failing
 region or GPU is logged and counted; the loop goes on.
@@ -26,6 +27,7 @@ import structlog
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionHandle, RegionUsage
+from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.control import (
     UNLIMITED_RATE,
     ControlParams,
@@ -34,6 +36,7 @@ from vgpu_agent.throttle.control import (
     Observation,
     control_step,
 )
+from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 
 log = structlog.get_logger(__name__)
 
@@ -181,6 +184,8 @@ class ThrottleController:
         proc_root: str = "/proc",
         params: ControlParams | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
+        evidence: HostEvidence | None = None,
+        container_region_dir: str = "/run/vgpu",
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -193,6 +198,12 @@ class ThrottleController:
         self.default_policy: CorePolicy = default_policy
         self.pid_resolver: PidResolver = pid_resolver or CgroupPidResolver(proc_root)
         self.ns_resolver = NamespacePidResolver(proc_root)
+        self.attributor = Attributor(
+            evidence or ProcEvidence(proc_root, container_region_dir),
+            self.ns_resolver,
+            fallback=self.pid_resolver,
+            on_error=self._resolver_failed,
+        )
         self._sampled_pids: set[int] = set()
         self.params = params or ControlParams(spend_window_s=max(0.4, 4 * tick_s))
         self.clock = clock
@@ -293,6 +304,7 @@ class ThrottleController:
         self._forget(regions, by_gpu)
         if self._sampled_pids:  # ticks without new samples say nothing about who is alive
             self.ns_resolver.forget_except(self._sampled_pids)
+            self.attributor.forget_except(self._sampled_pids, (_alloc_id(r) for r in regions))
             self._sampled_pids = set()
 
     def _read(self, regions: list[RegionHandle]) -> _Reading:
@@ -375,34 +387,20 @@ class ThrottleController:
         """SM percent per alloc_id from this tick's samples; None when nothing new arrived."""
         if not samples:
             return None
-        known: dict[int, str] = {}
-        slots: dict[tuple[int, int], str] = {}
-        util: dict[str, float] = {}
-        for device, usage in entries:
-            alloc_id = device.alloc_id
-            util[alloc_id] = 0.0
-            for proc in usage.processes:
-                if proc.host_pid > 0:
-                    known[proc.host_pid] = alloc_id
-                if proc.start_time > 0:
-                    slots[(proc.pid, proc.start_time)] = alloc_id
+        util = {device.alloc_id: 0.0 for device, _ in entries}
         per_pid: dict[int, list[int]] = defaultdict(list)
         for s in samples:
             per_pid[s.pid].append(s.sm_util)
         self._sampled_pids.update(per_pid)
+        owners = self.attributor.owners(((d.region, u) for d, u in entries), per_pid)
         for pid, values in per_pid.items():
-            found = known.get(pid)
-            if found is None and slots:
-                found = self.ns_resolver.resolve(pid, slots)
-            if found is None:
-                try:
-                    found = self.pid_resolver(pid, known)
-                except Exception:
-                    self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
-                    found = None
+            found = owners.get(pid)
             if found in util:
                 util[found] += min(100.0, max(0.0, sum(values) / len(values)))
         return util
+
+    def _resolver_failed(self, pid: int) -> None:
+        self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
 
     def _limits(self, device: _Device) -> tuple[float, CorePolicy, int]:
         """(limit, policy, priority) of a device, read from its region the first time."""
