@@ -232,3 +232,29 @@ def _other_dev(dev: int | None) -> int:
 
     assert dev is not None
     return os.makedev(0, 99) if dev != os.makedev(0, 99) else os.makedev(0, 98)
+
+
+async def test_a_container_marking_every_slot_used_is_read_only_as_far_as_its_processes(tmp_path):
+    from vgpu_agent.shm import layout
+    from vgpu_agent.shm.regions import SLOT_HEADROOM
+
+    node = Node(tmp_path, {VICTIM_PID: 30, ATTACKER_PID: 10, 5_003: 10})
+    victim = node.container("victim", 1)
+    attacker = node.container("attacker", 2)
+    node.host.container_process(VICTIM_PID, victim.path)
+    node.host.container_process(ATTACKER_PID, attacker.path, inner_pid=1)
+    node.host.container_process(5_003, attacker.path, inner_pid=2)
+    node.shims["victim"].process(0, 1, VICTIM_PID, 0)
+    try:
+        for tick in range(6):
+            for slot in range(layout.MAX_PROCS):  # every slot "used", counters churning
+                node.shims["attacker"].process(slot, 10 + slot, 0, 0, launches=tick + slot,
+                                               wait_ns=tick, tokens=tick)
+            await node.tick({"victim": 3_000_000, "attacker": 1_000_000})
+        # two proven processes: their slots and the headroom are read, never the 1,024
+        assert attacker.slot_budget == SLOT_HEADROOM + 2
+        assert len(attacker.usage().processes) == SLOT_HEADROOM + 2
+        assert victim.slot_budget == SLOT_HEADROOM + 1
+        assert node.status("victim")[0] == 30 and node.status("attacker")[0] == 20
+    finally:
+        node.close()

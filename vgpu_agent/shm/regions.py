@@ -20,7 +20,9 @@ Why `state` is read with `pread` into a private buffer and not through an mmap: 
 truncate the file, and touching an mmap'd page past the end of a file kills the reader with
 SIGBUS. A short read is just a short buffer, which the decoder bounds-checks. Only the header
 and the slots below its high-water mark are read (a few KiB for most containers, not the whole
-673 KiB): the controller reads every region at every tick.
+673 KiB): the controller reads every region at every tick. And never more slots than the
+container has processes on its GPUs, plus `SLOT_HEADROOM`: a container that marks every slot
+used does not make the agent read them.
 
 Why `control` gets its own read-only mount on top of the read-write region dir: the dir must be
 writable (the shim writes `state`, HAMi-core creates its cache file), and in a writable dir a
@@ -111,6 +113,10 @@ _DEVICE_WORDS = _word_index(layout.CONTROL_DEVICE_SIZE)
 # `state` reads up to this size are kept to skip decoding an unchanged file (a few live slots;
 # a region whose high-water mark is far up is decoded every time rather than held in memory)
 _DECODE_CACHE_BYTES = layout.STATE_HEADER_SIZE + 16 * layout.SLOT_SIZE
+# Slots read per `state` beyond the container's processes the host has seen on its GPUs: room
+# for processes that have claimed a slot but not yet run a kernel. A container that marks all
+# 1,024 slots used costs the agent no more than this (see `Region.limit_slots`).
+SLOT_HEADROOM = 2
 
 ContainerKey = tuple[str, str, str]  # namespace, pod, container
 InitialRate = Callable[[GrantedDevice, CorePolicy], tuple[int, int]]
@@ -180,6 +186,7 @@ class Region:
         # st_dev of `control`: a process proves it is the container's when its own mount table
         # shows this region's `control` from this device (`throttle.attribution`)
         self.control_dev: int | None = None
+        self._slot_budget = SLOT_HEADROOM
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
         self.skipped_records = 0  # nonsense values skipped over all reads
         self._reported_corrupt = False
@@ -293,6 +300,16 @@ class Region:
 
     # --- the rest -----------------------------------------------------------------------------
 
+    def limit_slots(self, processes: int) -> None:
+        """Read at most `processes` + SLOT_HEADROOM slots from now on (`processes`: the
+        container's processes the host has proven on its GPUs). Slots past that are the
+        container's own business: what it writes there costs the agent nothing."""
+        self._slot_budget = min(layout.MAX_PROCS, SLOT_HEADROOM + max(0, processes))
+
+    @property
+    def slot_budget(self) -> int:
+        return self._slot_budget
+
     @property
     def device_count(self) -> int:
         return len(self._control.devices)
@@ -370,6 +387,7 @@ class Region:
         with memoryview(buffer) as whole:
             size = os.preadv(self._state_fd, [whole[:header]], 0)
             slots = layout.state_slots_to_read(whole[:size]) if size == header else 0
+            slots = min(slots, self._slot_budget)
             if slots:
                 size += os.preadv(
                     self._state_fd, [whole[header : header + slots * layout.SLOT_SIZE]], header

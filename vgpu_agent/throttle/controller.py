@@ -304,7 +304,7 @@ class ThrottleController:
         self._forget(regions, by_gpu)
         if self._sampled_pids:  # ticks without new samples say nothing about who is alive
             self.ns_resolver.forget_except(self._sampled_pids)
-            self.attributor.forget_except(self._sampled_pids, (_alloc_id(r) for r in regions))
+            self.attributor.end_tick(self._sampled_pids, regions)
             self._sampled_pids = set()
 
     def _read(self, regions: list[RegionHandle]) -> _Reading:

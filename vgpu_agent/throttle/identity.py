@@ -97,6 +97,7 @@ class Attributor:
         self.rejected: dict[str, int] = {}  # alloc_id -> distinct (claim, pid) refused
         self.rejected_total = 0  # monotonic, regions gone included
         self._reported: set[tuple[str, int]] = set()
+        self._proven: dict[str, set[int]] = {}  # this tick's proven pids, per alloc_id
 
     def owners(
         self, regions: Iterable[tuple[RegionHandle, RegionUsage]], pids: Iterable[int]
@@ -128,6 +129,8 @@ class Attributor:
                         proven_owner=proofs.get(pid) or None,
                         reason="the region's state claims a process the host places elsewhere")
         owner = dict(result.owner)
+        for pid, alloc_id in owner.items():
+            self._proven.setdefault(alloc_id, set()).add(pid)
         if self.fallback is not None and result.unknown and owner:
             # A process the host could not show (yet) shares a cgroup with a proven one.
             for pid in result.unknown:
@@ -140,6 +143,22 @@ class Attributor:
                 if found is not None and found in marks:
                     owner[pid] = found
         return owner
+
+    def end_tick(self, live: Iterable[int], regions: Iterable[RegionHandle]) -> None:
+        """After a tick with samples: size each region's next `state` read by the processes the
+        host proved for it (`Region.limit_slots`), and forget pids no longer sampled."""
+        proven, self._proven = self._proven, {}
+        names = []
+        for region in regions:
+            try:
+                alloc_id = region.alloc_id
+            except Exception:
+                continue
+            names.append(alloc_id)
+            limit = getattr(region, "limit_slots", None)
+            if limit is not None:
+                limit(len(proven.get(alloc_id, ())))
+        self.forget_except(live, names)
 
     def forget_except(self, live: Iterable[int], regions: Iterable[str]) -> None:
         keep = set(live)
