@@ -54,6 +54,9 @@ class FileShim:
             total = sum(p.tokens_spent[0] for p in self.sim.processes)
             struct.pack_into("<qQ", buf, dev, self.sim.balances[0], self.sim.last_refill_ns[0])
             struct.pack_into("<Q", buf, dev + layout.STATE_DEVICE_OFFSETS["tokens_spent"], total)
+            for name in ("launches", "wait_ns"):  # the shim keeps device totals of these too
+                struct.pack_into("<Q", buf, dev + layout.STATE_DEVICE_OFFSETS[name],
+                                 sum(getattr(p, name)[0] for p in self.sim.processes))
             mark = layout.STATE_OFFSETS["slot_high_water"]
             count = len(self.sim.processes)
             layout.store_u64(buf, mark, max(layout.load_u64(buf, mark), count))  # as the shim

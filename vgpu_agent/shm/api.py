@@ -39,6 +39,10 @@ class RegionUsage:
     skipped_records: int = 0  # nonsense values found and ignored while reading
     corrupt: bool = False  # the header itself was unreadable: all of the above are empty
     bucket_balance: tuple[int, ...] = field(default_factory=tuple)
+    # the shim's cumulative device totals (ended processes included); empty when the reader has
+    # none, and then the slots' sums stand in
+    launches: tuple[int, ...] = ()
+    wait_ns: tuple[int, ...] = ()
 
 
 class RegionHandle(Protocol):

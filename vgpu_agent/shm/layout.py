@@ -561,8 +561,10 @@ def decode_state(
     memory: list[int] = []
     tokens: list[int] = []
     balances: list[int] = []
+    launch_totals: list[int] = []
+    wait_totals: list[int] = []
     for d in range(count):
-        balance, _, mem, spent, _, _ = _STATE_DEVICE.unpack_from(
+        balance, _, mem, spent, launches, waited = _STATE_DEVICE.unpack_from(
             buf, STATE_OFFSETS["devices"] + d * STATE_DEVICE_SIZE
         )
         if not _plausible_u64(mem, PLAUSIBLE_BYTES):
@@ -574,9 +576,19 @@ def decode_state(
         if not -TOKEN_MAX <= balance <= TOKEN_MAX:
             skipped += 1
             balance = 0
+        # Totals the law relies on, so that it never needs the slots a container may fill:
+        # nonsense is read as nothing (counted), which only starves the liar's own view.
+        if not _plausible_u64(launches, PLAUSIBLE_COUNTER):
+            skipped += 1
+            launches = 0
+        if not _plausible_u64(waited, PLAUSIBLE_COUNTER):
+            skipped += 1
+            waited = 0
         memory.append(mem)
         tokens.append(spent)
         balances.append(balance)
+        launch_totals.append(launches)
+        wait_totals.append(waited)
     return RegionUsage(
         processes=tuple(processes),
         memory_used=tuple(memory),
@@ -584,6 +596,8 @@ def decode_state(
         skipped_records=skipped,
         corrupt=False,
         bucket_balance=tuple(balances),
+        launches=tuple(launch_totals),
+        wait_ns=tuple(wait_totals),
     )
 
 

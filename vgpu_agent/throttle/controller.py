@@ -420,12 +420,16 @@ class ThrottleController:
         """The device's tick for the law, and the (rate, burst) found written in its region."""
         dev = device.dev
         spent_now = usage.tokens_spent[dev] if dev < len(usage.tokens_spent) else 0
-        launches_now = wait_now = 0
-        for p in usage.processes:
-            if dev < len(p.launches):
-                launches_now += p.launches[dev]
-            if dev < len(p.wait_ns):
-                wait_now += p.wait_ns[dev]
+        if dev < len(usage.launches) and dev < len(usage.wait_ns):
+            # the shim's device totals: no slot needs reading for the law
+            launches_now, wait_now = usage.launches[dev], usage.wait_ns[dev]
+        else:
+            launches_now = wait_now = 0
+            for p in usage.processes:
+                if dev < len(p.launches):
+                    launches_now += p.launches[dev]
+                if dev < len(p.wait_ns):
+                    wait_now += p.wait_ns[dev]
         previous = device.previous
         device.previous = (spent_now, launches_now, wait_now)
         if previous is None:  # first sight (or agent restart): only a baseline
