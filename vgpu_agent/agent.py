@@ -238,6 +238,7 @@ class Agent:
         events = dataclasses.asdict(self.regions.counters)
         events["state_read_corrupt"] = self.regions.corrupt_reads()
         events["state_records_skipped"] = self.regions.skipped_records()
+        events.update(self.regions.tampering())
         # claims in `state` that the host refuted (per region in the log and the controller)
         events["identity_rejected"] = self.controller.attributor.rejected_total
         return events

@@ -4,6 +4,7 @@ Layout under the state dir:
 
     regions/<alloc_id>/control   0444, written only by the agent (mmap'd read-write here)
     regions/<alloc_id>/state     0666, written by the shim in the container (read here by pread)
+    regions/<alloc_id>/hami.cache  0666, empty: HAMi-core's cache, for containers that run it
     regions/.new-<alloc_id>/     a region being built; renamed into place when complete
     regions/.gc-<alloc_id>/      a region being deleted
     regions.corrupt/<alloc_id>.<ns>/  regions found unreadable at start, the newest 16 kept
@@ -24,10 +25,15 @@ and the slots below its high-water mark are read (a few KiB for most containers,
 container has processes on its GPUs, plus `SLOT_HEADROOM`: a container that marks every slot
 used does not make the agent read them.
 
-Why `control` gets its own read-only mount on top of the read-write region dir: the dir must be
-writable (the shim writes `state`, HAMi-core creates its cache file), and in a writable dir a
-process could unlink `control` and put its own limits in its place. A file that is a mount point
-cannot be unlinked or renamed from inside the container.
+Why the container gets the three files and not the directory: `state` and `hami.cache` are
+mounted read-write, `control` read-only, each at `<container_region_dir>/<name>`, so the shim
+finds them where it always did. The container can create nothing in the state dir (a tenant
+filling it would fail every other pod's Allocate), and a file that is a mount point cannot be
+unlinked, renamed or replaced from inside the container. Its sizes are fixed by the agent: `state`
+is reserved whole at creation and anything written past its end is cut off at the next read,
+`hami.cache` (sized by HAMi-core itself) is cut back to `HAMI_CACHE_MAX_BYTES`. A region made
+by an older agent (the directory mounted) can still have its `state` replaced: a new inode at
+the path is noticed at the next read and opened instead, and counted (`state_replaced`).
 
 Identity and collection (`reconcile`, rules in `plan_regions`): PodResources says which container
 holds which device IDs. A region belongs to the container whose device IDs are exactly the
@@ -83,6 +89,10 @@ HAMI_CACHE_ENV = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 
 CONTROL_MODE = 0o444
 STATE_MODE = 0o666  # the container's processes write it, whatever their uid
+HAMI_CACHE_MODE = 0o666  # HAMi-core opens it read-write, whatever the container's uid
+# HAMi-core sizes its cache file itself (a few MiB); more than this is a tenant filling the disk.
+HAMI_CACHE_MAX_BYTES = 64 << 20
+_POLICE_EVERY = 16  # reads of `state` between checks of the cache file's size
 DIR_MODE = 0o755
 QUARANTINE_KEEP = 16  # corrupt regions kept for inspection; older ones are deleted
 
@@ -187,6 +197,9 @@ class Region:
         # shows this region's `control` from this device (`throttle.attribution`)
         self.control_dev: int | None = None
         self._slot_budget = SLOT_HEADROOM
+        self.state_replaced = 0  # a new inode found at `state`'s path, and opened instead
+        self.files_truncated = 0  # `state` or `hami.cache` grown past its size, cut back
+        self._reads = 0
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
         self.skipped_records = 0  # nonsense values skipped over all reads
         self._reported_corrupt = False
@@ -284,6 +297,7 @@ class Region:
         if self._view is None:
             return RegionUsage(corrupt=True)  # closed (collected): nothing to read, not counted
         try:
+            self._police_files()
             usage = self._read_usage()
         except Exception as err:  # whatever the container did to the file, the agent goes on
             log.warning("region_state_read_failed", alloc_id=self._alloc_id, error=str(err))
@@ -360,6 +374,53 @@ class Region:
         if self._view is None:
             raise RegionError(f"region {self._alloc_id} is closed")
         return self._view
+
+    def _police_files(self) -> None:
+        """Keep the container's files what the agent made them: the `state` at the path is the
+        one read (a replaced file is opened instead), and neither file outgrows its size."""
+        self._reads += 1
+        fd = self._state_fd
+        if fd is not None:
+            try:
+                at_path = os.stat(self.path / STATE_FILE, follow_symlinks=False)
+            except OSError:
+                at_path = None
+            held = os.fstat(fd)
+            if at_path is not None and (at_path.st_dev, at_path.st_ino) != (
+                held.st_dev, held.st_ino
+            ):
+                self._state_fd = None
+                os.close(fd)
+                self.state_replaced += 1
+                reopened = self._open_state()
+                log.warning("region_state_replaced", alloc_id=self._alloc_id,
+                            path=str(self.path / STATE_FILE), reopened=reopened)
+            elif held.st_size > layout.STATE_SIZE:
+                self._cut(self.path / STATE_FILE, layout.STATE_SIZE, held.st_size)
+        if self._reads % _POLICE_EVERY == 1:
+            cache = self.path / HAMI_CACHE_FILE
+            try:
+                size = os.stat(cache, follow_symlinks=False).st_size
+            except OSError:
+                return
+            if size > HAMI_CACHE_MAX_BYTES:
+                self._cut(cache, HAMI_CACHE_MAX_BYTES, size)
+
+    def _cut(self, path: Path, size: int, found: int) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | _NOFOLLOW)
+        except OSError as err:
+            log.warning("region_file_oversized", alloc_id=self._alloc_id, path=str(path),
+                        size=found, allowed=size, truncated=False, error=str(err))
+            return
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, size)
+                self.files_truncated += 1
+                log.warning("region_file_oversized", alloc_id=self._alloc_id, path=str(path),
+                            size=found, allowed=size, truncated=True)
+        finally:
+            os.close(fd)
 
     def _open_state(self) -> bool:
         # O_NONBLOCK: a FIFO put in place of the file must not hang the agent in open().
@@ -613,6 +674,7 @@ class RegionStore:
         self._spare_names = itertools.count()
         self._retired_corrupt_reads = 0
         self._retired_skipped_records = 0
+        self._retired_tampering = {"state_replaced": 0, "files_truncated": 0}
         self._regions: dict[str, Region] = {}
         self._binding = _Binding()
         self._next_seq: int | None = None
@@ -641,6 +703,15 @@ class RegionStore:
         """Nonsense records (bad counts, pids, sizes) skipped while reading `state`, cumulative."""
         live = sum(r.skipped_records for r in self._regions.values())
         return self._retired_skipped_records + live
+
+    def tampering(self) -> dict[str, int]:
+        """Container files found replaced (`state_replaced`) or grown past their size and cut
+        back (`files_truncated`), cumulative (collected regions too)."""
+        out = dict(self._retired_tampering)
+        for r in self._regions.values():
+            out["state_replaced"] += r.state_replaced
+            out["files_truncated"] += r.files_truncated
+        return out
 
     # --- creation -----------------------------------------------------------------------------
 
@@ -706,11 +777,14 @@ class RegionStore:
     def extras_for(self, region: Region) -> Extras:
         """What the container's Allocate response gets for `region`."""
         inside = self.container_region_dir
-        control_inside = f"{inside.rstrip('/')}/{CONTROL_FILE}"
+        base = inside.rstrip("/")
+        # The files, never the directory: the container can create nothing in the state dir.
         mounts = [
-            (inside, str(region.path), False),
-            (control_inside, str(region.path / CONTROL_FILE), True),
+            (f"{base}/{CONTROL_FILE}", str(region.path / CONTROL_FILE), True),
+            (f"{base}/{STATE_FILE}", str(region.path / STATE_FILE), False),
         ]
+        if (region.path / HAMI_CACHE_FILE).is_file():  # regions of older agents have none
+            mounts.append((f"{base}/{HAMI_CACHE_FILE}", str(region.path / HAMI_CACHE_FILE), False))
         shim = self.shim_dir / SHIM_FILE
         preload = self.shim_dir / PRELOAD_FILE
         if shim.exists() and preload.exists():
@@ -734,7 +808,7 @@ class RegionStore:
                 self._shim_missing_logged = True
         envs = {
             REGION_DIR_ENV: inside,
-            HAMI_CACHE_ENV: f"{inside.rstrip('/')}/{HAMI_CACHE_FILE}",
+            HAMI_CACHE_ENV: f"{base}/{HAMI_CACHE_FILE}",
         }
         return Extras(envs=envs, mounts=mounts)
 
@@ -833,6 +907,9 @@ class RegionStore:
             os.pwrite(fd, header, 0)
         finally:
             os.close(fd)
+        # Made here, not by HAMi-core in the container: it can create nothing in the state dir,
+        # and a non-root container could not create it in a root-owned one anyway.
+        _write_new(path.with_name(HAMI_CACHE_FILE), b"", HAMI_CACHE_MODE)
 
     def _add(self, region: Region) -> None:
         self._regions[region.alloc_id] = region
@@ -940,6 +1017,8 @@ class RegionStore:
             # keep the counts monotonic for the metrics after the region is gone
             self._retired_corrupt_reads += region.corrupt_reads
             self._retired_skipped_records += region.skipped_records
+            self._retired_tampering["state_replaced"] += region.state_replaced
+            self._retired_tampering["files_truncated"] += region.files_truncated
             region.close()
             await asyncio.to_thread(self._delete, region.path)
             self.counters.removed += 1
