@@ -30,13 +30,26 @@ def mount_line(mount_id: int, dev: int, root: str, mount_point: str, fstype: str
             f"{_escape(mount_point)} ro,relatime - {fstype} /dev/sda1 rw\n")
 
 
+def in_filesystem(path: Path) -> str:
+    """`path` inside its filesystem, as a bind mount's root shows it in another namespace: the
+    kernel computes it; here it is derived from this process's own mount table."""
+    from vgpu_agent.throttle.attribution import parse_mountinfo, path_in_filesystem
+
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        mounts = parse_mountinfo(f.read())
+    found = path_in_filesystem(os.path.realpath(path), os.stat(path).st_dev, mounts)
+    assert found is not None, f"no mount of this machine holds {path}"
+    return found
+
+
 def region_mounts(region_path: Path, inside: str = CONTAINER_REGION_DIR) -> str:
-    """The lines a runtime's bind mounts of one region add to a container's mount table."""
-    control = region_path / "control"
-    dev = os.stat(control).st_dev
+    """The lines a runtime's bind mounts of one region's files add to a container's table."""
     inside = inside.rstrip("/")
-    return (mount_line(1210, dev, str(region_path), inside)
-            + mount_line(1211, dev, str(control), f"{inside}/control"))
+    lines = []
+    for n, name in enumerate(("control", "state")):
+        f = region_path / name
+        lines.append(mount_line(1210 + n, os.stat(f).st_dev, in_filesystem(f), f"{inside}/{name}"))
+    return "".join(lines)
 
 
 class FakeHostProc:

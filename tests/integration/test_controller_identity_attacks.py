@@ -10,7 +10,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tests.fakes.hostproc import FakeHostProc, mount_line, region_mounts
+import pytest
+
+from tests.fakes.hostproc import FakeHostProc, in_filesystem, mount_line, region_mounts
 from tests.fakes.shimstate import DeviceSpec, ShimWriter, make_region
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm.regions import Region, format_alloc_id
@@ -141,14 +143,20 @@ async def test_a_slot_claiming_the_victims_namespace_pid_and_start_time_is_rejec
         attacked.close()
 
 
-async def test_a_mount_of_a_look_alike_control_file_proves_nothing(tmp_path):
-    # The attacker mounts its own file at the region path, named like the victim's region, in a
-    # mount namespace of its own: another device, so not the victim's region.
+@pytest.mark.parametrize("where", ["same disk, own directory", "own tmpfs, the victim's path"])
+async def test_a_mount_of_a_look_alike_control_file_proves_nothing(tmp_path, where):
+    # In a mount namespace of its own, the attacker mounts a file of its own at the region path:
+    # from its volume on the state dir's disk, in a directory named like the victim's region, or
+    # from a filesystem of its own at exactly the victim's path.
     def forge(node: Node) -> None:
         victim = node.regions["victim"]
-        fake_root = f"/tmp/regions/{victim.alloc_id}/control"
-        forged = mount_line(1300, _other_dev(victim.control_dev), fake_root, "/run/vgpu/control",
-                            fstype="tmpfs")
+        assert victim.control_dev is not None
+        real = in_filesystem(victim.path / "control")
+        if where.startswith("same disk"):
+            dev, root = victim.control_dev, f"/kubelet/pods/p/x/regions/{victim.alloc_id}/control"
+        else:
+            dev, root = _other_dev(victim.control_dev), real
+        forged = mount_line(1300, dev, root, "/run/vgpu/control")
         node.host.process(ATTACKER_PID, inner_pid=7, start=2222,
                           mounts=region_mounts(node.regions["attacker"].path) + forged)
         node.shims["attacker"].process(0, 7, 0, 0)

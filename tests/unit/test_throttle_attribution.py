@@ -8,10 +8,12 @@ from vgpu_agent.throttle.attribution import (
     MAX_MOUNTINFO_LINES,
     NONE_OF_THEM,
     Claims,
+    Mark,
     attribute,
     claims_of,
     control_mount,
     parse_mountinfo,
+    path_in_filesystem,
     proven_region,
 )
 
@@ -75,22 +77,43 @@ def test_mountinfo_read_is_bounded_in_lines():
     assert len(parse_mountinfo(text)) == MAX_MOUNTINFO_LINES
 
 
-def test_the_control_mount_in_force_proves_a_region_only_from_the_agents_device():
-    marks = {"r1": DEV, "r2": DEV, "r3": None}
-    own = parse_mountinfo(line("/vgpu/regions/r1/control", CONTROL))
-    assert proven_region(control_mount(own, CONTROL), marks) == "r1"
-    # another device (a tmpfs of the container's own), named like r2
-    forged = parse_mountinfo(line("/x/r2/control", CONTROL, dev="0:99"))
-    assert proven_region(control_mount(forged, CONTROL), marks) == NONE_OF_THEM
+def test_the_control_mount_in_force_proves_a_region_only_with_its_exact_file_and_device():
+    marks = {"r1": Mark(DEV, "/vgpu/regions/r1/control"), "r2": Mark(DEV, "/vgpu/regions/r2/control"),
+             "r3": None, "r4": Mark(DEV, None)}
+
+    def proves(text: str) -> str:
+        return proven_region(control_mount(parse_mountinfo(text), CONTROL), marks)
+
+    assert proves(line("/vgpu/regions/r1/control", CONTROL)) == "r1"
+    # a file of the container's own on the same disk, in a directory named like r2's
+    assert proves(line("/kubelet/pods/p/volumes/x/regions/r2/control", CONTROL)) == NONE_OF_THEM
+    # another device (a tmpfs of its own), at r2's very path
+    assert proves(line("/vgpu/regions/r2/control", CONTROL, dev="0:99")) == NONE_OF_THEM
     # mounted over the real one: the last mount on the path is what the process sees
-    stacked = parse_mountinfo("\n".join([line("/vgpu/regions/r1/control", CONTROL),
-                                         line("/x/r2/control", CONTROL, dev="0:99")]))
-    assert proven_region(control_mount(stacked, CONTROL), marks) == NONE_OF_THEM
-    # the region's file mounted elsewhere, a directory, a region the agent could not stat
+    assert proves("\n".join([line("/vgpu/regions/r1/control", CONTROL),
+                              line("/x/r2/control", CONTROL, dev="0:99")])) == NONE_OF_THEM
+    # the region's file mounted elsewhere, a directory, a region the agent could not stat, one
+    # it does not know, a file deleted since
     for text in (line("/vgpu/regions/r1/control", "/tmp/control"),
                  line("/vgpu/regions/r1", CONTROL),
                  line("/vgpu/regions/r3/control", CONTROL),
                  line("/vgpu/regions/gone/control", CONTROL),
                  line("/vgpu/regions/r1/control//deleted", CONTROL)):
-        assert proven_region(control_mount(parse_mountinfo(text), CONTROL), marks) == NONE_OF_THEM
+        assert proves(text) == NONE_OF_THEM
+    # without a known path, the name and the device decide
+    assert proves(line("/anything/r4/control", CONTROL)) == "r4"
     assert proven_region(None, marks) == NONE_OF_THEM
+
+
+def test_a_path_is_located_inside_its_filesystem_through_the_longest_mount_of_its_device():
+    own = parse_mountinfo("\n".join([
+        line("/", "/", dev="0:50"),
+        line("/", "/var", dev="254:1"),
+        line("/var/lib/vgpu-agent", "/var/lib/vgpu-agent", dev="254:1"),  # a hostPath bind
+        line("/", "/var/lib/vgpu-agent/x", dev="0:60"),
+    ]))
+    path = "/var/lib/vgpu-agent/regions/r1/control"
+    assert path_in_filesystem(path, DEV, own) == path
+    assert path_in_filesystem("/var/other/file", DEV, own) == "/other/file"
+    assert path_in_filesystem("/var", DEV, own) == "/"
+    assert path_in_filesystem(path, os.makedev(9, 9), own) is None

@@ -11,8 +11,9 @@ import hashlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -26,6 +27,9 @@ from vgpu_agent.gpu.model import (
     XidEvent,
 )
 from vgpu_agent.gpu.simspec import parse_sim_spec
+
+if TYPE_CHECKING:
+    from vgpu_agent.throttle.attribution import RegionMarks
 
 log = structlog.get_logger(__name__)
 
@@ -224,7 +228,7 @@ class SimBackend:
         with self._cond:
             self._process_owner = owner
 
-    def owner(self, host_pid: int, marks: Mapping[str, int | None]) -> str | None:
+    def owner(self, host_pid: int, marks: RegionMarks) -> str | None:
         """Host evidence of the simulated node (`throttle.attribution.HostEvidence`)."""
         with self._cond:
             source = self._process_owner

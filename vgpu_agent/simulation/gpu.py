@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CorePolicy
 from vgpu_agent.simulation import tokens
 from vgpu_agent.simulation.region import ProcessCounters, SimRegion
+
+if TYPE_CHECKING:
+    from vgpu_agent.throttle.attribution import RegionMarks
 
 NVML_ERROR_NOT_SUPPORTED = 3  # pynvml's code, repeated so the pure simulator needs no pynvml
 START_NS = 1_000 * tokens.NS_PER_S  # a monotonic clock never starts at zero
@@ -265,7 +268,7 @@ class SimHostEvidence:
     def __init__(self, gpus: Sequence[SimGpu]):
         self.gpus = list(gpus)
 
-    def owner(self, host_pid: int, marks: Mapping[str, int | None]) -> str | None:
+    def owner(self, host_pid: int, marks: RegionMarks) -> str | None:
         for gpu in self.gpus:
             alloc_id = gpu.containers.get(host_pid)
             if alloc_id is not None:

@@ -17,18 +17,25 @@ unattributed for the tick. Whoever holds a proven process may vouch for its cgro
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 # `HostEvidence.owner` results besides an alloc_id.
 NONE_OF_THEM = ""  # examined: the process shows none of the regions (a host process, a stranger)
 # None: nothing could be read (the process is gone, or /proc denies it)
 
-# What must be true of a region's `control` mount as a process sees it, per alloc_id: the device
-# number (st_dev) of the file as the agent sees it, or None when the agent could not stat it
-# (such a region can be proven by nobody).
-RegionMarks = Mapping[str, int | None]
+
+
+class Mark(NamedTuple):
+    """What a process's mount of a region's `control` must show, per alloc_id."""
+
+    dev: int  # st_dev of the file as the agent sees it
+    fs_path: str | None  # its path inside that filesystem; None when the agent cannot tell
+
+
+# None: the agent could not stat the file; such a region can be proven by nobody.
+RegionMarks = Mapping[str, Mark | None]
 
 
 class HostEvidence(Protocol):
@@ -158,30 +165,53 @@ def parse_mountinfo(text: str) -> list[Mount]:
     return mounts
 
 
-def control_mount(mounts: Iterable[Mount], control_path: str) -> tuple[str, int] | None:
-    """(alloc_id, device) of the region `control` mounted at `control_path`, if any.
-
-    The last mount on the path is the one in force; its root must name a region's own
-    `control` (`.../<alloc_id>/control`).
-    """
-    found: tuple[str, int] | None = None
+def control_mount(mounts: Iterable[Mount], control_path: str) -> Mount | None:
+    """The mount in force at `control_path` (the last one on the path), if any."""
+    found: Mount | None = None
     for mount in mounts:
-        if mount.mount_point != control_path:
-            continue
-        parts = mount.root.rsplit("/", 2)
-        ok = len(parts) == 3 and parts[2] == "control" and parts[1] not in ("", ".", "..")
-        found = (parts[1], mount.dev) if ok else None
+        if mount.mount_point == control_path:
+            found = mount
     return found
 
 
-def proven_region(seen: tuple[str, int] | None, marks: RegionMarks) -> str:
+def proven_region(seen: Mount | None, marks: RegionMarks) -> str:
     """The region a process's control mount proves, NONE_OF_THEM when it proves none of `marks`.
 
-    The mount must come from the device the agent's file is on: a process can mount only what
-    it can see, and no container sees another's region.
+    The mount must be of the region's own `control`: its root (the path inside its filesystem)
+    is exactly the file's, on the device the agent's file is on. A process can mount only what
+    it can see, no container sees another's region, and nobody but the agent can create a file
+    at that path. A mark without a known path is matched on its last two components
+    (`<alloc_id>/control`) and the device alone.
     """
     if seen is None:
         return NONE_OF_THEM
-    alloc_id, dev = seen
-    expected = marks.get(alloc_id)
-    return alloc_id if expected is not None and expected == dev else NONE_OF_THEM
+    parts = seen.root.rsplit("/", 2)
+    if len(parts) != 3 or parts[2] != "control":
+        return NONE_OF_THEM
+    alloc_id = parts[1]
+    mark = marks.get(alloc_id)
+    if mark is None or mark.dev != seen.dev:
+        return NONE_OF_THEM
+    if mark.fs_path is not None and mark.fs_path != seen.root:
+        return NONE_OF_THEM
+    return alloc_id
+
+
+def path_in_filesystem(path: str, dev: int, own_mounts: Sequence[Mount]) -> str | None:
+    """Where `path` (as this process sees it, on device `dev`) lies inside its filesystem, which
+    is what another mount namespace's mountinfo shows as a bind mount's root; None when no
+    mount of `dev` contains it."""
+    best: Mount | None = None
+    for mount in own_mounts:
+        point = mount.mount_point.rstrip("/") or "/"
+        inside = point == "/" or path == point or path.startswith(point + "/")
+        if mount.dev == dev and inside and (
+            best is None or len(point) >= len(best.mount_point.rstrip("/") or "/")
+        ):
+            best = mount
+    if best is None:
+        return None
+    point = best.mount_point.rstrip("/") or "/"
+    rest = path[len(point):] if point != "/" else path
+    root = best.root.rstrip("/")
+    return f"{root}/{rest.lstrip('/')}" if rest.strip("/") else (best.root or "/")

@@ -18,11 +18,14 @@ import structlog
 from vgpu_agent.shm.api import RegionHandle, RegionUsage
 from vgpu_agent.throttle.attribution import (
     HostEvidence,
+    Mark,
+    Mount,
     RegionMarks,
     attribute,
     claims_of,
     control_mount,
     parse_mountinfo,
+    path_in_filesystem,
     proven_region,
 )
 
@@ -34,11 +37,15 @@ MOUNTINFO_MAX_BYTES = 256 * 1024  # a container's table is a few KiB; more is no
 class ProcEvidence:
     """Proves a host pid's region from its mount table under the host's /proc."""
 
-    def __init__(self, proc_root: str = "/proc", container_region_dir: str = "/run/vgpu"):
+    def __init__(self, proc_root: str = "/proc", container_region_dir: str = "/run/vgpu",
+                 own_mountinfo: str = "/proc/self/mountinfo"):
         self.proc_root = proc_root
         self.control_path = f"{container_region_dir.rstrip('/')}/control"
+        self.own_mountinfo = own_mountinfo
+        self._own_mounts: list[Mount] | None = None
+        self._located: dict[tuple[str, int], str | None] = {}
         # host pid -> the control mount its table shows (None: none); mounts do not change
-        self._seen: dict[int, tuple[str, int] | None] = {}
+        self._seen: dict[int, Mount | None] = {}
         self.reads = 0  # mount tables read (for the tests of per-tick work)
 
     def owner(self, host_pid: int, marks: RegionMarks) -> str | None:
@@ -53,6 +60,29 @@ class ProcEvidence:
     def forget_except(self, live: Iterable[int]) -> None:
         keep = set(live)
         self._seen = {pid: v for pid, v in self._seen.items() if pid in keep}
+
+    def locate(self, path: str, dev: int) -> str | None:
+        """`path` (as the agent sees it) inside its filesystem: what a container's mount table
+        shows as the root of its bind mount. From the agent's own mount table, read once."""
+        key = (path, dev)
+        if key in self._located:
+            return self._located[key]
+        if self._own_mounts is None:
+            try:
+                with open(self.own_mountinfo, encoding="utf-8", errors="replace") as f:
+                    self._own_mounts = parse_mountinfo(f.read(MOUNTINFO_MAX_BYTES))
+            except OSError as err:
+                log.warning("identity_own_mounts_unreadable", path=self.own_mountinfo,
+                            error=str(err))
+                self._own_mounts = []
+        found = path_in_filesystem(os.path.realpath(path), dev, self._own_mounts)
+        if found is None:
+            log.warning("identity_path_unknown", path=path,
+                        effect="its mounts are matched on region name and device only")
+        if len(self._located) > 65536:
+            self._located.clear()
+        self._located[key] = found
+        return found
 
     def _mountinfo(self, host_pid: int) -> str | None:
         if host_pid <= 0:
@@ -103,13 +133,13 @@ class Attributor:
         self, regions: Iterable[tuple[RegionHandle, RegionUsage]], pids: Iterable[int]
     ) -> dict[int, str]:
         """host pid -> alloc_id for the sampled `pids` of one GPU (its regions as read)."""
-        marks: dict[str, int | None] = {}
+        marks: dict[str, Mark | None] = {}
         claims = {}
         for region, usage in regions:
             alloc_id = region.alloc_id
             if alloc_id in marks:
                 continue
-            marks[alloc_id] = getattr(region, "control_dev", None)
+            marks[alloc_id] = self._mark(region)
             claims[alloc_id] = claims_of(
                 (p.pid, p.host_pid, p.start_time) for p in usage.processes
             )
@@ -143,6 +173,16 @@ class Attributor:
                 if found is not None and found in marks:
                     owner[pid] = found
         return owner
+
+    def _mark(self, region: RegionHandle) -> Mark | None:
+        dev = getattr(region, "control_dev", None)
+        if not isinstance(dev, int):
+            return None
+        path = getattr(region, "path", None)
+        locate = getattr(self.evidence, "locate", None)
+        fs_path = locate(os.path.join(str(path), "control"), dev) if (
+            locate is not None and path is not None) else None
+        return Mark(dev, fs_path)
 
     def end_tick(self, live: Iterable[int], regions: Iterable[RegionHandle]) -> None:
         """After a tick with samples: size each region's next `state` read by the processes the
