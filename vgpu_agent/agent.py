@@ -30,6 +30,7 @@ from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kubelet.podresources import PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources
+from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import RegionStore
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.controller import ThrottleController
@@ -79,6 +80,8 @@ class Agent:
             container_region_dir=config.container_region_dir,
             container_shim_path=config.container_shim_path,
             gc_grace_s=config.region_gc_grace_seconds,
+            control_flags=(layout.CONTROL_ALLOW_DISABLE if config.shim_allow_disable else 0)
+            | (layout.CONTROL_ALLOW_REGION_DIR if config.shim_allow_region_dir else 0),
         )
         self.pod_resources = PodResourcesClient(config.pod_resources_socket, config.resource_name)
         self.controller = ThrottleController(

@@ -81,6 +81,8 @@ class Config:
     pod_resources_refresh_seconds: float = 5.0
     nvml_poll_seconds: float = 1.0
     hami_metrics: bool = False
+    shim_allow_disable: bool = False
+    shim_allow_region_dir: bool = False
     endpoint_name: str = "vgpu-agent.sock"
 
     @property
@@ -290,6 +292,8 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "pod_resources_refresh_seconds": _as_float("must be a number > 0", lambda v: v > 0),
     "nvml_poll_seconds": _as_float("must be a number between 0.1 and 60", lambda v: 0.1 <= v <= 60),
     "hami_metrics": _as_bool,
+    "shim_allow_disable": _as_bool,
+    "shim_allow_region_dir": _as_bool,
     "endpoint_name": _as_str(allow_empty=False),
 }
 assert set(_CHECKS) == set(FIELD_NAMES), "every Config field needs a check"

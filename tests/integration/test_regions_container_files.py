@@ -171,3 +171,14 @@ def test_a_region_without_a_cache_file_is_still_answered(store: RegionStore) -> 
     mounts = [inside for inside, _, _ in store.extras_for(region).mounts]
     assert "/run/vgpu/hami.cache" not in mounts and "/run/vgpu/state" in mounts
     assert isinstance(Region.open(region.path), Region)
+
+
+def test_new_regions_carry_the_configured_shim_permissions(tmp_path: Path) -> None:
+    default = RegionStore(tmp_path / "a")
+    assert default.create(grant()).control().flags == 0  # nothing allowed unless configured
+    default.close()
+    allowing = RegionStore(tmp_path / "b", control_flags=layout.CONTROL_ALLOW_DISABLE)
+    assert allowing.create(grant()).control().flags == layout.CONTROL_ALLOW_DISABLE
+    allowing.close()
+    with pytest.raises(ValueError, match="control flags 0x8"):
+        RegionStore(tmp_path / "c", control_flags=8)

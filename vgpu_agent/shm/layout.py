@@ -33,7 +33,7 @@ if sys.byteorder != "little":  # pragma: no cover - every supported host is litt
 CONTROL_MAGIC: Final = 0x314C52544E435056  # "VPCNTRL1"
 STATE_MAGIC: Final = 0x3145544154535056  # "VPSTATE1"
 ABI_MAJOR: Final = 1
-ABI_MINOR: Final = 0
+ABI_MINOR: Final = 1
 
 MAX_DEVICES: Final = 16
 MAX_DEVICE_IDS: Final = 64
@@ -50,6 +50,12 @@ POLICY_NAMES: Final = {
     POLICY_STRICT: "strict",
     POLICY_WORK_CONSERVING: "work-conserving",
 }
+
+# control.flags (ABI 1.1): what the container may change about its own enforcement; all clear
+# is the secure default and what a 1.0 control holds (shims read it as 0 when abi_minor < 1).
+CONTROL_ALLOW_DISABLE: Final = 1 << 0  # VGPU_DISABLE=1 is honoured
+CONTROL_ALLOW_REGION_DIR: Final = 1 << 1  # a VGPU_REGION_DIR other than the mounted one is honoured
+CONTROL_FLAGS_KNOWN: Final = CONTROL_ALLOW_DISABLE | CONTROL_ALLOW_REGION_DIR
 
 CORE_LIMIT_FULL: Final = 1_000_000  # core_limit unit: parts per million of SM time
 DEFAULT_GRAPH_COST: Final = 1 << 20
@@ -116,7 +122,8 @@ CONTROL_HEADER_FIELDS: Final = (
     ("priority", "q", 1),
     ("device_id_count", "I", 1),
     ("reserved0", "I", 1),
-    ("reserved", "Q", 6),
+    ("flags", "Q", 1),
+    ("reserved", "Q", 5),
 )
 CONTROL_OFFSETS, CONTROL_HEADER_SIZE = _layout(CONTROL_HEADER_FIELDS)
 CONTROL_OFFSETS["device_ids"] = CONTROL_HEADER_SIZE
@@ -203,6 +210,7 @@ class Control:
     heartbeat_ns: int = 0
     generation: int = 0
     abi_minor: int = ABI_MINOR
+    flags: int = 0  # CONTROL_ALLOW_* (1.1)
 
 
 def control_device_offset(dev: int, field: str) -> int:
@@ -261,8 +269,12 @@ def encode_control(control: Control) -> bytes:
         raise RegionFormatError(
             f"priority={control.priority!r} is not allowed: a signed 64-bit integer"
         )
-    for name in ("seq", "created_ns", "heartbeat_ns", "generation"):
+    for name in ("seq", "created_ns", "heartbeat_ns", "generation", "flags"):
         _check_u64(name, getattr(control, name))
+    if control.flags & ~CONTROL_FLAGS_KNOWN:
+        raise RegionFormatError(
+            f"flags={control.flags:#x} is not allowed: only bits of {CONTROL_FLAGS_KNOWN:#x}"
+        )
     if control.generation % 2:
         raise RegionFormatError(
             f"generation={control.generation} is odd: a stored file is stable (even)"
@@ -290,6 +302,7 @@ def encode_control(control: Control) -> bytes:
         control.priority,
     )
     struct.pack_into("<I", buf, o["device_id_count"], len(control.device_ids))
+    struct.pack_into("<Q", buf, o["flags"], control.flags)
     for i, device_id in enumerate(control.device_ids):
         data = _encode_text(f"device_ids[{i}]", device_id, DEVICE_ID_LEN)
         start = o["device_ids"] + i * DEVICE_ID_LEN
@@ -362,7 +375,11 @@ def decode_control(buf: bytes | bytearray | memoryview) -> Control:
             f"<{UUID_LEN}s7Q", buf, base
         )
         devices.append(ControlDevice(_text(raw_uuid), mem, core, rate, burst, policy, flags, graph))
-    return Control(tuple(devices), ids, priority, seq, created, heartbeat, generation, minor)
+    # a 1.0 file's word was reserved: whatever it holds means nothing (all clear)
+    (flags,) = struct.unpack_from("<Q", buf, o["flags"]) if minor >= 1 else (0,)
+    return Control(
+        tuple(devices), ids, priority, seq, created, heartbeat, generation, minor, flags
+    )
 
 
 def store_u64(buf: bytearray | memoryview, offset: int, value: int) -> None:

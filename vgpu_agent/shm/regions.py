@@ -643,6 +643,7 @@ class RegionStore:
         initial_rate: InitialRate = unconfigured_rate,
         clock: Callable[[], int] = time.monotonic_ns,
         offload_io: bool = False,
+        control_flags: int = 0,
     ):
         if default_policy not in CORE_POLICIES:
             raise ValueError(
@@ -667,6 +668,11 @@ class RegionStore:
         self.initial_rate = initial_rate
         self.clock = clock
         self.offload_io = offload_io
+        if control_flags & ~layout.CONTROL_FLAGS_KNOWN or control_flags < 0:
+            raise ValueError(f"control flags {control_flags:#x} are not allowed: bits of "
+                             f"{layout.CONTROL_FLAGS_KNOWN:#x}")
+        # what the containers of new regions may change about their shim (off: nothing)
+        self.control_flags = control_flags
         self.counters = RegionCounters()
         self._spares: dict[int, list[Path]] = {}
         self._spares_pending: dict[int, int] = {}
@@ -862,6 +868,7 @@ class RegionStore:
             seq=seq,
             created_ns=created_ns,
             heartbeat_ns=created_ns,
+            flags=self.control_flags,
         )
 
     def _build(self, seq: int, grant: Grant) -> Region:
