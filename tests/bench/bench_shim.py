@@ -6,7 +6,8 @@ Builds the shim and shim/tests/bench_launch.c, then runs the same launch loop in
 interleaved round after round so that machine noise hits them alike:
 
   no shim           the fake driver alone (the baseline)
-  pass-through      libvgpu.so preloaded, no region (one warning, then straight calls)
+  pass-through      libvgpu.so preloaded, no region, VGPU_FAIL_CLOSED=0 (one warning, then
+                    straight calls)
   policy off        region present, launches counted but not paced
   strict, ample     region with the strict policy and tokens always available (the normal path
                     of a paced container that is within its share)
@@ -72,7 +73,7 @@ def main() -> int:
         preload = {"LD_PRELOAD": str(BUILD / "libvgpu.so")}
         variants = {
             "no shim": base_env,
-            "pass-through (no region)": {**base_env, **preload,
+            "pass-through (no region)": {**base_env, **preload, "VGPU_FAIL_CLOSED": "0",
                                          "VGPU_REGION_DIR": str(Path(tmp) / "none")},
             "policy off (counted)": {**base_env, **preload, "VGPU_REGION_DIR": str(
                 make_region(Path(tmp) / "off", layout.POLICY_OFF))},
