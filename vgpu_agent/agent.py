@@ -33,7 +33,10 @@ from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import RegionStore
 from vgpu_agent.throttle.attribution import HostEvidence
-from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.backstop import Breach
+from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
+from vgpu_agent.throttle.identity import Attributor, ProcEvidence
+from vgpu_agent.throttle.watch import BackstopWatch
 
 log = structlog.get_logger(__name__)
 
@@ -95,6 +98,20 @@ class Agent:
             evidence=_simulated_host(self.backend),
         )
         self.node: NodeIntegration | None = None
+        # The agent's own limit check, on an attributor of its own (the controller's keeps
+        # per-tick state); what it finds goes to the pod (`_on_breach`).
+        self.backstop = BackstopWatch(
+            self.backend,
+            self.regions.regions,
+            lambda: self.controller.status,
+            Attributor(
+                _simulated_host(self.backend)
+                or ProcEvidence(config.host_proc_dir, config.container_region_dir),
+                NamespacePidResolver(config.host_proc_dir),
+                budget_slots=False,
+            ),
+            self._on_breach,
+        )
         self.tasks = TaskHealth()
         host, port = config.metrics_host_port()
         self.metrics = MetricsService(
@@ -188,6 +205,7 @@ class Agent:
             ),
         )
         self._supervise(group, "throttle", self.controller.run)
+        self._supervise(group, "backstop", self.backstop.run)
         self._supervise(group, "metrics-caches", self._refresh_metrics)
         self._start_node_integration(group, gpus)
         # Everything built so far lives as long as the agent: keep the collector from
@@ -242,9 +260,24 @@ class Agent:
         events["state_read_corrupt"] = self.regions.corrupt_reads()
         events["state_records_skipped"] = self.regions.skipped_records()
         events.update(self.regions.tampering())
+        events["backstop_memory"] = self.backstop.breaches["memory"]
+        events["backstop_sm"] = self.backstop.breaches["sm"]
+        if self.node is not None:
+            events["backstop_evictions"] = self.node.evictions
         # claims in `state` that the host refuted (per region in the log and the controller)
         events["identity_rejected"] = self.controller.attributor.rejected_total
         return events
+
+    def _on_breach(self, breach: Breach) -> None:
+        """A container over its limits: a Warning Event on its pod, evicted with `evict`."""
+        owner = self.regions.identity(breach.alloc_id)
+        if owner is None or self.node is None:
+            log.warning("backstop_breach_unreported", alloc_id=breach.alloc_id,
+                        reason="its pod is not known" if owner is None else "no Kubernetes API")
+            return
+        namespace, pod, container = owner
+        self.node.on_container_breach(namespace, pod, container, breach.describe(),
+                                      evict=self.config.backstop_action == "evict")
 
     async def _on_grant(self, grant: Grant) -> Extras:
         extras = await self.regions.on_grant(grant)

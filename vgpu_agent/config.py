@@ -24,6 +24,7 @@ AllocationPolicy = Literal["spread", "binpack"]
 DeviceListStrategy = Literal["envvar", "cdi"]
 Backend = Literal["nvml", "sim"]
 LogFormat = Literal["json", "console"]
+BackstopAction = Literal["report", "evict"]
 CorePolicy = Literal["off", "strict", "work-conserving"]
 
 # An extended resource name: a DNS-subdomain prefix outside kubernetes.io, a slash, and a
@@ -83,6 +84,7 @@ class Config:
     hami_metrics: bool = False
     shim_allow_disable: bool = False
     shim_allow_region_dir: bool = False
+    backstop_action: BackstopAction = "report"
     endpoint_name: str = "vgpu-agent.sock"
 
     @property
@@ -294,6 +296,7 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "hami_metrics": _as_bool,
     "shim_allow_disable": _as_bool,
     "shim_allow_region_dir": _as_bool,
+    "backstop_action": _as_choice("report", "evict"),
     "endpoint_name": _as_str(allow_empty=False),
 }
 assert set(_CHECKS) == set(FIELD_NAMES), "every Config field needs a check"

@@ -31,11 +31,14 @@ CLIENT_METHODS = {
     "read_node": ("", "nodes", "get"),
     "patch_node": ("", "nodes", "patch"),
     "create_namespaced_event": ("", "events", "create"),
+    "read_namespaced_pod": ("", "pods", "get"),
+    "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
 }
 
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/[^/]+)"
-    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?$"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
 )
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "GET": "get"}
 
@@ -46,7 +49,8 @@ def access_of(method: str, path: str) -> Access:
     verb = _VERBS[method]
     if verb == "get" and not match["name"]:
         verb = "list"
-    return Access(match["group"] or "", match["resource"], verb, match["ns"])
+    resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
+    return Access(match["group"] or "", resource, verb, match["ns"])
 
 
 def granted(docs: list[dict[str, Any]], service_account: tuple[str, str]) -> set[Access]:
@@ -128,8 +132,10 @@ async def exercise_everything(tmp_path: Path, namespace: str) -> list[Access]:
         await node.publish_labels([gpu(0)], 4, "1")
         node.on_health_change(Change("GPU-1", False, "XID", 79))
         node.on_health_change(Change("GPU-1", True, "recovered", None))
+        api.add_pod("team-a", "train-0")
+        node.on_container_breach("team-a", "train-0", "main", "over its limits", evict=True)
         await api.wait_for(
-            lambda: len(api.all_events()) == 2
+            lambda: len(api.all_events()) == 4 and api.evicted
             and "vgpu.io/gpu.count" in api.nodes[NODE]["metadata"]["labels"],
             within=10,
         )
@@ -165,21 +171,27 @@ async def test_cluster_role_grants_exactly_what_the_agent_calls(tmp_path: Path) 
     )
 
 
-def test_events_grant_is_namespaced_and_nodes_grant_is_not() -> None:
+def test_the_grants_are_these_and_no_more() -> None:
     docs = render("base")
     daemonset = one(docs, "DaemonSet", "vgpu-agent")
     namespace = daemonset["metadata"]["namespace"]
     grants = granted(docs, (namespace, "vgpu-agent"))
+    # events cluster-wide: an event about a pod lives in the pod's namespace
     assert grants == {
         Access("", "nodes", "get", None),
         Access("", "nodes", "patch", None),
-        Access("", "events", "create", namespace),
+        Access("", "events", "create", None),
+        Access("", "pods", "get", None),
+        Access("", "pods/eviction", "create", None),
     }
 
 
 def test_request_paths_map_to_rbac_terms() -> None:
     assert access_of("GET", "/api/v1/nodes/n1") == Access("", "nodes", "get", None)
     assert access_of("GET", "/api/v1/namespaces/a/events") == Access("", "events", "list", "a")
+    assert access_of("POST", "/api/v1/namespaces/a/pods/p/eviction") == Access(
+        "", "pods/eviction", "create", "a"
+    )
     assert access_of("POST", "/apis/events.k8s.io/v1/namespaces/a/events") == Access(
         "events.k8s.io", "events", "create", "a"
     )

@@ -76,3 +76,59 @@ def health_event(
         "lastTimestamp": stamp,
         "count": 1,
     }
+
+
+REASON_BACKSTOP = "VgpuLimitExceeded"
+REASON_EVICTED = "VgpuEvicted"
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """The pod an event is about; `uid` is what `kubectl describe pod` matches events on."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+def pod_event(
+    pod: PodRef, container: str, reason: str, message: str, host: str, now: dt.datetime,
+    seq: int,
+) -> dict[str, Any]:
+    """The body of a core/v1 Warning Event on a pod (created in the pod's namespace)."""
+    if now.tzinfo is None:
+        raise ValueError("event time must carry a time zone")
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{pod.name[:200].rstrip('.-')}.{int(now.timestamp() * 1e9):x}.{seq}",
+            "namespace": pod.namespace,
+            "labels": {"app.kubernetes.io/name": COMPONENT},
+        },
+        "involvedObject": {
+            "apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name,
+            "uid": pod.uid, "fieldPath": f"spec.containers{{{container}}}",
+        },
+        "reason": reason,
+        "message": message[:_MAX_MESSAGE],
+        "type": "Warning",
+        "source": {"component": COMPONENT, "host": host},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": host,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+def eviction(pod: PodRef) -> dict[str, Any]:
+    """The policy/v1 Eviction of a pod, bound to its UID so a pod recreated under the same name
+    is not the one evicted."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "deleteOptions": {"preconditions": {"uid": pod.uid}},
+    }

@@ -119,11 +119,13 @@ class Attributor:
         identities: NsIdentity,
         fallback: CgroupFallback | None = None,
         on_error: Callable[[int], None] | None = None,
+        budget_slots: bool = True,
     ):
         self.evidence = evidence
         self.identities = identities
         self.fallback = fallback
         self.on_error = on_error
+        self.budget_slots = budget_slots  # size regions' slot reads (the controller's own)
         self.rejected: dict[str, int] = {}  # alloc_id -> distinct (claim, pid) refused
         self.rejected_total = 0  # monotonic, regions gone included
         self._reported: set[tuple[str, int]] = set()
@@ -159,8 +161,9 @@ class Attributor:
                         proven_owner=proofs.get(pid) or None,
                         reason="the region's state claims a process the host places elsewhere")
         owner = dict(result.owner)
-        for pid, alloc_id in owner.items():
-            self._proven.setdefault(alloc_id, set()).add(pid)
+        if self.budget_slots:
+            for pid, alloc_id in owner.items():
+                self._proven.setdefault(alloc_id, set()).add(pid)
         if self.fallback is not None and result.unknown and owner:
             # A process the host could not show (yet) shares a cgroup with a proven one.
             for pid in result.unknown:
