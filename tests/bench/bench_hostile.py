@@ -184,7 +184,8 @@ async def serve(root: Path, port_file: Path, phase_file: Path, out_file: Path,
              asyncio.create_task(allocate())]
     while not service.port:
         await asyncio.sleep(0.01)
-    port_file.write_text(str(service.port))
+    port_file.with_suffix(".tmp").write_text(str(service.port))
+    port_file.with_suffix(".tmp").rename(port_file)  # whole, never half-written
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
