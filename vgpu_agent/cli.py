@@ -66,13 +66,43 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--duration", type=float, default=0.0, help="stop after SECONDS (0: until Ctrl-C)"
     )
+    simulate.add_argument(
+        "--view",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the live `top` view instead of share log lines (auto: when stdout is a terminal;"
+        " the log then goes to a file)",
+    )
     check = commands.add_parser("check-config", help="validate the configuration and print it")
     _add_config_flags(check)
+    top = commands.add_parser(
+        "top", help="live view of a node's GPUs, slices and containers (reads /status)"
+    )
+    top.add_argument(
+        "--url",
+        default="http://127.0.0.1:9394/status",
+        help="the agent's status URL, or its base URL (default: %(default)s)",
+    )
+    top.add_argument(
+        "--interval", type=_interval, default=1.0, help="seconds between frames (0.1..3600)"
+    )
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--json", action="store_true", help="print the raw status document")
     commands.add_parser(
         "install-shim",
         help="install libvgpu.so into the host state dir (see: vgpu-agent install-shim --help)",
     )
     return parser
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: seconds in 0.1..3600")
+    return value
 
 
 def load_config(
@@ -107,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_CONFIG
+    if args.command == "top":
+        from vgpu_agent.top import run_top
+
+        return run_top(args.url, args.interval, once=args.once, as_json=args.json)
     env = dict(os.environ)
     try:
         if args.command == "simulate":
@@ -130,7 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from vgpu_agent.simulate import simulate
 
         return _run_reporting_os_errors(
-            lambda: asyncio.run(simulate(config, duration=args.duration))
+            lambda: asyncio.run(
+                simulate(
+                    config,
+                    duration=args.duration,
+                    view=args.view == "on" or (args.view == "auto" and sys.stdout.isatty()),
+                )
+            )
         )
     from vgpu_agent.agent import Agent
 

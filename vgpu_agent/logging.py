@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 import structlog
 
@@ -15,7 +16,9 @@ _LEVELS = {
 }
 
 
-def configure(log_format: str = "json", level: str = "info") -> None:
+def configure(log_format: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
+    """Log to `stream` (stderr by default)."""
+    stream = stream if stream is not None else sys.stderr
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -25,12 +28,12 @@ def configure(log_format: str = "json", level: str = "info") -> None:
     ]
     renderer: structlog.typing.Processor
     if log_format == "console":
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
     else:
         renderer = structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )

@@ -1,16 +1,21 @@
 """`vgpu-agent simulate`: the whole agent on simulated GPUs, with an in-process kubelet stand-in.
 
 It shows, in readable log lines, the registration, the advertised devices and one sample
-allocation per policy, then keeps running (until Ctrl-C or `--duration`).
+allocation per policy, then keeps running (until Ctrl-C or `--duration`). With `view` (the
+default when stdout is a terminal) the log goes to a file and the terminal shows the live
+`vgpu-agent top` view of the agent's own status instead of the share log lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
+import sys
 import tempfile
+from typing import TextIO
 
 import structlog
 
@@ -42,12 +47,14 @@ def simulate_defaults() -> dict[str, object]:
     }
 
 
-async def simulate(config: Config, duration: float = 0.0) -> int:
+async def simulate(config: Config, duration: float = 0.0, view: bool = False) -> int:
+    log_file = _log_to_file(config) if view else None
     kubelet = KubeletStandIn(config.device_plugin_dir, config.pod_resources_socket)
     await kubelet.start()
     agent = Agent(config)
     agent_task = asyncio.create_task(agent.run(), name="agent")
     demo: asyncio.Task[object] | None = None
+    view_task: asyncio.Task[None] | None = None
     try:
         resource = config.resource_name
         await kubelet.wait_for(
@@ -85,21 +92,57 @@ async def simulate(config: Config, duration: float = 0.0) -> int:
         )
         log.info("metrics_url", url=agent.metrics.url)
         print(f"metrics: {agent.metrics.url}  (Ctrl-C to stop)", flush=True)
+        if log_file is not None:
+            print(f"log: {log_file.name}", flush=True)
+            view_task = asyncio.create_task(_live_view(agent), name="live-view")
         if duration > 0:
             await asyncio.wait({agent_task}, timeout=duration)
         else:
             await agent_task
     finally:
-        if demo is not None:
-            demo.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await demo
+        for task in (view_task, demo):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         agent.stop()
         with contextlib.suppress(asyncio.CancelledError):
             await agent_task
         await kubelet.stop()
         _remove_own_root(config)
+        if log_file is not None:
+            log_file.close()
     return 0
+
+
+def _log_to_file(config: Config) -> TextIO:
+    """Send the log to a file that outlives the run, so the terminal can show the view."""
+    from vgpu_agent.logging import configure
+
+    fd, path = tempfile.mkstemp(prefix="vgpu-agent-simulate-", suffix=".log")
+    os.close(fd)
+    handle = open(path, "w", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the run
+    configure(config.log_format, config.log_level, stream=handle)
+    return handle
+
+
+async def _live_view(agent: Agent, interval_s: float = 1.0) -> None:
+    """The `top` view of the agent's own status, refreshed every `interval_s`, on stdout."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from vgpu_agent.top import render
+
+    console = Console(file=sys.stdout)
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            try:
+                status = json.loads(await agent.metrics.status())
+            except Exception as err:  # the view must never stop the demo
+                log.warning("live_view_failed", error=repr(err))
+            else:
+                live.update(render(status), refresh=True)
+            await asyncio.sleep(interval_s)
 
 
 def _remove_own_root(config: Config) -> None:

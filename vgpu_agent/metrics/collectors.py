@@ -55,6 +55,7 @@ class ContainerDevice:
     """One device of one identified container, with everything its series need."""
 
     identity: Identity
+    alloc_id: str
     dev: int  # index inside the container
     gpu: GpuInfo | None  # None when the region names a GPU this node does not have
     uuid: str
@@ -63,6 +64,7 @@ class ContainerDevice:
     rate: int
     burst: int
     usage_known: bool  # False: state unreadable or corrupt, only the limits are known
+    policy: str = "off"  # as written in `control`
     memory_used: int = 0
     launches: int = 0
     wait_ns: int = 0
@@ -97,7 +99,7 @@ class Snapshot:
 _UNLIMITED_RATE = 1 << 52
 
 
-def _container_devices(
+def container_devices(
     identity: Identity,
     region: RegionSample,
     by_uuid: Mapping[str, GpuInfo],
@@ -117,6 +119,7 @@ def _container_devices(
         out.append(
             ContainerDevice(
                 identity=identity,
+                alloc_id=region.alloc_id,
                 dev=dev,
                 gpu=by_uuid.get(uuid),
                 uuid=uuid,
@@ -125,6 +128,7 @@ def _container_devices(
                 rate=status.rate if status is not None else limits.rate,
                 burst=limits.burst,
                 usage_known=known,
+                policy=limits.policy,
                 memory_used=(
                     usage.memory_used[dev] if usage and dev < len(usage.memory_used) else 0
                 ),
@@ -176,7 +180,7 @@ def take_snapshot(
 
     containers = []
     for identity, region in chosen.items():
-        containers += _container_devices(identity, region, by_uuid, throttle)
+        containers += container_devices(identity, region, by_uuid, throttle)
 
 
     registration = sources.registration() if sources.registration else None

@@ -1,16 +1,18 @@
-"""The metrics HTTP server (aiohttp): /metrics, /healthz, /readyz.
+"""The metrics HTTP server (aiohttp): /metrics, /status, /healthz, /readyz.
 
 `MetricsService.run()` serves and keeps the two caches fresh until cancelled: NVML readings
 every `poll_s`, region files once per scrape, read just before it is due (see `RegionCache`).
 A scrape copies the caches on the loop, then builds, encodes and (for Prometheus) gzips the
 exposition in a worker thread; at most two scrapes encode at once, later ones wait their turn.
-A scrape never calls NVML or the kubelet.
+A scrape never calls NVML or the kubelet. `/status` (the JSON document `vgpu-agent top` shows,
+see `metrics/status.py`) is built from the same caches, the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -28,10 +30,12 @@ from vgpu_agent.metrics.collectors import (
 from vgpu_agent.metrics.poller import GpuPoller, RegionCache
 from vgpu_agent.metrics.probes import liveness, readiness
 from vgpu_agent.metrics.sources import MetricsSources
+from vgpu_agent.metrics.status import build_status
 
 log = structlog.get_logger(__name__)
 
 TEXT_PLAIN = "text/plain; charset=utf-8"
+APPLICATION_JSON = "application/json"
 MAX_CONCURRENT_RENDERS = 2
 
 
@@ -76,6 +80,7 @@ class MetricsService:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/status", self._status)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         return app
@@ -157,6 +162,26 @@ class MetricsService:
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)
 
+    async def status(self) -> bytes:
+        """The `/status` document, JSON-encoded (the encoding runs in a worker thread)."""
+        regions = await self.regions.fresh()
+        samples = self.poller.samples if self.poller is not None else {}
+        snap = take_snapshot(self.sources, samples, regions, self.regions.read_errors)
+        throttle = dict(self.sources.throttle_status()) if self.sources.throttle_status else {}
+        document = build_status(snap, regions, self.sources.identity, throttle)
+        async with self._renders:
+            return await asyncio.to_thread(_json_bytes, document)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        try:
+            body = await self.status()
+        except Exception as err:
+            log.exception("status_failed")
+            return web.Response(
+                status=500, text=f"status collection failed: {err!r}\n", content_type="text/plain"
+            )
+        return web.Response(body=body, headers={"Content-Type": APPLICATION_JSON})
+
     async def _healthz(self, request: web.Request) -> web.Response:
         ok, lines = liveness(self.sources)
         return _probe_response(ok, lines)
@@ -177,6 +202,10 @@ def _render_body(
     body = render_exposition(snap, instruments, hami, encoder, openmetrics)
     # level 1: about a sixth of the CPU of level 6, and the text still shrinks some 15x
     return gzip.compress(body, compresslevel=1) if gzipped else body
+
+
+def _json_bytes(document: object) -> bytes:
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _probe_response(ok: bool, lines: list[str]) -> web.Response:

@@ -134,6 +134,7 @@ class RegionSample:
     devices: tuple[DeviceLimits, ...]
     usage: RegionUsage | None
     error: str = ""
+    priority: int = 0
 
 
 def read_region(region: RegionHandle) -> RegionSample:
@@ -165,6 +166,7 @@ def read_region(region: RegionHandle) -> RegionSample:
         devices=tuple(devices),
         usage=usage,
         error=error,
+        priority=int(region.priority),
     )
 
 

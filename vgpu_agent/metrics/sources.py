@@ -35,6 +35,18 @@ class ThrottleStatus(Protocol):
     def open_loop(self) -> bool:
         """True while the GPU gives no per-process samples (rates are not steered by use)."""
 
+    @property
+    def target(self) -> float:
+        """Percent of the GPU's SM time the controller steers the container to."""
+
+    @property
+    def policy(self) -> str:
+        """The core policy the controller applied."""
+
+    @property
+    def rate_limited(self) -> bool:
+        """True when the container wanted more than its target in the last tick."""
+
 
 class RegistrationView(Protocol):
     """The device plugin's standing with the kubelet."""
