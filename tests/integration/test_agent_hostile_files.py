@@ -48,3 +48,15 @@ async def test_a_grown_and_a_swapped_state_are_handled_and_allocate_goes_on(root
             writer.close()
         second = await run.kubelet.admit("ns", "pod2", "main", RESOURCE, 1)
         assert second.response.envs["NVIDIA_VISIBLE_DEVICES"]
+
+
+@pytest.mark.parametrize("strategy", ["envvar", "cdi"])
+async def test_either_strategy_mounts_the_region_files_and_never_a_directory(root, strategy):
+    async with running_agent(config_for(root, device_list_strategy=strategy)) as run:
+        admission = await run.kubelet.admit("ns", "pod", "main", RESOURCE, 1)
+        mounts = {m.container_path: (m.host_path, m.read_only) for m in admission.response.mounts}
+        for inside, (host, _) in mounts.items():
+            assert os.path.isfile(host), f"{inside} mounts {host}, not a file"
+        region_files = {p: ro for p, (_, ro) in mounts.items() if p.startswith("/run/vgpu/")}
+        assert region_files == {"/run/vgpu/control": True, "/run/vgpu/state": False,
+                                "/run/vgpu/hami.cache": False}
