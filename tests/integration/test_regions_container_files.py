@@ -182,3 +182,35 @@ def test_new_regions_carry_the_configured_shim_permissions(tmp_path: Path) -> No
     allowing.close()
     with pytest.raises(ValueError, match="control flags 0x8"):
         RegionStore(tmp_path / "c", control_flags=8)
+
+
+def test_readers_in_two_threads_and_a_swap_never_read_a_closed_descriptor(
+    store: RegionStore,
+) -> None:
+    import threading
+
+    region = store.create(grant())
+    stop = threading.Event()
+    seen: list[bool] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.append(region.usage().corrupt)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        for n in range(30):  # the container swaps `state` over and over
+            fresh = region.path / f"state.{n}"
+            fresh.write_bytes(layout.encode_state(1))
+            os.rename(fresh, region.path / "state")
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+    assert seen and not any(seen)  # every read found a whole file
+    assert 1 <= region.state_replaced <= 30
+    region.close()
+    assert region.usage().corrupt  # closed: nothing reopened behind the store's back
+    assert region._state_fd is None

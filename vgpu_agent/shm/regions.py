@@ -197,6 +197,7 @@ class Region:
         # shows this region's `control` from this device (`throttle.attribution`)
         self.control_dev: int | None = None
         self._slot_budget = SLOT_HEADROOM
+        self._fd_lock = threading.Lock()
         self.state_replaced = 0  # a new inode found at `state`'s path, and opened instead
         self.files_truncated = 0  # `state` or `hami.cache` grown past its size, cut back
         self._reads = 0
@@ -297,8 +298,14 @@ class Region:
         if self._view is None:
             return RegionUsage(corrupt=True)  # closed (collected): nothing to read, not counted
         try:
-            self._police_files()
-            usage = self._read_usage()
+            # One reader at a time (the controller's and the metrics' threads): a `state` found
+            # replaced has its descriptor closed and reopened, which another reader's pread
+            # must not meet half-way (a number closed and reused is another file).
+            with self._fd_lock:
+                if self._view is None:  # closed while this reader waited
+                    return RegionUsage(corrupt=True)
+                self._police_files()
+                usage = self._read_usage()
         except Exception as err:  # whatever the container did to the file, the agent goes on
             log.warning("region_state_read_failed", alloc_id=self._alloc_id, error=str(err))
             usage = RegionUsage(corrupt=True)
@@ -354,9 +361,10 @@ class Region:
         control_map, self._map = self._map, None
         if control_map is not None:
             control_map.close()
-        fd, self._state_fd = self._state_fd, None
-        if fd is not None:
-            os.close(fd)
+        with self._fd_lock:
+            fd, self._state_fd = self._state_fd, None
+            if fd is not None:
+                os.close(fd)
 
     def __repr__(self) -> str:
         return f"Region({self._alloc_id!r}, ids={list(self.device_ids)})"
