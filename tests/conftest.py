@@ -7,6 +7,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests judge behaviour, not speed: on a shared, loaded machine example generation and
+# single examples can be slow, which must not fail a test.
+settings.register_profile(
+    "vgpu", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.load_profile("vgpu")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # test modules import the fakes as `tests.fakes...` whichever directory pytest starts from

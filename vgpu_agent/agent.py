@@ -13,7 +13,7 @@ import dataclasses
 import gc
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -27,7 +27,8 @@ from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Ex
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
 from vgpu_agent.kube.node import NodeIntegration
-from vgpu_agent.kubelet.podresources import PodResourcesClient
+from vgpu_agent.kube.pods import NodePods
+from vgpu_agent.kubelet.podresources import ContainerRef, PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.shm import layout
@@ -36,6 +37,8 @@ from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.backstop import Breach
 from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
+from vgpu_agent.throttle.podpolicy import PodPolicyRules
+from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
 from vgpu_agent.throttle.watch import BackstopWatch
 
 log = structlog.get_logger(__name__)
@@ -49,6 +52,16 @@ def make_backend(config: Config) -> GpuBackend:
     from vgpu_agent.gpu.nvml import NvmlBackend
 
     return NvmlBackend(config.nvml_library)
+
+
+def pod_policy_rules(config: Config) -> PodPolicyRules:
+    """What pods may choose by annotation on this node, from the configuration."""
+    return PodPolicyRules(
+        default_policy=config.core_policy,
+        allowed_policies=frozenset(config.pod_core_policies),
+        priority_max=config.pod_priority_max,
+        priority_namespaces=frozenset(config.pod_priority_namespaces),
+    )
 
 
 @dataclass
@@ -68,7 +81,13 @@ def _simulated_host(backend: GpuBackend) -> HostEvidence | None:
 
 
 class Agent:
-    def __init__(self, config: Config, *, backend: GpuBackend | None = None):
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backend: GpuBackend | None = None,
+        pods: PodLookup | None = None,
+    ):
         self.config = config
         self.backend = backend or make_backend(config)
         self.split = Split(config.split_count, config.memory_scaling, config.cores_scaling)
@@ -111,6 +130,15 @@ class Agent:
                 budget_slots=False,
             ),
             self._on_breach,
+        )
+        # Pods' own core policy and priority (annotations); `pods` stands in for the API's pods
+        # (the simulation), else the node integration's pod watch provides them.
+        self.pods: NodePods | None = None
+        self.pod_policies = RegionPolicies(
+            self.regions.regions,
+            self.regions.identity,
+            pod_policy_rules(config),
+            pods=pods,
         )
         self.tasks = TaskHealth()
         host, port = config.metrics_host_port()
@@ -201,9 +229,10 @@ class Agent:
             group,
             "pod-resources",
             lambda: self.pod_resources.run(
-                self.config.pod_resources_refresh_seconds, self.regions.reconcile
+                self.config.pod_resources_refresh_seconds, self._reconcile
             ),
         )
+        self._supervise(group, "pod-policies", self.pod_policies.run)
         self._supervise(group, "throttle", self.controller.run)
         self._supervise(group, "backstop", self.backstop.run)
         self._supervise(group, "metrics-caches", self._refresh_metrics)
@@ -221,6 +250,14 @@ class Agent:
         node = NodeIntegration(self.config.node_name, self.config.kubeconfig)
         self.node = node
         self._supervise(group, "kube", node.run)
+        if self.pod_policies.pods is None:
+            pods = NodePods(
+                self.config.node_name, node.api_configuration, on_change=self.pod_policies.poke
+            )
+            self.pods = pods
+            self.pod_policies.pods = pods
+            self.pod_policies.on_refusal = pods.report_refusal
+            self._supervise(group, "kube-pods", pods.run)
         assert self.health is not None
         self.health.add_listener(node.on_health_change)
 
@@ -250,6 +287,7 @@ class Agent:
             region_events=self._region_events,
             pod_resources_failures=lambda: self.pod_resources.failures,
             tasks=lambda: self.tasks,
+            policy_source=self.pod_policies.source,
             backend_error=lambda: (
                 self.backend_error or ("" if self.inventory is not None else "GPU backend starting")
             ),
@@ -271,13 +309,23 @@ class Agent:
     def _on_breach(self, breach: Breach) -> None:
         """A container over its limits: a Warning Event on its pod, evicted with `evict`."""
         owner = self.regions.identity(breach.alloc_id)
-        if owner is None or self.node is None:
-            log.warning("backstop_breach_unreported", alloc_id=breach.alloc_id,
-                        reason="its pod is not known" if owner is None else "no Kubernetes API")
+        lookup = self.pod_policies.pods  # the node's pods as the pod watch delivers them
+        known = lookup.pod(owner[0], owner[1]) if owner and lookup is not None else None
+        if owner is None or self.node is None or known is None:
+            reason = ("its container is not known" if owner is None
+                      else "no Kubernetes API" if self.node is None
+                      else "its pod is not (yet) in the node's pod list")
+            log.warning("backstop_breach_unreported", alloc_id=breach.alloc_id, reason=reason)
             return
         namespace, pod, container = owner
-        self.node.on_container_breach(namespace, pod, container, breach.describe(),
+        self.node.on_container_breach(namespace, pod, known.uid, container, breach.describe(),
                                       evict=self.config.backstop_action == "evict")
+
+    async def _reconcile(self, assignments: Mapping[str, ContainerRef]) -> dict[str, str]:
+        """Bind regions to containers, then give each newly bound region its pod's policy."""
+        removed = await self.regions.reconcile(assignments)
+        self.pod_policies.poke()
+        return removed
 
     async def _on_grant(self, grant: Grant) -> Extras:
         extras = await self.regions.on_grant(grant)

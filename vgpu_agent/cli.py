@@ -36,6 +36,15 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--kubeconfig": ("kubeconfig", "kubeconfig file (default: in-cluster config when present)"),
     "--core-policy": ("core_policy", "default core policy: off, strict or work-conserving"),
     "--resource-name": ("resource_name", "extended resource name to advertise"),
+    "--pod-core-policies": (
+        "pod_core_policies",
+        "core policies pods may choose by annotation, comma-separated",
+    ),
+    "--pod-priority-max": ("pod_priority_max", "highest priority a pod may take (-100..100)"),
+    "--pod-priority-namespaces": (
+        "pod_priority_namespaces",
+        "namespaces whose pods may take priorities above 0, comma-separated",
+    ),
 }
 
 

@@ -86,6 +86,10 @@ class Config:
     shim_allow_region_dir: bool = False
     backstop_action: BackstopAction = "report"
     endpoint_name: str = "vgpu-agent.sock"
+    # What pods may choose through their annotations (vgpu_agent/throttle/podpolicy.py).
+    pod_core_policies: tuple[CorePolicy, ...] = ("strict", "work-conserving")
+    pod_priority_max: int = 100
+    pod_priority_namespaces: tuple[str, ...] = ()
 
     @property
     def plugin_socket(self) -> str:
@@ -258,6 +262,55 @@ def _as_sim_gpus(key: str, raw: object, source: str) -> str:
     return raw
 
 
+def _as_list(raw: object) -> list[object] | None:
+    """A YAML list, or a comma-separated string (environment, flags); None for anything else."""
+    if isinstance(raw, str):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(raw, list | tuple):
+        return list(raw)
+    return None
+
+
+def _as_pod_policies(key: str, raw: object, source: str) -> tuple[str, ...]:
+    choices = ("off", "strict", "work-conserving")
+    allowed = "must be a list of core policies pods may choose, from " + ", ".join(choices)
+    items = _as_list(raw)
+    if items is not None:
+        # YAML 1.1 reads a bare `off` as false: take it for the policy it names
+        items = ["off" if i is False else i for i in items]
+    if items is None or any(not isinstance(i, str) or i not in choices for i in items):
+        raise ConfigError(key, raw, allowed, source)
+    return tuple(sorted({str(i) for i in items}))
+
+
+def _as_pod_priority(key: str, raw: object, source: str) -> int:
+    from vgpu_agent.throttle.podpolicy import PRIORITY_MAX, PRIORITY_MIN
+
+    allowed = f"must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX}"
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = int(raw.strip(), 10)
+        except ValueError:
+            raise ConfigError(key, raw, allowed, source) from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, raw, allowed, source)
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ConfigError(key, raw, allowed, source)
+    return value
+
+
+def _as_namespaces(key: str, raw: object, source: str) -> tuple[str, ...]:
+    allowed = "must be a list of namespace names (DNS labels: a-z, 0-9, '-', at most 63)"
+    items = _as_list(raw)
+    if items is None:
+        raise ConfigError(key, raw, allowed, source)
+    for item in items:
+        if not isinstance(item, str) or len(item) > 63 or not re.match(f"^{_DNS_LABEL}$", item):
+            raise ConfigError(key, raw, allowed, source)
+    return tuple(sorted({str(i) for i in items}))
+
+
 _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "resource_name": _as_resource_name,
     "split_count": _as_int(1),
@@ -298,6 +351,9 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "shim_allow_region_dir": _as_bool,
     "backstop_action": _as_choice("report", "evict"),
     "endpoint_name": _as_str(allow_empty=False),
+    "pod_core_policies": _as_pod_policies,
+    "pod_priority_max": _as_pod_priority,
+    "pod_priority_namespaces": _as_namespaces,
 }
 assert set(_CHECKS) == set(FIELD_NAMES), "every Config field needs a check"
 

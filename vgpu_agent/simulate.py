@@ -4,6 +4,11 @@ It shows, in readable log lines, the registration, the advertised devices and on
 allocation per policy, then keeps running (until Ctrl-C or `--duration`). With `view` (the
 default when stdout is a terminal) the log goes to a file and the terminal shows the live
 `vgpu-agent top` view of the agent's own status instead of the share log lines.
+
+Two more pods share one GPU and choose their compute policy by annotation (served to the agent by
+`DemoPods` in place of the API server): an `inference` service (strict, priority 50) that is idle
+and busy in turns, and a `batch` job (work-conserving) that borrows what the service leaves idle;
+`demo_handover` lines show the loan taken back within a tick of the service turning busy.
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ import structlog
 from vgpu_agent.agent import Agent
 from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import preferred_allocation
+from vgpu_agent.deviceplugin.ids import parse_device_id
 from vgpu_agent.gpu.sim import SimBackend
 from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
 from vgpu_agent.simulation.demo import run_demo_workloads
+from vgpu_agent.simulation.gpu import Workload
+from vgpu_agent.simulation.handover import BATCH_WORKLOAD, HandoverLog, service_workload
+from vgpu_agent.throttle.podpolicy import PodInfo
 
 log = structlog.get_logger("vgpu_agent.simulate")
 
@@ -44,14 +53,40 @@ def simulate_defaults() -> dict[str, object]:
         "metrics_address": "127.0.0.1:9394",
         "log_format": "console",
         "node_name": "sim-node",
+        "pod_priority_namespaces": DEMO_NAMESPACE,  # the inference pod's priority is accepted
     }
+
+
+# The pair sharing one GPU: pod name -> (container, annotations, workload, memory part)
+PAIR: dict[str, tuple[str, dict[str, str], Workload, float]] = {
+    "inference": (
+        "server",
+        {"vgpu.io/core-policy": "strict", "vgpu.io/priority": "50"},
+        service_workload(),
+        0.3,
+    ),
+    "batch": ("train", {"vgpu.io/core-policy": "work-conserving"}, BATCH_WORKLOAD, 0.5),
+}
+
+
+class DemoPods:
+    """The demo pods' annotations, as the agent's pod watch would read them from the API."""
+
+    def __init__(self) -> None:
+        self.pods = {
+            (DEMO_NAMESPACE, name): PodInfo(f"demo-uid-{name}", DEMO_NAMESPACE, name, notes)
+            for name, (_, notes, _, _) in PAIR.items()
+        }
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        return self.pods.get((namespace, name))
 
 
 async def simulate(config: Config, duration: float = 0.0, view: bool = False) -> int:
     log_file = _log_to_file(config) if view else None
     kubelet = KubeletStandIn(config.device_plugin_dir, config.pod_resources_socket)
     await kubelet.start()
-    agent = Agent(config)
+    agent = Agent(config, pods=DemoPods())
     agent_task = asyncio.create_task(agent.run(), name="agent")
     demo: asyncio.Task[object] | None = None
     view_task: asyncio.Task[None] | None = None
@@ -79,6 +114,22 @@ async def simulate(config: Config, duration: float = 0.0, view: bool = False) ->
                 envs=dict(sorted(admission.response.envs.items())),
                 mounts=[m.container_path for m in admission.response.mounts],
             )
+        pair = await _share_one_gpu(kubelet, resource)
+        if pair:
+            await _until_bound(agent, pair)
+
+        def pod_of(alloc_id: str) -> str | None:
+            key = agent.regions.identity(alloc_id)
+            return key[1] if key is not None and key[0] == DEMO_NAMESPACE else None
+
+        def workload_for(alloc_id: str) -> tuple[Workload, float] | None:
+            chosen = PAIR.get(pod_of(alloc_id) or "")
+            return (chosen[2], chosen[3]) if chosen is not None else None
+
+        def find(pod: str) -> str | None:
+            return next((r.alloc_id for r in agent.regions.regions() if pod_of(r.alloc_id) == pod),
+                        None)
+
         # The simulated containers play the shim on the allocations' real region files and
         # feed the simulated GPU's per-process samples to the agent's own controller.
         demo = asyncio.create_task(
@@ -87,6 +138,9 @@ async def simulate(config: Config, duration: float = 0.0, view: bool = False) ->
                 agent.backend if isinstance(agent.backend, SimBackend) else None,
                 controller_status=lambda: agent.controller.status,
                 report_every_s=5.0,
+                workload_for=workload_for,
+                on_step=HandoverLog(find, lambda: agent.controller.status,
+                                    tick_s=config.throttle_tick_seconds),
             ),
             name="demo-workloads",
         )
@@ -159,6 +213,40 @@ def _remove_own_root(config: Config) -> None:
 def _devices(kubelet: KubeletStandIn, resource: str) -> list[str]:
     state = kubelet.resources.get(resource)
     return sorted(state.devices) if state else []
+
+
+async def _share_one_gpu(kubelet: KubeletStandIn, resource: str) -> list[Admission]:
+    """One slice each for the inference and the batch pod, on the GPU with the most free slices."""
+    by_gpu: dict[str, list[str]] = {}
+    for device_id in kubelet.free_devices(resource):
+        by_gpu.setdefault(parse_device_id(device_id).uuid, []).append(device_id)
+    free = max(by_gpu.values(), key=len, default=[])
+    if len(free) < len(PAIR):
+        log.warning("demo_pair_skipped", reason="no GPU has two free slices")
+        return []
+    admitted = []
+    for (name, (container, notes, _, _)), device_id in zip(PAIR.items(), sorted(free),
+                                                           strict=False):
+        response = await kubelet.allocate(resource, [device_id])
+        admission = Admission(DEMO_NAMESPACE, name, container, resource, [device_id], response)
+        kubelet.admissions.append(admission)
+        admitted.append(admission)
+        log.info("sample_pod", pod=f"{DEMO_NAMESPACE}/{name}", device_ids=[device_id],
+                 annotations=notes)
+    return admitted
+
+
+async def _until_bound(agent: Agent, pair: list[Admission], limit_s: float = 10.0) -> None:
+    """Wait until PodResources has bound the pair's regions (the demo picks workloads by pod)."""
+    wanted = {(a.namespace, a.pod, a.container) for a in pair}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while loop.time() < deadline:
+        bound = {agent.regions.identity(r.alloc_id) for r in agent.regions.regions()}
+        if wanted <= bound:
+            return
+        await asyncio.sleep(0.1)
+    log.warning("demo_pair_unbound", effect="the pair runs the default demo workloads")
 
 
 async def _sample_allocation(kubelet: KubeletStandIn, resource: str, policy: str) -> Admission:

@@ -1,4 +1,8 @@
-"""A fake Kubernetes API server on aiohttp: nodes and core/v1 events, with faults on demand.
+"""A fake Kubernetes API server on aiohttp: nodes, core/v1 events and pods, with faults on demand.
+
+Pods (`add_pod`, `set_pod_annotations`, `delete_pod`) are served as list and watch at
+/api/v1/pods with a `spec.nodeName` field selector; watches stream JSON lines from a
+resourceVersion, and answer 410 Gone after `compact_pod_history()`, as the real server does.
 
 What it does like the real server:
 - keeps objects with a cluster-wide, increasing `metadata.resourceVersion` and a `uid`;
@@ -57,6 +61,7 @@ class Recorded:
     status: int = 0
     body: Any = None
     at: float = field(default_factory=time.monotonic)
+    query: str = ""  # the query string, e.g. "fieldSelector=...&watch=true"
 
 
 @dataclass
@@ -75,7 +80,6 @@ class FakeKubeAPI:
     token: str | None = "test-token"
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # ns -> name -> obj
-    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (ns, name) -> pod
     evicted: list[tuple[str, str, str]] = field(default_factory=list)  # (ns, name, uid)
     requests: list[Recorded] = field(default_factory=list)
     port: int = 0
@@ -84,6 +88,11 @@ class FakeKubeAPI:
     _faults: list[_Fault] = field(default_factory=list)
     _runner: web.AppRunner | None = None
     _changed: asyncio.Condition | None = None
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> Pod (see _PodsRoutes)
+    _pod_history: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+    _pod_compacted: int = 0  # watches from a resourceVersion below this get 410 Gone
+    _pod_changed: asyncio.Condition | None = None
+    _pod_watch_epoch: int = 0  # bumped to end every open watch
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -94,7 +103,7 @@ class FakeKubeAPI:
         app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
         app.router.add_get("/api/v1/namespaces/{ns}/events", self._list_events)
-        app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
+        app.router.add_get("/api/v1/pods", self._pods_route)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict_pod)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
@@ -108,9 +117,12 @@ class FakeKubeAPI:
             self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         if self._changed is None:
             self._changed = asyncio.Condition()
+        if self._pod_changed is None:
+            self._pod_changed = asyncio.Condition()
 
     async def stop(self) -> None:
         """Close the port: clients now get 'connection refused'."""
+        await self.end_pod_watches()  # open watches end, as when the server goes away
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -159,18 +171,6 @@ class FakeKubeAPI:
         self.nodes[name] = node
         return node
 
-    def add_pod(self, namespace: str, name: str) -> dict[str, Any]:
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
-                         "resourceVersion": self._next_rv()},
-            "spec": {"containers": [{"name": "main"}]},
-            "status": {"phase": "Running"},
-        }
-        self.pods[(namespace, name)] = pod
-        return pod
-
     def set_labels(self, name: str, **changes: str | None) -> None:
         """Change labels as another controller would (bumps the resourceVersion)."""
         labels = self.nodes[name]["metadata"].setdefault("labels", {})
@@ -197,6 +197,10 @@ class FakeKubeAPI:
     ) -> None:
         """Answer the next `times` requests matching method and path regex with `status`."""
         self._faults.append(_Fault(method, re.compile(path), times, status=status))
+
+    def clear_faults(self) -> None:
+        """Answer normally again."""
+        self._faults.clear()
 
     def stall(
         self,
@@ -241,7 +245,10 @@ class FakeKubeAPI:
                 body = json.loads(raw)
             except ValueError:
                 body = raw
-        record = Recorded(request.method, request.path, request.content_type, body=body)
+        record = Recorded(
+            request.method, request.path, request.content_type, body=body,
+            query=request.query_string,
+        )
         self.requests.append(record)
         request[_BODY] = body
         try:
@@ -343,6 +350,11 @@ class FakeKubeAPI:
         involved = event.get("involvedObject") or {}
         if not involved.get("kind") or not involved.get("name"):
             problems.append("involvedObject: Required value")
+        if involved.get("namespace") not in (None, "", ns):
+            problems.append(
+                f"involvedObject.namespace: Invalid value: {involved.get('namespace')!r}: "
+                "does not match event.namespace"
+            )
         if len(event.get("message", "")) > 1024:
             problems.append("message: Too long: must have at most 1024 bytes")
         if not event.get("reason"):
@@ -358,13 +370,6 @@ class FakeKubeAPI:
         by_name[name] = event
         return web.json_response(event, status=201)
 
-    async def _get_pod(self, request: web.Request) -> web.Response:
-        key = (request.match_info["ns"], request.match_info["name"])
-        pod = self.pods.get(key)
-        if pod is None:
-            return not_found("pods", key[1])
-        return web.json_response(pod)
-
     async def _evict_pod(self, request: web.Request) -> web.Response:
         """policy/v1 Eviction: the pod is deleted (no disruption budgets here); a UID
         precondition that does not match is a 409, as the API server answers."""
@@ -374,14 +379,15 @@ class FakeKubeAPI:
             return status(400, "BadRequest", "body must be a policy/v1 Eviction")
         if body.get("metadata", {}).get("name") != name:
             return status(400, "BadRequest", "name in the body does not match the URL")
-        pod = self.pods.get((ns, name))
-        if pod is None:
+        try:
+            pod = self.find_pod(name, ns)
+        except KeyError:
             return not_found("pods", name)
         uid = (body.get("deleteOptions") or {}).get("preconditions", {}).get("uid")
         if uid is not None and uid != pod["metadata"]["uid"]:
             return status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
                           f"UID in object meta: {pod['metadata']['uid']}")
-        del self.pods[(ns, name)]
+        self.delete_pod(name, ns)
         self.evicted.append((ns, name, pod["metadata"]["uid"]))
         return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"},
                                  status=201)
@@ -396,6 +402,183 @@ class FakeKubeAPI:
                 "items": items,
             }
         )
+
+
+    # --- pods: list and watch with a spec.nodeName field selector ----------------------------
+    # Kept apart from the other kinds: the pod watch of vgpu_agent/kube/pods.py is what uses it.
+
+    def add_pod(
+        self,
+        name: str,
+        namespace: str = "default",
+        node: str = "gpu-node-1",
+        annotations: dict[str, str] | None = None,
+        containers: tuple[str, ...] = ("main",),
+    ) -> dict[str, Any]:
+        """Create a pod bound to `node` (a new uid, as the real server gives a re-created pod)."""
+        if any(
+            p["metadata"]["name"] == name and p["metadata"]["namespace"] == namespace
+            for p in self.pods.values()
+        ):
+            raise ValueError(f'pods "{name}" already exists in {namespace}')
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": str(uuid.uuid4()),
+                "resourceVersion": self._next_rv(),
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": dict(annotations or {}),
+            },
+            "spec": {"nodeName": node, "containers": [{"name": c} for c in containers]},
+            "status": {"phase": "Running"},
+        }
+        self.pods[pod["metadata"]["uid"]] = pod
+        self._pod_event("ADDED", pod)
+        return pod
+
+    def find_pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        for pod in self.pods.values():
+            if pod["metadata"]["name"] == name and pod["metadata"]["namespace"] == namespace:
+                return pod
+        raise KeyError(f"{namespace}/{name}")
+
+    def annotate_pod(self, name: str, namespace: str = "default", **changes: str | None) -> None:
+        """Change annotations as a user would (keys with '/' go through `changes` as a dict)."""
+        self.set_pod_annotations(name, namespace, changes)
+
+    def set_pod_annotations(
+        self, name: str, namespace: str, changes: dict[str, str | None]
+    ) -> None:
+        pod = self.find_pod(name, namespace)
+        annotations = pod["metadata"].setdefault("annotations", {})
+        for key, value in changes.items():
+            if value is None:
+                annotations.pop(key, None)
+            else:
+                annotations[key] = value
+        pod["metadata"]["resourceVersion"] = self._next_rv()
+        self._pod_event("MODIFIED", pod)
+
+    def delete_pod(self, name: str, namespace: str = "default") -> None:
+        pod = self.find_pod(name, namespace)
+        del self.pods[pod["metadata"]["uid"]]
+        pod["metadata"]["resourceVersion"] = self._next_rv()
+        self._pod_event("DELETED", pod)
+
+    def compact_pod_history(self) -> None:
+        """Forget past pod changes, as etcd compaction does: older watches get 410 Gone."""
+        self._pod_compacted = self._rv + 1
+        self._pod_history.clear()
+
+    def bookmark_pod_watches(self) -> str:
+        """Send open watches a BOOKMARK at a new resourceVersion (as the server does now and then
+        for watches that asked for bookmarks); returns that version."""
+        version = self._next_rv()
+        marker = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": version}}
+        self._pod_history.append((int(version), "BOOKMARK", marker))
+        self._wake_soon()
+        return version
+
+    def garble_pod_watches(self, line: bytes) -> None:
+        """Send open watches `line` as it is (a broken proxy, a server bug)."""
+        self._pod_history.append((int(self._next_rv()), "RAW", {"raw": line}))
+        self._wake_soon()
+
+    def _wake_soon(self) -> None:
+        if self._pod_changed is not None:
+            asyncio.get_running_loop().create_task(self._wake_pod_watches())
+
+    async def end_pod_watches(self) -> None:
+        """End every open watch normally (as the server does at timeoutSeconds)."""
+        self._pod_watch_epoch += 1
+        if self._pod_changed is not None:
+            async with self._pod_changed:
+                self._pod_changed.notify_all()
+
+    def _pod_event(self, kind: str, pod: dict[str, Any]) -> None:
+        self._pod_history.append(
+            (int(pod["metadata"]["resourceVersion"]), kind, copy.deepcopy(pod))
+        )
+        if self._pod_changed is not None:
+            asyncio.get_running_loop().create_task(self._wake_pod_watches())
+
+    async def _wake_pod_watches(self) -> None:
+        assert self._pod_changed is not None
+        async with self._pod_changed:
+            self._pod_changed.notify_all()
+
+    @staticmethod
+    def _node_selector(request: web.Request) -> tuple[str | None, web.Response | None]:
+        selector = request.query.get("fieldSelector", "")
+        if not selector:
+            return None, None
+        field_name, _, value = selector.partition("=")
+        if field_name != "spec.nodeName" or not value or "," in value:
+            return None, status(
+                400, "BadRequest", f'"{selector}" is not a field selector this fake knows'
+            )
+        return value, None
+
+    async def _pods_route(self, request: web.Request) -> web.StreamResponse:
+        node, problem = self._node_selector(request)
+        if problem is not None:
+            return problem
+        if request.query.get("watch", "").lower() in ("true", "1", "t"):  # Go ParseBool
+            return await self._watch_pods(request, node)
+        items = [
+            p for p in self.pods.values() if node is None or p["spec"].get("nodeName") == node
+        ]
+        return web.json_response(
+            {
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": {"resourceVersion": str(self._rv)},
+                "items": items,
+            }
+        )
+
+    async def _watch_pods(self, request: web.Request, node: str | None) -> web.StreamResponse:
+        assert self._pod_changed is not None
+        try:
+            since = int(request.query.get("resourceVersion") or self._rv)
+        except ValueError:
+            return status(400, "BadRequest", "resourceVersion must be an integer here")
+        seconds = float(request.query.get("timeoutSeconds") or 1800)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        if since < self._pod_compacted - 1:
+            gone = {
+                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
+                "reason": "Expired", "message": f"too old resource version: {since}",
+            }
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            await response.write_eof()
+            return response
+        epoch = self._pod_watch_epoch
+        deadline = asyncio.get_running_loop().time() + seconds
+        sent = since
+        async with self._pod_changed:  # held while scanning, so no change is missed
+            while self._pod_watch_epoch == epoch:
+                for rv, kind, pod in list(self._pod_history):
+                    if rv <= sent:
+                        continue
+                    sent = rv
+                    if kind == "RAW":
+                        await response.write(pod["raw"])
+                    elif kind == "BOOKMARK" or node is None or pod["spec"].get("nodeName") == node:
+                        line = json.dumps({"type": kind, "object": pod}).encode() + b"\n"
+                        await response.write(line)
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._pod_changed.wait(), min(left, 1.0))
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
 
 
 def status(code: int, reason: str, message: str) -> web.Response:

@@ -204,3 +204,22 @@ def SimBackend_empty():
     from vgpu_agent.simulation.gpu import SimBackend
 
     return SimBackend([])
+
+
+async def test_a_policy_and_priority_written_for_the_pod_apply_from_the_next_tick():
+    run = ControlledRun((ContainerSpec("batch", 25, BUSY, policy="strict"),))
+    await run.advance(3)
+    assert share(run, "batch") == pytest.approx(25, abs=2)
+    assert run.controller.status[("batch", 0)].priority == 0
+
+    assert run.regions["batch"].set_policy("work-conserving", 7)  # as the pod's annotations ask
+    await run.advance(run.tick_s)
+    status = run.controller.status[("batch", 0)]
+    assert (status.policy, status.priority) == ("work-conserving", 7)
+    await run.advance(3)
+    assert share(run, "batch") > 90  # alone on the GPU, it now borrows the idle rest
+
+    assert run.regions["batch"].set_policy("strict", 7)
+    assert not run.regions["batch"].set_policy("strict", 7)  # nothing to write
+    await run.advance(3)
+    assert share(run, "batch") == pytest.approx(25, abs=2)

@@ -120,7 +120,9 @@ async def test_limits_are_read_once_per_region_and_again_for_a_reopened_one():
     counting = CountingRegion("a", (SIM_UUID,), (40.0,), ("strict",))
     run = Steered(counting)
     await run.advance(20)
-    assert (counting.limit_reads, counting.policy_reads) == (1, 1)
+    # The limit never changes; policy and priority do when the pod's annotations change, so
+    # they are read at every tick (a lookup in the region object, no file read).
+    assert (counting.limit_reads, counting.policy_reads) == (1, 20)
     assert run.controller.status[("a", 0)].limit == 40
 
     # The same allocation under a new handle (reopened): its limits are read from it.
@@ -128,7 +130,7 @@ async def test_limits_are_read_once_per_region_and_again_for_a_reopened_one():
                               processes=counting.processes, rates=counting.rates)
     run.region = reopened
     await run.advance(10)
-    assert (reopened.limit_reads, reopened.policy_reads) == (1, 1)
+    assert (reopened.limit_reads, reopened.policy_reads) == (1, 10)
     assert run.controller.status[("a", 0)].limit == 20
     assert counting.limit_reads == 1  # the old handle is no longer asked
 

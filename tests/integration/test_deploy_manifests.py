@@ -4,6 +4,7 @@ Kubernetes 1.30 and 1.37 schemas; the DaemonSet agrees with the agent's config a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import posixpath
 from importlib import metadata
@@ -397,7 +398,38 @@ def test_examples_ask_for_one_and_two_slices() -> None:
         name: pod["spec"]["containers"][0]["resources"]["limits"][DEFAULTS.resource_name]
         for name, pod in pods.items()
     }
-    assert sorted(asked.values()) == [1, 2]
+    assert asked == {
+        "vgpu-one-slice": 1, "vgpu-two-slices": 2, "vgpu-inference": 1, "vgpu-batch": 1
+    }
+
+
+def test_inference_and_batch_examples_share_a_node_with_the_policies_they_say() -> None:
+    from vgpu_agent.agent import pod_policy_rules
+    from vgpu_agent.throttle.podpolicy import resolve
+
+    pods = {p["metadata"]["name"]: p for p in render("examples") if p["kind"] == "Pod"}
+    serving, batch = pods["vgpu-inference"], pods["vgpu-batch"]
+    (term,) = batch["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= serving["metadata"]["labels"].items()
+
+    def chosen(pod: dict, config: Config):  # type: ignore[type-arg]
+        namespace = pod["metadata"].get("namespace", "default")
+        container = pod["spec"]["containers"][0]["name"]
+        return resolve(pod["metadata"]["annotations"], namespace, container,
+                       pod_policy_rules(config))
+
+    deployed = deployed_config()
+    listed = dataclasses.replace(deployed, pod_priority_namespaces=("default",))
+    high, low = chosen(serving, listed), chosen(batch, listed)
+    assert (high.policy, high.priority, high.refusals) == ("strict", 50, ())
+    assert (low.policy, low.priority, low.refusals) == ("work-conserving", -10, ())
+    # with the base configuration the namespace is not listed: the priority alone is refused
+    (refusal,) = chosen(serving, deployed).refusals
+    assert refusal.annotation == "vgpu.io/priority"
+    assert chosen(batch, deployed).refusals == ()
 
 
 def test_namespace_allows_host_paths() -> None:

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 from tests.fakes.kubeapi import NODE, Change, FakeKubeAPI, gpu
 from tests.integration.deploy_support import REPO, one, render
 from vgpu_agent.kube.node import NodeIntegration
+from vgpu_agent.kube.pods import NodePods
+from vgpu_agent.throttle.podpolicy import PodPolicyRules, resolve
 
 
 class Access(NamedTuple):
@@ -28,11 +30,12 @@ class Access(NamedTuple):
 
 # Kubernetes API client methods -> what RBAC must allow (namespace filled in from the call).
 CLIENT_METHODS = {
-    "read_node": ("", "nodes", "get"),
-    "patch_node": ("", "nodes", "patch"),
-    "create_namespaced_event": ("", "events", "create"),
-    "read_namespaced_pod": ("", "pods", "get"),
-    "create_namespaced_pod_eviction": ("", "pods/eviction", "create"),
+    "read_node": {("", "nodes", "get")},
+    "patch_node": {("", "nodes", "patch")},
+    "create_namespaced_event": {("", "events", "create")},
+    # called twice: a list, then a watch from the list's resourceVersion
+    "list_pod_for_all_namespaces": {("", "pods", "list"), ("", "pods", "watch")},
+    "create_namespaced_pod_eviction": {("", "pods/eviction", "create")},
 }
 
 _PATH = re.compile(
@@ -43,12 +46,13 @@ _PATH = re.compile(
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "GET": "get"}
 
 
-def access_of(method: str, path: str) -> Access:
+def access_of(method: str, path: str, query: str = "") -> Access:
     match = _PATH.match(path)
     assert match, f"not a Kubernetes resource path: {path}"
     verb = _VERBS[method]
     if verb == "get" and not match["name"]:
-        verb = "list"
+        watch = re.search(r"(?:^|&)watch=(?P<value>[^&]*)", query)
+        verb = "watch" if watch and watch["value"].lower() in ("true", "1", "t") else "list"
     resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
     return Access(match["group"] or "", resource, verb, match["ns"])
 
@@ -113,10 +117,12 @@ def methods_called_in_code() -> set[str]:
 
 async def exercise_everything(tmp_path: Path, namespace: str) -> list[Access]:
     """Drive every API path of the node integration: label set and removal, a conflict, events
-    for unhealthy and recovered, a lost answer."""
+    for unhealthy and recovered, a lost answer; the pod list and watch sharing its client, and
+    an event on a pod whose annotation is refused."""
     api = FakeKubeAPI()
     await api.start()
     api.add_node(NODE, {"vgpu.io/stale": "x", "other": "y"})
+    api.add_pod("job", "team-a", annotations={"vgpu.io/core-policy": "fastest"})
     node = NodeIntegration(
         NODE,
         str(api.write_kubeconfig(tmp_path / "kubeconfig")),
@@ -125,26 +131,37 @@ async def exercise_everything(tmp_path: Path, namespace: str) -> list[Access]:
         backoff_initial=0.01,
         backoff_cap=0.05,
     )
+    pods = NodePods(NODE, node.api_configuration, request_timeout=0.2, backoff_initial=0.01)
     task = asyncio.create_task(node.run())
+    pod_task = asyncio.create_task(pods.run())
     try:
-        api.after("GET", lambda: api.set_labels(NODE, other="z"))
+        api.after("GET", lambda: api.set_labels(NODE, other="z"), path="/nodes/")
         api.stall(0.4, method="POST", handled=True)
         await node.publish_labels([gpu(0)], 4, "1")
         node.on_health_change(Change("GPU-1", False, "XID", 79))
         node.on_health_change(Change("GPU-1", True, "recovered", None))
-        api.add_pod("team-a", "train-0")
-        node.on_container_breach("team-a", "train-0", "main", "over its limits", evict=True)
+        async with asyncio.timeout(10):  # a watch stays open: no request end to wake on
+            while pods.watches == 0:
+                await asyncio.sleep(0.02)
+        job = pods.pod("team-a", "job")
+        assert job is not None
+        for refusal in resolve(job.annotations, "team-a", "main", PodPolicyRules()).refusals:
+            pods.report_refusal(job, refusal)
+        victim = api.add_pod("train-0", "team-a")
+        node.on_container_breach("team-a", "train-0", victim["metadata"]["uid"], "main",
+                                 "over its limits", evict=True)
         await api.wait_for(
-            lambda: len(api.all_events()) == 4 and api.evicted
+            lambda: len(api.all_events()) == 5 and api.evicted
             and "vgpu.io/gpu.count" in api.nodes[NODE]["metadata"]["labels"],
             within=10,
         )
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for running in (pod_task, task):
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
         await api.stop()
-    return [access_of(r.method, r.path) for r in api.requests]
+    return [access_of(r.method, r.path, r.query) for r in api.requests]
 
 
 async def test_cluster_role_grants_exactly_what_the_agent_calls(tmp_path: Path) -> None:
@@ -165,13 +182,13 @@ async def test_cluster_role_grants_exactly_what_the_agent_calls(tmp_path: Path) 
     in_code = methods_called_in_code()
     unknown = in_code - set(CLIENT_METHODS)
     assert not unknown, f"new API calls {unknown}: add them to deploy/base/rbac.yaml and here"
-    from_code = {CLIENT_METHODS[m] for m in in_code}
+    from_code = {access for m in in_code for access in CLIENT_METHODS[m]}
     assert from_code == {(c.group, c.resource, c.verb) for c in calls}, (
         "the recorded run did not exercise every API call in the code"
     )
 
 
-def test_the_grants_are_these_and_no_more() -> None:
+def test_node_events_grant_is_namespaced_and_the_rest_cluster_wide() -> None:
     docs = render("base")
     daemonset = one(docs, "DaemonSet", "vgpu-agent")
     namespace = daemonset["metadata"]["namespace"]
@@ -180,14 +197,21 @@ def test_the_grants_are_these_and_no_more() -> None:
     assert grants == {
         Access("", "nodes", "get", None),
         Access("", "nodes", "patch", None),
+        Access("", "events", "create", namespace),
+        # pods of any namespace run on the node: their list, watch and events are cluster-wide
+        Access("", "pods", "list", None),
+        Access("", "pods", "watch", None),
         Access("", "events", "create", None),
-        Access("", "pods", "get", None),
         Access("", "pods/eviction", "create", None),
     }
 
 
 def test_request_paths_map_to_rbac_terms() -> None:
     assert access_of("GET", "/api/v1/nodes/n1") == Access("", "nodes", "get", None)
+    assert access_of("GET", "/api/v1/pods", "fieldSelector=x&watch=True") == Access(
+        "", "pods", "watch", None
+    )
+    assert access_of("GET", "/api/v1/pods", "watch=false") == Access("", "pods", "list", None)
     assert access_of("GET", "/api/v1/namespaces/a/events") == Access("", "events", "list", "a")
     assert access_of("POST", "/api/v1/namespaces/a/pods/p/eviction") == Access(
         "", "pods/eviction", "create", "a"

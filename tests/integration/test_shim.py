@@ -211,6 +211,36 @@ def test_rate_raised_by_python_reaches_a_waiting_launch(client: Path, tmp_path: 
     assert _state(region).tokens_spent == (4000,)
 
 
+def test_policy_set_by_the_agent_for_the_pod_reaches_the_running_shim(
+    client: Path, tmp_path: Path
+) -> None:
+    # the same starved launches; the pod's annotation turns throttling off while they wait, and
+    # the agent writes that into `control` (Region.set_policy): the shim stops spending tokens
+    region = _region(tmp_path, layout.ControlDevice(
+        _fake_gpu_uuid(0), core_limit=250_000, rate=100, burst=1000,
+        policy=layout.POLICY_STRICT))
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [str(client), "direct", "ctx", "0", "timed", "4", "10", "100"],
+        env=_env(region), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    opened = Region.open(region)
+    try:
+        assert opened.set_policy("off", 7)
+    finally:
+        opened.close()
+    _, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, err
+    # strict all along: three launches waiting 2 s each
+    assert elapsed < 3.0, f"the launches took {elapsed:.2f} s: the policy was not picked up"
+    control = layout.decode_control((region / "control").read_bytes())
+    assert (control.devices[0].policy, control.priority) == (layout.POLICY_OFF, 7)
+    assert control.generation == 2 and control.devices[0].rate == 100  # nothing else moved
+    assert layout.load_u64((region / "state").read_bytes(), layout.STATE_OFFSETS["devices"]
+                           + layout.STATE_DEVICE_OFFSETS["launches"]) == 4
+
+
 def test_state_scribbled_by_a_container_process_is_read_safely(client: Path,
                                                                tmp_path: Path) -> None:
     region = _region(tmp_path, layout.ControlDevice(_fake_gpu_uuid(0), memory_limit=64 * MIB))

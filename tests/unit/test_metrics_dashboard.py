@@ -74,6 +74,7 @@ async def _everything_emitted(tmp_path: Path) -> dict[str, set[str]]:
         region_events=lambda: {"created": 1},
         pod_resources_failures=lambda: 1,
         tasks=lambda: Tasks({"health"}, {"health": 1}),
+        policy_source=lambda alloc_id: "pod",
     )
     readings = {g.uuid: GpuSample(GpuReadings(1, 0.5, 40.0, 100.0), False) for g in GPUS}
     instruments = AgentInstruments("n")

@@ -78,13 +78,17 @@ def health_event(
     }
 
 
+# --- events on pods (a refused vgpu.io/ annotation) ---------------------------------------------
+
+REASON_ANNOTATION_REFUSED = "VgpuAnnotationRefused"
+# a container over its GPU limits, found by the agent's own check (and evicted for it)
 REASON_BACKSTOP = "VgpuLimitExceeded"
 REASON_EVICTED = "VgpuEvicted"
 
 
 @dataclass(frozen=True)
 class PodRef:
-    """The pod an event is about; `uid` is what `kubectl describe pod` matches events on."""
+    """The pod an event is about. Events on a pod live in the pod's namespace."""
 
     namespace: str
     name: str
@@ -92,10 +96,11 @@ class PodRef:
 
 
 def pod_event(
-    pod: PodRef, container: str, reason: str, message: str, host: str, now: dt.datetime,
-    seq: int,
+    pod: PodRef, reason: str, message: str, host: str, now: dt.datetime, seq: int,
+    container: str = "",
 ) -> dict[str, Any]:
-    """The body of a core/v1 Warning Event on a pod (created in the pod's namespace)."""
+    """The body of a core/v1 Warning Event about `pod`, reported by the agent on node `host`;
+    with `container`, about that container of it."""
     if now.tzinfo is None:
         raise ValueError("event time must carry a time zone")
     stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -108,8 +113,12 @@ def pod_event(
             "labels": {"app.kubernetes.io/name": COMPONENT},
         },
         "involvedObject": {
-            "apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name,
-            "uid": pod.uid, "fieldPath": f"spec.containers{{{container}}}",
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+            **({"fieldPath": f"spec.containers{{{container}}}"} if container else {}),
         },
         "reason": reason,
         "message": message[:_MAX_MESSAGE],
@@ -124,8 +133,8 @@ def pod_event(
 
 
 def eviction(pod: PodRef) -> dict[str, Any]:
-    """The policy/v1 Eviction of a pod, bound to its UID so a pod recreated under the same name
-    is not the one evicted."""
+    """The policy/v1 Eviction of a pod, bound to its UID so that a pod recreated under the same
+    name is not the one evicted."""
     return {
         "apiVersion": "policy/v1",
         "kind": "Eviction",

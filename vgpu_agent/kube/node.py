@@ -74,6 +74,7 @@ class _PodNotice:
 
     namespace: str
     pod: str
+    uid: str
     container: str
     message: str
     evict: bool
@@ -142,6 +143,8 @@ class NodeIntegration:
         self._pod_notices: collections.deque[_PodNotice] = collections.deque()
         self._pod_wake = asyncio.Event()
         self.evictions = 0
+        self._configured = asyncio.Event()  # start() has decided: a configuration, or no API
+        self._configuration: Any = None  # a kubernetes_asyncio Configuration once loaded
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -164,6 +167,7 @@ class NodeIntegration:
                 effect="node labels and GPU health events are not published",
             )
             self._events.clear()
+            self._configured.set()
             return
         configuration = client.Configuration()
         try:
@@ -183,10 +187,13 @@ class NodeIntegration:
                 raise KubeConfigError(f"cannot load {what} configuration: {exc}") from exc
             log.warning("kube_api_disabled", reason=f"in-cluster configuration unusable: {exc}")
             self._events.clear()
+            self._configured.set()
             return
         self._api_client = client.ApiClient(configuration=configuration)
         self._api = client.CoreV1Api(self._api_client)
         self.enabled = True
+        self._configuration = configuration
+        self._configured.set()
         log.info(
             "kube_api_enabled",
             source=source,
@@ -209,7 +216,14 @@ class NodeIntegration:
         finally:
             await self.close()
 
+    async def api_configuration(self) -> Any:
+        """The API configuration once `start()` has loaded it (None: no API is used), for other
+        parts of the agent that talk to the API with clients of their own."""
+        await self._configured.wait()
+        return self._configuration
+
     async def close(self) -> None:
+        self._configured.clear()
         if self._api_client is not None:
             await self._api_client.close()
             self._api_client = None
@@ -250,17 +264,18 @@ class NodeIntegration:
         return len(self._events)
 
     def on_container_breach(
-        self, namespace: str, pod: str, container: str, message: str, evict: bool = False
+        self, namespace: str, pod: str, uid: str, container: str, message: str,
+        evict: bool = False,
     ) -> None:
-        """Queue a Warning Event on the pod (and its eviction, with `evict`). Never blocks; call
-        on the event loop."""
+        """Queue a Warning Event on the pod (and its eviction, with `evict`), whose UID the
+        node's pod watch gave. Never blocks; call on the event loop."""
         if self._started and not self.enabled:
             return
         if len(self._pod_notices) >= self._max_events:
             dropped = self._pod_notices.popleft()
             log.warning("pod_notice_dropped", namespace=dropped.namespace, pod=dropped.pod,
                         reason="notice queue full while the API is unreachable")
-        self._pod_notices.append(_PodNotice(namespace, pod, container, message, evict,
+        self._pod_notices.append(_PodNotice(namespace, pod, uid, container, message, evict,
                                             dt.datetime.now(dt.UTC), next(self._seq)))
         self._pod_wake.set()
 
@@ -386,11 +401,9 @@ class NodeIntegration:
 
     async def _send_pod_notice(self, item: _PodNotice) -> None:
         assert self._api is not None
-        meta = (await self._call(self._api.read_namespaced_pod, item.pod, item.namespace))[
-            "metadata"]
-        pod = PodRef(item.namespace, item.pod, meta["uid"])
-        body = pod_event(pod, item.container, REASON_BACKSTOP, item.message, self.node_name,
-                         item.at, item.seq)
+        pod = PodRef(item.namespace, item.pod, item.uid)
+        body = pod_event(pod, REASON_BACKSTOP, item.message, self.node_name, item.at, item.seq,
+                         container=item.container)
         try:
             await self._call(self._api.create_namespaced_event, item.namespace, body)
         except Exception as exc:
@@ -405,8 +418,8 @@ class NodeIntegration:
         self.evictions += 1
         log.warning("pod_evicted", namespace=item.namespace, pod=item.pod,
                     container=item.container, reason=item.message)
-        body = pod_event(pod, item.container, REASON_EVICTED, "evicted: " + item.message,
-                         self.node_name, item.at, item.seq + 1_000_000)
+        body = pod_event(pod, REASON_EVICTED, "evicted: " + item.message, self.node_name,
+                         item.at, item.seq + 1_000_000, container=item.container)
         try:
             await self._call(self._api.create_namespaced_event, item.namespace, body)
         except Exception as exc:  # the eviction is done; its note is best effort

@@ -71,6 +71,8 @@ class ContainerDevice:
     last_launch_ns: int = 0  # CLOCK_MONOTONIC ns, 0 = never
     utilization: float | None = None  # percent, from the throttle controller
     open_loop: bool | None = None
+    priority: int = 0
+    policy_source: str = ""  # "pod" or "default" ("" when the agent does not say)
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ def container_devices(
     region: RegionSample,
     by_uuid: Mapping[str, GpuInfo],
     throttle: Mapping[tuple[str, int], ThrottleStatus],
+    policy_source: str = "",
 ) -> list[ContainerDevice]:
     out: list[ContainerDevice] = []
     seen: set[str] = set()
@@ -137,6 +140,8 @@ def container_devices(
                 last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
                 utilization=status.measured_util if status is not None else None,
                 open_loop=status.open_loop if status is not None else None,
+                priority=region.priority,
+                policy_source=policy_source,
             )
         )
     return out
@@ -179,8 +184,10 @@ def take_snapshot(
             chosen[identity] = region
 
     containers = []
+    source_of = sources.policy_source
     for identity, region in chosen.items():
-        containers += container_devices(identity, region, by_uuid, throttle)
+        source = source_of(region.alloc_id) if source_of is not None else ""
+        containers += container_devices(identity, region, by_uuid, throttle, source)
 
 
     registration = sources.registration() if sources.registration else None
@@ -337,8 +344,24 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         "1 while the container's rate is not steered by measured use (no NVML samples).",
         L,
     )
+    # The policy's own series carry `policy_source`: on the others a label that changes when
+    # the pod becomes known would cut their counters into two series.
+    policy_info = _gauge(
+        "vgpu_container_core_policy_info",
+        "1 for the core policy in force; policy_source: pod (its annotations) or default (node).",
+        (*L, "policy", "policy_source"),
+    )
+    priority = _gauge(
+        "vgpu_container_priority",
+        "Priority in force when the GPU is oversubscribed (larger first); policy_source as above.",
+        (*L, "policy_source"),
+    )
     for entry in snap.containers:
         labels = _container_labels(entry)
+        if entry.policy_source:
+            _put(policy_info, {**labels, "policy": entry.policy,
+                               "policy_source": entry.policy_source}, 1)
+            _put(priority, {**labels, "policy_source": entry.policy_source}, entry.priority)
         _put(mem_limit, labels, entry.memory_limit)
         _put(core_limit, labels, entry.core_limit / 100.0)
         if 0 < entry.rate < _UNLIMITED_RATE:
@@ -356,6 +379,7 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         if launch_age is not None:
             _put(age, labels, launch_age)
     yield from (mem_limit, mem_used, core_limit, core_util, waited, launches, rate, age, open_loop)
+    yield from (policy_info, priority)
 
 
 def _node_family(kind: str, name: str, doc: str, value: float, node: str) -> Metric:

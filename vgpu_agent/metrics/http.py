@@ -168,7 +168,10 @@ class MetricsService:
         samples = self.poller.samples if self.poller is not None else {}
         snap = take_snapshot(self.sources, samples, regions, self.regions.read_errors)
         throttle = dict(self.sources.throttle_status()) if self.sources.throttle_status else {}
-        document = build_status(snap, regions, self.sources.identity, throttle)
+        document = build_status(
+            snap, regions, self.sources.identity, throttle,
+            policy_source=self.sources.policy_source,
+        )
         async with self._renders:
             return await asyncio.to_thread(_json_bytes, document)
 

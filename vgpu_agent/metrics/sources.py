@@ -108,3 +108,5 @@ class MetricsSources:
     pod_resources_failures: Callable[[], int] | None = None
     tasks: Callable[[], TaskView | None] | None = None
     backend_error: Callable[[], str] | None = None
+    # "pod" when the region's core policy and priority are its pod's choice, else "default"
+    policy_source: Callable[[str], str] | None = None

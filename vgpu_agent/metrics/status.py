@@ -13,7 +13,9 @@ Schema (``schema_version`` 1; fields are only ever added within a version):
                "healthy": bool | null, "readings_stale": bool, "slices_total",
                "slices_allocated"}],
      "allocations": [{"alloc_id", "seq", "namespace", "pod", "container" (null until
-                      PodResources names the holder), "state", "priority", "error",
+                      PodResources names the holder), "state", "priority", "policy_source"
+                      ("pod": its pod's annotations chose policy and priority, "default": the
+                      node's; null when the agent does not say), "error",
                       "devices": [{"gpu_uuid", "gpu_index" (null: not on this node),
                                    "memory_limit_bytes" (0 = none), "memory_used_bytes",
                                    "core_limit_ratio", "core_target_ratio",
@@ -51,6 +53,7 @@ def build_status(
     identity: Callable[[str], Identity | None],
     throttle: Mapping[tuple[str, int], ThrottleStatus],
     now_s: float | None = None,
+    policy_source: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     """The status document for one round of the caches."""
     by_uuid = {gpu.uuid: gpu for gpu in snap.gpus}
@@ -74,6 +77,7 @@ def build_status(
                 "container": who[2] if who else None,
                 "state": _state(region, who, newest),
                 "priority": region.priority,
+                "policy_source": policy_source(region.alloc_id) if policy_source else None,
                 "error": region.error or None,
                 "devices": [_device(snap, entry, throttle) for entry in entries],
             }

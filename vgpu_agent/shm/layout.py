@@ -423,6 +423,25 @@ def set_rate(buf: bytearray | memoryview, dev: int, rate: int, burst: int) -> in
     )
 
 
+def set_policy(
+    buf: bytearray | memoryview, policies: Sequence[int], priority: int
+) -> int:
+    """Store every device's policy (POLICY_*) and the header priority in one generation-framed
+    update; return the new generation. `policies[d]` is device d's."""
+    if not isinstance(priority, int) or isinstance(priority, bool) or not (
+        I64_MIN <= priority <= I64_MAX
+    ):
+        raise RegionFormatError(f"priority={priority!r} is not allowed: a signed 64-bit integer")
+    stores = {CONTROL_OFFSETS["priority"]: priority & U64_MAX}  # two's complement, as int64_t
+    for dev, policy in enumerate(policies):
+        if policy not in POLICIES:
+            raise RegionFormatError(
+                f"devices[{dev}].policy={policy!r} is not allowed: one of {POLICIES}"
+            )
+        stores[control_device_offset(dev, "policy")] = policy
+    return update_control(buf, stores)
+
+
 def set_heartbeat(buf: bytearray | memoryview, now_ns: int) -> None:
     """Refresh the agent heartbeat (one store; not framed by the generation)."""
     store_u64(buf, CONTROL_OFFSETS["heartbeat_ns"], now_ns)

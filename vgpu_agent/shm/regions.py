@@ -177,7 +177,8 @@ class Region:
 
     Implements `vgpu_agent.shm.api.RegionHandle`. The identity and limits are read once when the
     region is opened (only this agent writes them, and it never changes them); rate, burst and
-    heartbeat are read live.
+    heartbeat are read live. Policy and priority change only through `set_policy` (the pod's
+    choice), which stores them in `control` and in this object alike.
     """
 
     def __init__(self, path: Path, alloc_id: str, control_map: mmap.mmap, control: layout.Control):
@@ -192,6 +193,7 @@ class Region:
             layout.POLICY_NAMES[d.policy]  # type: ignore[misc]
             for d in control.devices
         )
+        self._priority = control.priority  # changed only by set_policy
         self._state_fd: int | None = None
         # st_dev of `control`: a process proves it is the container's when its own mount table
         # shows this region's `control` from this device (`throttle.attribution`)
@@ -250,7 +252,7 @@ class Region:
 
     @property
     def priority(self) -> int:
-        return self._control.priority
+        return self._priority
 
     @property
     def device_ids(self) -> tuple[str, ...]:
@@ -285,6 +287,21 @@ class Region:
     def set_rate(self, dev: int, rate: int, burst: int) -> None:
         self._device(dev)
         layout.set_rate(self._live(), dev, rate, burst)
+
+    def set_policy(self, policy: CorePolicy, priority: int) -> bool:
+        """Store `policy` for every device and the region's `priority` in `control` (one
+        generation-framed update); the shim sees the policy at its next launch, the controller
+        both at its next tick. Returns False when both were already in force (nothing written)."""
+        if policy not in _POLICY_CODES:
+            raise RegionError(f"core policy {policy!r} is not allowed: one of {CORE_POLICIES}")
+        count = len(self._policies)
+        policies = (policy,) * count
+        if policies == self._policies and priority == self._priority:
+            return False
+        layout.set_policy(self._live(), [_POLICY_CODES[policy]] * count, priority)
+        self._policies = policies
+        self._priority = priority
+        return True
 
     def beat(self, now_ns: int) -> None:
         words = self._words

@@ -50,6 +50,8 @@ DEMO_WORKLOADS = (
 )
 UNLIMITED_MEMORY_USE = 2 * GIB  # what a process holds on a device without a memory limit
 MAX_CATCH_UP_S = 0.25  # simulated per GPU and tick at most, so a stalled loop cannot stall again
+# alloc_id -> (workload, part of the memory limit to hold) for an allocation that wants its own
+WorkloadChoice = Callable[[str], tuple[Workload, float] | None]
 
 
 class RegionOnDisk(Protocol):
@@ -94,8 +96,10 @@ class DemoWorkloads:
         controller_status: Callable[[], Mapping[tuple[str, int], DeviceStatus]] | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
         host_pids: Iterator[int] | None = None,
+        workload_for: WorkloadChoice | None = None,
     ):
         self.source = regions
+        self.workload_for = workload_for
         self.backend = backend
         self.controller_status = controller_status or dict
         self.clock = clock
@@ -180,7 +184,8 @@ class DemoWorkloads:
             self.refused[alloc_id] = str(err)
             log.warning("demo_region_unusable", alloc_id=alloc_id, error=str(err))
             return
-        workload, memory_part = DEMO_WORKLOADS[next(self._started) % len(DEMO_WORKLOADS)]
+        chosen = self.workload_for(alloc_id) if self.workload_for is not None else None
+        workload, memory_part = chosen or DEMO_WORKLOADS[next(self._started) % len(DEMO_WORKLOADS)]
         memory = [
             int(limit * memory_part) // MIB * MIB if limit else UNLIMITED_MEMORY_USE
             for limit in shim.memory_limits
@@ -268,20 +273,25 @@ async def run_demo_workloads(
     report_every_s: float = 5.0,
     tick_s: float = 0.025,
     duration_s: float | None = None,
+    workload_for: WorkloadChoice | None = None,
+    on_step: Callable[[DemoWorkloads], None] | None = None,
 ) -> list[DemoShare]:
     """Run simulated processes in `regions`' allocations, steered through their region files,
     and log each one's share next to its limit every `report_every_s`.
 
     `backend` is the agent's simulated GPU backend: it serves the processes' samples and the GPU
     readings to the agent. `controller_status` (the agent's `controller.status`) adds the
-    controller's target and measurement to the reports. Runs until cancelled or for `duration_s`
-    seconds; on the way out the processes end and give their slots back. Returns the last report.
+    controller's target and measurement to the reports. `workload_for` picks the workload of
+    chosen allocations; `on_step` is called after every step. Runs until cancelled or for
+    `duration_s` seconds; on the way out the processes end and give their slots back. Returns
+    the last report.
     """
     for name, value in (("report_every_s", report_every_s), ("tick_s", tick_s),
                         ("duration_s", 1.0 if duration_s is None else duration_s)):
         if not value > 0:
             raise ValueError(f"{name} must be > 0, got {value!r}")
-    demo = DemoWorkloads(regions, backend, controller_status=controller_status)
+    demo = DemoWorkloads(regions, backend, controller_status=controller_status,
+                         workload_for=workload_for)
     loop = asyncio.get_running_loop()
     started = loop.time()
     next_report = started + report_every_s
@@ -289,6 +299,8 @@ async def run_demo_workloads(
     try:
         while duration_s is None or loop.time() - started < duration_s:
             demo.step()
+            if on_step is not None:
+                on_step(demo)
             if loop.time() >= next_report:
                 next_report += report_every_s
                 last = demo.shares()

@@ -85,6 +85,16 @@ class SimRegion:
         self.rates[dev] = (rate, burst)
         self.rate_writes += 1
 
+    def set_policy(self, policy: CorePolicy, priority: int) -> bool:
+        """What the agent does for a pod's annotations (`Region.set_policy`)."""
+        if policy not in CORE_POLICIES:
+            raise ValueError(f"region {self.alloc_id!r}: policy {policy!r} not in {CORE_POLICIES}")
+        policies = (policy,) * len(self.device_uuids)
+        if (policies, priority) == (self.policies, self.priority):
+            return False
+        self.policies, self.priority = policies, priority
+        return True
+
     def beat(self, now_ns: int) -> None:
         self.heartbeat_ns = now_ns
 

@@ -142,6 +142,7 @@ class DeviceStatus:
     burst: int
     rate_limited: bool
     open_loop: bool
+    priority: int = 0
 
 
 class _Device:
@@ -238,6 +239,7 @@ class ThrottleController:
                 burst=decision.burst,
                 rate_limited=decision.hungry,
                 open_loop=open_loop,
+                priority=obs.priority,
             )
         return out
 
@@ -403,15 +405,20 @@ class ThrottleController:
         self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
 
     def _limits(self, device: _Device) -> tuple[float, CorePolicy, int]:
-        """(limit, policy, priority) of a device, read from its region the first time."""
+        """(limit, policy, priority) of a device. The limit is read from its region the first
+        time (it never changes); policy and priority every tick, since the agent rewrites them
+        in `control` when the pod's annotations change (see `throttle/regionpolicy.py`)."""
+        region, dev = device.region, device.dev
+        policy, priority = region.policy(dev), region.priority
         limits = device.limits
-        if limits is None:
-            region, dev = device.region, device.dev
-            policy = region.policy(dev)
+        if limits is None or limits[2] != priority or limits[1] != policy:
             if policy not in CORE_POLICIES:
                 policy = self.default_policy
-            limit = min(100.0, max(1e-6, float(region.core_limit(dev))))
-            limits = device.limits = (limit, policy, region.priority)
+            limit = (
+                limits[0] if limits is not None
+                else min(100.0, max(1e-6, float(region.core_limit(dev))))
+            )
+            limits = device.limits = (limit, policy, priority)
         return limits
 
     def _observe(
