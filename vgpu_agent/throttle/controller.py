@@ -49,14 +49,13 @@ class UtilizationSource(Protocol):
 
 class PidResolver(Protocol):
     def __call__(self, pid: int, known: Mapping[int, str]) -> str | None:
-        """The alloc_id of host `pid`, given the host PIDs already known per allocation."""
+        """The alloc_id of host `pid`, given the host PIDs the host proved per allocation."""
 
 
 class CgroupPidResolver:
-    """Assigns an unknown host PID to the allocation whose known processes share its cgroup.
-
-    The shim cannot always learn its host PID (no access to the host's PID namespace); a sibling
-    process that did tells us which container cgroup is the allocation's.
+    """Assigns a host PID the host could not show to the allocation whose proven processes
+    share its cgroup: a sibling whose mount table proved its container tells which container
+    cgroup is the allocation's (`known` holds only proven pids, never claimed ones).
     """
 
     def __init__(self, proc_root: str = "/proc"):
