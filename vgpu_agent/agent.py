@@ -11,7 +11,10 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import os
+import resource
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +25,7 @@ from vgpu_agent import __version__
 from vgpu_agent.backoff import Backoff
 from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import Grant, Split
-from vgpu_agent.deviceplugin.registration import PluginRunner
+from vgpu_agent.deviceplugin.registration import PluginRunner, check_plugin_dir
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
@@ -42,6 +45,9 @@ from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
 from vgpu_agent.throttle.watch import BackstopWatch
 
 log = structlog.get_logger(__name__)
+
+# A stopped agent exits within this many seconds whatever hangs (the kubelet's SIGKILL comes later)
+SHUTDOWN_DEADLINE_S = 4.5
 
 
 def make_backend(config: Config) -> GpuBackend:
@@ -87,8 +93,11 @@ class Agent:
         *,
         backend: GpuBackend | None = None,
         pods: PodLookup | None = None,
+        exit_process_after_s: float | None = None,
     ):
         self.config = config
+        self.exit_process_after_s = exit_process_after_s
+        self._watchdog: threading.Timer | None = None
         self.backend = backend or make_backend(config)
         self.split = Split(config.split_count, config.memory_scaling, config.cores_scaling)
         self.inventory: Inventory | None = None
@@ -155,28 +164,63 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._watchdog is None:  # from the first stop request, wherever the agent is
+            self._watchdog = self._arm_watchdog()
 
     async def run(self) -> None:
-        """Run until `stop()` or a signal; returns after an orderly shutdown."""
+        """Run until `stop()` or a signal; returns after an orderly shutdown.
+
+        Nothing that fails on the way out stops the shutdown: it is logged and the next step
+        runs. With `exit_process_after_s` the process exits (status 0) that long after the stop
+        was asked for even if some step hangs.
+        """
+        raise_open_files_limit()
+        asyncio.get_running_loop().set_exception_handler(_log_loop_error)
         with _signals(self.stop):
             try:
                 async with asyncio.TaskGroup() as group:
                     # Probes answer from the start, also while the GPU backend is retried.
                     await self.metrics.start()
+                    # Allocate needs both directories: find out now, not at the first Allocate.
+                    await asyncio.to_thread(self._check_directories)
                     group.create_task(self._main(group), name="main")
                     group.create_task(self._heartbeat(), name="loop-heartbeat")
                     await self._stop.wait()
                     raise _Shutdown
             except* _Shutdown:
                 pass
-        with contextlib.suppress(Exception):
-            await self.metrics.stop()
-        with contextlib.suppress(Exception):
-            await self.pod_resources.close()
-        self.regions.close()
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.backend.shutdown)
+            except* Exception as failed:
+                if not self._stop.is_set():
+                    raise
+                for err in failed.exceptions:
+                    log.error("shutdown_step_failed", step="tasks", error=repr(err))
+        for step, action in (
+            ("metrics", self.metrics.stop),
+            ("pod-resources", self.pod_resources.close),
+            ("regions", lambda: _completed(self.regions.close)),
+            ("gpu-backend", lambda: asyncio.to_thread(self.backend.shutdown)),
+        ):
+            try:
+                await action()
+            except Exception as err:
+                log.error("shutdown_step_failed", step=step, error=repr(err))
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         log.info("agent_stopped")
+
+    def _arm_watchdog(self) -> threading.Timer | None:
+        if self.exit_process_after_s is None:
+            return None
+        after_s = self.exit_process_after_s
+        timer = threading.Timer(after_s, _exit_stuck, (after_s,))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def _check_directories(self) -> None:
+        """Raise OSError naming the path if the state dir or the plugin dir is unusable."""
+        self.regions.check_usable()
+        check_plugin_dir(self.config.device_plugin_dir)
 
     async def _main(self, group: asyncio.TaskGroup) -> None:
         self.inventory = await self._start_backend()
@@ -291,6 +335,7 @@ class Agent:
             backend_error=lambda: (
                 self.backend_error or ("" if self.inventory is not None else "GPU backend starting")
             ),
+            allocate_error=lambda: self.regions.create_error,
         )
 
     def _region_events(self) -> dict[str, int]:
@@ -375,7 +420,12 @@ class Agent:
                     return
                 except asyncio.CancelledError:
                     raise
-                except Exception:
+                except Exception as err:
+                    if _cancelling():
+                        # It failed on its way out (a socket that cannot be removed, say): the
+                        # shutdown goes on, and a restart would keep the agent from exiting.
+                        log.error("task_failed_while_stopping", task=name, error=repr(err))
+                        raise asyncio.CancelledError from err
                     delay = backoff.next_delay()
                     log.exception("task_failed", task=name, restart_in_s=delay)
                     self.tasks.restarts[name] = self.tasks.restarts.get(name, 0) + 1
@@ -388,6 +438,49 @@ class Agent:
 
 class _Shutdown(Exception):
     pass
+
+
+def raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: containers often start with a soft 1024, and
+    the agent's descriptors (regions, gRPC, metrics clients) must not be what runs out first."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        raised = soft
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            # an unlimited hard limit still has the kernel's nr_open above it: a high number
+            raised = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    except (OSError, ValueError) as err:
+        log.warning("open_files_limit_unchanged", error=str(err))
+        return
+    log.info("open_files_limit", soft_before=soft, soft=raised, hard=hard)
+
+
+def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """What asyncio would print as a raw traceback (a failing callback, accept() out of
+    descriptors), as one structlog event."""
+    error = context.get("exception")
+    log.error(
+        "event_loop_error",
+        message=str(context.get("message", ""))[:300],
+        error=repr(error)[:300] if error is not None else None,
+    )
+
+
+async def _completed(action: Callable[[], None]) -> None:
+    action()
+
+
+def _exit_stuck(after_s: float) -> None:
+    """The last resort of a shutdown that hangs: a stopped agent must not need SIGKILL."""
+    log.error("shutdown_deadline_exceeded", after_s=after_s, effect="exiting without cleanup")
+    os._exit(0)
+
+
+def _cancelling() -> bool:
+    """Whether the running task has been asked to stop (its cancellation is still pending)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 @contextlib.contextmanager

@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 
 from vgpu_agent import __version__
-from vgpu_agent.config import Config, ConfigError, ConfigSources, build_config
+from vgpu_agent.config import (
+    MAX_CONFIG_BYTES,
+    Config,
+    ConfigError,
+    ConfigSources,
+    build_config,
+)
 
 EXIT_CONFIG = 2
 
@@ -20,10 +27,10 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--nvml-library": ("nvml_library", "load this libnvidia-ml instead of the system one"),
     "--backend": ("backend", "GPU backend: nvml or sim"),
     "--sim-gpus": ("sim_gpus", "simulated GPUs, e.g. 2xA100-80GB,1xL4-24GB"),
-    "--split-count": ("split_count", "slices per physical GPU (K >= 1)"),
+    "--split-count": ("split_count", "slices per physical GPU (1 <= K <= 128)"),
     "--memory-scaling": (
         "memory_scaling",
-        "memory scaling S (> 0; > 1 needs --allow-memory-oversubscription)",
+        "memory scaling S (0 < S <= 10; > 1 needs --allow-memory-oversubscription)",
     ),
     "--cores-scaling": ("cores_scaling", "cores scaling (0 < x <= 1)"),
     "--allocation-policy": ("allocation_policy", "spread or binpack"),
@@ -122,16 +129,42 @@ def load_config(
         flags["allow_memory_oversubscription"] = True
     text, name = None, "config file"
     if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError as err:
-            raise ConfigError(
-                "--config", args.config, f"must be a readable file ({err.strerror})"
-            ) from None
+        text = read_config_file(args.config)
         name = args.config
     merged_flags: dict[str, object] = {**(overrides or {}), **flags}
     return build_config(ConfigSources(file_text=text, file_name=name, env=env, flags=merged_flags))
+
+
+def read_config_file(path: str) -> str:
+    """The file's text, read no further than the size a configuration may have.
+
+    Only a regular file (a symlink to one, as a mounted ConfigMap is) is read, opened
+    non-blocking so that a FIFO cannot hang the start, and never past the size cap.
+    """
+    allowed = f"must be a readable UTF-8 file of at most {MAX_CONFIG_BYTES} bytes"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # /dev/zero, a FIFO, a directory
+                raise ConfigError("--config", path, f"{allowed} (it is not a regular file)")
+            chunks: list[bytes] = []
+            size = 0
+            while size <= MAX_CONFIG_BYTES:
+                chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise ConfigError("--config", path, f"{allowed} ({err.strerror})") from None
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError("--config", path, f"{allowed} (it is larger)")
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError("--config", path, f"{allowed} (byte {err.start} is not UTF-8)") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,9 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         )
-    from vgpu_agent.agent import Agent
+    from vgpu_agent.agent import SHUTDOWN_DEADLINE_S, Agent
 
-    return _run_reporting_os_errors(lambda: asyncio.run(Agent(config).run()))
+    agent = Agent(config, exit_process_after_s=SHUTDOWN_DEADLINE_S)
+    return _run_reporting_os_errors(lambda: asyncio.run(agent.run()))
 
 
 def _run_reporting_os_errors(run: Callable[[], object]) -> int:

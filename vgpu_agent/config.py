@@ -10,7 +10,9 @@ names the key, the value, where it came from and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -35,12 +37,41 @@ _RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s\[\]]*):(?P<port>\d{1,5})$")
 
 
+# Bounds on what a configuration may hold: values come from files and variables anyone with
+# access to the DaemonSet can write, and none of them may hang or exhaust the agent at start.
+MAX_CONFIG_BYTES = 64 * 1024  # the file, as read
+MAX_YAML_NODES = 10_000  # values in the loaded file, counting every alias expansion
+MAX_YAML_DEPTH = 32  # nested flow collections ([...] and {...})
+MAX_SPLIT_COUNT = 128  # slices per GPU
+MAX_MEMORY_SCALING = 10.0
+MAX_STRING = 1024  # characters in a name, 4096 in a path
+MAX_PATH = 4096
+MAX_XIDS = 256
+MAX_XID = 2**31 - 1
+DAY_S = 86_400.0
+
+_shown = reprlib.Repr()
+_shown.maxstring = _shown.maxother = 120
+_shown.maxlong = 40
+_shown.maxlevel = 2
+_shown.maxlist = _shown.maxdict = _shown.maxset = _shown.maxtuple = 8
+
+
+def shown(value: object) -> str:
+    """`value` as an error shows it: a repr cut short, whatever its size or nesting."""
+    try:
+        return _shown.repr(value)
+    except Exception:  # a value whose repr fails is still named
+        return f"<{type(value).__name__}>"
+
+
 class ConfigError(ValueError):
     """A value that cannot be used; the message says which, why and what is allowed."""
 
     def __init__(self, key: str, value: object, allowed: str, source: str = ""):
         where = f" (from {source})" if source else ""
-        super().__init__(f"invalid configuration: {key}={value!r}{where}: {allowed}")
+        text = f"invalid configuration: {key}={shown(value)}{where}: {allowed}"
+        super().__init__(text if len(text) <= 2000 else text[:2000] + "...")
         self.key = key
         self.value = value
         self.allowed = allowed
@@ -112,16 +143,20 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Config))
 # --- field checks: each turns a raw value (YAML type or env string) into the field's type -------
 
 
-def _as_int(minimum: int) -> Callable[[str, object, str], int]:
+def _as_int(minimum: int, maximum: int) -> Callable[[str, object, str], int]:
     def check(key: str, raw: object, source: str) -> int:
-        allowed = f"must be an integer >= {minimum}"
+        allowed = f"must be an integer >= {minimum} and <= {maximum}"
         value = raw
         if isinstance(raw, str):
+            if len(raw) > 32:  # int() of thousands of digits costs time (or raises)
+                raise ConfigError(key, raw, allowed, source)
             try:
                 value = int(raw.strip(), 10)
             except ValueError:
                 raise ConfigError(key, raw, allowed, source) from None
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, raw, allowed, source)
+        if not minimum <= value <= maximum:
             raise ConfigError(key, raw, allowed, source)
         return value
 
@@ -133,20 +168,24 @@ def _as_float(allowed: str, ok: Callable[[float], bool]) -> Callable[[str, objec
         value: float
         if isinstance(raw, bool):
             raise ConfigError(key, raw, allowed, source)
-        if isinstance(raw, str):
-            try:
-                value = float(raw.strip())
-            except ValueError:
-                raise ConfigError(key, raw, allowed, source) from None
-        elif isinstance(raw, int | float):
-            value = float(raw)
-        else:
+        if not isinstance(raw, str | int | float) or (isinstance(raw, str) and len(raw) > 64):
             raise ConfigError(key, raw, allowed, source)
-        if value != value or not ok(value):  # NaN never passes
+        try:
+            # OverflowError: an integer beyond any float
+            value = float(raw.strip()) if isinstance(raw, str) else float(raw)
+        except (ValueError, OverflowError):
+            raise ConfigError(key, raw, allowed, source) from None
+        if not math.isfinite(value) or not ok(value):  # NaN and infinity never pass
             raise ConfigError(key, raw, allowed, source)
         return value
 
     return check
+
+
+def _seconds(low: float, high: float, zero: str = "") -> Callable[[str, object, str], float]:
+    """A duration in seconds, finite, between `low` and `high` (both allowed)."""
+    allowed = f"must be a number of seconds between {low:g} and {high:g}{zero}"
+    return _as_float(allowed, lambda v: low <= v <= high)
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -172,25 +211,49 @@ def _as_choice(*choices: str) -> Callable[[str, object, str], str]:
 
 def _as_str(allow_empty: bool = True) -> Callable[[str, object, str], str]:
     def check(key: str, raw: object, source: str) -> str:
-        if not isinstance(raw, str) or (not allow_empty and not raw):
+        if (
+            not isinstance(raw, str)
+            or (not allow_empty and not raw)
+            or len(raw) > MAX_STRING
+            or "\x00" in raw
+        ):
             need = "a string" if allow_empty else "a non-empty string"
-            raise ConfigError(key, raw, f"must be {need}", source)
+            allowed = f"must be {need} of at most {MAX_STRING} characters"
+            raise ConfigError(key, raw, allowed, source)
         return raw
 
     return check
 
 
+def _is_path(raw: object) -> bool:
+    return isinstance(raw, str) and 0 < len(raw) <= MAX_PATH and "\x00" not in raw
+
+
 def _as_abs_path(key: str, raw: object, source: str) -> str:
-    if not isinstance(raw, str) or not raw.startswith("/"):
-        raise ConfigError(key, raw, "must be an absolute path", source)
+    if not _is_path(raw) or not isinstance(raw, str) or not raw.startswith("/"):
+        raise ConfigError(key, raw, f"must be an absolute path (at most {MAX_PATH} bytes)", source)
     return raw
 
 
 def _as_optional_path(key: str, raw: object, source: str) -> str | None:
     if raw is None or raw == "":
         return None
-    if not isinstance(raw, str):
-        raise ConfigError(key, raw, "must be a file path or empty", source)
+    if not _is_path(raw) or not isinstance(raw, str):
+        allowed = f"must be a file path (at most {MAX_PATH} bytes) or empty"
+        raise ConfigError(key, raw, allowed, source)
+    return raw
+
+
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _as_socket_name(key: str, raw: object, source: str) -> str:
+    allowed = (
+        "must be a plain file name (letters, digits, '.', '_', '-', at most 64, no '/'), "
+        "other than kubelet.sock"
+    )
+    if not isinstance(raw, str) or not _FILE_NAME.fullmatch(raw) or raw == "kubelet.sock":
+        raise ConfigError(key, raw, allowed, source)
     return raw
 
 
@@ -199,7 +262,7 @@ def _as_resource_name(key: str, raw: object, source: str) -> str:
         "must be an extended resource name '<domain>/<name>' such as nvidia.com/gpu "
         "(domain a DNS subdomain outside kubernetes.io, name of letters, digits, '-', '_', '.')"
     )
-    if not isinstance(raw, str) or raw.count("/") != 1:
+    if not isinstance(raw, str) or len(raw) > 253 + 1 + 63 or raw.count("/") != 1:
         raise ConfigError(key, raw, allowed, source)
     prefix, name = raw.split("/")
     if (
@@ -236,15 +299,17 @@ def _as_xid_list(key: str, raw: object, source: str) -> tuple[int, ...]:
         items = list(raw)
     else:
         raise ConfigError(key, raw, allowed, source)
+    if len(items) > MAX_XIDS:
+        raise ConfigError(key, raw, f"{allowed}; at most {MAX_XIDS} of them", source)
     out: list[int] = []
     for item in items:
-        if isinstance(item, bool):
+        if isinstance(item, bool) or (isinstance(item, str) and len(item) > 12):
             raise ConfigError(key, raw, allowed, source)
         try:
             number = int(item) if isinstance(item, int | str) else -1
         except ValueError:
             raise ConfigError(key, raw, allowed, source) from None
-        if number < 0:
+        if not 0 <= number <= MAX_XID:
             raise ConfigError(key, raw, allowed, source)
         out.append(number)
     return tuple(sorted(set(out)))
@@ -253,7 +318,7 @@ def _as_xid_list(key: str, raw: object, source: str) -> tuple[int, ...]:
 def _as_sim_gpus(key: str, raw: object, source: str) -> str:
     from vgpu_agent.gpu.simspec import parse_sim_spec
 
-    if not isinstance(raw, str):
+    if not isinstance(raw, str) or len(raw) > MAX_STRING:
         raise ConfigError(key, raw, "must be an inventory such as 2xA100-80GB,1xL4-24GB", source)
     try:
         parse_sim_spec(raw)
@@ -313,8 +378,11 @@ def _as_namespaces(key: str, raw: object, source: str) -> tuple[str, ...]:
 
 _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "resource_name": _as_resource_name,
-    "split_count": _as_int(1),
-    "memory_scaling": _as_float("must be a number > 0", lambda v: v > 0),
+    "split_count": _as_int(1, MAX_SPLIT_COUNT),
+    "memory_scaling": _as_float(
+        f"must be a number > 0 and <= {MAX_MEMORY_SCALING:g}",
+        lambda v: 0 < v <= MAX_MEMORY_SCALING,
+    ),
     "allow_memory_oversubscription": _as_bool,
     "cores_scaling": _as_float("must be a number > 0 and <= 1", lambda v: 0 < v <= 1),
     "allocation_policy": _as_choice("spread", "binpack"),
@@ -331,10 +399,8 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "metrics_address": _as_address,
     "node_name": _as_str(),
     "xid_ignore": _as_xid_list,
-    "health_recovery_seconds": _as_float(
-        "must be a number >= 0 (0 disables recovery)", lambda v: v >= 0
-    ),
-    "health_check_seconds": _as_float("must be a number > 0", lambda v: v > 0),
+    "health_recovery_seconds": _seconds(0, DAY_S, " (>= 0; 0 disables recovery)"),
+    "health_check_seconds": _seconds(0.01, 60),
     "log_format": _as_choice("json", "console"),
     "log_level": _as_choice("debug", "info", "warning", "error"),
     "kubeconfig": _as_optional_path,
@@ -343,14 +409,14 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
         "must be a number between 0.01 and 10", lambda v: 0.01 <= v <= 10
     ),
     "host_proc_dir": _as_abs_path,
-    "region_gc_grace_seconds": _as_float("must be a number >= 0", lambda v: v >= 0),
-    "pod_resources_refresh_seconds": _as_float("must be a number > 0", lambda v: v > 0),
+    "region_gc_grace_seconds": _seconds(0, DAY_S, " (>= 0)"),
+    "pod_resources_refresh_seconds": _seconds(0.05, 3600, " (> 0)"),
     "nvml_poll_seconds": _as_float("must be a number between 0.1 and 60", lambda v: 0.1 <= v <= 60),
     "hami_metrics": _as_bool,
     "shim_allow_disable": _as_bool,
     "shim_allow_region_dir": _as_bool,
     "backstop_action": _as_choice("report", "evict"),
-    "endpoint_name": _as_str(allow_empty=False),
+    "endpoint_name": _as_socket_name,
     "pod_core_policies": _as_pod_policies,
     "pod_priority_max": _as_pod_priority,
     "pod_priority_namespaces": _as_namespaces,
@@ -369,15 +435,69 @@ class ConfigSources:
 
 
 def _parse_file(text: str, name: str) -> dict[str, object]:
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError("config", name, f"must be at most {MAX_CONFIG_BYTES} bytes")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader
     except yaml.YAMLError as err:
-        raise ConfigError("config", name, f"must be valid YAML: {err}") from None
+        raise ConfigError("config", name, f"must be valid YAML: {shown(str(err))}") from None
+    except (ValueError, OverflowError, RecursionError) as err:  # 5,000 digits; deep nesting
+        raise ConfigError("config", name, f"must be valid YAML: {shown(str(err))}") from None
+    if _nodes(data, MAX_YAML_NODES) > MAX_YAML_NODES:
+        too_big = f"more than {MAX_YAML_NODES} values once its aliases are expanded"
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if _nodes(value, MAX_YAML_NODES) > MAX_YAML_NODES:
+                    raise ConfigError(str(key)[:80], value, f"must not hold {too_big}", name)
+        raise ConfigError("config", name, f"must not hold {too_big}")
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError("config", name, "must be a YAML mapping of key: value")
     return {str(k): v for k, v in data.items()}
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, bounded: flow collections nest at most `MAX_YAML_DEPTH` deep (the
+    scanner's work grows with the square of the depth), and an integer too long to be a
+    setting stays a string: `int()` of thousands of digits raises (or takes long); kept as
+    text, the key's own check rejects it and the error names the key.
+    """
+
+    def fetch_flow_collection_start(self, TokenClass: type) -> None:
+        if self.flow_level >= MAX_YAML_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"collections nested deeper than {MAX_YAML_DEPTH}", self.get_mark()
+            )
+        super().fetch_flow_collection_start(TokenClass)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> object:  # type: ignore[override]
+        if isinstance(node.value, str) and len(node.value) > 32:
+            return node.value
+        return super().construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
+def _nodes(data: object, budget: int) -> int:
+    """How many values `data` holds with every alias expanded, counting no further than `budget`.
+
+    Aliases make a loaded document a graph that shares its parts; walking it as a tree visits a
+    shared part once per reference, so an alias bomb of a few hundred bytes is billions of
+    values. The walk stops as soon as the budget is spent.
+    """
+    count = 0
+    stack = [data]
+    while stack and count <= budget:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+    return count
 
 
 def build_config(sources: ConfigSources) -> Config:

@@ -1,4 +1,8 @@
-"""structlog set-up: key-value events as JSON lines or readable console lines."""
+"""structlog set-up: key-value events as JSON lines or readable console lines.
+
+Libraries that log through the standard library (grpc, asyncio, aiohttp) are routed into the same
+stream as one event per record (`library_log`), never as a raw multi-line traceback.
+"""
 
 from __future__ import annotations
 
@@ -37,3 +41,28 @@ def configure(log_format: str = "json", level: str = "info", stream: TextIO | No
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+    route_library_logs()
+
+
+class _ToStructlog(logging.Handler):
+    """A standard-library record as one structlog event: the message and the error, no trace."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            error = record.exc_info[1] if record.exc_info else None
+            structlog.get_logger(record.name).log(
+                record.levelno,
+                "library_log",
+                logger=record.name,
+                message=record.getMessage()[:500],
+                error=repr(error)[:300] if error is not None else None,
+            )
+        except Exception:
+            self.handleError(record)
+
+
+def route_library_logs() -> None:
+    """Send WARNING and above from standard-library loggers through structlog (once)."""
+    root = logging.getLogger()
+    if not any(isinstance(h, _ToStructlog) for h in root.handlers):
+        root.addHandler(_ToStructlog(logging.WARNING))

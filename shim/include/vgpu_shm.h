@@ -17,8 +17,25 @@
  *            only by the shim with C11 atomics; the agent only reads it and never trusts it.
  *
  * Versioning. Every file starts with magic, ABI major/minor, header size and total size.
- * A reader refuses another magic or major version. Minor versions only add fields in space that
- * is reserved (zero) in older minors, so sizes and offsets below never move within a major.
+ * A reader refuses another magic or major version. Minor versions add fields in space that is
+ * reserved (zero) in older minors, or append them after the end of the older layout, so offsets
+ * below never move within a major.
+ *
+ * ABI 1.1 appends an extension to `state` (after slots[]): per-device words (struct
+ * vgpu_state_ext_device: memory by kind, graph pricing, launch tickets) and per-slot memory by
+ * kind (struct vgpu_proc_kinds). `control` keeps its size in 1.1. Readers of `state`:
+ *   - a 1.1 reader (agent or shim) accepts abi_minor 0 with total_size == VGPU_STATE_SIZE_1_0
+ *     (no extension: the features it carries are off and its fields read as zero), and
+ *     abi_minor >= 1 with total_size >= sizeof(struct vgpu_state) (a later minor may append more;
+ *     a reader uses what it knows and maps/reads no further than sizeof(struct vgpu_state));
+ *   - a 1.0 reader (shims and agents deployed before 1.1) requires total_size == its own
+ *     sizeof and so refuses a 1.1 `state`: a 1.0 shim says "is not a region state file this shim
+ *     understands" and passes through without limits (or refuses with VGPU_FAIL_CLOSED=1). This
+ *     is the one-time cost of 1.1: containers started by a 1.1 agent need a 1.1 shim. A 1.1 agent
+ *     keeps adopting, steering and reading the 1.0 regions an older agent created, and a 1.1 shim
+ *     works on them (without the extension). A 1.0 agent (after a downgrade) adopts 1.1 regions
+ *     (control did not change) and reads the 1.0 part of their state, counting the total size it
+ *     does not know as one skipped record per read.
  *
  * Integers are little-endian, every field is naturally aligned. All timestamps are
  * CLOCK_MONOTONIC nanoseconds (Python: time.monotonic_ns()), the same clock for every
@@ -64,6 +81,22 @@
  * changed only by CAS (allocation: check limit and add in one step) and atomic subtraction;
  * slots[i].devices[d].memory_used is one process's share. Slots of dead processes are reclaimed by
  * the shim (their memory stops counting). memory_limit == 0 means no memory limit.
+ *
+ * Memory by kind (1.1): memory_used stays the total of every kind, and the limit is checked
+ * against it alone. ext[d] additionally says how much of the total is
+ *   memory_context  what the driver holds for contexts (creation, primary-context retain, the
+ *                   device malloc heap and stack limits), measured through the driver's own
+ *                   memory info;
+ *   memory_module   modules and libraries loaded (cuModuleLoad*, cuLibraryLoad*);
+ *   memory_pool     what stream-ordered pools hold (their reserved memory, not what was asked
+ *                   for) and graph memory nodes;
+ *   memory_spilled  0: kept for memory spilled to the host (not counted in memory_used);
+ * and data (plain allocations, VMM, arrays) is memory_used - context - module - pool, read as 0
+ * when the difference is negative (the words are updated one after the other, not together).
+ * The total is counted first (its CAS checks the limit) and the kind after it, and given back
+ * in the reverse order, so a reader may briefly see such bytes as data. Each kind is counted in units of
+ * VGPU_KIND_UNIT bytes (the shim rounds such charges up), so that slot_kinds[i][d] can hold a
+ * process's share in 32 bits: a reclaimer subtracts a dead slot's kinds from ext[d] exactly.
  *
  * Counters: a launch is counted in its process's slot and in the device totals. A thread
  * publishes its counts once per clock tick (CLOCK_MONOTONIC_COARSE, a few ms), when it switches
@@ -133,6 +166,9 @@
 #define VGPU_MAX_SLEEP_NS UINT64_C(10000000)    /* 10 ms */
 #define VGPU_MAX_WAIT_NS UINT64_C(2000000000)   /* 2 s */
 
+/* Memory of the kinds context, module and pool is counted in whole units of this many bytes. */
+#define VGPU_KIND_UNIT UINT64_C(4096)
+
 /* Marker in a slot's pid while a dead process's slot is being reclaimed. */
 #define VGPU_PID_RECLAIMING (UINT64_C(1) << 63)
 
@@ -198,20 +234,47 @@ struct vgpu_proc_slot {
     struct vgpu_proc_device devices[VGPU_MAX_DEVICES];
 };
 
+/* 1.1: per-device words appended after the slots (zero in a fresh file). */
+struct vgpu_state_ext_device {
+    uint64_t memory_context;    /* bytes of memory_used held for contexts, heap and stack */
+    uint64_t memory_module;     /* bytes of memory_used held by loaded modules and libraries */
+    uint64_t memory_pool;       /* bytes of memory_used reserved by stream-ordered pools */
+    uint64_t memory_spilled;    /* 0: reserved for memory spilled to the host */
+    uint64_t graphs_unpriced;   /* graph launches whose price could not be computed, cumulative */
+    uint64_t ticket_next;       /* launch turns: next ticket to hand out */
+    uint64_t ticket_serving;    /* launch turns: ticket being served */
+    uint64_t reserved[9];
+};
+
+/* 1.1: one process's memory by kind on one device, in VGPU_KIND_UNIT units (the slot's share of
+ * ext[d]); zeroed when the slot is given back. */
+struct vgpu_proc_kinds {
+    uint32_t context;
+    uint32_t module;
+    uint32_t pool;
+    uint32_t reserved;
+};
+
 struct vgpu_state {
     uint64_t magic;             /* VGPU_STATE_MAGIC */
     uint32_t abi_major;
     uint32_t abi_minor;
     uint32_t header_size;       /* offsetof(struct vgpu_state, slots) */
     uint32_t device_count;      /* copied from control when the agent created the file */
-    uint64_t total_size;        /* sizeof(struct vgpu_state) */
+    uint64_t total_size;        /* sizeof(struct vgpu_state); VGPU_STATE_SIZE_1_0 in a 1.0 file */
     uint32_t slot_count;        /* VGPU_MAX_PROCS */
     uint32_t reserved0;
     uint64_t slot_high_water;   /* slots [0, slot_high_water) have ever been claimed; only grows */
     uint64_t reserved[2];
     struct vgpu_state_device devices[VGPU_MAX_DEVICES];
     struct vgpu_proc_slot slots[VGPU_MAX_PROCS];
+    /* ---- 1.1 (absent from a state file of minor 0) */
+    struct vgpu_state_ext_device ext[VGPU_MAX_DEVICES];
+    struct vgpu_proc_kinds slot_kinds[VGPU_MAX_PROCS][VGPU_MAX_DEVICES];
 };
+
+/* The size of a 1.0 `state` (everything before ext[]), which a 1.1 reader still accepts. */
+#define VGPU_STATE_SIZE_1_0 (offsetof(struct vgpu_state, ext))
 
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(struct vgpu_control_device) == 192, "control device entry size");
@@ -223,6 +286,11 @@ _Static_assert(offsetof(struct vgpu_state, slots) == 64 + 16 * 64, "state header
 _Static_assert(offsetof(struct vgpu_control, generation) % 8 == 0, "aligned generation");
 _Static_assert(offsetof(struct vgpu_control, flags) == 80, "control flags carved from reserved");
 _Static_assert(offsetof(struct vgpu_state, slot_high_water) == 40, "slot high-water mark offset");
+_Static_assert(sizeof(struct vgpu_state_ext_device) == 128, "state extension entry size");
+_Static_assert(sizeof(struct vgpu_proc_kinds) == 16, "slot kinds entry size");
+_Static_assert(offsetof(struct vgpu_state, ext) == 64 + 16 * 64 + 1024 * (32 + 16 * 40),
+               "1.0 state size: the extension starts where a 1.0 file ends");
+_Static_assert(sizeof(struct vgpu_state) < 1024 * 1024, "state file under 1 MiB");
 #endif
 
 #endif /* VGPU_SHM_H */

@@ -56,33 +56,6 @@ SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
     ACCOUNTED_ALLOC(rdev, bytesize, *dptr, real_(dptr, bytesize, flags));
 }
 
-#define ALLOC_ASYNC(name)                                                                         \
-    SHIM_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)               \
-    {                                                                                             \
-        NEED_REAL(name);                                                                          \
-        GATE_OR_PASS(real_(dptr, bytesize, hStream));                                             \
-        if (dptr == NULL)                                                                         \
-            return real_(dptr, bytesize, hStream);                                                \
-        int rdev = shim_region_dev_current();                                                     \
-        ACCOUNTED_ALLOC(rdev, bytesize, *dptr, real_(dptr, bytesize, hStream));                   \
-    }
-ALLOC_ASYNC(cuMemAllocAsync)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz)
-
-#define ALLOC_POOL(name)                                                                          \
-    SHIM_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,              \
-                              CUstream hStream)                                                   \
-    {                                                                                             \
-        NEED_REAL(name);                                                                          \
-        GATE_OR_PASS(real_(dptr, bytesize, pool, hStream));                                       \
-        if (dptr == NULL)                                                                         \
-            return real_(dptr, bytesize, pool, hStream);                                          \
-        int rdev = shim_region_dev_current();                                                     \
-        ACCOUNTED_ALLOC(rdev, bytesize, *dptr, real_(dptr, bytesize, pool, hStream));             \
-    }
-ALLOC_POOL(cuMemAllocFromPoolAsync)
-ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
-
 SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                         size_t Height, unsigned int ElementSizeBytes)
 {
@@ -137,44 +110,6 @@ SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     FREE_TRACKED(TRACK_PTR, dptr, real_(dptr));
 }
 
-#define FREE_ASYNC(name)                                                                          \
-    SHIM_EXPORT CUresult name(CUdeviceptr dptr, CUstream hStream)                                 \
-    {                                                                                             \
-        NEED_REAL(name);                                                                          \
-        GATE_OR_PASS(real_(dptr, hStream));                                                       \
-        FREE_TRACKED(TRACK_PTR, dptr, real_(dptr, hStream));                                      \
-    }
-FREE_ASYNC(cuMemFreeAsync)
-FREE_ASYNC(cuMemFreeAsync_ptsz)
-
-SHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                                 const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    NEED_REAL(cuMemCreate);
-    GATE_OR_PASS(real_(handle, size, prop, flags));
-    if (handle == NULL || prop == NULL)
-        return real_(handle, size, prop, flags);
-    int rdev = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
-                   ? shim_region_dev_for_cuda(prop->location.id)
-                   : -1; /* host or NUMA memory is not device memory */
-    CUresult r = shim_mem_reserve(rdev, size);
-    if (r != CUDA_SUCCESS)
-        return r;
-    r = real_(handle, size, prop, flags);
-    if (r == CUDA_SUCCESS)
-        shim_track_add(TRACK_HANDLE, *handle, rdev, size);
-    else
-        shim_mem_unreserve(rdev, size);
-    return r;
-}
-
-SHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    NEED_REAL(cuMemRelease);
-    GATE_OR_PASS(real_(handle));
-    FREE_TRACKED(TRACK_HANDLE, handle, real_(handle));
-}
-
 SHIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
     NEED_REAL(cuMemGetInfo_v2);
@@ -187,6 +122,7 @@ SHIM_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (limit == 0)
         return r;
     shim_reclaim_dead_slots_now_and_then(); /* what a killed process held is not in use */
+    shim_pools_settle_all_if_free();        /* what pools gave back since */
     uint64_t used = __atomic_load_n(&g_shim.st->devices[rdev].memory_used, __ATOMIC_RELAXED);
     uint64_t total = limit < *total_bytes ? limit : *total_bytes; /* never more than physical */
     uint64_t free_in_limit = used < total ? total - used : 0;

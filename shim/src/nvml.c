@@ -29,6 +29,7 @@ static bool limited_view(nvmlDevice_t device, unsigned long long *total, unsigne
     uint64_t limit = __atomic_load_n(&g_shim.ctl->devices[rdev].memory_limit, __ATOMIC_RELAXED);
     if (limit == 0)
         return false;
+    shim_pools_settle_all_if_free(); /* what pools gave back since */
     uint64_t accounted = __atomic_load_n(&g_shim.st->devices[rdev].memory_used, __ATOMIC_RELAXED);
     uint64_t t = limit < *total ? limit : *total;
     *total = t;

@@ -88,10 +88,11 @@ static void region_close(void)
 {
     if (g_shim.ctl != NULL)
         munmap((void *)g_shim.ctl, sizeof *g_shim.ctl);
-    if (g_shim.st != NULL)
-        munmap(g_shim.st, sizeof *g_shim.st);
+    if (g_shim.st != NULL) /* as much as was mapped: the 1.1 extension only when present */
+        munmap(g_shim.st, g_shim.ext != NULL ? sizeof *g_shim.st : VGPU_STATE_SIZE_1_0);
     g_shim.ctl = NULL;
     g_shim.st = NULL;
+    g_shim.ext = NULL;
     g_shim.device_count = 0;
 }
 
@@ -118,25 +119,40 @@ static bool region_open(const char *dir, char *why, size_t why_len, bool *missin
         return false;
     }
     snprintf(path, sizeof path, "%s/state", dir);
-    struct vgpu_state *st = map_file(path, sizeof *st, true, why, why_len, NULL);
+    /* the 1.0 part first; the 1.1 extension is mapped only when the file says it has it */
+    size_t st_size = VGPU_STATE_SIZE_1_0;
+    struct vgpu_state *st = map_file(path, st_size, true, why, why_len, NULL);
     if (st == NULL) {
         munmap((void *)ctl, sizeof *ctl);
         return false;
     }
+    bool has_ext = st->abi_minor >= 1 && st->total_size >= sizeof *st;
+    bool size_ok = has_ext || (st->abi_minor == 0 && st->total_size == VGPU_STATE_SIZE_1_0);
     if (st->magic != VGPU_STATE_MAGIC || st->abi_major != VGPU_ABI_MAJOR ||
-        st->header_size != offsetof(struct vgpu_state, slots) || st->total_size != sizeof *st ||
+        st->header_size != offsetof(struct vgpu_state, slots) || !size_ok ||
         st->slot_count != VGPU_MAX_PROCS || st->device_count != ctl->device_count) {
         snprintf(why, why_len,
                  "%.512s is not a region state file this shim understands (magic %#llx, ABI %u.%u, "
-                 "%u slots, %u devices; expected %d slots and %u devices)",
-                 path, (unsigned long long)st->magic, st->abi_major, st->abi_minor, st->slot_count,
-                 st->device_count, VGPU_MAX_PROCS, ctl->device_count);
+                 "%llu bytes, %u slots, %u devices; expected %d slots and %u devices)",
+                 path, (unsigned long long)st->magic, st->abi_major, st->abi_minor,
+                 (unsigned long long)st->total_size, st->slot_count, st->device_count,
+                 VGPU_MAX_PROCS, ctl->device_count);
         munmap((void *)ctl, sizeof *ctl);
-        munmap(st, sizeof *st);
+        munmap(st, st_size);
         return false;
+    }
+    if (has_ext) {
+        munmap(st, st_size);
+        st_size = sizeof *st;
+        st = map_file(path, st_size, true, why, why_len, NULL); /* fails when shorter */
+        if (st == NULL) {
+            munmap((void *)ctl, sizeof *ctl);
+            return false;
+        }
     }
     g_shim.ctl = ctl;
     g_shim.st = st;
+    g_shim.ext = has_ext ? st->ext : NULL;
     g_shim.device_count = (int)ctl->device_count;
     return true;
 }
@@ -295,6 +311,8 @@ static void reclaim_slot(struct vgpu_proc_slot *slot, uint64_t expected_pid)
             } while (!__atomic_compare_exchange_n(total, &cur, next, true, __ATOMIC_ACQ_REL,
                                                   __ATOMIC_RELAXED));
         }
+        if (d < g_shim.device_count)
+            shim_kinds_release_slot((int)(slot - g_shim.st->slots), d);
         /* the device totals already hold this process's counts: they are cumulative */
         __atomic_store_n(&slot->devices[d].launches, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&slot->devices[d].tokens_spent, 0, __ATOMIC_RELAXED);

@@ -32,6 +32,9 @@ enum shim_mode {
 struct shim {
     const struct vgpu_control *ctl; /* read-only mapping */
     struct vgpu_state *st;          /* read-write shared mapping */
+    /* st->ext when the state file has the 1.1 extension, else NULL (a 1.0 region: the features
+     * kept there are off; st->slot_kinds is not mapped either) */
+    struct vgpu_state_ext_device *ext;
     int device_count;
 };
 
@@ -69,6 +72,38 @@ void shim_track_lock(void);
 void shim_track_unlock(void);
 #define TRACK_PTR 1
 #define TRACK_HANDLE 2
+
+/* Memory by kind (ABI 1.1, see vgpu_shm.h): every kind counts in memory_used; the kinds other
+ * than data are also counted in ext[d] and this process's slot_kinds, in VGPU_KIND_UNIT units. */
+enum shim_kind { KIND_DATA = 0, KIND_CONTEXT, KIND_MODULE, KIND_POOL };
+uint64_t shim_kind_bytes(int kind, uint64_t bytes); /* what a charge of `bytes` counts */
+CUresult shim_mem_reserve_kind(int rdev, uint64_t bytes, int kind); /* bytes: shim_kind_bytes */
+void shim_mem_unreserve_kind(int rdev, uint64_t bytes, int kind);
+void shim_kinds_release_slot(int slot_index, int rdev); /* a slot given back: its kinds too */
+void shim_mem_count_kind(int rdev, uint64_t bytes, int kind); /* held already: past the limit too */
+
+/* A tracked record: what it counts, as what, and a word its kind needs. */
+struct shim_tracked {
+    int rdev;
+    int mkind;
+    uint64_t bytes;
+    uint64_t aux;
+};
+void shim_track_put(int kind, uint64_t key, const struct shim_tracked *rec);
+bool shim_track_get(int kind, uint64_t key, struct shim_tracked *out, bool remove);
+int shim_track_each(int kind, uint64_t lo, uint64_t hi,
+                    void (*fn)(uint64_t key, struct shim_tracked *rec, void *arg), void *arg);
+#define TRACK_CONTEXT 3   /* key: CUcontext; bytes: its measured cost */
+#define TRACK_LIMIT 4     /* key: CUcontext ^ limit; bytes: heap or stack charged for it */
+#define TRACK_MODULE 5    /* key: CUmodule / CUlibrary; bytes: measured */
+#define TRACK_VMM 6       /* key: handle; bytes; aux: references (low 32 bits), mappings (high) */
+#define TRACK_MAPPING 7   /* key: mapped address; aux: the handle */
+#define TRACK_ARRAY 8     /* key: CUarray / CUmipmappedArray */
+#define TRACK_POOL_PTR 9  /* key: pointer from a pool; aux: the pool; counts nothing itself */
+
+/* ---- hooks_memory.c: what pools and graphs hold, settled against the driver's own counts */
+void shim_pools_settle_all_if_free(void); /* skipped when the pool lock is busy */
+void shim_graph_mem_settle(CUdevice dev); /* after graph instantiation or launch on dev */
 
 /* ---- launch.c */
 CUresult shim_launch_gate(uint64_t cost, bool graph);

@@ -30,6 +30,26 @@
  *   forkstress N                             forks N children while a thread allocates/launches
  *   rtldnext                                 dlsym(RTLD_NEXT, ...) answers as without the shim
  *   exec WAY COMMAND...                      replaces the process with a new client image
+ * memory the driver holds (see fake_cuda_memory.c):
+ *   primary DEV EXPECT | unprimary DEV       cuDevicePrimaryCtxRetain (made current) / Release
+ *   ctxnew DEV EXPECT | ctxdrop              one more context (current) / destroy the newest
+ *   limit heap|stack|fifo SIZE EXPECT        cuCtxSetLimit on the current context
+ *   module data|file|lib SIZE EXPECT | unload  load a fake image holding SIZE / unload the newest
+ *   poolcreate dev|host                      the pool "alloc pool" uses from now on
+ *   threshold SIZE | trim SIZE | sync        release threshold and cuMemPoolTrimTo of the default
+ *                                            and created pools; cuCtxSynchronize
+ *   vmm SIZE DEV|host|hostnuma EXPECT        cuMemCreate at that location (freed by "free")
+ *   map | unmap | retain                     cuMemMap of the newest handle / cuMemUnmap of the
+ *                                            newest mapping / cuMemRetainAllocationHandle of it
+ *   array 2d|3d|mip W H D EXPECT | undo      an array (freed by "free")
+ *   graphmem DEV SIZE | graphtrim DEV        graph memory reserved (fake) / cuDeviceGraphMemTrim
+ *   compare DEV TOLERANCE                    the shim's count in $VGPU_REGION_DIR/state (region
+ *                                            device 0) and the driver's own count of DEV differ
+ *                                            by at most TOLERANCE; prints "compare shim=.. driver=.."
+ *   mixed N SEED                             N random operations of every kind above
+ *   forkexit                                 forks a child that exits at once, waits for it
+ *   timedalloc API N SIZE                    N allocations and frees of SIZE with API (as
+ *                                            "alloc"), prints "timedalloc ns=T"
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
  */
 #define _GNU_SOURCE
@@ -190,14 +210,33 @@ static uint64_t now_ns(void)
 
 /* ------------------------------------------------------------------ allocations */
 
-enum kind { K_PTR, K_ASYNC, K_HANDLE };
+enum kind { K_PTR, K_ASYNC, K_HANDLE, K_ARRAY, K_MIPMAP };
 static struct {
     unsigned long long key;
     enum kind kind;
 } g_live[4096];
 static int g_nlive;
 static CUstream const STREAM = (CUstream)0;
-static CUmemoryPool const POOL = (CUmemoryPool)0x5000;
+static CUmemoryPool g_pool; /* created by "poolcreate", or on the first "alloc pool" */
+
+static void *mem_api(void *direct, const char *versioned, const char *base);
+#define M(fn, versioned, base) ((__typeof__(&fn))mem_api((void *)fn, versioned, base))
+
+static CUmemoryPool the_pool(void)
+{
+    if (g_pool == NULL) {
+        CUdevice dev = 0;
+        A.ctx_device(&dev);
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = dev;
+        if (M(cuMemPoolCreate, "cuMemPoolCreate", "cuMemPoolCreate")(&g_pool, &props) != CUDA_SUCCESS)
+            g_pool = NULL;
+    }
+    return g_pool;
+}
 
 static CUresult do_alloc(const char *api, unsigned long long size)
 {
@@ -215,7 +254,7 @@ static CUresult do_alloc(const char *api, unsigned long long size)
         r = A.alloc_async(&p, size, STREAM);
         kind = K_ASYNC;
     } else if (strcmp(api, "pool") == 0) {
-        r = A.alloc_pool(&p, size, POOL, STREAM);
+        r = A.alloc_pool(&p, size, the_pool(), STREAM);
         kind = K_ASYNC;
     } else if (strcmp(api, "create") == 0) {
         CUdevice dev = 0;
@@ -252,6 +291,10 @@ static CUresult do_free(void)
     switch (g_live[g_nlive].kind) {
     case K_ASYNC: return A.free_async(g_live[g_nlive].key, STREAM);
     case K_HANDLE: return A.release(g_live[g_nlive].key);
+    case K_ARRAY: return M(cuArrayDestroy, "cuArrayDestroy", "cuArrayDestroy")((CUarray)(uintptr_t)g_live[g_nlive].key);
+    case K_MIPMAP:
+        return M(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy",
+                 "cuMipmappedArrayDestroy")((CUmipmappedArray)(uintptr_t)g_live[g_nlive].key);
     default: return A.free_(g_live[g_nlive].key);
     }
 }
@@ -394,6 +437,393 @@ static void mtpace(CUcontext ctx, int threads, double seconds, unsigned grid, un
     printf("mtpace launches=%llu ns=%llu\n", total, (unsigned long long)(now_ns() - t0));
 }
 
+/* ------------------------------------------------------------------ memory the driver holds */
+
+CUresult fakeCudaGraphMemReserve(int dev, unsigned long long bytes);
+unsigned long long fakeCudaDeviceUsed(int dev);
+
+static void *mem_api(void *direct, const char *versioned, const char *base)
+{
+    if (strcmp(g_way, "direct") == 0)
+        return direct;
+    static void *lib;
+    if (lib == NULL && (lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) == NULL)
+        fail("dlopen libcuda.so.1: %s", dlerror());
+    return resolve(lib, versioned, base);
+}
+
+static CUcontext g_extra_ctx[64], g_before_extra[64]; /* and what was current before each */
+static int g_nextra;
+static uintptr_t g_mods[256];
+static bool g_mod_is_lib[256];
+static int g_nmods;
+static CUdeviceptr g_maps[256];
+static int g_nmaps;
+static CUdeviceptr g_next_va = 0x600000000000ull;
+
+static void push_live(unsigned long long key, enum kind kind)
+{
+    if (g_nlive == (int)(sizeof g_live / sizeof g_live[0]))
+        fail("too many live allocations");
+    g_live[g_nlive].key = key;
+    g_live[g_nlive].kind = kind;
+    g_nlive++;
+}
+
+static CUresult do_module(const char *how, unsigned long long size)
+{
+    unsigned char image[16];
+    memcpy(image, "FAKEMOD1", 8);
+    memcpy(image + 8, &size, 8);
+    char path[64] = "";
+    if (strcmp(how, "file") == 0) {
+        snprintf(path, sizeof path, "/tmp/vgpu-fake-module-%d", (int)getpid());
+        FILE *f = fopen(path, "wb");
+        if (f == NULL || fwrite(image, 1, sizeof image, f) != sizeof image)
+            fail("cannot write %s", path);
+        fclose(f);
+    }
+    uintptr_t h = 0;
+    CUresult r;
+    if (strcmp(how, "data") == 0) {
+        CUmodule m = NULL;
+        r = M(cuModuleLoadData, "cuModuleLoadData", "cuModuleLoadData")(&m, image);
+        h = (uintptr_t)m;
+    } else if (strcmp(how, "file") == 0) {
+        CUmodule m = NULL;
+        r = M(cuModuleLoad, "cuModuleLoad", "cuModuleLoad")(&m, path);
+        unlink(path);
+        h = (uintptr_t)m;
+    } else {
+        CUlibrary l = NULL;
+        r = M(cuLibraryLoadData, "cuLibraryLoadData", "cuLibraryLoadData")(&l, image, NULL, NULL,
+                                                                          0, NULL, NULL, 0);
+        h = (uintptr_t)l;
+    }
+    if (r == CUDA_SUCCESS) {
+        if (g_nmods == 256)
+            fail("too many modules");
+        g_mod_is_lib[g_nmods] = strcmp(how, "lib") == 0;
+        g_mods[g_nmods++] = h;
+    }
+    return r;
+}
+
+static CUresult do_vmm(unsigned long long size, const char *where)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    if (strcmp(where, "host") == 0) {
+        prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    } else if (strcmp(where, "hostnuma") == 0) {
+        prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    } else {
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = atoi(where);
+    }
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = A.create(&h, size, &prop, 0);
+    if (r == CUDA_SUCCESS)
+        push_live(h, K_HANDLE);
+    return r;
+}
+
+static CUresult do_array(const char *how, size_t w, size_t h, size_t d)
+{
+    CUresult r;
+    if (strcmp(how, "2d") == 0) {
+        CUDA_ARRAY_DESCRIPTOR desc = {w, h, CU_AD_FORMAT_FLOAT, 4};
+        CUarray a = NULL;
+        r = M(cuArrayCreate_v2, "cuArrayCreate_v2", "cuArrayCreate")(&a, &desc);
+        if (r == CUDA_SUCCESS)
+            push_live((uintptr_t)a, K_ARRAY);
+    } else if (strcmp(how, "3d") == 0) {
+        CUDA_ARRAY3D_DESCRIPTOR desc = {w, h, d, CU_AD_FORMAT_UNSIGNED_INT8, 1, 0};
+        CUarray a = NULL;
+        r = M(cuArray3DCreate_v2, "cuArray3DCreate_v2", "cuArray3DCreate")(&a, &desc);
+        if (r == CUDA_SUCCESS)
+            push_live((uintptr_t)a, K_ARRAY);
+    } else {
+        CUDA_ARRAY3D_DESCRIPTOR desc = {w, h, d, CU_AD_FORMAT_HALF, 2, 0};
+        CUmipmappedArray a = NULL;
+        r = M(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate")(&a, &desc,
+                                                                                        4);
+        if (r == CUDA_SUCCESS)
+            push_live((uintptr_t)a, K_MIPMAP);
+    }
+    return r;
+}
+
+static void pools_do(const char *what, unsigned long long value)
+{
+    CUdevice dev = 0;
+    A.ctx_device(&dev);
+    CUmemoryPool pools[2] = {NULL, g_pool};
+    if (M(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool")(
+            &pools[0], dev) != CUDA_SUCCESS)
+        fail("cuDeviceGetDefaultMemPool");
+    for (int k = 0; k < 2; k++) {
+        if (pools[k] == NULL)
+            continue;
+        cuuint64_t v = value;
+        CUresult r = strcmp(what, "trim") == 0
+                         ? M(cuMemPoolTrimTo, "cuMemPoolTrimTo", "cuMemPoolTrimTo")(pools[k], value)
+                         : M(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute")(
+                               pools[k], CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+        if (r != CUDA_SUCCESS)
+            fail("%s of pool %d: %d", what, k, (int)r);
+    }
+}
+
+static unsigned long long shim_count(void)
+{
+    const char *dir = getenv("VGPU_REGION_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/state", dir != NULL ? dir : "/run/vgpu");
+    FILE *f = fopen(path, "rb");
+    unsigned long long used = 0;
+    /* devices[0].memory_used: after the 64-byte header, the third word of the device entry */
+    if (f == NULL || fseek(f, 64 + 16, SEEK_SET) != 0 || fread(&used, sizeof used, 1, f) != 1)
+        fail("cannot read the shim's count from %s", path);
+    fclose(f);
+    return used;
+}
+
+/* A mixed workload: plain, async (default pool and a created one), VMM, contexts, modules,
+ * limits, arrays; every operation may be refused by the limit (then it is simply skipped). */
+static void mixed(long n, unsigned seed)
+{
+    static const char *const apis[] = {"plain", "async", "pool", "pitch", "managed"};
+    for (long k = 0; k < n; k++) {
+        seed = seed * 1103515245u + 12345u;
+        unsigned op = (seed >> 16) % 12;
+        unsigned long long size = (((seed >> 8) % 64) + 1) << 18; /* 256 KiB .. 16 MiB */
+        CUresult r;
+        switch (op) {
+        case 0: case 1: case 2: case 3:
+            r = do_alloc(apis[(seed >> 4) % 5], size);
+            break;
+        case 4: case 5:
+            r = g_nlive > 0 ? do_free() : CUDA_SUCCESS;
+            break;
+        case 6:
+            r = do_vmm(size, "0");
+            if (r == CUDA_SUCCESS && (seed & 1)) { /* mapped, then released while mapped */
+                CUdeviceptr va = g_next_va;
+                g_next_va += size;
+                if (M(cuMemMap, "cuMemMap", "cuMemMap")(va, size, 0, g_live[g_nlive - 1].key, 0) ==
+                        CUDA_SUCCESS &&
+                    g_nmaps < 256)
+                    g_maps[g_nmaps++] = va;
+                r = do_free();
+            }
+            break;
+        case 7:
+            r = g_nmaps > 0 ? M(cuMemUnmap, "cuMemUnmap", "cuMemUnmap")(g_maps[--g_nmaps], 1ull << 40)
+                            : CUDA_SUCCESS;
+            break;
+        case 8:
+            r = do_module((seed & 1) ? "data" : "lib", size / 4);
+            break;
+        case 9:
+            if (g_nmods > 0) {
+                g_nmods--;
+                r = g_mod_is_lib[g_nmods]
+                        ? M(cuLibraryUnload, "cuLibraryUnload", "cuLibraryUnload")((CUlibrary)g_mods[g_nmods])
+                        : M(cuModuleUnload, "cuModuleUnload", "cuModuleUnload")((CUmodule)g_mods[g_nmods]);
+            } else {
+                r = CUDA_SUCCESS;
+            }
+            break;
+        case 10:
+            r = M(cuCtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize")();
+            break;
+        default:
+            r = do_array((seed & 2) ? "2d" : "mip", 256 + (seed % 512), 64 + (seed % 128), 0);
+            break;
+        }
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY)
+            fail("mixed op %u: %d", op, (int)r);
+    }
+}
+
+/* 1 when `cmd` was one of the commands above (its arguments consumed), 0 otherwise. */
+static int memory_command(const char *cmd, int argc, char **argv, int *ip)
+{
+    int i = *ip;
+#define MARG() (i < argc ? argv[i++] : (fail("%s: missing argument", cmd), ""))
+    if (strcmp(cmd, "primary") == 0) {
+        int dev = atoi(MARG());
+        int want = parse_expect(MARG());
+        CUcontext c = NULL;
+        if (A.init(0) != CUDA_SUCCESS)
+            fail("cuInit");
+        CUresult r = M(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",
+                       "cuDevicePrimaryCtxRetain")(&c, dev);
+        if ((int)r != want)
+            fail("cuDevicePrimaryCtxRetain returned %d, expected %d", (int)r, want);
+        if (r == CUDA_SUCCESS && A.ctx_set(c) != CUDA_SUCCESS)
+            fail("cuCtxSetCurrent(primary)");
+    } else if (strcmp(cmd, "unprimary") == 0) {
+        if (M(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease_v2",
+              "cuDevicePrimaryCtxRelease")(atoi(MARG())) != CUDA_SUCCESS)
+            fail("cuDevicePrimaryCtxRelease");
+    } else if (strcmp(cmd, "ctxnew") == 0) {
+        int dev = atoi(MARG());
+        int want = parse_expect(MARG());
+        CUcontext c = NULL, before = NULL;
+        if (A.init(0) != CUDA_SUCCESS)
+            fail("cuInit");
+        M(cuCtxGetCurrent, "cuCtxGetCurrent", "cuCtxGetCurrent")(&before);
+        CUresult r = A.ctx_create(&c, 0, dev);
+        if ((int)r != want)
+            fail("cuCtxCreate returned %d, expected %d", (int)r, want);
+        if (r == CUDA_SUCCESS && g_nextra < 64) {
+            g_before_extra[g_nextra] = before;
+            g_extra_ctx[g_nextra++] = c;
+        }
+    } else if (strcmp(cmd, "ctxdrop") == 0) {
+        if (g_nextra == 0)
+            fail("ctxdrop without ctxnew");
+        if (M(cuCtxDestroy_v2, "cuCtxDestroy_v2", "cuCtxDestroy")(g_extra_ctx[--g_nextra]) !=
+            CUDA_SUCCESS)
+            fail("cuCtxDestroy");
+        if (g_before_extra[g_nextra] != NULL && A.ctx_set(g_before_extra[g_nextra]) != CUDA_SUCCESS)
+            fail("cuCtxSetCurrent after cuCtxDestroy");
+    } else if (strcmp(cmd, "limit") == 0) {
+        const char *which = MARG();
+        unsigned long long size = parse_size(MARG());
+        int want = parse_expect(MARG());
+        CUlimit l = strcmp(which, "heap") == 0    ? CU_LIMIT_MALLOC_HEAP_SIZE
+                    : strcmp(which, "stack") == 0 ? CU_LIMIT_STACK_SIZE
+                                                  : CU_LIMIT_PRINTF_FIFO_SIZE;
+        CUresult r = M(cuCtxSetLimit, "cuCtxSetLimit", "cuCtxSetLimit")(l, size);
+        if ((int)r != want)
+            fail("cuCtxSetLimit returned %d, expected %d", (int)r, want);
+    } else if (strcmp(cmd, "module") == 0) {
+        const char *how = MARG();
+        unsigned long long size = parse_size(MARG());
+        int want = parse_expect(MARG());
+        CUresult r = do_module(how, size);
+        if ((int)r != want)
+            fail("module %s returned %d, expected %d", how, (int)r, want);
+    } else if (strcmp(cmd, "unload") == 0) {
+        if (g_nmods == 0)
+            fail("unload without module");
+        g_nmods--;
+        CUresult r = g_mod_is_lib[g_nmods]
+                         ? M(cuLibraryUnload, "cuLibraryUnload", "cuLibraryUnload")((CUlibrary)g_mods[g_nmods])
+                         : M(cuModuleUnload, "cuModuleUnload", "cuModuleUnload")((CUmodule)g_mods[g_nmods]);
+        if (r != CUDA_SUCCESS)
+            fail("unload: %d", (int)r);
+    } else if (strcmp(cmd, "poolcreate") == 0) {
+        const char *where = MARG();
+        CUdevice dev = 0;
+        A.ctx_device(&dev);
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = strcmp(where, "host") == 0 ? CU_MEM_LOCATION_TYPE_HOST
+                                                         : CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = strcmp(where, "host") == 0 ? 0 : dev;
+        if (M(cuMemPoolCreate, "cuMemPoolCreate", "cuMemPoolCreate")(&g_pool, &props) != CUDA_SUCCESS)
+            fail("cuMemPoolCreate");
+    } else if (strcmp(cmd, "threshold") == 0 || strcmp(cmd, "trim") == 0) {
+        pools_do(cmd, parse_size(MARG()));
+    } else if (strcmp(cmd, "sync") == 0) {
+        if (M(cuCtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize")() != CUDA_SUCCESS)
+            fail("cuCtxSynchronize");
+    } else if (strcmp(cmd, "vmm") == 0) {
+        unsigned long long size = parse_size(MARG());
+        const char *where = MARG();
+        int want = parse_expect(MARG());
+        CUresult r = do_vmm(size, where);
+        if ((int)r != want)
+            fail("vmm %s returned %d, expected %d", where, (int)r, want);
+    } else if (strcmp(cmd, "map") == 0) {
+        if (g_nlive == 0 || g_live[g_nlive - 1].kind != K_HANDLE || g_nmaps == 256)
+            fail("map without a handle");
+        CUdeviceptr va = g_next_va;
+        g_next_va += 1ull << 30;
+        if (M(cuMemMap, "cuMemMap", "cuMemMap")(va, 1 << 20, 0, g_live[g_nlive - 1].key, 0) !=
+            CUDA_SUCCESS)
+            fail("cuMemMap");
+        g_maps[g_nmaps++] = va;
+    } else if (strcmp(cmd, "unmap") == 0) {
+        if (g_nmaps == 0)
+            fail("unmap without a mapping");
+        if (M(cuMemUnmap, "cuMemUnmap", "cuMemUnmap")(g_maps[--g_nmaps], 1 << 20) != CUDA_SUCCESS)
+            fail("cuMemUnmap");
+    } else if (strcmp(cmd, "retain") == 0) {
+        if (g_nmaps == 0)
+            fail("retain without a mapping");
+        CUmemGenericAllocationHandle h = 0;
+        if (M(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle",
+              "cuMemRetainAllocationHandle")(&h, (void *)(uintptr_t)g_maps[g_nmaps - 1]) !=
+            CUDA_SUCCESS)
+            fail("cuMemRetainAllocationHandle");
+        push_live(h, K_HANDLE);
+    } else if (strcmp(cmd, "array") == 0) {
+        const char *how = MARG();
+        size_t w = (size_t)parse_size(MARG()), h = (size_t)parse_size(MARG()),
+               d = (size_t)parse_size(MARG());
+        int want = parse_expect(MARG());
+        CUresult r = do_array(how, w, h, d);
+        if ((int)r != want)
+            fail("array %s returned %d, expected %d", how, (int)r, want);
+    } else if (strcmp(cmd, "graphmem") == 0) {
+        int dev = atoi(MARG());
+        if (fakeCudaGraphMemReserve(dev, parse_size(MARG())) != CUDA_SUCCESS)
+            fail("fakeCudaGraphMemReserve");
+    } else if (strcmp(cmd, "graphtrim") == 0) {
+        if (M(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim")(atoi(MARG())) !=
+            CUDA_SUCCESS)
+            fail("cuDeviceGraphMemTrim");
+    } else if (strcmp(cmd, "compare") == 0) {
+        int dev = atoi(MARG());
+        unsigned long long tolerance = parse_size(MARG());
+        /* what the shim reads when it reports: cuMemGetInfo settles the pools first */
+        size_t f = 0, t = 0;
+        A.info(&f, &t);
+        unsigned long long shim = shim_count(), driver = fakeCudaDeviceUsed(dev);
+        printf("compare shim=%llu driver=%llu\n", shim, driver);
+        unsigned long long diff = shim > driver ? shim - driver : driver - shim;
+        if (diff > tolerance)
+            fail("the shim counts %llu bytes, the driver holds %llu (tolerance %llu)", shim,
+                 driver, tolerance);
+    } else if (strcmp(cmd, "timedalloc") == 0) {
+        const char *api = MARG();
+        long n = atol(MARG());
+        unsigned long long size = parse_size(MARG());
+        uint64_t t0 = now_ns();
+        for (long k = 0; k < n; k++)
+            if (do_alloc(api, size) != CUDA_SUCCESS || do_free() != CUDA_SUCCESS)
+                fail("timedalloc %s: allocation or free failed", api);
+        printf("timedalloc ns=%llu\n", (unsigned long long)(now_ns() - t0));
+    } else if (strcmp(cmd, "forkexit") == 0) {
+        /* a worker forked after initialisation that leaves without touching CUDA (a data loader):
+         * its exit must give back nothing of what the parent holds */
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0)
+            fail("fork");
+        if (pid == 0)
+            exit(0);
+        int status = 0;
+        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            fail("forked worker ended with status %#x", status);
+    } else if (strcmp(cmd, "mixed") == 0) {
+        long n = atol(MARG());
+        mixed(n, (unsigned)strtoul(MARG(), NULL, 10));
+    } else {
+        return 0;
+    }
+#undef MARG
+    *ip = i;
+    return 1;
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void check(CUresult got, int want, const char *what)
@@ -519,7 +949,7 @@ int main(int argc, char **argv)
                 if (next == NULL || next != dflt)
                     fail("dlsym(RTLD_NEXT, %s) = %p, RTLD_DEFAULT gives %p", names[k], next, dflt);
             }
-        } else {
+        } else if (!memory_command(cmd, argc, argv, &i)) {
             fail("unknown command %s", cmd);
         }
 #undef ARG

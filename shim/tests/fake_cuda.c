@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cuda_subset.h"
+#include "fake_cuda_internal.h"
 #include "fake_ids.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -146,37 +147,62 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return r;
 }
 
-EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+/* ---- shared with fake_cuda_memory.c (contexts, pools, modules, VMM, arrays) */
+
+int fake_device_count(void)
 {
-    (void)flags;
-    CUresult r = need_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (dev < 0 || dev >= g_devices)
-        return CUDA_ERROR_INVALID_DEVICE;
+    return g_devices;
+}
+
+int fake_current_dev(void)
+{
+    return t_dev;
+}
+
+void fake_set_current_dev(int dev)
+{
     t_dev = dev;
-    *pctx = (CUcontext)(uintptr_t)(0x1000 + dev);
-    return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
+CUresult fake_need_ctx(void)
 {
-    uintptr_t v = (uintptr_t)ctx;
-    if (v == 0) {
-        t_dev = -1;
-        return CUDA_SUCCESS;
+    return need_ctx();
+}
+
+/* Device memory the driver holds for something else than an allocation (context, pool, module). */
+CUresult fake_device_charge(int dev, uint64_t bytes)
+{
+    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    if (g_used[dev] + bytes <= g_memory && g_used[dev] + bytes >= g_used[dev]) {
+        g_used[dev] += bytes;
+        r = CUDA_SUCCESS;
     }
-    if (v < 0x1000 || v >= 0x1000 + (uintptr_t)g_devices)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    t_dev = (int)(v - 0x1000);
-    return CUDA_SUCCESS;
+    pthread_mutex_unlock(&g_lock);
+    return r;
 }
 
-EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+void fake_device_uncharge(int dev, uint64_t bytes)
 {
-    (void)ctx;
-    t_dev = -1;
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    g_used[dev] -= bytes < g_used[dev] ? bytes : g_used[dev];
+    pthread_mutex_unlock(&g_lock);
+}
+
+void fake_count_alloc(void)
+{
+    count(C_ALLOC);
+}
+
+/* The driver's own count of a device's used memory, to compare the shim's account with. */
+EXPORT unsigned long long fakeCudaDeviceUsed(int dev)
+{
+    if (dev < 0 || dev >= MAX_DEV)
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    unsigned long long used = g_used[dev];
+    pthread_mutex_unlock(&g_lock);
+    return used;
 }
 
 EXPORT CUresult cuCtxGetDevice(CUdevice *device)
@@ -267,70 +293,10 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t wid
     return r;
 }
 
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    (void)hStream;
-    return cuMemAlloc_v2(dptr, bytesize);
-}
-
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
-{
-    return cuMemAllocAsync(dptr, bytesize, hStream);
-}
-
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                        CUstream hStream)
-{
-    if (pool == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    return cuMemAllocAsync(dptr, bytesize, hStream);
-}
-
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                             CUstream hStream)
-{
-    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
-}
-
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     CUresult r = need_init();
     return r != CUDA_SUCCESS ? r : forget(1, dptr);
-}
-
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    (void)hStream;
-    return cuMemFree_v2(dptr);
-}
-
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
-{
-    return cuMemFreeAsync(dptr, hStream);
-}
-
-EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                            const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    CUresult r = need_init();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (handle == NULL || prop == NULL || flags != 0 ||
-        prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
-        prop->location.id >= g_devices)
-        return CUDA_ERROR_INVALID_VALUE;
-    uint64_t key;
-    r = record(2, prop->location.id, size, &key);
-    if (r == CUDA_SUCCESS)
-        *handle = key;
-    return r;
-}
-
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    CUresult r = need_init();
-    return r != CUDA_SUCCESS ? r : forget(2, handle);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
@@ -502,6 +468,20 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
         }
         int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
         *pfn = want_ptsz && t[i].ptsz != NULL ? t[i].ptsz : t[i].plain;
+        if (status)
+            *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    /* entry points of fake_cuda_memory.c */
+    int min_version = 0;
+    void *found = fake_memory_proc(symbol, &min_version);
+    if (found != NULL) {
+        if (cudaVersion < min_version) {
+            if (status)
+                *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+            return CUDA_ERROR_NOT_FOUND;
+        }
+        *pfn = found;
         if (status)
             *status = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;

@@ -1,8 +1,11 @@
 /*
  * fake_nvml.c - the few NVML calls the shim hooks, for the in-container memory view test.
  * Devices and UUIDs match fake_cuda.c; each reports FAKE_CUDA_MEMORY bytes total (default 16 GiB)
- * and a fixed 1 GiB used by "other" processes, as a real shared GPU would.
+ * and a fixed 1 GiB used by "other" processes, as a real shared GPU would, plus what the fake
+ * driver holds on the device in this process (its fakeCudaDeviceUsed, when it is loaded).
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +44,30 @@ static int index_of(nvmlDevice_t device)
     return v >= 0x100 && v < 0x108 ? (int)(v - 0x100) : -1;
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    if (!g_init)
+        return NVML_ERROR_UNINITIALIZED;
+    if (uuid == NULL || device == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < 8; i++) {
+        char text[48];
+        fake_uuid_text((int)i, text);
+        if (strcmp(text, uuid) == 0) {
+            *device = (nvmlDevice_t)(unsigned long)(0x100 + i);
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+static unsigned long long driver_used(int index)
+{
+    typedef unsigned long long (*used_fn)(int);
+    used_fn used = (used_fn)dlsym(RTLD_DEFAULT, "fakeCudaDeviceUsed");
+    return used != NULL ? used(index) : 0;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
     int i = index_of(device);
@@ -63,7 +90,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     if (index_of(device) < 0 || memory == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
     memory->total = total_memory();
-    memory->used = 1ull << 30;
+    memory->used = (1ull << 30) + driver_used(index_of(device));
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }

@@ -303,7 +303,9 @@ static bool t_memory_limit(const char *way)
                     "plain", "32M", "ok", "alloc", "async", "16M",
                     "ok", "alloc", "pool", "8M", "ok", "alloc", "create", "8M", "ok", "alloc",
                     "managed", "1", "oom", "alloc", "plain", "1", "oom", "alloc", "create", "1M",
-                    "oom", "info", "64M", "0", "free", "ok", "free", "ok", "info", "64M", "16M",
+                    "oom", "info", "64M", "0", "free", "ok", "free", "ok",
+                    /* the created pool keeps what was freed into it until a synchronisation */
+                    "info", "64M", "8M", "sync", "info", "64M", "16M",
                     "alloc", "pitch", "1000", "ok", "info", "64M", "16776192", "alloc", "managed",
                     "8M", "ok", "alloc", "pitch", "8M", "oom",
                     /* refused allocations never reached the driver: 6 succeeded there */
@@ -628,6 +630,18 @@ static bool t_corrupt_region_fails_closed(const char *what)
         region_path(path, sizeof path, "corrupt", "state");
         if (truncate(path, 4096) != 0)
             return failf("truncate");
+    } else if (strcmp(what, "1.1-without-extension") == 0) {
+        /* says 1.1 but ends where a 1.0 file does: mapping the extension would fault */
+        region_path(path, sizeof path, "corrupt", "state");
+        if (truncate(path, (off_t)VGPU_STATE_SIZE_1_0) != 0)
+            return failf("truncate");
+    } else if (strcmp(what, "1.0-with-1.1-size") == 0) {
+        region_path(path, sizeof path, "corrupt", "state");
+        int fd = open(path, O_WRONLY);
+        uint32_t minor = 0;
+        if (pwrite(fd, &minor, sizeof minor, offsetof(struct vgpu_state, abi_minor)) != 4)
+            return failf("pwrite");
+        close(fd);
     } else if (strcmp(what, "short-control") == 0) {
         region_path(path, sizeof path, "corrupt", "control");
         chmod(path, 0644);
@@ -796,6 +810,240 @@ static bool t_slot_high_water(void)
     return ok;
 }
 
+/* ------------------------------------------------------------------ memory the driver holds */
+
+static const struct dev_cfg MEM1G = {0, 1ull << 30, VGPU_CORE_LIMIT_FULL, 0, 0, VGPU_POLICY_OFF, 0};
+
+/* The state's 1.1 extension for region device 0 (contexts, modules, pools counted there). */
+static bool kinds_are(const struct vgpu_state *s, uint64_t context, uint64_t module, uint64_t pool)
+{
+    const struct vgpu_state_ext_device *e = &s->ext[0];
+    if (e->memory_context == context && e->memory_module == module && e->memory_pool == pool)
+        return true;
+    return failf("state kinds context/module/pool %llu/%llu/%llu, expected %llu/%llu/%llu",
+                 (unsigned long long)e->memory_context, (unsigned long long)e->memory_module,
+                 (unsigned long long)e->memory_pool, (unsigned long long)context,
+                 (unsigned long long)module, (unsigned long long)pool);
+}
+
+static bool t_context_memory_counts(const char *way)
+{
+    make_region("ctxmem", 1, &MEM1G);
+    struct run r;
+    char *env[] = {"FAKE_CUDA_CONTEXT_MEMORY=314572800", NULL}; /* 300 MiB per context */
+    run_client(&r, "ctxmem", env,
+               ARGS((char *)way, "ctx", "0", "info", "1G", "724M", "ctxnew", "0", "ok", "info",
+                    "1G", "424M", "ctxdrop", "info", "1G", "724M", "alloc", "plain", "700M", "ok",
+                    "ctxnew", "0", "oom", "alloc", "plain", "24M", "ok", "alloc", "plain", "1",
+                    "oom", "compare", "0", "0", "nvml", "0", "1G", "1G"));
+    if (!client_ok(&r))
+        return false;
+    struct vgpu_state *s = map_state("ctxmem");
+    bool ok = s->devices[0].memory_used == 0 || failf("after exit %llu bytes still counted",
+                                                      (unsigned long long)s->devices[0].memory_used);
+    ok = ok && kinds_are(s, 0, 0, 0);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_primary_context_counts_once(void)
+{
+    make_region("primary", 1, &MEM1G);
+    struct run r;
+    char *env[] = {"FAKE_CUDA_CONTEXT_MEMORY=209715200", NULL}; /* 200 MiB */
+    run_client(&r, "primary", env,
+               ARGS("procaddr", "primary", "0", "ok", "info", "1G", "824M", "primary", "0", "ok",
+                    "info", "1G", "824M", "unprimary", "0", "info", "1G", "824M", "unprimary", "0",
+                    /* released for good: what a new context holds is all that counts */
+                    "ctx", "0", "info", "1G", "824M", "compare", "0", "0"));
+    return client_ok(&r);
+}
+
+static bool t_context_limits_count(void)
+{
+    struct dev_cfg cfg = MEM1G;
+    cfg.memory_limit = 256 * MiB;
+    make_region("limits", 1, &cfg);
+    struct run r;
+    run_client(&r, "limits", NOENV,
+               ARGS("direct", "ctx", "0", "limit", "heap", "72M", "ok", "info", "256M", "192M",
+                    "limit", "stack", "2048", "ok", "info", "256M", "188M", "limit", "heap", "8M",
+                    "ok", "info", "256M", "252M", "limit", "fifo", "1G", "oom", "alloc", "plain",
+                    "1", "oom", "limit", "fifo", "1M", "ok", "info", "256M", "252M", "compare", "0",
+                    "0"));
+    return client_ok(&r);
+}
+
+static bool t_module_memory_counts(const char *way)
+{
+    make_region("modules", 1, &MEM64);
+    struct run r;
+    run_client(&r, "modules", NOENV,
+               ARGS((char *)way, "ctx", "0", "module", "data", "8M", "ok", "module", "file", "4M",
+                    "ok", "module", "lib", "2M", "ok", "info", "64M", "50M", "module", "data",
+                    "60M", "oom", "info", "64M", "50M", "compare", "0", "0", "unload", "unload",
+                    "info", "64M", "56M", "unload", "info", "64M", "64M", "compare", "0", "0"));
+    return client_ok(&r);
+}
+
+static bool t_pool_holds_count(const char *way)
+{
+    make_region("pools", 1, &MEM64);
+    struct run r;
+    run_client(&r, "pools", NOENV,
+               ARGS((char *)way, "ctx", "0",
+                    /* what a pool keeps after a free still counts, until it is given back */
+                    "alloc", "async", "16M", "ok", "free", "ok", "info", "64M", "48M", "alloc",
+                    "async", "8M", "ok", "info", "64M", "48M", "free", "ok", "sync", "info", "64M",
+                    "64M",
+                    /* a release threshold keeps memory across synchronisation; trimming gives it */
+                    "threshold", "32M", "alloc", "async", "16M", "ok", "free", "ok", "sync", "info",
+                    "64M", "48M", "trim", "0", "info", "64M", "64M",
+                    /* two pools cannot hold twice the limit */
+                    "poolcreate", "dev", "alloc", "pool", "40M", "ok", "free", "ok", "alloc", "async",
+                    "40M", "oom", "info", "64M", "24M", "trim", "0", "alloc", "async", "40M", "ok",
+                    "free", "ok", "trim", "0",
+                    /* a pool that grows by more than fits is trimmed back and refused */
+                    "alloc", "plain", "63M", "ok", "alloc", "async", "1M", "oom", "info", "64M", "1M",
+                    "compare", "0", "0",
+                    /* a pool of host memory is not device memory */
+                    "poolcreate", "host", "alloc", "pool", "100M", "ok", "info", "64M", "1M",
+                    "compare", "0", "0"));
+    return client_ok(&r);
+}
+
+static bool t_graph_memory_counts(void)
+{
+    make_region("graphmem", 1, &MEM64);
+    struct run r;
+    run_client(&r, "graphmem", NOENV,
+               ARGS("direct", "ctx", "0", "graphmem", "0", "16M", "info", "64M", "48M", "alloc",
+                    "plain", "48M", "ok", "alloc", "plain", "1", "oom", "graphtrim", "0", "info",
+                    "64M", "16M", "compare", "0", "0"));
+    return client_ok(&r);
+}
+
+static bool t_vmm_until_last_unmap(const char *way)
+{
+    struct dev_cfg cfg[2] = {MEM64, MEM64};
+    cfg[1].fake_dev = 1;
+    cfg[1].memory_limit = 32 * MiB;
+    make_region("vmm", 2, cfg);
+    struct run r;
+    run_client(&r, "vmm", NOENV,
+               ARGS((char *)way, "ctx", "0",
+                    /* released while mapped: the memory lives until the unmap */
+                    "vmm", "16M", "0", "ok", "map", "free", "ok", "info", "64M", "48M", "unmap",
+                    "info", "64M", "64M",
+                    /* a retained handle is one more reference */
+                    "vmm", "8M", "0", "ok", "map", "retain", "free", "ok", "info", "64M", "56M",
+                    "free", "ok", "info", "64M", "56M", "unmap", "info", "64M", "64M",
+                    /* NCCL's host buffers are not device memory */
+                    "vmm", "48M", "host", "ok", "vmm", "48M", "hostnuma", "ok", "info", "64M",
+                    "64M",
+                    /* a location other than the current device counts on that device */
+                    "vmm", "24M", "1", "ok", "vmm", "16M", "1", "oom", "info", "64M", "64M",
+                    "compare", "0", "0"));
+    return client_ok(&r);
+}
+
+static bool t_arrays_count_what_the_driver_takes(const char *way)
+{
+    make_region("arrays", 1, &MEM64);
+    struct run r;
+    run_client(&r, "arrays", NOENV,
+               ARGS((char *)way, "ctx", "0", "array", "2d", "1000", "100", "0", "ok", "array",
+                    "3d", "64", "64", "64", "ok", "array", "mip", "512", "512", "0", "ok",
+                    "compare", "0", "0", "array", "2d", "100000", "1000", "0", "oom", "free", "ok",
+                    "free", "ok", "free", "ok", "info", "64M", "64M", "compare", "0", "0"));
+    return client_ok(&r);
+}
+
+static bool t_mixed_workload_accounting(void)
+{
+    make_region("mixed", 1, &MEM1G);
+    struct run r;
+    char *env[] = {"FAKE_CUDA_CONTEXT_MEMORY=104857600", NULL}; /* 100 MiB */
+    /* within 1 % of the limit of the driver's own count, after every kind of call */
+    run_client(&r, "mixed", env,
+               ARGS("procaddr", "ctx", "0", "ctxnew", "0", "ok", "mixed", "600", "7", "compare",
+                    "0", "10M", "mixed", "600", "11", "compare", "0", "10M"));
+    if (!client_ok(&r))
+        return false;
+    for (char *line = strtok(r.out, "\n"); line != NULL; line = strtok(NULL, "\n"))
+        printf("#   mixed workload: %s\n", line);
+    return true;
+}
+
+static bool t_killed_process_kinds_reclaimed(void)
+{
+    make_region("killkinds", 1, &MEM1G);
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/holder.out", g_tmp);
+    snprintf(err, sizeof err, "%s/holder.err", g_tmp);
+    int fd;
+    char *env[] = {"FAKE_CUDA_CONTEXT_MEMORY=104857600", NULL};
+    pid_t holder = spawn("killkinds", env,
+                         ARGS("direct", "ctx", "0", "module", "data", "8M", "ok", "alloc", "async",
+                              "16M", "ok", "alloc", "plain", "4M", "ok", "hold"),
+                         &fd, out, err);
+    struct vgpu_state *s = map_state("killkinds");
+    bool ok = kinds_are(s, 100 * MiB, 8 * MiB, 16 * MiB);
+    if (ok && s->devices[0].memory_used != 128 * MiB)
+        ok = failf("holder counts %llu bytes, expected 128 MiB",
+                   (unsigned long long)s->devices[0].memory_used);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(fd);
+    struct run r;
+    if (ok) {
+        run_client(&r, "killkinds", NOENV, ARGS("direct", "ctx", "0", "info", "1G", "1G"));
+        ok = client_ok(&r);
+    }
+    ok = ok && kinds_are(s, 0, 0, 0);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_fork_after_init_keeps_the_parents_memory(void)
+{
+    make_region("forkmem", 1, &MEM1G);
+    struct run r;
+    char *env[] = {"FAKE_CUDA_CONTEXT_MEMORY=104857600", NULL};
+    run_client(&r, "forkmem", env,
+               ARGS("direct", "ctx", "0", "module", "data", "8M", "ok", "alloc", "async", "16M",
+                    "ok", "free", "ok", "vmm", "4M", "0", "ok", "map", "free", "ok", "forkexit",
+                    "forkexit", "compare", "0", "0", "info", "1G", "896M"));
+    return client_ok(&r);
+}
+
+static bool t_memory_on_a_1_0_region(void)
+{
+    /* a region an agent of ABI 1.0 made: no extension; everything still counts in the total */
+    make_region("old", 1, &MEM64);
+    char path[600];
+    region_path(path, sizeof path, "old", "state");
+    struct vgpu_state *s = calloc(1, sizeof *s);
+    s->magic = VGPU_STATE_MAGIC;
+    s->abi_major = VGPU_ABI_MAJOR;
+    s->abi_minor = 0;
+    s->header_size = offsetof(struct vgpu_state, slots);
+    s->device_count = 1;
+    s->total_size = VGPU_STATE_SIZE_1_0;
+    s->slot_count = VGPU_MAX_PROCS;
+    write_file(path, s, VGPU_STATE_SIZE_1_0, 0644);
+    free(s);
+    struct run r;
+    char *env[] = {"FAKE_CUDA_CONTEXT_MEMORY=16777216", NULL};
+    run_client(&r, "old", env,
+               ARGS("direct", "ctx", "0", "module", "data", "8M", "ok", "alloc", "async", "8M", "ok",
+                    "info", "64M", "32M", "alloc", "plain", "32M", "ok", "alloc", "plain", "1",
+                    "oom", "compare", "0", "0"));
+    if (!client_ok(&r))
+        return false;
+    return count_of(r.err, "libvgpu:") == 0 || failf("warned: %s", r.err);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void cleanup(void)
@@ -865,7 +1113,8 @@ int main(int argc, char **argv)
     report("missing region passes through with VGPU_FAIL_CLOSED=0, one warning",
            t_missing_region_passes_through());
     static const char *const corrupt[] = {"magic", "major", "short-state", "short-control",
-                                          "device-count"};
+                                          "device-count", "1.1-without-extension",
+                                          "1.0-with-1.1-size"};
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
         snprintf(name, sizeof name, "corrupt region (%s) fails closed", corrupt[i]);
         report(name, t_corrupt_region_fails_closed(corrupt[i]));
@@ -875,6 +1124,26 @@ int main(int argc, char **argv)
     policy_tests();
     report("fork under load: no deadlock, children get their own slots", t_fork_under_load());
     report("dlsym(RTLD_NEXT) answers for the caller, not for the shim", t_rtld_next());
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "context memory counts and shows in cuMemGetInfo (%s)", ways[i]);
+        report(name, t_context_memory_counts(ways[i]));
+        snprintf(name, sizeof name, "module and library memory counts (%s)", ways[i]);
+        report(name, t_module_memory_counts(ways[i]));
+        snprintf(name, sizeof name, "pools count what they hold, not what was asked (%s)", ways[i]);
+        report(name, t_pool_holds_count(ways[i]));
+        snprintf(name, sizeof name, "VMM memory counts until its last unmap (%s)", ways[i]);
+        report(name, t_vmm_until_last_unmap(ways[i]));
+        snprintf(name, sizeof name, "arrays count what the driver takes (%s)", ways[i]);
+        report(name, t_arrays_count_what_the_driver_takes(ways[i]));
+    }
+    report("the primary context counts once, until its last release", t_primary_context_counts_once());
+    report("heap, stack and printf limits count", t_context_limits_count());
+    report("graph memory counts until trimmed", t_graph_memory_counts());
+    report("a killed process's memory by kind is reclaimed", t_killed_process_kinds_reclaimed());
+    report("memory of every kind counts on a 1.0 region", t_memory_on_a_1_0_region());
+    report("a worker forked after initialisation gives back nothing of its parent's",
+           t_fork_after_init_keeps_the_parents_memory());
+    report("mixed workload: the shim's count within 1% of the driver's", t_mixed_workload_accounting());
     printf("1..%d\n", g_count);
     if (g_failed)
         printf("# %d of %d failed\n", g_failed, g_count);

@@ -101,6 +101,14 @@ class ShimWriter:
         struct.pack_into("<Q", self._map, base + o["memory_used"], memory)
         struct.pack_into("<Q", self._map, base + o["tokens_spent"], tokens)
 
+    def memory_kinds(self, dev: int, *, context: int = 0, module: int = 0, pool: int = 0) -> None:
+        """How much of the device's total is of each kind (the ABI 1.1 extension)."""
+        base = layout.STATE_OFFSETS["ext"] + dev * layout.STATE_EXT_DEVICE_SIZE
+        o = layout.STATE_EXT_DEVICE_OFFSETS
+        for field, value in (("memory_context", context), ("memory_module", module),
+                             ("memory_pool", pool)):
+            struct.pack_into("<Q", self._map, base + o[field], value)
+
     def scribble_header(self) -> None:
         """What a buggy or hostile process in the container could do to the file."""
         self._map[0:16] = b"\xde\xad\xbe\xef" * 4

@@ -161,6 +161,7 @@ def test_the_expected_variants_exist_and_every_component_is_used() -> None:
         "components/servicemonitor",
         "components/default-runtime",
         "components/node-guard",
+        "components/metrics-network-policy",
     } <= components
     assert components <= used, f"components no overlay renders: {sorted(components - used)}"
 

@@ -141,7 +141,7 @@ async def test_nvml_error_on_one_gpu_keeps_the_endpoint_serving(
         assert value(text, "vgpu_gpu_utilization_ratio", gpu_uuid=g1) is None
         assert value(text, "vgpu_gpu_utilization_ratio", gpu_uuid=g0) == 0.3
         assert value(text, "vgpu_gpu_memory_used_bytes", gpu_uuid=g0) == 3 * GIB
-        assert value(text, "vgpu_container_memory_used_bytes", pod="p1") == 2 * GIB
+        assert value(text, "vgpu_container_memory_used_bytes", kind="data", pod="p1") == 2 * GIB
         assert value(text, "vgpu_container_kernel_launches_total", pod="p0") == 4
     errors = value(text, "vgpu_nvml_errors_total", call="nvmlDeviceGetUtilizationRates")
     assert errors is not None and errors >= 3
@@ -206,7 +206,7 @@ async def test_slow_region_reads_do_not_block_the_loop(node: Node, tmp_path: Pat
     assert time.perf_counter() - started < 0.3
     await refresh
     text = await node.scrape()
-    assert value(text, "vgpu_container_memory_used_bytes", pod="slow") == GIB
+    assert value(text, "vgpu_container_memory_used_bytes", kind="data", pod="slow") == GIB
 
 
 async def test_pod_resources_socket_missing_keeps_last_known_labels(
@@ -225,7 +225,7 @@ async def test_pod_resources_socket_missing_keeps_last_known_labels(
         assert await client.refresh()
         text = await node.scrape()
         labels = {"namespace": "team", "pod": "job-7", "container": "worker"}
-        assert value(text, "vgpu_container_memory_used_bytes", **labels) == GIB
+        assert value(text, "vgpu_container_memory_used_bytes", kind="data", **labels) == GIB
         assert value(text, "vgpu_pod_resources_failures_total") == 0
     finally:
         await kubelet.stop()
@@ -245,6 +245,6 @@ async def test_corrupt_state_file_keeps_the_endpoint_serving(node: Node, tmp_pat
     text = await node.scrape()
     assert value(text, "vgpu_regions", state="corrupt") == 1
     assert value(text, "vgpu_container_memory_limit_bytes", pod="bad") == 8 * GIB
-    assert value(text, "vgpu_container_memory_used_bytes", pod="bad") is None
-    assert value(text, "vgpu_container_memory_used_bytes", pod="good") == 2 * GIB
+    assert value(text, "vgpu_container_memory_used_bytes", kind="data", pod="bad") is None
+    assert value(text, "vgpu_container_memory_used_bytes", kind="data", pod="good") == 2 * GIB
     assert value(text, "vgpu_container_kernel_launches_total", pod="good") == 5

@@ -251,7 +251,7 @@ async def test_prometheus_scrapes_per_container_series(
         assert r["metric"]["job"] == "vgpu-agent" and r["metric"]["gpu_uuid"].startswith("GPU-")
 
     used = await asyncio.to_thread(
-        prometheus.query, 'vgpu_container_memory_used_bytes{container="sidecar"}'
+        prometheus.query, 'vgpu_container_memory_used_bytes{container="sidecar", kind="data"}'
     )
     assert [float(r["value"][1]) for r in used] == [3.0 * GIB]
     launches = await asyncio.to_thread(

@@ -239,8 +239,9 @@ async def test_allocate_fails_when_the_region_cannot_be_created() -> None:
 
 async def test_region_is_bound_then_collected_after_its_pod_is_gone() -> None:
     async with node(grace_s=30) as n:
+        await n.admit("keeper")  # still listed: the answers that follow are evidence
         admission = await n.admit("train")
-        region = n.store.regions()[0]
+        keeper, region = n.store.regions()
         assert n.store.identity(region.alloc_id) is None  # PodResources not asked yet
         assert await n.sync() == {}
         assert n.store.identity(region.alloc_id) == ("default", "train", "main")
@@ -256,11 +257,11 @@ async def test_region_is_bound_then_collected_after_its_pod_is_gone() -> None:
         removed = await n.sync()
         assert removed == {region.alloc_id: "no container holds its device IDs"}
         assert not region.path.exists() and region.closed
-        assert n.store.regions() == [] and n.store.identity(region.alloc_id) is None
+        assert region not in n.store.regions() and n.store.identity(region.alloc_id) is None
         assert n.store.counters.removed == 1
         left = os.listdir(n.root / "state" / "regions")
         # no .gc- leftover; only spare directories prepared for the next Allocate
-        assert [e for e in left if not e.startswith(".new-spare-")] == []
+        assert [e for e in left if not e.startswith(".new-spare-")] == [keeper.alloc_id]
         del admission
 
 
@@ -289,9 +290,10 @@ async def test_ids_reused_by_a_new_container_go_to_the_new_region() -> None:
 
 async def test_region_not_yet_listed_is_kept_through_the_lag() -> None:
     async with node(grace_s=30) as n:
+        await n.admit_ids("keeper", [f"{GPUS[0].uuid}::0"])
         # Allocate happened but the container never shows up in PodResources.
         await n.kubelet.allocate(RESOURCE, [f"{GPUS[1].uuid}::3"])
-        region = n.store.regions()[0]
+        region = n.store.regions()[1]
         n.clock.advance(10)
         assert await n.sync() == {}  # first seen unheld 10 s after Allocate
         n.clock.advance(20)

@@ -1,8 +1,10 @@
 """Shims and agents of ABI 1.0 and 1.1 together.
 
-- A 1.0 shim (built from the last commit before 1.1) with regions a 1.1 agent writes: it accepts
-  them (1.1 only filled reserved space), enforces their limits, and ignores the policy word, so
-  it honours VGPU_DISABLE as it always did.
+- A 1.0 shim (built from the last commit before 1.1) with a `control` a 1.1 agent writes: it
+  accepts it (the policy word took reserved space), enforces its limits, and ignores the word, so
+  it honours VGPU_DISABLE as it always did. (A 1.1 `state` is larger; a 1.0 shim refuses that by
+  name, which shim/README.md describes: the `state` here is a 1.0 one, as an agent that adopted
+  it from before the upgrade keeps it.)
 - A 1.1 shim with a 1.0 control: the word reads as all clear (see the C tests in
   shim/tests/policy_tests.c), so VGPU_DISABLE is ignored: the secure default. An agent of 1.0
   never meant to allow anything else; operators who relied on VGPU_DISABLE set
@@ -73,14 +75,14 @@ def _fake_gpu_uuid(dev: int) -> str:
     return f"GPU-{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}"
 
 
-def _region(root: Path, flags: int) -> Path:
+def _region(root: Path, flags: int, state_minor: int = layout.ABI_MINOR) -> Path:
     region = root / "000000000001-0000beef"
     region.mkdir()
     device = layout.ControlDevice(_fake_gpu_uuid(0), memory_limit=64 * MIB)
     (region / "control").write_bytes(layout.encode_control(layout.Control(
         devices=(device,), device_ids=(f"{device.uuid}::0",), seq=1, flags=flags,
         created_ns=time.monotonic_ns(), heartbeat_ns=time.monotonic_ns())))
-    (region / "state").write_bytes(layout.encode_state(1))
+    (region / "state").write_bytes(layout.encode_state(1, abi_minor=state_minor))
     return region
 
 
@@ -94,8 +96,8 @@ def _run(client: Path, shim: Path, region: Path, *steps: str, **env: str) -> str
     return done.stderr
 
 
-def test_a_1_0_shim_enforces_regions_a_1_1_agent_writes(old_shim, client, tmp_path):
-    region = _region(tmp_path, 0)
+def test_a_1_0_shim_enforces_a_control_a_1_1_agent_writes(old_shim, client, tmp_path):
+    region = _region(tmp_path, 0, state_minor=0)
     assert layout.decode_control((region / "control").read_bytes()).abi_minor == 1
     err = _run(client, old_shim, region, "direct", "ctx", "0", "alloc", "plain", "1G", "oom",
                "alloc", "plain", "32M", "ok", "launch", "kernel", "1", "1", "32", "ok")
@@ -104,7 +106,7 @@ def test_a_1_0_shim_enforces_regions_a_1_1_agent_writes(old_shim, client, tmp_pa
 
 
 def test_a_1_0_shim_ignores_the_policy_word_and_honours_vgpu_disable(old_shim, client, tmp_path):
-    region = _region(tmp_path, 0)  # nothing allowed: only a 1.1 shim reads that
+    region = _region(tmp_path, 0, state_minor=0)  # nothing allowed: only a 1.1 shim reads that
     _run(client, old_shim, region, "direct", "ctx", "0", "alloc", "plain", "1G", "ok",
          VGPU_DISABLE="1")
     assert layout.decode_state((region / "state").read_bytes(), 1).launches == (0,)

@@ -137,9 +137,36 @@ async def test_container_without_gpu_use_yet_has_its_limit_series(node: Node) ->
     labels = _labels("team", "train-0", "main", G0, 0)
     assert series(text, "vgpu_container_memory_limit_bytes") == [(labels, 20 * GIB)]
     assert series(text, "vgpu_container_core_limit_ratio") == [(labels, 0.25)]
-    assert series(text, "vgpu_container_memory_used_bytes") == [(labels, 0)]
+    assert series(text, "vgpu_container_memory_used_bytes") == [
+        ({**labels, "kind": kind}, 0) for kind in ("context", "data", "module", "pool")
+    ]
     assert series(text, "vgpu_container_kernel_launches_total") == [(labels, 0)]
     assert series(text, "vgpu_container_last_launch_age_seconds") == []  # never launched
+
+
+async def test_memory_is_exported_by_kind_and_the_kinds_add_up(node: Node) -> None:
+    directory = node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, 20 * GIB, 50)], [f"{G0}::0"])
+    shim = ShimWriter(directory)
+    shim.process(0, 17, 4017, 0, memory=5 * GIB)
+    shim.device_totals(0, memory=5 * GIB)
+    shim.memory_kinds(0, context=GIB // 2, module=GIB // 4, pool=2 * GIB)
+    shim.close()
+    text = await node.scrape()
+    kinds = {lab["kind"]: v for lab, v in series(text, "vgpu_container_memory_used_bytes")}
+    assert kinds == {"context": GIB // 2, "module": GIB // 4, "pool": 2 * GIB,
+                     "data": 5 * GIB - GIB // 2 - GIB // 4 - 2 * GIB}
+    assert sum(kinds.values()) == 5 * GIB
+
+
+async def test_kinds_above_the_total_leave_no_negative_data(node: Node) -> None:
+    directory = node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, 20 * GIB, 50)], [f"{G0}::0"])
+    shim = ShimWriter(directory)
+    shim.device_totals(0, memory=GIB)
+    shim.memory_kinds(0, pool=2 * GIB)  # a reader may see a kind before its total
+    shim.close()
+    text = await node.scrape()
+    assert value(text, "vgpu_container_memory_used_bytes", kind="data") == 0
+    assert value(text, "vgpu_container_memory_used_bytes", kind="pool") == 2 * GIB
 
 
 async def test_container_usage_comes_from_the_state_file(node: Node) -> None:
@@ -154,7 +181,7 @@ async def test_container_usage_comes_from_the_state_file(node: Node) -> None:
     shim.close()
     node.throttle[("a", 0)] = Status(measured_util=42.0, rate=123_456)
     text = await node.scrape()
-    assert value(text, "vgpu_container_memory_used_bytes", pod="p") == 3 * GIB
+    assert value(text, "vgpu_container_memory_used_bytes", pod="p", kind="data") == 3 * GIB
     assert value(text, "vgpu_container_kernel_launches_total", pod="p") == 150
     assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 2.0
     age = value(text, "vgpu_container_last_launch_age_seconds", pod="p")
@@ -180,8 +207,8 @@ async def test_container_with_two_gpus_has_one_series_per_gpu(node: Node) -> Non
         (_labels("ns", "p", "c", G1, 1), 10 * GIB),
         (_labels("ns", "p", "c", G2, 2), 6 * GIB),
     ]
-    assert value(text, "vgpu_container_memory_used_bytes", gpu_uuid=G2) == GIB
-    assert value(text, "vgpu_container_memory_used_bytes", gpu_uuid=G1) == 0
+    assert value(text, "vgpu_container_memory_used_bytes", gpu_uuid=G2, kind="data") == GIB
+    assert value(text, "vgpu_container_memory_used_bytes", gpu_uuid=G1, kind="data") == 0
     assert value(text, "vgpu_container_kernel_launches_total", gpu_uuid=G2) == 7
     assert value(text, "vgpu_gpu_slices_allocated", gpu_uuid=G1) == 1
     assert value(text, "vgpu_gpu_slices_allocated", gpu_uuid=G2) == 1
@@ -211,9 +238,9 @@ async def test_corrupt_state_file_keeps_limits_and_the_other_containers(node: No
         shim.close()
     text = await node.scrape()
     assert value(text, "vgpu_container_memory_limit_bytes", pod="p1") == 10 * GIB
-    assert value(text, "vgpu_container_memory_used_bytes", pod="p1") is None
+    assert value(text, "vgpu_container_memory_used_bytes", pod="p1", kind="data") is None
     assert value(text, "vgpu_container_kernel_launches_total", pod="p1") is None
-    assert value(text, "vgpu_container_memory_used_bytes", pod="p2") == 2 * GIB
+    assert value(text, "vgpu_container_memory_used_bytes", pod="p2", kind="data") == 2 * GIB
     assert value(text, "vgpu_regions", state="corrupt") == 1
     assert value(text, "vgpu_regions", state="active") == 1
 

@@ -25,7 +25,7 @@ SERIES_LABELS = {"job", "instance"}  # added by Prometheus to every scraped seri
 METRIC = re.compile(r"\b(vgpu_[a-z0-9_]+)")
 SELECTOR = re.compile(r"\b(vgpu_[a-z0-9_]+)\{([^}]*)\}")
 MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
-GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+GROUPING = re.compile(r"\b(by|without)\s*\(([^)]*)\)")
 LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 
 
@@ -130,12 +130,14 @@ async def test_dashboard_uses_only_emitted_metrics_and_labels(path: Path, tmp_pa
                 if label not in emitted.get(name, set()) | SERIES_LABELS:
                     problems.append(f"{expr!r} filters {name} on label {label!r} it lacks")
         grouped: set[str] = set()
-        for group in GROUPING.findall(expr):
+        dropped: set[str] = set()
+        for keyword, group in GROUPING.findall(expr):
             for label in (x.strip() for x in group.split(",") if x.strip()):
-                grouped.add(label)
+                (grouped if keyword == "by" else dropped).add(label)
                 if label != "le" and label not in labels:
                     problems.append(f"{expr!r} groups by {label!r}, which no series has")
-        shown = grouped if grouped else labels
+        # `by` keeps only its labels; `without` keeps every label but its own
+        shown = grouped if grouped else labels - dropped
         for label in LEGEND.findall(legend):
             if label not in shown:
                 problems.append(f"legend {legend!r} of {expr!r} shows missing label {label!r}")
@@ -147,4 +149,5 @@ def test_checker_notices_a_metric_the_agent_does_not_emit() -> None:
     expr = 'sum by (pod) (rate(vgpu_nonexistent_total{pod=~"$pod"}[5m]))'
     assert METRIC.findall(expr) == ["vgpu_nonexistent_total"]
     assert SELECTOR.findall(expr) == [("vgpu_nonexistent_total", 'pod=~"$pod"')]
-    assert GROUPING.findall(expr) == ["pod"]
+    assert GROUPING.findall(expr) == [("by", "pod")]
+    assert GROUPING.findall("sum without (kind) (vgpu_x)") == [("without", "kind")]

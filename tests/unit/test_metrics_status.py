@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.promtext import value
+from tests.fakes.promtext import series, value
 from tests.fakes.shimstate import DeviceSpec, ShimWriter
 from tests.unit.test_metrics_collectors import G0, G1, G2, GIB, Node
 from vgpu_agent.gpu.model import GpuReadings
@@ -60,6 +60,7 @@ async def test_an_active_container_carries_limits_usage_and_the_controllers_deci
     shim.process(0, 7, 707, 0, memory=2 * GIB, launches=40, wait_ns=1_500_000_000,
                  last_launch_ns=9_500_000_000)
     shim.device_totals(0, memory=2 * GIB)
+    shim.memory_kinds(0, context=GIB // 4, pool=GIB // 2)
     shim.close()
     node.throttle[("a1", 0)] = Decision(24.0, 1000, target=25.0, policy="strict",
                                         rate_limited=True)
@@ -81,6 +82,8 @@ async def test_an_active_container_carries_limits_usage_and_the_controllers_deci
         "gpu_index": 2,
         "memory_limit_bytes": 6 * GIB,
         "memory_used_bytes": 2 * GIB,
+        "memory_by_kind_bytes": {"data": 2 * GIB - GIB // 4 - GIB // 2, "context": GIB // 4,
+                                 "module": 0, "pool": GIB // 2},
         "core_limit_ratio": 0.25,
         "core_target_ratio": 0.25,
         "core_measured_ratio": 0.24,
@@ -115,6 +118,7 @@ async def test_every_region_is_listed_with_its_state_and_unknowns_are_null(node:
     # limits are the agent's own and known; usage comes from the corrupt file and is not
     assert corrupt["memory_limit_bytes"] == GIB
     assert corrupt["memory_used_bytes"] is None and corrupt["launches"] is None
+    assert corrupt["memory_by_kind_bytes"] is None
     assert corrupt["core_measured_ratio"] is None and corrupt["core_target_ratio"] is None
     assert _allocation(document, "gone")["error"].startswith("state unreadable")  # type: ignore[union-attr]
 
@@ -139,8 +143,10 @@ async def test_status_agrees_with_the_metrics_of_the_same_round(node: Node) -> N
         labels = {"pod": "infer", "gpu_uuid": device["gpu_uuid"]}
         assert device["memory_limit_bytes"] == value(
             text, "vgpu_container_memory_limit_bytes", **labels)
-        assert device["memory_used_bytes"] == value(
-            text, "vgpu_container_memory_used_bytes", **labels)
+        # the metric splits the total by kind; /status gives the total
+        assert device["memory_used_bytes"] == sum(
+            v for lab, v in series(text, "vgpu_container_memory_used_bytes")
+            if labels.items() <= lab.items())
         assert device["core_limit_ratio"] == value(
             text, "vgpu_container_core_limit_ratio", **labels)
         assert device["core_measured_ratio"] == value(

@@ -206,7 +206,8 @@ def test_slot_count_beyond_the_file_is_clamped_and_counted() -> None:
     _put_slot(buf, 2, 5, 0, [(1, 1, 1, 1, 1), (0,) * 5])
     usage = layout.decode_state(buf)
     assert [p.pid for p in usage.processes] == [5]
-    assert usage.skipped_records == 1
+    assert usage.skipped_records == 2  # the slots, and the 1.1 extension, are past its end
+    assert not usage.memory_context[0]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,8 @@ STRUCTS = {
     "vgpu_state_device": (layout.STATE_DEVICE_OFFSETS, layout.STATE_DEVICE_SIZE),
     "vgpu_proc_slot": (layout.SLOT_OFFSETS, layout.SLOT_SIZE),
     "vgpu_proc_device": (layout.PROC_DEVICE_OFFSETS, layout.PROC_DEVICE_SIZE),
+    "vgpu_state_ext_device": (layout.STATE_EXT_DEVICE_OFFSETS, layout.STATE_EXT_DEVICE_SIZE),
+    "vgpu_proc_kinds": (layout.PROC_KINDS_OFFSETS, layout.PROC_KINDS_SIZE),
 }
 
 CONSTANTS = {
@@ -39,6 +41,8 @@ CONSTANTS = {
     "VGPU_MAX_SLEEP_NS": layout.MAX_SLEEP_NS,
     "VGPU_MAX_WAIT_NS": layout.MAX_WAIT_NS,
     "VGPU_PID_RECLAIMING": layout.PID_RECLAIMING,
+    "VGPU_KIND_UNIT": layout.KIND_UNIT,
+    "VGPU_STATE_SIZE_1_0": layout.STATE_SIZE_1_0,
 }
 
 
@@ -107,3 +111,6 @@ def test_header_sizes_are_the_documented_ones() -> None:
     assert layout.STATE_OFFSETS["slot_high_water"] == 40
     assert layout.STATE_OFFSETS["reserved"] == 48
     assert layout.STATE_OFFSETS["devices"] == 64
+    # 1.1 appends: everything of 1.0 stays where it was, the extension starts at its end
+    assert layout.STATE_OFFSETS["ext"] == layout.STATE_SIZE_1_0 == 689_216
+    assert layout.STATE_SIZE > layout.STATE_SIZE_1_0

@@ -8,12 +8,13 @@ container add up: the container sees that GPU once, with the summed share.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from vgpu_agent.deviceplugin.ids import DeviceIdError, format_device_id, parse_device_id
+from vgpu_agent.deviceplugin.ids import DeviceIdError, format_device_id, parse_device_id, shown
 from vgpu_agent.gpu.model import MIB, GpuInfo
 
 Policy = Literal["spread", "binpack"]
@@ -88,38 +89,45 @@ def preferred_allocation(
         free.setdefault(uuid, []).append((index, device_id))
     for slices in free.values():
         slices.sort()
+    offered = {device_id: uuid for uuid, slices in free.items() for _, device_id in slices}
 
     chosen: list[str] = []
+    taken: set[str] = set()
+    left = {uuid: len(slices) for uuid, slices in free.items()}
     used_on: dict[str, int] = {}
 
     def take(uuid: str, device_id: str) -> None:
         chosen.append(device_id)
-        free[uuid] = [s for s in free[uuid] if s[1] != device_id]
+        taken.add(device_id)
+        left[uuid] -= 1
         used_on[uuid] = used_on.get(uuid, 0) + 1
 
     for device_id in dict.fromkeys(must_include):
         if len(chosen) >= size:
             break
-        try:
-            uuid, _ = parse_device_id(device_id)
-        except DeviceIdError:
-            continue
-        if any(s[1] == device_id for s in free.get(uuid, [])):
-            take(uuid, device_id)
+        if device_id in offered:
+            take(offered[device_id], device_id)
 
-    while len(chosen) < size:
-        candidates = [uuid for uuid, slices in free.items() if slices]
-        if not candidates:
-            break
+    def rank(uuid: str) -> tuple[int, int, int, str]:
+        tie = (order.get(uuid, 1 << 30), uuid)
+        if policy == "spread":
+            return (used_on.get(uuid, 0), -left[uuid], *tie)
+        return (-used_on.get(uuid, 0), left[uuid], *tie)
 
-        def rank(uuid: str) -> tuple[int, int, int, str]:
-            tie = (order.get(uuid, 1 << 30), uuid)
-            if policy == "spread":
-                return (used_on.get(uuid, 0), -len(free[uuid]), *tie)
-            return (-used_on.get(uuid, 0), len(free[uuid]), *tie)
-
-        best = min(candidates, key=rank)
-        take(best, free[best][0][1])
+    # One heap entry per GPU with free slices, keyed by its rank: a pick changes only the rank
+    # of the GPU picked, so each pick is O(log GPUs) and the whole choice O(n log n).
+    heap = [(rank(uuid), uuid) for uuid in free if left[uuid]]
+    heapq.heapify(heap)
+    cursor = dict.fromkeys(free, 0)  # the lowest slice of each GPU not looked at yet
+    while len(chosen) < size and heap:
+        _, uuid = heapq.heappop(heap)
+        slices, i = free[uuid], cursor[uuid]
+        while slices[i][1] in taken:  # a must-include ID taken above
+            i += 1
+        cursor[uuid] = i + 1
+        take(uuid, slices[i][1])
+        if left[uuid]:
+            heapq.heappush(heap, (rank(uuid), uuid))
     return chosen
 
 
@@ -130,7 +138,8 @@ class AllocationError(ValueError):
     """The kubelet asked for IDs this plugin cannot grant; the message names the ID."""
 
     def __init__(self, device_id: str, reason: str):
-        super().__init__(f"cannot allocate device ID {device_id!r}: {reason}")
+        what = f"device ID {shown(device_id)}" if device_id else "the request"
+        super().__init__(f"cannot allocate {what}: {reason}")
         self.device_id = device_id
 
 
@@ -186,6 +195,47 @@ def grant(device_ids: Sequence[str], gpus: Mapping[str, GpuInfo], split: Split) 
         cores = min(100.0, slices * split.slice_cores())
         devices.append(GrantedDevice(uuid, gpu.index, slices, memory, cores))
     return Grant(tuple(device_ids), tuple(devices))
+
+
+def grant_all(
+    requests: Sequence[Sequence[str]], gpus: Mapping[str, GpuInfo], split: Split
+) -> list[Grant]:
+    """The grants of one Allocate, all or nothing; AllocationError names what is wrong.
+
+    A node has `len(gpus) * split.count` slices and the kubelet hands each to one container, so
+    a request for more containers or IDs than that, or an ID asked for twice, is refused before
+    any ID is looked at: the work stays bounded by the node, whatever the request holds.
+    """
+    slices = len(gpus) * split.count
+    if len(requests) > slices:
+        raise AllocationError(
+            "", f"{len(requests)} container requests; this node has {slices} slices"
+        )
+    total = sum(len(ids) for ids in requests)
+    if total > slices:
+        raise AllocationError("", f"{total} device IDs; this node has {slices} slices")
+    grants = [grant(ids, gpus, split) for ids in requests]
+    seen: set[str] = set()
+    for g in grants:
+        for device_id in g.device_ids:
+            if device_id in seen:
+                raise AllocationError(device_id, "the ID is granted to two containers")
+            seen.add(device_id)
+    return grants
+
+
+def preferred_request_error(
+    available: int, must_include: int, size: int, node_slices: int
+) -> str:
+    """Why a GetPreferredAllocation container request is too large for this node, "" if not."""
+    for name, value in (
+        ("available_deviceIDs", available),
+        ("must_include_deviceIDs", must_include),
+        ("allocation_size", size),
+    ):
+        if value > node_slices:
+            return f"{name} has {value} entries; this node has {node_slices} slices"
+    return ""
 
 
 def _memory_cap(gpu: GpuInfo, split: Split) -> int:

@@ -11,8 +11,8 @@ from typing import NamedTuple
 
 SEPARATOR = "::"
 MAX_ID_LENGTH = 63  # the kubelet rejects longer device IDs
-_UUID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
-_SLICE = re.compile(r"^(0|[1-9][0-9]{0,5})$")
+_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
+_SLICE = re.compile(r"0|[1-9][0-9]{0,5}")
 
 
 class SliceId(NamedTuple):
@@ -23,16 +23,28 @@ class SliceId(NamedTuple):
         return format_device_id(self.uuid, self.number)
 
 
+SHOWN_LENGTH = 80  # how much of a bad ID an error repeats: IDs come from outside, any size
+
+
+def shown(device_id: str) -> str:
+    """`device_id` as errors and logs show it: quoted, escaped and cut to a readable length."""
+    if len(device_id) <= SHOWN_LENGTH:
+        return repr(device_id)
+    return f"{device_id[:SHOWN_LENGTH]!r}... ({len(device_id)} characters)"
+
+
 class DeviceIdError(ValueError):
     """A device ID that is not `<GPU-UUID>::<n>`."""
 
     def __init__(self, device_id: str, reason: str):
-        super().__init__(f"device ID {device_id!r} {reason}; expected <GPU-UUID>::<slice number>")
+        super().__init__(
+            f"device ID {shown(device_id)} {reason}; expected <GPU-UUID>::<slice number>"
+        )
         self.device_id = device_id
 
 
 def format_device_id(uuid: str, index: int) -> str:
-    if not _UUID.match(uuid):
+    if not _UUID.fullmatch(uuid):
         raise ValueError(f"GPU UUID {uuid!r} must be letters, digits and '-'")
     if index < 0:
         raise ValueError(f"slice number {index} must be >= 0")
@@ -48,8 +60,9 @@ def parse_device_id(device_id: str) -> SliceId:
     uuid, sep, index = device_id.rpartition(SEPARATOR)
     if not sep:
         raise DeviceIdError(device_id, f"has no {SEPARATOR!r}")
-    if not _UUID.match(uuid):
+    # fullmatch: `$` would also match before a trailing newline
+    if not _UUID.fullmatch(uuid):
         raise DeviceIdError(device_id, "has a malformed GPU UUID")
-    if not _SLICE.match(index):
+    if not _SLICE.fullmatch(index):
         raise DeviceIdError(device_id, "has a malformed slice number")
     return SliceId(uuid, int(index))

@@ -9,7 +9,6 @@ Polling two `stat` calls every 100 ms keeps re-registration well under a second 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,24 @@ class RegistrationStatus:
     kubelet_restarts: int = 0
     last_error: str = ""
     listeners: list[Callable[[], None]] = field(default_factory=list)
+
+
+def check_plugin_dir(plugin_dir: str) -> None:
+    """Raise OSError naming `plugin_dir` if the plugin socket cannot be created in it.
+
+    Creating (and removing) a probe file is the only check that sees everything: a missing
+    mount, a read-only file system, a file where a directory should be, missing permissions.
+    """
+    probe = os.path.join(plugin_dir, f".vgpu-agent-probe-{os.getpid()}")
+    try:
+        os.makedirs(plugin_dir, mode=0o755, exist_ok=True)
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise OSError(
+            err.errno, f"device plugin dir {plugin_dir} is unusable: {err.strerror} ({probe})"
+        ) from err
 
 
 def _inode(path: str) -> tuple[int, int] | None:
@@ -104,9 +121,14 @@ class PluginRunner:
         server, self._server = self._server, None
         if server is not None:
             await server.stop(grace=0.5)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
         self.status.registered = False
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            # Said, not raised: this also runs on the way out, and a shutdown must finish.
+            log.error("plugin_socket_remove_failed", path=self.socket_path, error=str(err))
 
     async def _serve(self) -> None:
         await self.stop()

@@ -24,15 +24,19 @@ from vgpu_agent.deviceplugin.allocation import (
     cdi_device_names,
     container_envs,
     device_list,
-    grant,
+    grant_all,
     preferred_allocation,
+    preferred_request_error,
 )
+from vgpu_agent.deviceplugin.ids import shown
 from vgpu_agent.gpu.model import GpuInfo
 
 log = structlog.get_logger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
+# GetPreferredAllocation requests with more IDs than this are worked out in a thread
+PREFERRED_INLINE_IDS = 1024
 
 
 @dataclass
@@ -42,6 +46,8 @@ class Extras:
     envs: dict[str, str] = field(default_factory=dict)
     mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # container, host, read-only
     annotations: dict[str, str] = field(default_factory=dict)
+    # undoes what the hook made, for an Allocate that fails after this container's part
+    rollback: Callable[[], None] | None = None
 
 
 GrantHook = Callable[[Grant], Awaitable[Extras]]
@@ -140,37 +146,64 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.PreferredAllocationResponse:
-        responses = []
+        slices = len(self._state.gpus) * self._state.split.count
+        problem = ""
+        if len(request.container_requests) > slices:
+            problem = f"{len(request.container_requests)} container requests; {slices} slices"
         for req in request.container_requests:
-            chosen = preferred_allocation(
-                list(req.available_deviceIDs),
-                list(req.must_include_deviceIDs),
+            problem = problem or preferred_request_error(
+                len(req.available_deviceIDs),
+                len(req.must_include_deviceIDs),
                 req.allocation_size,
-                self._policy,
-                self._gpu_order,
+                slices,
             )
-            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
-        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+        if problem:
+            log.warning("preferred_allocation_rejected", error=problem)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        work = [
+            (list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size)
+            for req in request.container_requests
+        ]
+        if sum(len(a) for a, _, _ in work) > PREFERRED_INLINE_IDS:
+            chosen = await asyncio.to_thread(self._preferred, work)  # keep the loop answering
+        else:
+            chosen = self._preferred(work)
+        return api_pb2.PreferredAllocationResponse(
+            container_responses=[
+                api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in chosen
+            ]
+        )
+
+    def _preferred(self, work: list[tuple[list[str], list[str], int]]) -> list[list[str]]:
+        return [
+            preferred_allocation(available, must, size, self._policy, self._gpu_order)
+            for available, must, size in work
+        ]
 
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext
     ) -> api_pb2.AllocateResponse:
         started = time.perf_counter()
         try:
-            grants = [
-                grant(list(req.devices_ids), self._state.gpus, self._state.split)
-                for req in request.container_requests
-            ]
+            grants = grant_all(
+                [req.devices_ids for req in request.container_requests],
+                self._state.gpus,
+                self._state.split,
+            )
         except AllocationError as err:
             self._result("invalid", started)
-            log.warning("allocate_rejected", device_id=err.device_id, error=str(err))
+            log.warning("allocate_rejected", device_id=shown(err.device_id), error=str(err))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             raise  # abort raises; this keeps type checkers and readers certain
+        made: list[Extras] = []  # all or nothing: what a failure part-way made is undone
         try:
-            responses = [await self._container_response(g) for g in grants]
-        except Exception as err:
+            responses = [await self._container_response(g, made) for g in grants]
+        except BaseException as err:
+            _roll_back(made)
+            if not isinstance(err, Exception):  # cancelled: the kubelet gave up waiting
+                raise
             self._result("error", started)
-            log.exception("allocate_failed", error=str(err))
+            log.exception("allocate_failed", error=str(err), rolled_back=len(made))
             await context.abort(grpc.StatusCode.INTERNAL, f"allocation failed: {err}")
             raise
         self._result("ok", started)
@@ -189,7 +222,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()
 
-    async def _container_response(self, g: Grant) -> api_pb2.ContainerAllocateResponse:
+    async def _container_response(
+        self, g: Grant, made: list[Extras]
+    ) -> api_pb2.ContainerAllocateResponse:
         envs = container_envs(g, self._strategy)
         response = api_pb2.ContainerAllocateResponse()
         if self._strategy == "cdi":
@@ -198,6 +233,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             )
         if self._on_grant is not None:
             extras = await self._on_grant(g)
+            made.append(extras)
             envs.update(extras.envs)
             response.annotations.update(extras.annotations)
             response.mounts.extend(
@@ -210,6 +246,16 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def _result(self, result: str, started: float) -> None:
         if self._on_result is not None:
             self._on_result(result, time.perf_counter() - started)
+
+
+def _roll_back(made: list[Extras]) -> None:
+    for extras in reversed(made):
+        if extras.rollback is None:
+            continue
+        try:
+            extras.rollback()
+        except Exception as err:  # the rest are still undone; the failure itself is answered
+            log.error("allocate_rollback_failed", error=str(err))
 
 
 def _unhealthy(response: api_pb2.ListAndWatchResponse) -> int:

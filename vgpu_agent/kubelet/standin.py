@@ -76,6 +76,7 @@ class KubeletStandIn:
         self.admissions: list[Admission] = []
         self.changed = asyncio.Condition()
         self.reject_registrations = 0  # answer this many Register calls with UNAVAILABLE
+        self.pod_resources_empty = False  # PodResources List answers with no pods at all
         self._server: grpc.aio.Server | None = None
         self._pr_server: grpc.aio.Server | None = None
 
@@ -279,6 +280,8 @@ class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         self, request: pr_pb2.ListPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pr_pb2.ListPodResourcesResponse:
         pods: dict[tuple[str, str], dict[str, pr_pb2.ContainerResources]] = {}
+        if self._kubelet.pod_resources_empty:  # a restarting kubelet before it knows its pods
+            return pr_pb2.ListPodResourcesResponse()
         for a in self._kubelet.admissions:
             containers = pods.setdefault((a.namespace, a.pod), {})
             ctr = containers.setdefault(a.container, pr_pb2.ContainerResources(name=a.container))

@@ -65,7 +65,10 @@ class ContainerDevice:
     burst: int
     usage_known: bool  # False: state unreadable or corrupt, only the limits are known
     policy: str = "off"  # as written in `control`
-    memory_used: int = 0
+    memory_used: int = 0  # every kind together
+    memory_context: int = 0  # of memory_used: contexts, heap and stack (ABI 1.1 regions)
+    memory_module: int = 0  # of memory_used: loaded modules and libraries
+    memory_pool: int = 0  # of memory_used: held by stream-ordered pools
     launches: int = 0
     wait_ns: int = 0
     last_launch_ns: int = 0  # CLOCK_MONOTONIC ns, 0 = never
@@ -101,6 +104,17 @@ class Snapshot:
 _UNLIMITED_RATE = 1 << 52
 
 
+def _at(values: Sequence[int], dev: int) -> int:
+    return values[dev] if dev < len(values) else 0
+
+
+def memory_by_kind(entry: ContainerDevice) -> dict[str, int]:
+    """The container's memory split by kind; data is what the other kinds leave of the total."""
+    others = {"context": entry.memory_context, "module": entry.memory_module,
+              "pool": entry.memory_pool}
+    return {"data": max(0, entry.memory_used - sum(others.values())), **others}
+
+
 def container_devices(
     identity: Identity,
     region: RegionSample,
@@ -132,9 +146,10 @@ def container_devices(
                 burst=limits.burst,
                 usage_known=known,
                 policy=limits.policy,
-                memory_used=(
-                    usage.memory_used[dev] if usage and dev < len(usage.memory_used) else 0
-                ),
+                memory_used=_at(usage.memory_used if usage else (), dev),
+                memory_context=_at(usage.memory_context if usage else (), dev),
+                memory_module=_at(usage.memory_module if usage else (), dev),
+                memory_pool=_at(usage.memory_pool if usage else (), dev),
                 launches=sum(p.launches[dev] for p in procs),
                 wait_ns=sum(p.wait_ns[dev] for p in procs),
                 last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
@@ -317,7 +332,10 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         "vgpu_container_memory_limit_bytes", "GPU memory the container may use (0: no limit).", L
     )
     mem_used = _gauge(
-        "vgpu_container_memory_used_bytes", "GPU memory the container holds (shim's account).", L
+        "vgpu_container_memory_used_bytes",
+        "GPU memory the container holds (shim's account), by kind: data (allocations), context "
+        "(contexts, device heap and stack), module (loaded code), pool (held by memory pools).",
+        [*L, "kind"],
     )
     core_limit = _gauge(
         "vgpu_container_core_limit_ratio", "Share of the GPU's SM time the container is given.", L
@@ -372,7 +390,8 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
             _put(open_loop, labels, 1 if entry.open_loop else 0)
         if not entry.usage_known:
             continue
-        _put(mem_used, labels, entry.memory_used)
+        for kind, used in memory_by_kind(entry).items():
+            _put(mem_used, {**labels, "kind": kind}, used)
         _put(waited, labels, entry.wait_ns / 1e9)
         _put(launches, labels, entry.launches)
         launch_age = _launch_age_s(snap, entry)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -27,6 +29,7 @@ from vgpu_agent.metrics.collectors import (
     render_exposition,
     take_snapshot,
 )
+from vgpu_agent.metrics.connections import ConnectionGuard
 from vgpu_agent.metrics.poller import GpuPoller, RegionCache
 from vgpu_agent.metrics.probes import liveness, readiness
 from vgpu_agent.metrics.sources import MetricsSources
@@ -37,6 +40,55 @@ log = structlog.get_logger(__name__)
 TEXT_PLAIN = "text/plain; charset=utf-8"
 APPLICATION_JSON = "application/json"
 MAX_CONCURRENT_RENDERS = 2
+# What a client of the port may hold: see `connections.py` for why each is bounded.
+MAX_CONNECTIONS = 128
+MAX_CONNECTIONS_PER_PEER = 32  # the kubelet's probes and Prometheus each come from their own
+HEADER_TIMEOUT_S = 5.0
+KEEPALIVE_TIMEOUT_S = 5.0  # an idle connection after a response (aiohttp's default is an hour)
+MAX_REQUEST_LINE = 4096  # bytes in the request line and in each header
+MAX_HEADERS = 32
+MAX_BODY = 4096  # no endpoint reads a body
+BAD_REQUEST_REPORT_EVERY_S = 60.0
+
+
+class _BadRequestLog(logging.Handler):
+    """aiohttp's server log (a malformed request, a failing handler) as one structlog line.
+
+    aiohttp answers a malformed request 400 itself and logs it with a traceback through the
+    standard library; here it becomes one JSON event, the first at once and the rest counted in
+    the next line at most once a minute, so a flood of junk cannot flood the log.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+        self._reported_at: float | None = None
+        self._unreported = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if self._reported_at is not None and now - self._reported_at < BAD_REQUEST_REPORT_EVERY_S:
+            self._unreported += 1
+            return
+        self._reported_at = now
+        error = record.exc_info[1] if record.exc_info else None
+        log.warning(
+            "http_request_failed",
+            detail=record.getMessage()[:200],
+            error=repr(error)[:300] if error is not None else None,
+            not_logged_since_last=self._unreported,
+            repeats=f"at most once per {BAD_REQUEST_REPORT_EVERY_S:.0f} s",
+        )
+        self._unreported = 0
+
+
+def _server_logger(handler: logging.Handler) -> logging.Logger:
+    logger = logging.getLogger(f"{__name__}.server.{id(handler)}")
+    logger.handlers = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    return logger
 
 
 class MetricsService:
@@ -68,6 +120,13 @@ class MetricsService:
         self.scrape_errors = 0
         self._renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self.connections = ConnectionGuard(
+            max_connections=MAX_CONNECTIONS,
+            max_per_peer=MAX_CONNECTIONS_PER_PEER,
+            header_timeout_s=HEADER_TIMEOUT_S,
+        )
+        self.bad_requests = _BadRequestLog()
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -78,7 +137,7 @@ class MetricsService:
         return f"http://{shown}:{self.port}/metrics"
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_BODY)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/status", self._status)
         app.router.add_get("/healthz", self._healthz)
@@ -87,24 +146,48 @@ class MetricsService:
 
     async def start(self) -> None:
         """Bind and serve; `port` is the bound port afterwards (useful with port 0)."""
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+            max_line_size=MAX_REQUEST_LINE,
+            max_field_size=MAX_REQUEST_LINE,
+            max_headers=MAX_HEADERS,
+            logger=_server_logger(self.bad_requests),
+        )
         await runner.setup()
+        assert runner.server is not None
         try:
-            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-            await site.start()
+            # Not aiohttp's TCPSite: every connection goes through the guard first.
+            server = await asyncio.get_running_loop().create_server(
+                self.connections.wrap(runner.server),
+                self.host or None,
+                self.port,
+                reuse_address=True,
+            )
         except OSError as err:
             await runner.cleanup()
             raise OSError(
                 err.errno, f"cannot serve metrics on {self.host}:{self.port}: {err.strerror}"
             ) from err
-        self._runner = runner
-        for address in runner.addresses:
-            if isinstance(address, tuple) and len(address) >= 2:
-                self.port = int(address[1])
-                break
-        log.info("metrics_serving", url=self.url, hami_metrics=self.hami)
+        self._runner, self._server = runner, server
+        for sock in server.sockets:
+            self.port = int(sock.getsockname()[1])
+            break
+        log.info(
+            "metrics_serving",
+            url=self.url,
+            hami_metrics=self.hami,
+            max_connections=self.connections.max_connections,
+            max_per_peer=self.connections.max_per_peer,
+            header_timeout_s=self.connections.header_timeout_s,
+        )
 
     async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()

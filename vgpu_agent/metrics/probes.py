@@ -1,7 +1,8 @@
 """/healthz and /readyz answers, from the same `MetricsSources` the metrics read.
 
 Live: the event loop keeps beating and no supervised task is stuck in its restart backoff.
-Ready: the GPU backend is up and the device plugin is registered with the kubelet.
+Ready: the GPU backend is up, the device plugin is registered with the kubelet and the last
+attempt to create a region (an Allocate's, or a spare's made after one) did not fail.
 Each answer lists, one line per part, what is wrong, so `kubectl describe` shows the reason.
 """
 
@@ -49,6 +50,9 @@ def readiness(sources: MetricsSources) -> tuple[bool, list[str]]:
     elif not registration.registered:
         detail = f" (last error: {registration.last_error})" if registration.last_error else ""
         problems.append(f"kubelet registration: not registered{detail}")
+    allocate = sources.allocate_error() if sources.allocate_error else ""
+    if allocate:
+        problems.append(f"allocate: regions cannot be created: {allocate}")
     if problems:
         return False, problems
     return True, ["gpu backend: up", "kubelet registration: registered"]

@@ -18,6 +18,8 @@ Schema (``schema_version`` 1; fields are only ever added within a version):
                       node's; null when the agent does not say), "error",
                       "devices": [{"gpu_uuid", "gpu_index" (null: not on this node),
                                    "memory_limit_bytes" (0 = none), "memory_used_bytes",
+                                   "memory_by_kind_bytes" ({"data", "context", "module",
+                                   "pool"}, adding up to memory_used_bytes),
                                    "core_limit_ratio", "core_target_ratio",
                                    "core_measured_ratio", "policy", "rate_limited",
                                    "open_loop", "token_wait_seconds", "launches",
@@ -38,7 +40,12 @@ from typing import Any
 
 from vgpu_agent import __version__
 from vgpu_agent.gpu.model import GpuInfo
-from vgpu_agent.metrics.collectors import ContainerDevice, Snapshot, container_devices
+from vgpu_agent.metrics.collectors import (
+    ContainerDevice,
+    Snapshot,
+    container_devices,
+    memory_by_kind,
+)
 from vgpu_agent.metrics.poller import RegionSample
 from vgpu_agent.metrics.sources import Identity, ThrottleStatus
 
@@ -140,6 +147,7 @@ def _device(
         "gpu_index": entry.gpu.index if entry.gpu is not None else None,
         "memory_limit_bytes": entry.memory_limit,
         "memory_used_bytes": entry.memory_used if known else None,
+        "memory_by_kind_bytes": memory_by_kind(entry) if known else None,
         "core_limit_ratio": _ratio(entry.core_limit),
         "core_target_ratio": _ratio(status.target) if status is not None else None,
         "core_measured_ratio": _ratio(entry.utilization),

@@ -43,6 +43,21 @@ class RegionUsage:
     # none, and then the slots' sums stand in
     launches: tuple[int, ...] = ()
     wait_ns: tuple[int, ...] = ()
+    # ABI 1.1: how much of memory_used is of each kind, per device (zeros for a 1.0 file, whose
+    # memory is all counted as data); data is what remains of memory_used
+    memory_context: tuple[int, ...] = ()
+    memory_module: tuple[int, ...] = ()
+    memory_pool: tuple[int, ...] = ()
+    graphs_unpriced: tuple[int, ...] = ()  # graph launches charged a fallback price, cumulative
+    extension: bool = False  # the file carries the 1.1 extension
+
+    def memory_data(self, dev: int) -> int:
+        """Bytes of plain allocations on device `dev`: the total less the other kinds, >= 0."""
+        others = sum(kind[dev] for kind in self.memory_kinds_other() if dev < len(kind))
+        return max(0, self.memory_used[dev] - others)
+
+    def memory_kinds_other(self) -> tuple[tuple[int, ...], ...]:
+        return (self.memory_context, self.memory_module, self.memory_pool)
 
 
 class RegionHandle(Protocol):

@@ -62,6 +62,7 @@ DEFAULT_GRAPH_COST: Final = 1 << 20
 MAX_SLEEP_NS: Final = 10_000_000
 MAX_WAIT_NS: Final = 2_000_000_000
 PID_RECLAIMING: Final = 1 << 63
+KIND_UNIT: Final = 4096  # memory of the kinds context, module and pool is counted in these units
 
 NS_PER_S: Final = 1_000_000_000
 TOKEN_MAX: Final = 1 << 62  # rates, bursts and costs are clamped here (C and Python alike)
@@ -176,7 +177,33 @@ STATE_OFFSETS, _STATE_PREFIX_SIZE = _layout(STATE_HEADER_FIELDS)
 STATE_OFFSETS["devices"] = _STATE_PREFIX_SIZE
 STATE_OFFSETS["slots"] = _STATE_PREFIX_SIZE + MAX_DEVICES * STATE_DEVICE_SIZE
 STATE_HEADER_SIZE: Final = STATE_OFFSETS["slots"]
-STATE_SIZE: Final = STATE_HEADER_SIZE + MAX_PROCS * SLOT_SIZE
+
+# 1.1 appends per-device words and per-slot memory by kind after the slots (see the header).
+STATE_EXT_DEVICE_FIELDS: Final = (
+    ("memory_context", "Q", 1),
+    ("memory_module", "Q", 1),
+    ("memory_pool", "Q", 1),
+    ("memory_spilled", "Q", 1),
+    ("graphs_unpriced", "Q", 1),
+    ("ticket_next", "Q", 1),
+    ("ticket_serving", "Q", 1),
+    ("reserved", "Q", 9),
+)
+STATE_EXT_DEVICE_OFFSETS, STATE_EXT_DEVICE_SIZE = _layout(STATE_EXT_DEVICE_FIELDS)
+
+PROC_KINDS_FIELDS: Final = (
+    ("context", "I", 1),
+    ("module", "I", 1),
+    ("pool", "I", 1),
+    ("reserved", "I", 1),
+)
+PROC_KINDS_OFFSETS, PROC_KINDS_SIZE = _layout(PROC_KINDS_FIELDS)
+
+STATE_SIZE_1_0: Final = STATE_HEADER_SIZE + MAX_PROCS * SLOT_SIZE  # a `state` of minor 0
+STATE_OFFSETS["ext"] = STATE_SIZE_1_0
+STATE_OFFSETS["slot_kinds"] = STATE_SIZE_1_0 + MAX_DEVICES * STATE_EXT_DEVICE_SIZE
+STATE_EXT_SIZE: Final = MAX_DEVICES * STATE_EXT_DEVICE_SIZE  # the per-device words only
+STATE_SIZE: Final = STATE_OFFSETS["slot_kinds"] + MAX_PROCS * MAX_DEVICES * PROC_KINDS_SIZE
 
 _PREFIX = struct.Struct("<QIIIIQ")  # magic, major, minor, header_size, device_count, total_size
 
@@ -450,13 +477,19 @@ def set_heartbeat(buf: bytearray | memoryview, now_ns: int) -> None:
 # ------------------------------------------------------------------ state
 
 
-def encode_state(device_count: int) -> bytes:
-    """The bytes of a fresh `state` file: header filled in, everything else zero."""
+def encode_state(device_count: int, abi_minor: int = ABI_MINOR) -> bytes:
+    """The bytes of a fresh `state` file: header filled in, everything else zero.
+
+    `abi_minor=0` gives the smaller file an agent of ABI 1.0 created (for compatibility tests).
+    """
     if not 1 <= device_count <= MAX_DEVICES:
         raise RegionFormatError(f"device_count={device_count}: allowed 1..{MAX_DEVICES}")
-    buf = bytearray(STATE_SIZE)
+    if abi_minor not in (0, ABI_MINOR):
+        raise RegionFormatError(f"abi_minor={abi_minor}: allowed 0 or {ABI_MINOR}")
+    size = STATE_SIZE if abi_minor else STATE_SIZE_1_0
+    buf = bytearray(size)
     _PREFIX.pack_into(
-        buf, 0, STATE_MAGIC, ABI_MAJOR, ABI_MINOR, STATE_HEADER_SIZE, device_count, STATE_SIZE
+        buf, 0, STATE_MAGIC, ABI_MAJOR, abi_minor, STATE_HEADER_SIZE, device_count, size
     )
     struct.pack_into("<I", buf, STATE_OFFSETS["slot_count"], MAX_PROCS)
     return bytes(buf)
@@ -470,6 +503,22 @@ _SLOT_WORDS = SLOT_SIZE // 8
 _SLOT_FORMATS = tuple(
     struct.Struct(f"<4Q{n * _PROC_DEVICE_WORDS}Q") for n in range(MAX_DEVICES + 1)
 )
+
+
+_EXT_WORDS = struct.Struct("<5Q")  # memory_context, _module, _pool, _spilled, graphs_unpriced
+
+
+def state_size_is_known(minor: int, total: int) -> bool:
+    """Whether a `state` header's (abi_minor, total_size) is one this reader accepts."""
+    return total == STATE_SIZE_1_0 if minor == 0 else total >= STATE_SIZE
+
+
+def state_has_extension(header: bytes | bytearray | memoryview) -> bool:
+    """Whether a `state` header says the file carries the 1.1 extension (then read it)."""
+    if len(header) < _PREFIX.size:
+        return False
+    _, _, minor, _, _, total = _PREFIX.unpack_from(header, 0)
+    return bool(minor >= 1 and total >= STATE_SIZE)
 
 
 def _plausible_u64(value: int, bound: int) -> bool:
@@ -513,6 +562,7 @@ def decode_state(
     buf: bytes | bytearray | memoryview,
     device_count: int | None = None,
     slots_read: int | None = None,
+    extension: bytes | bytearray | memoryview | None = None,
 ) -> RegionUsage:
     """Read a `state` file written by code we do not trust; never raises, never invents values.
 
@@ -526,12 +576,16 @@ def decode_state(
     says that `buf` holds the header and only the first `slots_read` slots (a reader that fetched
     the slots below the mark it saw a moment earlier): slots past those are not read, and not
     counted either, however far the mark has moved since. Without it `buf` is the whole file.
+
+    The 1.1 extension (memory by kind, unpriced graphs) is read from `extension` when given (the
+    STATE_EXT_SIZE bytes at STATE_OFFSETS["ext"], for a reader that fetched them apart), else from
+    a whole `buf`. A file of minor 0 has none: those values read as zero.
     """
     if slots_read is not None and not 0 <= slots_read <= MAX_PROCS:
         raise ValueError(f"slots_read={slots_read!r} is not allowed: 0..{MAX_PROCS}")
     if len(buf) < STATE_HEADER_SIZE:
         return RegionUsage(corrupt=True)
-    magic, major, _, header_size, count, total = _PREFIX.unpack_from(buf, 0)
+    magic, major, minor, header_size, count, total = _PREFIX.unpack_from(buf, 0)
     if magic != STATE_MAGIC or major != ABI_MAJOR or header_size != STATE_HEADER_SIZE:
         return RegionUsage(corrupt=True)
     if count > MAX_DEVICES:
@@ -545,12 +599,12 @@ def decode_state(
         mark = min(slot_count, MAX_PROCS)
     held = (len(buf) - STATE_HEADER_SIZE) // SLOT_SIZE
     if slots_read is None:
-        if slot_count > min(MAX_PROCS, held) or total != STATE_SIZE:
+        if slot_count > min(MAX_PROCS, held) or not state_size_is_known(minor, total):
             skipped += 1  # slots claimed beyond the file (or beyond the ABI) are not read
         wanted = mark
     else:
         wanted = min(mark, slots_read)
-        if slot_count > MAX_PROCS or total != STATE_SIZE or held < wanted:
+        if slot_count > MAX_PROCS or not state_size_is_known(minor, total) or held < wanted:
             skipped += 1  # the file is shorter than its own header says
     to_read = min(wanted, held)
 
@@ -625,16 +679,65 @@ def decode_state(
         balances.append(balance)
         launch_totals.append(launches)
         wait_totals.append(waited)
+    kinds, unpriced, bad = _decode_extension(buf, minor, total, count, slots_read, extension)
     return RegionUsage(
         processes=tuple(processes),
         memory_used=tuple(memory),
         tokens_spent=tuple(tokens),
-        skipped_records=skipped,
+        skipped_records=skipped + bad,
         corrupt=False,
         bucket_balance=tuple(balances),
         launches=tuple(launch_totals),
         wait_ns=tuple(wait_totals),
+        memory_context=kinds[0],
+        memory_module=kinds[1],
+        memory_pool=kinds[2],
+        graphs_unpriced=unpriced,
+        extension=minor >= 1 and total >= STATE_SIZE,
     )
+
+
+def _decode_extension(
+    buf: bytes | bytearray | memoryview,
+    minor: int,
+    total: int,
+    count: int,
+    slots_read: int | None,
+    extension: bytes | bytearray | memoryview | None,
+) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]:
+    """((context, module, pool) per device, graphs_unpriced per device, values skipped)."""
+    zeros = (0,) * count
+    if minor < 1 or total < STATE_SIZE:
+        return (zeros, zeros, zeros), zeros, 0
+    if extension is not None:
+        source, base = extension, 0
+    elif slots_read is None:
+        source, base = buf, STATE_OFFSETS["ext"]
+    else:
+        return (zeros, zeros, zeros), zeros, 0  # the caller did not fetch it
+    if len(source) < base + count * STATE_EXT_DEVICE_SIZE:
+        return (zeros, zeros, zeros), zeros, 1  # shorter than the header says
+    context: list[int] = []
+    module: list[int] = []
+    pool: list[int] = []
+    unpriced: list[int] = []
+    skipped = 0
+    for d in range(count):
+        ctx, mod, pl, _, graphs = _EXT_WORDS.unpack_from(source, base + d * STATE_EXT_DEVICE_SIZE)
+        values = []
+        for value in (ctx, mod, pl):
+            if not _plausible_u64(value, PLAUSIBLE_BYTES):
+                skipped += 1
+                value = 0
+            values.append(value)
+        if not _plausible_u64(graphs, PLAUSIBLE_COUNTER):
+            skipped += 1
+            graphs = 0
+        context.append(values[0])
+        module.append(values[1])
+        pool.append(values[2])
+        unpriced.append(graphs)
+    return (tuple(context), tuple(module), tuple(pool)), tuple(unpriced), skipped
 
 
 # ------------------------------------------------------------------ the token-spending rule

@@ -45,7 +45,9 @@ are garbage. Garbage is removed at the next reconcile, a region nobody holds onc
 held for `gc_grace_s`; and a region younger than `gc_grace_s` is never removed, because
 PodResources shows a container only some time after its Allocate. A region whose container is
 gone keeps its last known labels until it is removed. Without a PodResources answer nothing is
-ever removed.
+ever removed, and neither with one that lists no container of our resource: that is what a
+kubelet that restarts answers, and it says nothing about the regions (`gc_postponed`, and the
+grace starts again). A grace period therefore only passes on answers that list containers.
 """
 
 from __future__ import annotations
@@ -208,7 +210,7 @@ class Region:
         self._reported_corrupt = False
         # the bytes of the last `state` read and what they decoded to (one tuple, replaced whole,
         # so that readers in other threads see a matching pair)
-        self._last_read: tuple[bytes, RegionUsage] | None = None
+        self._last_read: tuple[bytes, bytes | None, RegionUsage] | None = None
 
     @classmethod
     def open(cls, path: Path) -> Region:
@@ -324,6 +326,8 @@ class Region:
                 self._police_files()
                 usage = self._read_usage()
         except Exception as err:  # whatever the container did to the file, the agent goes on
+            if self._view is None:
+                return RegionUsage(corrupt=True)  # collected while this read ran
             log.warning("region_state_read_failed", alloc_id=self._alloc_id, error=str(err))
             usage = RegionUsage(corrupt=True)
         if usage.corrupt:
@@ -460,7 +464,9 @@ class Region:
         return True
 
     def _read_usage(self) -> RegionUsage:
-        """Two preads: the header, then only the slots below its high-water mark.
+        """Two preads: the header, then only the slots below its high-water mark; a third for
+        the per-device words of the 1.1 extension when the header says the file has it (a
+        region an agent of ABI 1.0 created has not).
 
         The mark is bounded by the ABI's slot count, and a file shorter than it says gives a
         short read, which the decoder counts; nothing past what was read is ever looked at.
@@ -470,24 +476,33 @@ class Region:
         assert self._state_fd is not None
         buffer = _read_buffer()
         header = layout.STATE_HEADER_SIZE
+        extension: bytes | None = None
         with memoryview(buffer) as whole:
             size = os.preadv(self._state_fd, [whole[:header]], 0)
             slots = layout.state_slots_to_read(whole[:size]) if size == header else 0
             slots = min(slots, self._slot_budget)
+            if size == header and layout.state_has_extension(whole[:size]):
+                extension = os.pread(
+                    self._state_fd, layout.STATE_EXT_SIZE, layout.STATE_OFFSETS["ext"]
+                )
             if slots:
                 size += os.preadv(
                     self._state_fd, [whole[header : header + slots * layout.SLOT_SIZE]], header
                 )
             with whole[:size] as view:
                 if size > _DECODE_CACHE_BYTES:
-                    return layout.decode_state(view, self.device_count, slots_read=slots)
+                    return layout.decode_state(
+                        view, self.device_count, slots_read=slots, extension=extension
+                    )
                 raw = bytes(view)
         # An idle container leaves `state` as it was: the same bytes decode the same way.
         last = self._last_read
-        if last is not None and last[0] == raw:
-            return last[1]
-        usage = layout.decode_state(raw, self.device_count, slots_read=slots)
-        self._last_read = (raw, usage)
+        if last is not None and last[0] == raw and last[1] == extension:
+            return last[2]
+        usage = layout.decode_state(
+            raw, self.device_count, slots_read=slots, extension=extension
+        )
+        self._last_read = (raw, extension, usage)
         return usage
 
 
@@ -646,6 +661,8 @@ class RegionCounters:
     corrupt: int = 0  # regions found unreadable at start (moved to regions.corrupt/)
     create_failures: int = 0
     shim_missing: int = 0  # allocations answered without the shim mounts (shim not installed)
+    rolled_back: int = 0  # regions removed because their Allocate failed part-way
+    gc_postponed: int = 0  # PodResources answers listing no container of ours: no GC then
 
 
 @dataclass
@@ -712,6 +729,8 @@ class RegionStore:
         self._seq_lock = threading.Lock()
         self._state_headers: dict[int, bytes] = {}
         self._shim_missing_logged = False
+        self._create_error = ""
+        self._empty_answers = 0  # PodResources answers in a row that listed none of ours
 
     # --- queries ------------------------------------------------------------------------------
 
@@ -744,6 +763,33 @@ class RegionStore:
             out["files_truncated"] += r.files_truncated
         return out
 
+    def check_usable(self) -> None:
+        """Raise OSError naming the path if a region cannot be created under the state dir.
+
+        Builds and removes a probe as big as a region's `state` file, so a read-only or full
+        file system, a file in the path or missing permissions stop the agent at start, where
+        they are seen, rather than failing every Allocate later.
+        """
+        probe = self.root / f"{_NEW_PREFIX}probe-{os.getpid()}"
+        try:
+            self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            shutil.rmtree(probe, ignore_errors=True)
+            os.mkdir(probe, DIR_MODE)
+            try:
+                self._write_state(probe / STATE_FILE, 1)
+            finally:
+                shutil.rmtree(probe, ignore_errors=True)
+        except OSError as err:
+            where = err.filename or probe
+            raise OSError(
+                err.errno, f"state dir {self.state_dir} is unusable: {err.strerror} ({where})"
+            ) from err
+
+    @property
+    def create_error(self) -> str:
+        """Why the last region creation failed, "" once one succeeds again (for /readyz)."""
+        return self._create_error
+
     # --- creation -----------------------------------------------------------------------------
 
     async def on_grant(self, grant: Grant) -> Extras:
@@ -759,8 +805,24 @@ class RegionStore:
         else:
             region = self._build(seq, grant)
         self._add(region)
+        try:
+            extras = self.extras_for(region)
+        except BaseException:
+            self.discard(region.alloc_id)  # nobody else knows of it yet
+            raise
+        extras.rollback = lambda: self.discard(region.alloc_id)
         self.prepare_spares(len(grant.devices))
-        return self.extras_for(region)
+        return extras
+
+    def discard(self, alloc_id: str) -> None:
+        """Remove a region that no container will use (its Allocate failed after it was made)."""
+        region = self._regions.pop(alloc_id, None)
+        if region is None:
+            return
+        region.close()
+        self._delete(region.path)
+        self.counters.rolled_back += 1
+        log.info("region_rolled_back", alloc_id=alloc_id)
 
     def prepare_spares(self, device_count: int) -> None:
         """Prepare region directories of this shape in a thread, off the Allocate path.
@@ -778,9 +840,11 @@ class RegionStore:
             path = await asyncio.to_thread(self._make_spare, device_count)
         except OSError as err:
             log.warning("region_spare_failed", path=str(self.root), error=str(err))
+            self._create_error = f"{self.root}: {err.strerror or err}"
             return
         finally:
             self._spares_pending[device_count] -= 1
+        self._create_error = ""
         self._spares.setdefault(device_count, []).append(path)
 
     def _make_spare(self, device_count: int) -> Path:
@@ -914,10 +978,12 @@ class RegionStore:
             region = Region.open(final)
         except (OSError, layout.RegionFormatError, RegionError) as err:
             self.counters.create_failures += 1
+            self._create_error = f"{final}: {err}"
             shutil.rmtree(temp, ignore_errors=True)
             log.error("region_create_failed", alloc_id=alloc_id, error=str(err))
             raise RegionError(f"cannot create region {final}: {err}") from err
         self.counters.created += 1
+        self._create_error = ""
         log.info(
             "region_created",
             alloc_id=alloc_id,
@@ -1018,7 +1084,25 @@ class RegionStore:
 
         `assignments` maps device ID -> (namespace, pod, container) for our resource. Returns the
         removed regions (alloc_id -> reason).
+
+        An answer that lists no container of our resource is no evidence that any region is
+        unused (a kubelet that restarts answers empty for a while): it binds nothing, removes
+        nothing and restarts every grace period (counted as `gc_postponed`).
         """
+        if not assignments:
+            self._empty_answers += 1
+            if self._regions:
+                self.counters.gc_postponed += 1
+                if self._empty_answers == 1:
+                    log.warning(
+                        "region_gc_postponed",
+                        regions=len(self._regions),
+                        reason="PodResources lists no container of this resource",
+                        effect="no region is removed until it lists one again",
+                    )
+            self._binding = _Binding(self._binding.bound, {})
+            return {}
+        self._empty_answers = 0
         facts = [
             RegionFacts(r.alloc_id, r.seq, frozenset(r.device_ids), r.created_ns)
             for r in self._regions.values()

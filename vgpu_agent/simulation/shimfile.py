@@ -256,18 +256,20 @@ def _slot_offset(slot: int, field: str, dev: int | None = None) -> int:
 def _map(path: Path, *, write: bool) -> tuple[mmap.mmap, memoryview]:
     """Map a region file whole, after checking it is a regular file of the ABI's size (a shorter
     file would make touching the mapping past its end fatal)."""
-    expected = layout.STATE_SIZE if write else layout.CONTROL_SIZE
+    # a `state` an agent of ABI 1.0 created is smaller (no extension); this writer uses none of it
+    sizes = (layout.STATE_SIZE, layout.STATE_SIZE_1_0) if write else (layout.CONTROL_SIZE,)
     try:
         fd = os.open(path, (os.O_RDWR if write else os.O_RDONLY) | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
         raise ShimFileError(f"cannot open {path}: {err.strerror}") from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size != expected:
+        if not stat.S_ISREG(info.st_mode) or info.st_size not in sizes:
             raise ShimFileError(
                 f"{path} is {info.st_size} bytes (mode {info.st_mode:o}): a regular file of "
-                f"{expected} bytes expected"
+                f"{' or '.join(str(size) for size in sizes)} bytes expected"
             )
+        expected = info.st_size
         mapped = mmap.mmap(fd, expected, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
     finally:
         os.close(fd)

@@ -291,7 +291,10 @@ class ThrottleController:
         # Reading `state` files (a pread per region) and NVML are blocking: both go to one
         # worker thread per tick, as one hop costs less than one per GPU.
         by_gpu, sampled = await asyncio.to_thread(self._read, regions)
+        # A region collected while the worker read it is closed now: skipped, not an error.
+        regions = [r for r in regions if not getattr(r, "closed", False)]
         for uuid, entries in by_gpu.items():
+            entries[:] = [e for e in entries if not getattr(e[0].region, "closed", False)]
             samples = self._samples(uuid, sampled[uuid])
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
@@ -323,6 +326,8 @@ class ThrottleController:
         by_gpu: dict[str, _Entries] = defaultdict(list)
         tick = self.ticks
         for region in regions:
+            if getattr(region, "closed", False):
+                continue
             try:
                 usage = region.usage()
                 devices = self._devices_of(region)

@@ -9,6 +9,12 @@
 //                                           SECONDS; prints "launches_per_s=X cost=TOKENS"
 //   gpu_check overhead N                    N launches of an empty kernel, host time per launch;
 //                                           prints "ns_per_launch=X"
+//   gpu_check ctxmem                        cudaMemGetInfo right after the context exists;
+//                                           prints "used=B total=T free=F"
+//   gpu_check pool CHUNK_MIB MAX_MIB        cudaMallocAsync until refused (at most MAX_MIB), frees
+//                                           into the pool, then cudaMallocFromPoolAsync from a new
+//                                           pool until refused; prints "async=B refused=CODE
+//                                           second=B held=R" (R: the default pool's reserve)
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -115,6 +121,59 @@ int main(int argc, char **argv)
         }
         CHECK(cudaGetLastError());
         std::printf("ns_per_launch=%.1f\n", host * 1e9 / (double)((n + 255) / 256 * 256));
+        return 0;
+    }
+    if (std::strcmp(argv[1], "ctxmem") == 0 && argc == 2) {
+        size_t free_b = 0, total_b = 0;
+        CHECK(cudaMemGetInfo(&free_b, &total_b));
+        std::printf("used=%zu total=%zu free=%zu\n", total_b - free_b, total_b, free_b);
+        return 0;
+    }
+    if (std::strcmp(argv[1], "pool") == 0 && argc == 4) {
+        size_t chunk = std::strtoull(argv[2], nullptr, 10) << 20;
+        size_t most = std::strtoull(argv[3], nullptr, 10) << 20;
+        cudaStream_t stream;
+        CHECK(cudaStreamCreate(&stream));
+        std::vector<void *> held;
+        size_t async = 0, second = 0;
+        cudaError_t refused = cudaSuccess;
+        while (async + chunk <= most) {
+            void *p = nullptr;
+            refused = cudaMallocAsync(&p, chunk, stream);
+            if (refused != cudaSuccess)
+                break;
+            held.push_back(p);
+            async += chunk;
+        }
+        cudaGetLastError();
+        for (void *p : held)
+            CHECK(cudaFreeAsync(p, stream));
+        held.clear();
+        // the default pool keeps what was freed into it: a second pool may not add to it
+        cudaMemPool_t pool;
+        cudaMemPoolProps props = {};
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = 0;
+        CHECK(cudaMemPoolCreate(&pool, &props));
+        while (second + chunk <= most) {
+            void *p = nullptr;
+            if (cudaMallocFromPoolAsync(&p, chunk, pool, stream) != cudaSuccess)
+                break;
+            held.push_back(p);
+            second += chunk;
+        }
+        cudaGetLastError();
+        cudaMemPool_t dflt;
+        CHECK(cudaDeviceGetDefaultMemPool(&dflt, 0));
+        unsigned long long reserved = 0; // the attribute is a 64-bit value
+        CHECK(cudaMemPoolGetAttribute(dflt, cudaMemPoolAttrReservedMemCurrent, &reserved));
+        for (void *p : held)
+            CHECK(cudaFreeAsync(p, stream));
+        CHECK(cudaStreamSynchronize(stream));
+        CHECK(cudaMemPoolDestroy(pool));
+        std::printf("async=%zu refused=%d second=%zu held=%llu\n", async, (int)refused, second,
+                    (unsigned long long)reserved);
         return 0;
     }
     std::fprintf(stderr, "bad arguments\n");

@@ -66,6 +66,30 @@ verdict="FAIL"
 (( s_total == LIMIT_MIB && s_free <= LIMIT_MIB )) && verdict="ok"
 row "cudaMemGetInfo total / free (MiB)" "$b_total" "$s_total / $s_free" "$verdict"
 
+# ---- memory the driver holds: the context shows inside the limit; pools cannot pass it
+ctx_dir="$(region ctxmem $((LIMIT_MIB * MIB)) 1000000 0 0 0)"
+b_ctx="$(plain ctxmem)"
+s_ctx="$(shimmed "$ctx_dir" ctxmem)"
+s_ctx_used=$(($(echo "$s_ctx" | field used) / MIB))
+s_ctx_total=$(($(echo "$s_ctx" | field total) / MIB))
+verdict="FAIL"
+# a context holds a few hundred MiB on current GPUs; counted, it is used inside the limit
+(( s_ctx_total == LIMIT_MIB && s_ctx_used >= 32 && s_ctx_used < LIMIT_MIB )) && verdict="ok"
+row "context: used inside limit (MiB)" "$(($(echo "$b_ctx" | field used) / MIB)) (whole GPU)" \
+    "$s_ctx_used of $s_ctx_total" "$verdict"
+pool_dir="$(region pool $((LIMIT_MIB * MIB)) 1000000 0 0 0)"
+b_pool="$(plain pool "$CHUNK_MIB" $((2 * LIMIT_MIB)))"
+s_pool="$(shimmed "$pool_dir" pool "$CHUNK_MIB" $((2 * LIMIT_MIB)))"
+s_async=$(($(echo "$s_pool" | field async) / MIB))
+s_second=$(($(echo "$s_pool" | field second) / MIB))
+s_held=$(($(echo "$s_pool" | field held) / MIB))
+verdict="FAIL"
+# the default pool stops below the limit (the context counts too); while it holds that memory a
+# second pool gets at most what is left
+(( s_async + s_ctx_used <= LIMIT_MIB && s_async > 0 && s_second + s_held <= LIMIT_MIB )) && verdict="ok"
+row "async pool, then 2nd pool (MiB)" "$(($(echo "$b_pool" | field async) / MIB)), $(($(echo "$b_pool" | field second) / MIB))" \
+    "$s_async, $s_second (held $s_held)" "$verdict"
+
 # ---- throughput: rates giving 25/50/100% of what the GPU does unthrottled
 base_tp="$(plain throughput "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US")"
 full="$(echo "$base_tp" | field launches_per_s)"

@@ -1,0 +1,141 @@
+"""Config parsing is total: hostile files and values end in a ConfigError naming the key, fast.
+
+Each case is an attack on the start of the agent: it must neither hang, nor run out of memory,
+nor end in a traceback, and the error it gives must stay short.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vgpu_agent.config import (
+    MAX_CONFIG_BYTES,
+    MAX_SPLIT_COUNT,
+    ConfigError,
+    ConfigSources,
+    build_config,
+)
+
+BOMB_LEVELS = 9
+
+
+def alias_bomb(key: str) -> str:
+    """Under 500 bytes that expand to 9**9 (387 million) strings under `key`."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for level in range(1, BOMB_LEVELS):
+        ref = f"*a{level - 1}"
+        lines.append(f"a{level}: &a{level} [{','.join([ref] * 9)}]")
+    lines.append(f"{key}: [{','.join([f'*a{BOMB_LEVELS - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+def alias_bomb_under_one_key(key: str) -> str:
+    """The same bomb with every anchor inside the value of one known key."""
+    inner = '&a0 ["x","x","x","x","x","x","x","x","x"]'
+    for level in range(1, BOMB_LEVELS):
+        inner = f"&a{level} [{inner}, " + ", ".join([f"*a{level - 1}"] * 8) + "]"
+    return f"{key}: {inner}\n"
+
+
+def from_file(text: str) -> ConfigError:
+    started = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        build_config(ConfigSources(file_text=text, file_name="cfg.yaml"))
+    assert time.perf_counter() - started < 2.0
+    assert len(str(err.value)) < 2100  # the value is shown cut short, whatever its size
+    return err.value
+
+
+@pytest.mark.parametrize("key", ["xid_ignore", "split_count", "node_name", "memory_scaling"])
+def test_an_alias_bomb_under_a_known_key_is_rejected_at_once_naming_the_key(key):
+    text = alias_bomb_under_one_key(key)
+    assert len(text) < 700
+    err = from_file(text)
+    assert err.key == key
+    assert "aliases are expanded" in str(err)
+
+
+def test_an_alias_bomb_spread_over_keys_is_rejected_too():
+    text = alias_bomb("xid_ignore")
+    assert len(text) < 500
+    err = from_file(text)
+    assert "more than 10000 values" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("split_count: " + "9" * 5000 + "\n", "split_count"),
+        ("health_check_seconds: " + "9" * 5000 + "\n", "health_check_seconds"),
+        ("xid_ignore: [" + "1" * 5000 + "]\n", "xid_ignore"),
+        ("region_gc_grace_seconds: .inf\n", "region_gc_grace_seconds"),
+        ("health_recovery_seconds: -.inf\n", "health_recovery_seconds"),
+        ("throttle_tick_seconds: .nan\n", "throttle_tick_seconds"),
+        ("memory_scaling: 1e999\nallow_memory_oversubscription: true\n", "memory_scaling"),
+        ("health_check_seconds: 1e308\n", "health_check_seconds"),
+        ("pod_resources_refresh_seconds: 0\n", "pod_resources_refresh_seconds"),
+        ("split_count: 2000000\n", "split_count"),
+        (f"split_count: {MAX_SPLIT_COUNT + 1}\n", "split_count"),
+        ("memory_scaling: 11\nallow_memory_oversubscription: true\n", "memory_scaling"),
+        ("endpoint_name: ../kubelet.sock\n", "endpoint_name"),
+        ("endpoint_name: sub/dir.sock\n", "endpoint_name"),
+        ("endpoint_name: kubelet.sock\n", "endpoint_name"),
+        ("endpoint_name: ..\n", "endpoint_name"),
+        ('endpoint_name: "x.sock\\n"\n', "endpoint_name"),
+        ('state_dir: "/var/lib/x\\0y"\n', "state_dir"),
+        ("state_dir: /" + "a" * 5000 + "\n", "state_dir"),
+        ("node_name: " + "n" * 5000 + "\n", "node_name"),
+        ("xid_ignore: [" + ",".join(["1"] * 300) + "]\n", "xid_ignore"),
+        ("xid_ignore: [4294967296]\n", "xid_ignore"),
+    ],
+)
+def test_huge_infinite_and_out_of_range_values_name_their_key(text, key):
+    err = from_file(text)
+    assert err.key == key
+    assert err.source == "cfg.yaml"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("VGPU_AGENT_SPLIT_COUNT", "9" * 5000),
+        ("VGPU_AGENT_HEALTH_CHECK_SECONDS", "inf"),
+        ("VGPU_AGENT_HEALTH_CHECK_SECONDS", "Infinity"),
+        ("VGPU_AGENT_REGION_GC_GRACE_SECONDS", "nan"),
+        ("VGPU_AGENT_HEALTH_RECOVERY_SECONDS", "1" + "0" * 400),
+        ("VGPU_AGENT_NVML_POLL_SECONDS", "1" * 100_000),
+        ("VGPU_AGENT_ENDPOINT_NAME", "../../etc/evil.sock"),
+    ],
+)
+def test_environment_values_are_bounded_too(variable, value):
+    with pytest.raises(ConfigError) as err:
+        build_config(ConfigSources(env={variable: value}))
+    assert err.value.key == variable
+    assert len(str(err.value)) < 2100
+
+
+def test_deep_nesting_is_a_config_error_not_a_recursion_crash():
+    err = from_file("xid_ignore: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    assert err.key == "config"
+
+
+def test_a_file_over_the_size_cap_is_refused_before_parsing():
+    err = from_file("# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    assert f"at most {MAX_CONFIG_BYTES} bytes" in str(err)
+
+
+def test_bounds_that_are_allowed_still_load():
+    config = build_config(
+        ConfigSources(
+            file_text=(
+                f"split_count: {MAX_SPLIT_COUNT}\nendpoint_name: vgpu-agent-2.sock\n"
+                "health_check_seconds: 60\nregion_gc_grace_seconds: 0\n"
+                "memory_scaling: 10\nallow_memory_oversubscription: true\n"
+            )
+        )
+    )
+    assert config.split_count == MAX_SPLIT_COUNT
+    assert config.plugin_socket.endswith("/vgpu-agent-2.sock")
+    assert config.memory_scaling == 10.0
