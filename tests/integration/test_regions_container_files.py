@@ -185,7 +185,7 @@ def test_new_regions_carry_the_configured_shim_permissions(tmp_path: Path) -> No
 
 
 def test_readers_in_two_threads_and_a_swap_never_read_a_closed_descriptor(
-    store: RegionStore,
+    store: RegionStore, tmp_path: Path
 ) -> None:
     import threading
 
@@ -202,7 +202,7 @@ def test_readers_in_two_threads_and_a_swap_never_read_a_closed_descriptor(
         t.start()
     try:
         for n in range(30):  # the container swaps `state` over and over
-            fresh = region.path / f"state.{n}"
+            fresh = tmp_path / f"state.{n}"  # made aside: the region dir is swept
             fresh.write_bytes(layout.encode_state(1))
             os.rename(fresh, region.path / "state")
     finally:
@@ -214,3 +214,23 @@ def test_readers_in_two_threads_and_a_swap_never_read_a_closed_descriptor(
     region.close()
     assert region.usage().corrupt  # closed: nothing reopened behind the store's back
     assert region._state_fd is None
+
+
+def test_what_a_container_put_into_an_old_style_region_directory_is_removed(
+    store: RegionStore, tmp_path: Path
+) -> None:
+    # Regions of older agents had their directory mounted read-write into the container.
+    region = store.create(grant())
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"x")
+    (region.path / "junk.bin").write_bytes(b"\0" * 4096)
+    (region.path / "dir").mkdir()
+    (region.path / "dir" / "more").write_bytes(b"\0" * 4096)
+    os.symlink(outside, region.path / "link")
+    os.mkfifo(region.path / "fifo")
+    for _ in range(regions_module._POLICE_EVERY):
+        assert not region.usage().corrupt
+    assert sorted(p.name for p in region.path.iterdir()) == ["control", "hami.cache", "state"]
+    assert (outside / "keep").exists()  # a link is removed, never followed
+    assert region.foreign_removed == 4 and store.tampering()["foreign_removed"] == 4

@@ -33,7 +33,8 @@ unlinked, renamed or replaced from inside the container. Its sizes are fixed by 
 is reserved whole at creation and anything written past its end is cut off at the next read,
 `hami.cache` (sized by HAMi-core itself) is cut back to `HAMI_CACHE_MAX_BYTES`. A region made
 by an older agent (the directory mounted) can still have its `state` replaced: a new inode at
-the path is noticed at the next read and opened instead, and counted (`state_replaced`).
+the path is noticed at the next read and opened instead, and counted (`state_replaced`); and
+whatever such a container creates in the directory is removed (`foreign_removed`).
 
 Identity and collection (`reconcile`, rules in `plan_regions`): PodResources says which container
 holds which device IDs. A region belongs to the container whose device IDs are exactly the
@@ -94,7 +95,9 @@ STATE_MODE = 0o666  # the container's processes write it, whatever their uid
 HAMI_CACHE_MODE = 0o666  # HAMi-core opens it read-write, whatever the container's uid
 # HAMi-core sizes its cache file itself (a few MiB); more than this is a tenant filling the disk.
 HAMI_CACHE_MAX_BYTES = 64 << 20
-_POLICE_EVERY = 16  # reads of `state` between checks of the cache file's size
+_POLICE_EVERY = 16  # reads of `state` between checks of the cache file and the directory
+_SWEEP_BATCH = 64  # foreign entries removed from a region directory per check
+_REGION_FILES = frozenset({"control", "state", "hami.cache"})
 DIR_MODE = 0o755
 QUARANTINE_KEEP = 16  # corrupt regions kept for inspection; older ones are deleted
 
@@ -204,6 +207,7 @@ class Region:
         self._fd_lock = threading.Lock()
         self.state_replaced = 0  # a new inode found at `state`'s path, and opened instead
         self.files_truncated = 0  # `state` or `hami.cache` grown past its size, cut back
+        self.foreign_removed = 0  # entries a container created in its region directory, removed
         self._reads = 0
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
         self.skipped_records = 0  # nonsense values skipped over all reads
@@ -427,6 +431,7 @@ class Region:
             elif held.st_size > layout.STATE_SIZE:
                 self._cut(self.path / STATE_FILE, layout.STATE_SIZE, held.st_size)
         if self._reads % _POLICE_EVERY == 1:
+            self._sweep()
             cache = self.path / HAMI_CACHE_FILE
             try:
                 size = os.stat(cache, follow_symlinks=False).st_size
@@ -434,6 +439,31 @@ class Region:
                 return
             if size > HAMI_CACHE_MAX_BYTES:
                 self._cut(cache, HAMI_CACHE_MAX_BYTES, size)
+
+    def _sweep(self) -> None:
+        """Remove what a container put into its region directory: only regions of older agents
+        had the directory mounted, and there a tenant could fill the state dir's disk. At most
+        `_SWEEP_BATCH` entries a pass; the rest go at the next ones."""
+        try:
+            with os.scandir(self.path) as entries:
+                found = [e for e in itertools.islice(entries, _SWEEP_BATCH + len(_REGION_FILES))
+                         if e.name not in _REGION_FILES]
+        except OSError:
+            return
+        for entry in found[:_SWEEP_BATCH]:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError as err:
+                log.warning("region_foreign_entry_kept", alloc_id=self._alloc_id,
+                            path=entry.path, error=str(err))
+                continue
+            self.foreign_removed += 1
+            if self.foreign_removed == 1:
+                log.warning("region_foreign_entry_removed", alloc_id=self._alloc_id,
+                            path=entry.path, reason="only the region's own files belong there")
 
     def _cut(self, path: Path, size: int, found: int) -> None:
         try:
@@ -722,7 +752,7 @@ class RegionStore:
         self._spare_names = itertools.count()
         self._retired_corrupt_reads = 0
         self._retired_skipped_records = 0
-        self._retired_tampering = {"state_replaced": 0, "files_truncated": 0}
+        self._retired_tampering = {"state_replaced": 0, "files_truncated": 0, "foreign_removed": 0}
         self._regions: dict[str, Region] = {}
         self._binding = _Binding()
         self._next_seq: int | None = None
@@ -761,6 +791,7 @@ class RegionStore:
         for r in self._regions.values():
             out["state_replaced"] += r.state_replaced
             out["files_truncated"] += r.files_truncated
+            out["foreign_removed"] += r.foreign_removed
         return out
 
     def check_usable(self) -> None:
@@ -1135,6 +1166,7 @@ class RegionStore:
             self._retired_skipped_records += region.skipped_records
             self._retired_tampering["state_replaced"] += region.state_replaced
             self._retired_tampering["files_truncated"] += region.files_truncated
+            self._retired_tampering["foreign_removed"] += region.foreign_removed
             region.close()
             await asyncio.to_thread(self._delete, region.path)
             self.counters.removed += 1
