@@ -3,6 +3,11 @@
 Start-up order: GPU backend (retried with backoff until it starts) -> inventory -> device state
 -> device plugin (serving, then registered) -> health monitor. Shutdown (SIGTERM/SIGINT or
 `stop()`): the task group is cancelled; the plugin runner removes its socket on the way out.
+
+`mode` picks the kubelet-facing front door: the device plugin, or the DRA driver (claims read
+from the API, registration through the plugin watcher). Never both: a node must not serve the
+same GPUs twice. Everything behind the front door (regions, the throttle controller, metrics,
+health, node labels and events) is the same in both modes.
 """
 
 from __future__ import annotations
@@ -27,15 +32,21 @@ from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import Grant, Split
 from vgpu_agent.deviceplugin.registration import PluginRunner, check_plugin_dir
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
+from vgpu_agent.dra.checkpoint import Checkpoint
+from vgpu_agent.dra.claims import ClaimReader
+from vgpu_agent.dra.driver import DraDriver
+from vgpu_agent.dra.grant import device_table
+from vgpu_agent.dra.server import DraPluginRunner
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
 from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kube.pods import NodePods
+from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
 from vgpu_agent.kubelet.podresources import ContainerRef, PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
-from vgpu_agent.metrics.sources import MetricsSources
+from vgpu_agent.metrics.sources import MetricsSources, RegistrationView
 from vgpu_agent.shm import layout
-from vgpu_agent.shm.regions import RegionStore
+from vgpu_agent.shm.regions import Region, RegionStore
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.backstop import Breach
 from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
@@ -114,7 +125,12 @@ class Agent:
             control_flags=(layout.CONTROL_ALLOW_DISABLE if config.shim_allow_disable else 0)
             | (layout.CONTROL_ALLOW_REGION_DIR if config.shim_allow_region_dir else 0),
         )
-        self.pod_resources = PodResourcesClient(config.pod_resources_socket, config.resource_name)
+        self.pod_resources = PodResourcesClient(
+            config.pod_resources_socket,
+            config.resource_name,
+            dra_driver=config.dra_driver_name if config.mode == "dra" else None,
+        )
+        self.dra: DraFrontDoor | None = None
         self.controller = ThrottleController(
             self.backend,
             self.regions.regions,
@@ -144,7 +160,7 @@ class Agent:
         # (the simulation), else the node integration's pod watch provides them.
         self.pods: NodePods | None = None
         self.pod_policies = RegionPolicies(
-            self.regions.regions,
+            self._pod_policy_regions,
             self.regions.identity,
             pod_policy_rules(config),
             pods=pods,
@@ -197,6 +213,7 @@ class Agent:
         for step, action in (
             ("metrics", self.metrics.stop),
             ("pod-resources", self.pod_resources.close),
+            ("dra", self._close_dra),
             ("regions", lambda: _completed(self.regions.close)),
             ("gpu-backend", lambda: asyncio.to_thread(self.backend.shutdown)),
         ):
@@ -244,21 +261,27 @@ class Agent:
         # Running containers keep their limits: existing regions are adopted as they are.
         adopted = await asyncio.to_thread(self.regions.adopt)
         log.info("regions_adopted", count=len(adopted))
-        self.regions.prepare_spares(1)  # most containers ask for slices of one GPU
-        servicer = DevicePluginServicer(
-            self.state,
-            policy=self.config.allocation_policy,
-            strategy=self.config.device_list_strategy,
-            cdi_vendor_class=self.config.cdi_vendor_class,
-            on_grant=self._on_grant,
-            on_result=self.metrics.instruments.on_result,
-        )
-        self.runner = PluginRunner(
-            servicer,
-            plugin_dir=self.config.device_plugin_dir,
-            endpoint=self.config.endpoint_name,
-            resource_name=self.config.resource_name,
-        )
+        if self.config.mode == "dra":
+            self.dra = DraFrontDoor(self.config, self.split, gpus, self.regions, self._on_prepared)
+            self.dra.driver.restore()
+            self.regions.prepare_spares(1)
+            self._supervise(group, "dra-plugin", self.dra.runner.run)
+        else:
+            self.regions.prepare_spares(1)  # most containers ask for slices of one GPU
+            servicer = DevicePluginServicer(
+                self.state,
+                policy=self.config.allocation_policy,
+                strategy=self.config.device_list_strategy,
+                cdi_vendor_class=self.config.cdi_vendor_class,
+                on_grant=self._on_grant,
+                on_result=self.metrics.instruments.on_result,
+            )
+            self.runner = PluginRunner(
+                servicer,
+                plugin_dir=self.config.device_plugin_dir,
+                endpoint=self.config.endpoint_name,
+                resource_name=self.config.resource_name,
+            )
         self.health = HealthMonitor(
             self.backend,
             gpus,
@@ -266,9 +289,16 @@ class Agent:
             self.config.health_recovery_seconds,
             check_interval_s=self.config.health_check_seconds,
         )
-        self._supervise(group, "device-plugin", self.runner.run)
+        if self.runner is not None:
+            self._supervise(group, "device-plugin", self.runner.run)
         self._supervise(group, "health", self.health.run)
-        self._supervise(group, "health-to-plugin", self._apply_health)
+        if self.dra is not None:
+            # the ResourceSlice the scheduler allocates from, GPU health as device taints
+            publisher = ResourceSlicePublisher.from_config(self.config, gpus, health=self.health)
+            self.dra.publisher = publisher
+            self._supervise(group, "dra-slices", publisher.run)
+        if self.runner is not None:
+            self._supervise(group, "health-to-plugin", self._apply_health)
         self._supervise(
             group,
             "pod-resources",
@@ -326,17 +356,44 @@ class Agent:
             healthy=lambda: self.health.healthy() if self.health is not None else {},
             xid_counts=lambda: self.health.xid_counts if self.health is not None else {},
             throttle_status=lambda: self.controller.status,
-            registration=lambda: self.runner.status if self.runner is not None else None,
+            registration=self._registration,
             nvml_errors=lambda: getattr(self.backend, "errors_by_call", {}),
             region_events=self._region_events,
             pod_resources_failures=lambda: self.pod_resources.failures,
             tasks=lambda: self.tasks,
-            policy_source=self.pod_policies.source,
+            policy_source=self._policy_source,
             backend_error=lambda: (
                 self.backend_error or ("" if self.inventory is not None else "GPU backend starting")
             ),
+            claims=lambda: self.dra.claims_by_region() if self.dra is not None else {},
             allocate_error=lambda: self.regions.create_error,
         )
+
+    async def _close_dra(self) -> None:
+        if self.dra is not None:
+            await self.dra.close()
+
+    def _pod_policy_regions(self) -> list[Region]:
+        """Regions whose policy and priority pods choose by annotation: all but DRA claims',
+        which their claim's parameters (or the node default) decide once, at Prepare."""
+        regions = self.regions.regions()
+        if self.dra is None:
+            return regions
+        claims = self.dra.claims_by_region()
+        return [r for r in regions if r.alloc_id not in claims]
+
+    def _policy_source(self, alloc_id: str) -> str:
+        if self.dra is not None and alloc_id in self.dra.claims_by_region():
+            return "claim"
+        return self.pod_policies.source(alloc_id)
+
+    def _registration(self) -> RegistrationView | None:
+        if self.runner is not None:
+            return self.runner.status
+        return self.dra.runner if self.dra is not None else None
+
+    def _on_prepared(self) -> None:
+        self.pod_resources.poke()  # learn soon which container uses the new claim
 
     def _region_events(self) -> dict[str, int]:
         events = dataclasses.asdict(self.regions.counters)
@@ -434,6 +491,50 @@ class Agent:
                 await asyncio.sleep(delay)
 
         group.create_task(supervised(), name=name)
+
+
+class DraFrontDoor:
+    """The DRA driver's parts, built from the config: claim reader, driver, sockets."""
+
+    def __init__(
+        self,
+        config: Config,
+        split: Split,
+        gpus: list[GpuInfo],
+        regions: RegionStore,
+        on_prepared: Callable[[], None],
+    ):
+        self.reader = ClaimReader(config.kubeconfig)
+        self.publisher: ResourceSlicePublisher | None = None  # set once the health monitor exists
+        devices = device_table(gpus, split)
+        plugin_dir = f"{config.dra_plugin_dir.rstrip('/')}/{config.dra_driver_name}"
+        self.driver = DraDriver(
+            driver=config.dra_driver_name,
+            node=config.node_name,
+            devices=lambda: devices,
+            read_claim=self.reader.read,
+            regions=regions,
+            cdi_dir=config.cdi_dir,
+            checkpoint=Checkpoint(f"{plugin_dir}/checkpoint.json"),
+            gpu_cdi_kind=config.cdi_vendor_class,
+            on_prepared=on_prepared,
+        )
+        self.runner = DraPluginRunner(
+            self.driver,
+            driver_name=config.dra_driver_name,
+            dra_socket=config.dra_socket,
+            registration_socket=config.registration_socket,
+        )
+
+    def claims_by_region(self) -> dict[str, tuple[str, str, str]]:
+        return {
+            c.alloc_id: (c.claim.namespace, c.claim.name, c.claim.uid)
+            for c in self.driver.prepared.values()
+            if c.alloc_id is not None
+        }
+
+    async def close(self) -> None:
+        await self.reader.close()
 
 
 class _Shutdown(Exception):

@@ -16,6 +16,7 @@ from vgpu_agent.config import (
     ConfigError,
     ConfigSources,
     build_config,
+    missing_for_mode,
 )
 
 EXIT_CONFIG = 2
@@ -43,6 +44,11 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--kubeconfig": ("kubeconfig", "kubeconfig file (default: in-cluster config when present)"),
     "--core-policy": ("core_policy", "default core policy: off, strict or work-conserving"),
     "--resource-name": ("resource_name", "extended resource name to advertise"),
+    "--mode": ("mode", "kubelet front door: device-plugin or dra"),
+    "--dra-driver-name": ("dra_driver_name", "DRA driver name (a DNS subdomain)"),
+    "--plugin-registry-dir": ("plugin_registry_dir", "kubelet plugin watcher directory"),
+    "--dra-plugin-dir": ("dra_plugin_dir", "kubelet plugins directory (socket <dir>/<driver>/)"),
+    "--cdi-dir": ("cdi_dir", "directory for CDI spec files"),
     "--pod-core-policies": (
         "pod_core_policies",
         "core policies pods may choose by annotation, comma-separated",
@@ -214,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         )
+    missing = missing_for_mode(config, env)
+    if missing:
+        print(f"vgpu-agent: mode {config.mode} needs {'; and '.join(missing)}", file=sys.stderr)
+        return EXIT_CONFIG
     from vgpu_agent.agent import SHUTDOWN_DEADLINE_S, Agent
 
     agent = Agent(config, exit_process_after_s=SHUTDOWN_DEADLINE_S)

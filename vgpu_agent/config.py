@@ -28,12 +28,14 @@ Backend = Literal["nvml", "sim"]
 LogFormat = Literal["json", "console"]
 BackstopAction = Literal["report", "evict"]
 CorePolicy = Literal["off", "strict", "work-conserving"]
+Mode = Literal["device-plugin", "dra"]
 
 # An extended resource name: a DNS-subdomain prefix outside kubernetes.io, a slash, and a
 # qualified name (alphanumerics, '-', '_', '.', starting and ending alphanumeric, <= 63 chars).
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _RESOURCE_PREFIX = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})+$")
 _RESOURCE_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[^:\s\[\]]*):(?P<port>\d{1,5})$")
 
 
@@ -117,6 +119,11 @@ class Config:
     shim_allow_region_dir: bool = False
     backstop_action: BackstopAction = "report"
     endpoint_name: str = "vgpu-agent.sock"
+    mode: Mode = "device-plugin"
+    dra_driver_name: str = "gpu.vgpu.io"
+    plugin_registry_dir: str = "/var/lib/kubelet/plugins_registry"
+    dra_plugin_dir: str = "/var/lib/kubelet/plugins"
+    cdi_dir: str = "/var/run/cdi"
     # What pods may choose through their annotations (vgpu_agent/throttle/podpolicy.py).
     pod_core_policies: tuple[CorePolicy, ...] = ("strict", "work-conserving")
     pod_priority_max: int = 100
@@ -129,6 +136,16 @@ class Config:
     @property
     def kubelet_socket(self) -> str:
         return f"{self.device_plugin_dir.rstrip('/')}/kubelet.sock"
+
+    @property
+    def dra_socket(self) -> str:
+        """The DRA service the kubelet calls: `<dra_plugin_dir>/<driver>/dra.sock`."""
+        return f"{self.dra_plugin_dir.rstrip('/')}/{self.dra_driver_name}/dra.sock"
+
+    @property
+    def registration_socket(self) -> str:
+        """Where the kubelet's plugin watcher finds this driver: `<registry>/<driver>-reg.sock`."""
+        return f"{self.plugin_registry_dir.rstrip('/')}/{self.dra_driver_name}-reg.sock"
 
     def metrics_host_port(self) -> tuple[str, int]:
         match = _ADDRESS.match(self.metrics_address)
@@ -277,6 +294,21 @@ def _as_resource_name(key: str, raw: object, source: str) -> str:
     return raw
 
 
+def _as_dns_subdomain(key: str, raw: object, source: str) -> str:
+    allowed = (
+        "must be a DNS subdomain such as gpu.vgpu.io (lowercase letters, digits, '-' and '.', "
+        "labels starting and ending alphanumeric, at most 253 characters)"
+    )
+    if (
+        not isinstance(raw, str)
+        or len(raw) > 253
+        or not _DNS_SUBDOMAIN.match(raw)
+        or any(len(label) > 63 for label in raw.split("."))
+    ):
+        raise ConfigError(key, raw, allowed, source)
+    return raw
+
+
 def _as_address(key: str, raw: object, source: str) -> str:
     allowed = (
         "must be HOST:PORT (e.g. 0.0.0.0:9394, 127.0.0.1:9394, [::]:9394) "
@@ -417,6 +449,11 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "shim_allow_region_dir": _as_bool,
     "backstop_action": _as_choice("report", "evict"),
     "endpoint_name": _as_socket_name,
+    "mode": _as_choice("device-plugin", "dra"),
+    "dra_driver_name": _as_dns_subdomain,
+    "plugin_registry_dir": _as_abs_path,
+    "dra_plugin_dir": _as_abs_path,
+    "cdi_dir": _as_abs_path,
     "pod_core_policies": _as_pod_policies,
     "pod_priority_max": _as_pod_priority,
     "pod_priority_namespaces": _as_namespaces,
@@ -543,3 +580,33 @@ def _check_combinations(config: Config) -> None:
             config.device_plugin_dir,
             "the plugin socket path must fit a unix socket address (107 bytes)",
         )
+    if config.mode == "dra":
+        for key, path in (
+            ("dra_plugin_dir", config.dra_socket),
+            ("plugin_registry_dir", config.registration_socket),
+        ):
+            if len(path) > 107:
+                raise ConfigError(
+                    key,
+                    getattr(config, key),
+                    f"the socket path {path} must fit a unix socket address (107 bytes)",
+                )
+
+
+def missing_for_mode(config: Config, env: Mapping[str, str]) -> list[str]:
+    """What the chosen mode needs and does not have, each said so a user can fix it.
+
+    DRA mode reads ResourceClaims and publishes ResourceSlices: without an API server and this
+    node's name it could only fail every Prepare, so it does not start.
+    """
+    if config.mode != "dra":
+        return []
+    missing = []
+    if not config.kubeconfig and not env.get("KUBERNETES_SERVICE_HOST"):
+        missing.append(
+            "a Kubernetes API: --kubeconfig / VGPU_AGENT_KUBECONFIG, or in-cluster config "
+            "(KUBERNETES_SERVICE_HOST is not set)"
+        )
+    if not config.node_name:
+        missing.append("the node name: --node-name, VGPU_AGENT_NODE_NAME or NODE_NAME")
+    return missing

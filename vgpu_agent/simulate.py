@@ -9,18 +9,28 @@ Two more pods share one GPU and choose their compute policy by annotation (serve
 `DemoPods` in place of the API server): an `inference` service (strict, priority 50) that is idle
 and busy in turns, and a `batch` job (work-conserving) that borrows what the service leaves idle;
 `demo_handover` lines show the loan taken back within a tick of the service turning busy.
+
+With `--mode dra` the kubelet's DRA side registers the driver through its plugin watcher, the
+agent publishes its ResourceSlice to an in-process API server stand-in, two claims (`memory:
+10Gi, cores: 30`, and one default share) are allocated from that slice as the scheduler would,
+prepared through the driver and run as simulated workloads steered to their grants. The API
+stand-in and the allocator are the test suite's (`tests/fakes/`), so this mode runs from a source
+checkout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import importlib
 import json
 import os
 import shutil
 import sys
 import tempfile
-from typing import TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
 import structlog
 
@@ -29,6 +39,7 @@ from vgpu_agent.config import Config
 from vgpu_agent.deviceplugin.allocation import preferred_allocation
 from vgpu_agent.deviceplugin.ids import parse_device_id
 from vgpu_agent.gpu.sim import SimBackend
+from vgpu_agent.kubelet.drastandin import DraKubeletStandIn
 from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
 from vgpu_agent.simulation.demo import run_demo_workloads
 from vgpu_agent.simulation.gpu import Workload
@@ -53,6 +64,9 @@ def simulate_defaults() -> dict[str, object]:
         "metrics_address": "127.0.0.1:9394",
         "log_format": "console",
         "node_name": "sim-node",
+        "plugin_registry_dir": os.path.join(root, "plugins_registry"),
+        "dra_plugin_dir": os.path.join(root, "plugins"),
+        "cdi_dir": os.path.join(root, "cdi"),
         "pod_priority_namespaces": DEMO_NAMESPACE,  # the inference pod's priority is accepted
     }
 
@@ -83,6 +97,8 @@ class DemoPods:
 
 
 async def simulate(config: Config, duration: float = 0.0, view: bool = False) -> int:
+    if config.mode == "dra":
+        return await simulate_dra(config, duration, view)
     log_file = _log_to_file(config) if view else None
     kubelet = KubeletStandIn(config.device_plugin_dir, config.pod_resources_socket)
     await kubelet.start()
@@ -257,3 +273,123 @@ async def _sample_allocation(kubelet: KubeletStandIn, resource: str, policy: str
     admission = Admission(DEMO_NAMESPACE, f"{policy}-pod", "main", resource, chosen, response)
     kubelet.admissions.append(admission)
     return admission
+
+
+# --- DRA mode ------------------------------------------------------------------------------------
+
+DRA_DEMO_CLAIMS = (
+    ("sized", {"memory": "10Gi", "cores": "30"}),
+    ("default-share", None),
+)
+
+
+def _source_checkout_fakes() -> tuple[Any, Any]:
+    """The fake API server and the test allocator from the source checkout's `tests/fakes/`."""
+    repo = Path(__file__).resolve().parent.parent
+    if not (repo / "tests" / "fakes" / "kubeapi.py").exists():
+        raise RuntimeError(
+            "simulate --mode dra needs the API server stand-in in tests/fakes/ of a source "
+            f"checkout; none next to {repo}"
+        )
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    kubeapi = importlib.import_module("tests.fakes.kubeapi")
+    allocator = importlib.import_module("tests.fakes.dra_allocator")
+    return kubeapi.FakeKubeAPI, allocator.allocate_in
+
+
+async def simulate_dra(config: Config, duration: float = 0.0, view: bool = False) -> int:
+    fake_api, allocate_in = _source_checkout_fakes()
+    log_file = _log_to_file(config) if view else None
+    api = fake_api(token=None)
+    await api.start()
+    node = config.node_name or "sim-node"
+    api.add_node(node)
+    driver = config.dra_driver_name
+    api.resources.create(
+        "deviceclasses",
+        "",
+        {
+            "metadata": {"name": driver},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+        },
+    )
+    root = Path(config.state_dir).parent
+    kubeconfig = api.write_kubeconfig(root / "kubeconfig")
+    config = dataclasses.replace(config, kubeconfig=str(kubeconfig), node_name=node)
+    kubelet = KubeletStandIn(config.device_plugin_dir, config.pod_resources_socket)
+    await kubelet.start()
+    dra = DraKubeletStandIn(config.plugin_registry_dir, config.dra_plugin_dir, kubelet=kubelet)
+    await dra.start()
+    agent = Agent(config)
+    agent_task = asyncio.create_task(agent.run(), name="agent")
+    demo: asyncio.Task[object] | None = None
+    view_task: asyncio.Task[None] | None = None
+    try:
+        plugin = await dra.wait_registered(driver, limit_s=30)
+        log.info("kubelet_saw_dra_driver", driver=driver, endpoint=plugin.endpoint,
+                 version=plugin.version)  # fmt: skip
+        for _ in range(600):  # the publisher's first write, at most 30 s
+            if api.resources.slices(node, driver):
+                break
+            await asyncio.sleep(0.05)
+        (published,) = api.resources.slices(node, driver)
+        for device in published["spec"]["devices"]:
+            log.info(
+                "api_saw_resourceslice_device",
+                device=device["name"],
+                capacity={k: v["value"] for k, v in device.get("capacity", {}).items()},
+            )
+        for name, capacity in DRA_DEMO_CLAIMS:
+            exactly: dict[str, Any] = {"deviceClassName": driver}
+            if capacity:
+                exactly["capacity"] = {"requests": capacity}
+            requests = [{"name": "gpu", "exactly": exactly}]
+            body = {"metadata": {"name": name}, "spec": {"devices": {"requests": requests}}}
+            created = api.resources.create("resourceclaims", DEMO_NAMESPACE, body)
+            allocated = allocate_in(api.resources, DEMO_NAMESPACE, name, node)
+            ref = (DEMO_NAMESPACE, name, created["metadata"]["uid"])
+            (claim,) = await dra.start_container(DEMO_NAMESPACE, f"{name}-pod", "main", driver,
+                                                 [ref])  # fmt: skip
+            result = allocated["status"]["allocation"]["devices"]["results"][0]
+            log.info(
+                "sample_claim_prepared",
+                claim=f"{DEMO_NAMESPACE}/{name}",
+                device=result["device"],
+                consumed=result.get("consumedCapacity"),
+                cdi_devices=[list(d.cdi_device_ids) for d in claim.devices],
+            )
+        demo = asyncio.create_task(
+            run_demo_workloads(
+                agent.regions.regions,
+                agent.backend if isinstance(agent.backend, SimBackend) else None,
+                controller_status=lambda: agent.controller.status,
+                report_every_s=5.0,
+            ),
+            name="demo-workloads",
+        )
+        log.info("metrics_url", url=agent.metrics.url)
+        print(f"metrics: {agent.metrics.url}  (Ctrl-C to stop)", flush=True)
+        if log_file is not None:
+            print(f"log: {log_file.name}", flush=True)
+            view_task = asyncio.create_task(_live_view(agent), name="live-view")
+        if duration > 0:
+            await asyncio.wait({agent_task}, timeout=duration)
+        else:
+            await agent_task
+    finally:
+        for task in (view_task, demo):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        agent.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await agent_task
+        await dra.stop()
+        await kubelet.stop()
+        await api.stop()
+        _remove_own_root(config)
+        if log_file is not None:
+            log_file.close()
+    return 0

@@ -1,4 +1,6 @@
-"""A fake Kubernetes API server on aiohttp: nodes, core/v1 events and pods, with faults on demand.
+"""A fake Kubernetes API server on aiohttp: nodes, core/v1 events, pods and the
+`resource.k8s.io/v1` kinds (ResourceSlice, ResourceClaim, DeviceClass: see `resourceapi.py`),
+with faults on demand.
 
 Pods (`add_pod`, `set_pod_annotations`, `delete_pod`) are served as list and watch at
 /api/v1/pods with a `spec.nodeName` field selector; watches stream JSON lines from a
@@ -39,6 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.resourceapi import ResourceStore, add_routes
 from vgpu_agent.gpu.model import MIB, GpuInfo
 from vgpu_agent.kube.node import NodeIntegration
 
@@ -71,8 +74,9 @@ class _Fault:
     times: int
     status: int = 0  # 0: stall instead of answering
     seconds: float = 0.0
-    action: Any = None  # called after the request was answered
+    action: Any = None  # called after the request was answered (or before, see `first`)
     handled: bool = False  # stall after the request took effect (only the answer is late)
+    first: bool = False  # the action runs before the request is handled
 
 
 @dataclass
@@ -93,6 +97,10 @@ class FakeKubeAPI:
     _pod_compacted: int = 0  # watches from a resourceVersion below this get 410 Gone
     _pod_changed: asyncio.Condition | None = None
     _pod_watch_epoch: int = 0  # bumped to end every open watch
+    resources: ResourceStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.resources = ResourceStore(self._next_rv, lambda: self._rv)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -103,6 +111,7 @@ class FakeKubeAPI:
         app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
         app.router.add_get("/api/v1/namespaces/{ns}/events", self._list_events)
+        add_routes(app, self.resources, lambda request: request[_BODY])
         app.router.add_get("/api/v1/pods", self._pods_route)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict_pod)
         self._runner = web.AppRunner(app, handle_signals=False)
@@ -122,6 +131,7 @@ class FakeKubeAPI:
 
     async def stop(self) -> None:
         """Close the port: clients now get 'connection refused'."""
+        self.resources.close_watches()
         await self.end_pod_watches()  # open watches end, as when the server goes away
         if self._runner is not None:
             await self._runner.cleanup()
@@ -221,9 +231,16 @@ class FakeKubeAPI:
         an object between a client's read and its write."""
         self._faults.append(_Fault(method, re.compile(path), times, action=action))
 
-    def _take_fault(self, request: web.Request, actions: bool = False) -> _Fault | None:
+    def before(self, method: str, action: Any, times: int = 1, path: str = ".*") -> None:
+        """Run action() right before the next matching requests are handled, e.g. to change an
+        object after a client read it and before its write lands (a certain conflict)."""
+        self._faults.append(_Fault(method, re.compile(path), times, action=action, first=True))
+
+    def _take_fault(
+        self, request: web.Request, actions: bool = False, first: bool = False
+    ) -> _Fault | None:
         for fault in self._faults:
-            if (fault.action is not None) != actions:
+            if (fault.action is not None) != actions or fault.first != first:
                 continue
             if (fault.method is None or fault.method == request.method) and fault.path.search(
                 request.path
@@ -252,6 +269,9 @@ class FakeKubeAPI:
         self.requests.append(record)
         request[_BODY] = body
         try:
+            ahead = self._take_fault(request, actions=True, first=True)
+            if ahead is not None:
+                ahead.action()
             response = await self._answer(request, handler)
             follow_up = self._take_fault(request, actions=True)
             if follow_up is not None:

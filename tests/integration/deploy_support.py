@@ -20,6 +20,15 @@ KUBECTL = REPO / "build" / "tools" / "kubectl" / "bin" / "kubectl"
 CEL_PATH = REPO / "build" / "tools" / "cel"
 # kubernetes-validate ships offline schemas for these exact versions (checked in the tests).
 KUBE_VERSIONS = ("1.30.0", "1.37.0")
+# DRA variants (a path part `dra` or `dra-...`) need resource.k8s.io/v1, GA in 1.34; consumable
+# capacity, the extended-resource mapping and device taints are on by default from 1.36.
+DRA_KUBE_VERSIONS = ("1.34.0", "1.36.0")
+
+
+def versions_for(variant: str) -> tuple[str, ...]:
+    """The Kubernetes versions a variant is validated against."""
+    dra = any(part == "dra" or part.startswith("dra-") for part in variant.split("/"))
+    return DRA_KUBE_VERSIONS if dra else KUBE_VERSIONS
 
 
 def tool(name: str) -> str:

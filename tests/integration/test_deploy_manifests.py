@@ -1,5 +1,6 @@
 """deploy/: every variant renders with `kubectl kustomize` and validates strictly against the
-Kubernetes 1.30 and 1.37 schemas; the DaemonSet agrees with the agent's config and CLI."""
+Kubernetes 1.30 and 1.37 schemas (DRA variants: 1.34 and 1.36); the DaemonSet agrees with the
+agent's config and CLI."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kubernetes_validate import utils as kv
 
 from tests.integration.deploy_support import (
     DEPLOY,
+    DRA_KUBE_VERSIONS,
     KUBE_VERSIONS,
     kustomizations,
     one,
@@ -26,6 +28,7 @@ from tests.integration.deploy_support import (
     render_text,
     validate_files,
     variants,
+    versions_for,
 )
 from vgpu_agent import cli, shiminstall
 from vgpu_agent.config import Config, ConfigSources, build_config
@@ -36,7 +39,9 @@ EXPECTED_VARIANTS = {
     "overlays/monitoring",
     "overlays/default-runtime",
     "overlays/hardened",
+    "overlays/dra",
     "examples",
+    "examples/dra",
 }
 
 # The fields of monitoring.coreos.com/v1 ServiceMonitor this project uses, strictly (no schema
@@ -161,6 +166,7 @@ def test_the_expected_variants_exist_and_every_component_is_used() -> None:
         "components/servicemonitor",
         "components/default-runtime",
         "components/node-guard",
+        "components/dra",
         "components/metrics-network-policy",
     } <= components
     assert components <= used, f"components no overlay renders: {sorted(components - used)}"
@@ -168,7 +174,7 @@ def test_the_expected_variants_exist_and_every_component_is_used() -> None:
 
 def test_validator_ships_the_schemas_we_validate_against() -> None:
     shipped = kv.all_versions()
-    for version in KUBE_VERSIONS:
+    for version in KUBE_VERSIONS + DRA_KUBE_VERSIONS:
         assert version in shipped, f"kubernetes-validate has no schemas for {version}: {shipped}"
 
 
@@ -181,16 +187,18 @@ def validation(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str]
         files[variant] = out / (variant.replace("/", "_") + ".yaml")
         files[variant].write_text(render_text(variant))
     results = {}
-    for version in KUBE_VERSIONS:
-        report = validate_files(list(files.values()), version)
-        for variant, path in files.items():
+    for version in sorted(set(KUBE_VERSIONS + DRA_KUBE_VERSIONS)):
+        wanted = {v: path for v, path in files.items() if version in versions_for(v)}
+        report = validate_files(list(wanted.values()), version)
+        for variant, path in wanted.items():
             results[variant, version] = report[path]
     return results
 
 
 # every kustomization on disk, including ones added later, is rendered and validated
-@pytest.mark.parametrize("version", KUBE_VERSIONS)
-@pytest.mark.parametrize("variant", variants())
+@pytest.mark.parametrize(
+    ("variant", "version"), [(v, k) for v in variants() for k in versions_for(v)]
+)
 def test_variant_validates_strictly(
     variant: str, version: str, validation: dict[tuple[str, str], list[str]]
 ) -> None:

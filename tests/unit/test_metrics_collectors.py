@@ -379,3 +379,22 @@ def test_families_without_samples_are_left_out() -> None:
     found = [f.name for f in families(snap)]
     assert "vgpu_container_memory_limit_bytes" not in found
     assert "vgpu_build" in found
+
+
+async def test_dra_regions_name_their_claim_next_to_the_container(node: Node) -> None:
+    claim_uid = "00000000-0000-4000-8000-000000000001"
+    node.region("dra", ("team-a", "train-pod", "main"), [DeviceSpec(G0, 10 * GIB, 30)],
+                [f"{claim_uid}-gpu-0"])
+    node.region("dp", ("team-b", "p", "c"), [DeviceSpec(G1, 8 * GIB, 25)], [f"{G1}::0"])
+    node.region("unbound", None, [DeviceSpec(G1, 8 * GIB, 25)], ["x-gpu-1"])
+    claims = {"dra": ("team-a", "train", claim_uid), "unbound": ("team-c", "c", "u")}
+    text = await node.scrape(claims=lambda: claims)
+    info = series(text, "vgpu_container_claim_info")
+    assert len(info) == 1  # the device-plugin region has no claim; an unbound one no container
+    assert value(text, "vgpu_container_claim_info", namespace="team-a", pod="train-pod",
+                 container="main", claim_namespace="team-a", claim_name="train",
+                 claim_uid=claim_uid) == 1
+    # the container's own series carry the same namespace/pod/container, so they join
+    assert value(text, "vgpu_container_memory_limit_bytes",
+                 **_labels("team-a", "train-pod", "main", G0, 0)) == 10 * GIB
+    assert series(await node.scrape(), "vgpu_container_claim_info") == []  # device-plugin mode

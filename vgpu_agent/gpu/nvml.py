@@ -93,6 +93,7 @@ class NvmlBackend:
         self._handles: dict[str, Any] = {}
         self._uuid_by_address: dict[int, str] = {}
         self._event_set: Any = None
+        self.driver_version: str | None = None  # as NVML reports it, once started
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -107,6 +108,7 @@ class NvmlBackend:
             driver = self._optional(
                 "nvmlSystemGetDriverVersion", "", pynvml.nvmlSystemGetDriverVersion
             )
+            self.driver_version = driver if isinstance(driver, str) and driver else None
             log.info("nvml_started", driver_version=driver, library=self.library_path or "system")
 
     def shutdown(self) -> None:

@@ -22,6 +22,8 @@ import grpc
 import structlog
 
 from vgpu_agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
+from vgpu_agent.dra.cdi import claim_uid_of
+from vgpu_agent.dra.grant import region_device_id
 
 log = structlog.get_logger(__name__)
 
@@ -54,8 +56,15 @@ class PodResourcesUnavailable(PodResourcesError):
     """The socket does not exist (or is not a socket): nothing to ask."""
 
 
-def assignments_from(response: api_pb2.ListPodResourcesResponse, resource_name: str) -> Assignments:
-    """Device ID -> container, for `resource_name` only. A device listed twice keeps the last."""
+def assignments_from(
+    response: api_pb2.ListPodResourcesResponse, resource_name: str, dra_driver: str | None = None
+) -> Assignments:
+    """Device ID -> container, for `resource_name` only. A device listed twice keeps the last.
+
+    With `dra_driver`, the devices of that driver's prepared claims (`dynamic_resources`) are
+    included under the IDs their regions carry (`<claim uid>-<device>`); the claim's UID is
+    read from the claim's CDI device name, the only place PodResources shows it.
+    """
     found: Assignments = {}
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -65,6 +74,21 @@ def assignments_from(response: api_pb2.ListPodResourcesResponse, resource_name: 
                     continue
                 for device_id in devices.device_ids:
                     found[device_id] = ref
+            if dra_driver is None:
+                continue
+            for claim in container.dynamic_resources:
+                ours = [r for r in claim.claim_resources if r.driver_name == dra_driver]
+                uids = {
+                    uid
+                    for r in ours
+                    for cdi in r.cdi_devices
+                    if (uid := claim_uid_of(cdi.name, dra_driver)) is not None
+                }
+                if len(uids) != 1:
+                    continue  # not one of our prepared claims (or a confused answer)
+                uid = uids.pop()
+                for r in ours:
+                    found[region_device_id(uid, r.device_name)] = ref
     return found
 
 
@@ -76,6 +100,7 @@ class PodResourcesClient:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         poke_delay_s: float = DEFAULT_POKE_DELAY_S,
+        dra_driver: str | None = None,
     ):
         if not timeout_s > 0:
             raise ValueError(f"PodResources timeout must be > 0 s, got {timeout_s!r}")
@@ -83,6 +108,7 @@ class PodResourcesClient:
             raise ValueError(f"PodResources poke delay must be >= 0 s, got {poke_delay_s!r}")
         self.socket_path = socket_path
         self.resource_name = resource_name
+        self.dra_driver = dra_driver
         self.timeout_s = timeout_s
         self.poke_delay_s = poke_delay_s
         self.assignments: Assignments = {}  # the last good map; kept through failures
@@ -114,7 +140,7 @@ class PodResourcesClient:
             raise PodResourcesError(
                 self.socket_path, f"List failed with {err.code().name}: {err.details()}"
             ) from None
-        return assignments_from(response, self.resource_name)
+        return assignments_from(response, self.resource_name, self.dra_driver)
 
     async def refresh(self, on_update: UpdateHook | None = None) -> bool:
         """List once; on success remember the map and hand it to `on_update`. Never raises."""

@@ -8,7 +8,8 @@ What it does, as the kubelet does:
   device of the resource turns unhealthy;
 - admits containers: `GetPreferredAllocation` (when the plugin offers it) over the free healthy
   devices, falls back to its own choice when the answer is short or invalid, then `Allocate`;
-- serves the PodResources `List` API on its own socket from what it admitted;
+- serves the PodResources `List` API on its own socket from what it admitted, with the DRA
+  claims the DRA stand-in (`drastandin.py`) prepared for containers as `dynamic_resources`;
 - `restart()`: stops, deletes every socket in the plugin dir except its checkpoint file, and
   serves a fresh `kubelet.sock`.
 """
@@ -55,6 +56,19 @@ class Admission:
 
 
 @dataclass
+class DynamicAdmission:
+    """A container using a prepared DRA claim, as PodResources reports it."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim_namespace: str
+    claim_name: str
+    driver: str
+    devices: list[tuple[str, str, list[str]]]  # pool, device, CDI device IDs
+
+
+@dataclass
 class ResourceState:
     endpoint: str = ""
     options: api_pb2.DevicePluginOptions = field(default_factory=api_pb2.DevicePluginOptions)
@@ -74,6 +88,7 @@ class KubeletStandIn:
         self.resources: dict[str, ResourceState] = {}
         self.registrations: list[Registration] = []
         self.admissions: list[Admission] = []
+        self.dynamic: list[DynamicAdmission] = []  # kept by the DRA stand-in
         self.changed = asyncio.Condition()
         self.reject_registrations = 0  # answer this many Register calls with UNAVAILABLE
         self.pod_resources_empty = False  # PodResources List answers with no pods at all
@@ -287,6 +302,24 @@ class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
             ctr = containers.setdefault(a.container, pr_pb2.ContainerResources(name=a.container))
             ctr.devices.append(
                 pr_pb2.ContainerDevices(resource_name=a.resource_name, device_ids=a.device_ids)
+            )
+        for d in self._kubelet.dynamic:
+            containers = pods.setdefault((d.namespace, d.pod), {})
+            ctr = containers.setdefault(d.container, pr_pb2.ContainerResources(name=d.container))
+            ctr.dynamic_resources.append(
+                pr_pb2.DynamicResource(
+                    claim_name=d.claim_name,
+                    claim_namespace=d.claim_namespace,
+                    claim_resources=[
+                        pr_pb2.ClaimResource(
+                            cdi_devices=[pr_pb2.CDIDevice(name=n) for n in cdi_ids],
+                            driver_name=d.driver,
+                            pool_name=pool,
+                            device_name=device,
+                        )
+                        for pool, device, cdi_ids in d.devices
+                    ],
+                )
             )
         return pr_pb2.ListPodResourcesResponse(
             pod_resources=[

@@ -75,7 +75,7 @@ class ContainerDevice:
     utilization: float | None = None  # percent, from the throttle controller
     open_loop: bool | None = None
     priority: int = 0
-    policy_source: str = ""  # "pod" or "default" ("" when the agent does not say)
+    policy_source: str = ""  # "pod", "claim" (DRA) or "default" ("" when the agent does not say)
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,8 @@ class Snapshot:
     pod_resources_failures: int | None = None
     task_restarts: Mapping[str, int] = field(default_factory=dict)
     now_ns: int = 0  # CLOCK_MONOTONIC, for launch ages
+    # DRA: which container uses which claim (namespace, pod, container; claim ns, name, uid)
+    claims: tuple[tuple[Identity, tuple[str, str, str]], ...] = ()
 
 
 # The rate the throttle controller writes for devices it does not limit; not worth a series.
@@ -203,6 +205,12 @@ def take_snapshot(
     for identity, region in chosen.items():
         source = source_of(region.alloc_id) if source_of is not None else ""
         containers += container_devices(identity, region, by_uuid, throttle, source)
+    claim_of = dict(sources.claims()) if sources.claims else {}
+    claims = tuple(
+        (identity, claim_of[region.alloc_id])
+        for identity, region in chosen.items()
+        if region.alloc_id in claim_of
+    )
 
 
     registration = sources.registration() if sources.registration else None
@@ -228,6 +236,7 @@ def take_snapshot(
         ),
         task_restarts=dict(tasks.restarts) if tasks is not None else {},
         now_ns=time.monotonic_ns() if now_ns is None else now_ns,
+        claims=claims,
     )
 
 
@@ -251,7 +260,12 @@ def _put(family: Metric, labels: dict[str, str], value: float) -> None:
 
 def families(snap: Snapshot, hami: bool = False) -> list[Metric]:
     """Every family of the agent's own metrics for one scrape. Pure."""
-    groups = [_gpu_families(snap), _container_families(snap), _agent_families(snap)]
+    groups = [
+        _gpu_families(snap),
+        _container_families(snap),
+        _claim_families(snap),
+        _agent_families(snap),
+    ]
     if hami:
         groups.append(_hami_families(snap))
     # a family without samples is left out: it would only add HELP/TYPE lines
@@ -399,6 +413,21 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
             _put(age, labels, launch_age)
     yield from (mem_limit, mem_used, core_limit, core_util, waited, launches, rate, age, open_loop)
     yield from (policy_info, priority)
+
+
+def _claim_families(snap: Snapshot) -> Iterator[Metric]:
+    """DRA: the claim behind each container's limits, to join with the container series."""
+    info = InfoMetricFamily(
+        "vgpu_container_claim",
+        "The DRA ResourceClaim a container's GPU share was prepared for.",
+        labels=["namespace", "pod", "container"],
+    )
+    for identity, (claim_ns, claim_name, claim_uid) in snap.claims:
+        info.add_metric(
+            list(identity),
+            {"claim_namespace": claim_ns, "claim_name": claim_name, "claim_uid": claim_uid},
+        )
+    yield info
 
 
 def _node_family(kind: str, name: str, doc: str, value: float, node: str) -> Metric:

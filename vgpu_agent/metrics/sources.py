@@ -108,6 +108,8 @@ class MetricsSources:
     pod_resources_failures: Callable[[], int] | None = None
     tasks: Callable[[], TaskView | None] | None = None
     backend_error: Callable[[], str] | None = None
+    # DRA: region alloc_id -> (claim namespace, claim name, claim uid) of its prepared claim
+    claims: Callable[[], Mapping[str, tuple[str, str, str]]] | None = None
     allocate_error: Callable[[], str] | None = None  # why Allocate cannot work now, "" if it can
     # "pod" when the region's core policy and priority are its pod's choice, else "default"
     policy_source: Callable[[str], str] | None = None

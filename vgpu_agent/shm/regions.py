@@ -759,6 +759,7 @@ class RegionStore:
         self._seq_lock = threading.Lock()
         self._state_headers: dict[int, bytes] = {}
         self._shim_missing_logged = False
+        self._pinned: set[str] = set()
         self._create_error = ""
         self._empty_answers = 0  # PodResources answers in a row that listed none of ours
 
@@ -894,11 +895,46 @@ class RegionStore:
         spares = self._spares.get(device_count)
         return spares.pop() if spares else None
 
-    def create(self, grant: Grant) -> Region:
-        """Create the region of one container's grant. Raises RegionError."""
-        region = self._build(self._take_seq(), grant)
+    def create(
+        self,
+        grant: Grant,
+        *,
+        policies: Sequence[CorePolicy | None] = (),
+        priority: int = 0,
+        pinned: bool = False,
+    ) -> Region:
+        """Create the region of one grant. Raises RegionError.
+
+        `policies` (per device, None: the default) and `priority` come from a DRA claim's
+        parameters. A `pinned` region is never collected by `reconcile`: its owner (a prepared
+        DRA claim) removes it with `remove()`, since a prepared claim's container may start long
+        after Prepare (an image pull) or restart.
+        """
+        region = self._build(self._take_seq(), grant, policies, priority)
         self._add(region)
+        if pinned:
+            self._pinned.add(region.alloc_id)
         return region
+
+    def pin(self, alloc_id: str) -> None:
+        """Keep `reconcile` from collecting this region (after an agent restart)."""
+        self._pinned.add(alloc_id)
+
+    async def remove(self, alloc_id: str, reason: str) -> bool:
+        """Close and delete one region now; False if there is no such region."""
+        self._pinned.discard(alloc_id)
+        region = self._regions.pop(alloc_id, None)
+        if region is None:
+            return False
+        self._retired_corrupt_reads += region.corrupt_reads
+        self._retired_skipped_records += region.skipped_records
+        region.close()
+        await asyncio.to_thread(self._delete, region.path)
+        self._binding.bound.pop(alloc_id, None)
+        self._binding.unheld_since.pop(alloc_id, None)
+        self.counters.removed += 1
+        log.info("region_removed", alloc_id=alloc_id, reason=reason)
+        return True
 
     def extras_for(self, region: Region) -> Extras:
         """What the container's Allocate response gets for `region`."""
@@ -966,10 +1002,18 @@ class RegionStore:
         largest = max([largest, *(r.seq for r in self._regions.values())])
         return largest
 
-    def _control_for(self, seq: int, grant: Grant, created_ns: int) -> layout.Control:
-        policy = self.default_policy
+    def _control_for(
+        self,
+        seq: int,
+        grant: Grant,
+        created_ns: int,
+        policies: Sequence[CorePolicy | None] = (),
+        priority: int = 0,
+    ) -> layout.Control:
         devices = []
-        for device in grant.devices:
+        for i, device in enumerate(grant.devices):
+            chosen = policies[i] if i < len(policies) else None
+            policy: CorePolicy = chosen or self.default_policy
             rate, burst = self.initial_rate(device, policy)
             devices.append(
                 layout.ControlDevice(
@@ -984,21 +1028,29 @@ class RegionStore:
         return layout.Control(
             devices=tuple(devices),
             device_ids=tuple(grant.device_ids),
-            priority=0,
+            priority=priority,
             seq=seq,
             created_ns=created_ns,
             heartbeat_ns=created_ns,
             flags=self.control_flags,
         )
 
-    def _build(self, seq: int, grant: Grant) -> Region:
+    def _build(
+        self,
+        seq: int,
+        grant: Grant,
+        policies: Sequence[CorePolicy | None] = (),
+        priority: int = 0,
+    ) -> Region:
         created_ns = self.clock()
         alloc_id = format_alloc_id(seq, grant.device_ids, created_ns)
         final = self.root / alloc_id
         spare = self._take_spare(len(grant.devices))
         temp = spare or self.root / (_NEW_PREFIX + alloc_id)
         try:
-            control = layout.encode_control(self._control_for(seq, grant, created_ns))
+            control = layout.encode_control(
+                self._control_for(seq, grant, created_ns, policies, priority)
+            )
             if spare is None:
                 self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
                 os.mkdir(temp, DIR_MODE)
@@ -1019,7 +1071,7 @@ class RegionStore:
             "region_created",
             alloc_id=alloc_id,
             device_ids=list(grant.device_ids),
-            policy=self.default_policy,
+            policy=[p or self.default_policy for p in policies] or self.default_policy,
         )
         return region
 
@@ -1151,16 +1203,36 @@ class RegionStore:
             for alloc_id, key in plan.bound.items()
             if self._binding.bound.get(alloc_id) != key
         }
+        last_known = dict(self._binding.bound)
+        bound = dict(plan.bound)
+        for alloc_id in plan.remove:
+            if alloc_id in self._pinned and alloc_id in last_known:
+                bound[alloc_id] = last_known[alloc_id]  # kept, so it keeps its labels
+        for alloc_id in self._pinned:
+            # a claim's region belongs to the container holding all its IDs, also when that
+            # container holds other claims too (the plan's rule wants the exact set)
+            pinned = self._regions.get(alloc_id)
+            if pinned is None or not pinned.device_ids:
+                continue
+            refs = {tuple(assignments[i]) for i in pinned.device_ids if i in assignments}
+            if len(refs) == 1 and all(i in assignments for i in pinned.device_ids):
+                key = refs.pop()
+                if bound.get(alloc_id) != key and last_known.get(alloc_id) != key:
+                    newly[alloc_id] = (key[0], key[1], key[2])
+                bound[alloc_id] = (key[0], key[1], key[2])
         for alloc_id, key in newly.items():
             log.info(
                 "region_bound", alloc_id=alloc_id, namespace=key[0], pod=key[1], container=key[2]
             )
-        last_known = dict(self._binding.bound)
-        self._binding = _Binding(plan.bound, plan.unheld_since)
+        self._binding = _Binding(bound, plan.unheld_since)
+        removed: dict[str, str] = {}
         for alloc_id, reason in plan.remove.items():
+            if alloc_id in self._pinned:
+                continue  # its DRA claim is still prepared; Unprepare removes it
             region = self._regions.pop(alloc_id, None)
             if region is None:
                 continue
+            removed[alloc_id] = reason
             # keep the counts monotonic for the metrics after the region is gone
             self._retired_corrupt_reads += region.corrupt_reads
             self._retired_skipped_records += region.skipped_records
@@ -1177,7 +1249,7 @@ class RegionStore:
                 reason=reason,
                 container="/".join(last) if last else None,
             )
-        return plan.remove
+        return removed
 
     def _delete(self, path: Path) -> None:
         doomed = path.with_name(_GC_PREFIX + path.name)

@@ -41,16 +41,18 @@ class PodResources(_message.Message):
     def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., containers: _Optional[_Iterable[_Union[ContainerResources, _Mapping]]] = ...) -> None: ...
 
 class ContainerResources(_message.Message):
-    __slots__ = ("name", "devices", "cpu_ids", "memory")
+    __slots__ = ("name", "devices", "cpu_ids", "memory", "dynamic_resources")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     CPU_IDS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    DYNAMIC_RESOURCES_FIELD_NUMBER: _ClassVar[int]
     name: str
     devices: _containers.RepeatedCompositeFieldContainer[ContainerDevices]
     cpu_ids: _containers.RepeatedScalarFieldContainer[int]
     memory: _containers.RepeatedCompositeFieldContainer[ContainerMemory]
-    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ...) -> None: ...
+    dynamic_resources: _containers.RepeatedCompositeFieldContainer[DynamicResource]
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ..., dynamic_resources: _Optional[_Iterable[_Union[DynamicResource, _Mapping]]] = ...) -> None: ...
 
 class ContainerMemory(_message.Message):
     __slots__ = ("memory_type", "size", "topology")
@@ -83,6 +85,34 @@ class NUMANode(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     ID: int
     def __init__(self, ID: _Optional[int] = ...) -> None: ...
+
+class DynamicResource(_message.Message):
+    __slots__ = ("claim_name", "claim_namespace", "claim_resources")
+    CLAIM_NAME_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    claim_name: str
+    claim_namespace: str
+    claim_resources: _containers.RepeatedCompositeFieldContainer[ClaimResource]
+    def __init__(self, claim_name: _Optional[str] = ..., claim_namespace: _Optional[str] = ..., claim_resources: _Optional[_Iterable[_Union[ClaimResource, _Mapping]]] = ...) -> None: ...
+
+class ClaimResource(_message.Message):
+    __slots__ = ("cdi_devices", "driver_name", "pool_name", "device_name")
+    CDI_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_NAME_FIELD_NUMBER: _ClassVar[int]
+    POOL_NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    cdi_devices: _containers.RepeatedCompositeFieldContainer[CDIDevice]
+    driver_name: str
+    pool_name: str
+    device_name: str
+    def __init__(self, cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ..., driver_name: _Optional[str] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ...) -> None: ...
+
+class CDIDevice(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class GetPodResourcesRequest(_message.Message):
     __slots__ = ("pod_name", "pod_namespace")

@@ -1,0 +1,1 @@
+"""Dynamic Resource Allocation: the second kubelet-facing front door."""
