@@ -26,10 +26,15 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from vgpu_agent import __version__
+from vgpu_agent import __version__, hostmemory
 from vgpu_agent.backoff import Backoff
-from vgpu_agent.config import Config
-from vgpu_agent.deviceplugin.allocation import Grant, Split
+from vgpu_agent.config import Config, ConfigError
+from vgpu_agent.deviceplugin.allocation import (
+    Grant,
+    SpillHostMemoryError,
+    Split,
+    check_spill_host_memory,
+)
 from vgpu_agent.deviceplugin.registration import PluginRunner, check_plugin_dir
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
 from vgpu_agent.dra.checkpoint import Checkpoint
@@ -39,6 +44,7 @@ from vgpu_agent.dra.grant import device_table
 from vgpu_agent.dra.server import DraPluginRunner
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
+from vgpu_agent.kube.events import SpilledDevice
 from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kube.pods import NodePods
 from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
@@ -47,6 +53,7 @@ from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources, RegistrationView
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region, RegionStore
+from vgpu_agent.shm.spill import SpillNotice, SpillReports
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.backstop import Breach
 from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
@@ -57,6 +64,7 @@ from vgpu_agent.throttle.watch import BackstopWatch
 
 log = structlog.get_logger(__name__)
 
+SPILL_CHECK_S = 5.0  # how often regions are read for spilled memory (only with spilling on)
 # A stopped agent exits within this many seconds whatever hangs (the kubelet's SIGKILL comes later)
 SHUTDOWN_DEADLINE_S = 4.5
 
@@ -104,13 +112,21 @@ class Agent:
         *,
         backend: GpuBackend | None = None,
         pods: PodLookup | None = None,
+        host_memory: Callable[[], int] | None = None,
         exit_process_after_s: float | None = None,
     ):
         self.config = config
         self.exit_process_after_s = exit_process_after_s
         self._watchdog: threading.Timer | None = None
         self.backend = backend or make_backend(config)
-        self.split = Split(config.split_count, config.memory_scaling, config.cores_scaling)
+        self.split = Split(
+            config.split_count,
+            config.memory_scaling,
+            config.cores_scaling,
+            spill=config.memory_oversubscription == "spill",
+        )
+        self.host_memory = host_memory or (lambda: hostmemory.host_memory(config.host_proc_dir))
+        self.spills = SpillReports()
         self.inventory: Inventory | None = None
         self.backend_error = ""
         self.state: DeviceState | None = None
@@ -257,6 +273,10 @@ class Agent:
             ],
             split_count=self.split.count,
         )
+        # DRA claims get exactly what they consume: nothing there spills (yet)
+        spilling = self.split.spills and self.config.mode != "dra"
+        if spilling:
+            await asyncio.to_thread(self._check_spill, gpus)
         self.state = DeviceState(gpus, self.split)
         # Running containers keep their limits: existing regions are adopted as they are.
         adopted = await asyncio.to_thread(self.regions.adopt)
@@ -310,11 +330,74 @@ class Agent:
         self._supervise(group, "throttle", self.controller.run)
         self._supervise(group, "backstop", self.backstop.run)
         self._supervise(group, "metrics-caches", self._refresh_metrics)
+        if spilling:
+            self._supervise(group, "spill-events", self._watch_spills)
         self._start_node_integration(group, gpus)
         # Everything built so far lives as long as the agent: keep the collector from
         # re-scanning it on every collection during the 100 ms control ticks.
         gc.freeze()
         self.ready.set()
+
+    def _check_spill(self, gpus: list[GpuInfo]) -> None:
+        """Refuse to start when spilling could promise more than the host's share for it."""
+        host = self.host_memory()
+        try:
+            promised = check_spill_host_memory(
+                (g.memory_total for g in gpus),
+                self.split,
+                host,
+                self.config.spill_host_memory_fraction,
+            )
+        except SpillHostMemoryError as err:
+            log.error("spill_refused", reason=str(err), host_memory=host)
+            raise ConfigError(
+                "memory_oversubscription",
+                self.config.memory_oversubscription,
+                f"{err}; lower memory_scaling, raise spill_host_memory_fraction "
+                f"(now {self.config.spill_host_memory_fraction}) or set it to off",
+            ) from None
+        log.info("spill_on", promised_bytes=promised, host_memory=host)
+
+    async def _watch_spills(self) -> None:
+        """Tell each container that starts spilling, once: a log line and an event on its pod."""
+        while True:
+            for notice in await asyncio.to_thread(self._spill_notices):
+                self._report_spill(notice)
+            await asyncio.sleep(SPILL_CHECK_S)
+
+    def _spill_notices(self) -> list[SpillNotice]:
+        notices = []
+        regions = self.regions.regions()
+        for region in regions:
+            usage = region.usage()
+            uuids = region.device_uuids
+            limits = [region.memory_limit(dev) for dev in range(len(uuids))]
+            notice = self.spills.observe(
+                region.alloc_id, self.regions.identity(region.alloc_id), usage, uuids, limits
+            )
+            if notice is not None:
+                notices.append(notice)
+        self.spills.forget(r.alloc_id for r in regions)
+        return notices
+
+    def _report_spill(self, notice: SpillNotice) -> None:
+        namespace, pod_name, container = notice.container
+        index = {g.uuid: g.index for g in self.inventory.gpus} if self.inventory else {}
+        devices = [
+            SpilledDevice(d.gpu_uuid, index.get(d.gpu_uuid), d.spilled_bytes, d.limit_bytes)
+            for d in notice.devices
+        ]
+        log.info(
+            "memory_spilled",
+            alloc_id=notice.alloc_id,
+            namespace=namespace,
+            pod=pod_name,
+            container=container,
+            devices=[dataclasses.asdict(d) for d in devices],
+        )
+        pod = self.pods.pod(namespace, pod_name) if self.pods is not None else None
+        if self.pods is not None and pod is not None:
+            self.pods.report_spill(pod, container, devices)
 
     def _start_node_integration(self, group: asyncio.TaskGroup, gpus: list[GpuInfo]) -> None:
         """Labels and events through the Kubernetes API; never in the device plugin's way."""

@@ -31,7 +31,16 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--split-count": ("split_count", "slices per physical GPU (1 <= K <= 128)"),
     "--memory-scaling": (
         "memory_scaling",
-        "memory scaling S (0 < S <= 10; > 1 needs --allow-memory-oversubscription)",
+        "memory scaling S (0 < S <= 10; > 1 needs --memory-oversubscription spill or "
+        "--allow-memory-oversubscription)",
+    ),
+    "--memory-oversubscription": (
+        "memory_oversubscription",
+        "with memory scaling above 1: off (limits only) or spill (to host memory)",
+    ),
+    "--spill-host-memory-fraction": (
+        "spill_host_memory_fraction",
+        "share of host memory that S x GPU memory, summed over GPUs, may reach with spill (0..1]",
     ),
     "--cores-scaling": ("cores_scaling", "cores scaling (0 < x <= 1)"),
     "--allocation-policy": ("allocation_policy", "spread or binpack"),
@@ -231,15 +240,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_reporting_os_errors(run: Callable[[], object]) -> int:
-    """Run; an OSError (e.g. the metrics port is taken) is said plainly, exit status 1."""
+    """Run; an OSError (e.g. the metrics port is taken) is said plainly, exit status 1; a setting
+    refused once the node is known (a ConfigError) exits 2 like any other bad setting."""
     failed: list[OSError] = []
+    refused: list[ConfigError] = []
     try:
         run()
+    except* ConfigError as group:
+        # a setting that can only be judged once the node is known (e.g. spill vs host memory)
+        refused.extend(e for e in group.exceptions if isinstance(e, ConfigError))
     except* OSError as group:
         failed.extend(e for e in group.exceptions if isinstance(e, OSError))
-    for err in failed:
+    for err in [*refused, *failed]:
         print(f"vgpu-agent: {err}", file=sys.stderr)
-    return 1 if failed else 0
+    return EXIT_CONFIG if refused else 1 if failed else 0
 
 
 if __name__ == "__main__":

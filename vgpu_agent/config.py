@@ -28,6 +28,7 @@ Backend = Literal["nvml", "sim"]
 LogFormat = Literal["json", "console"]
 BackstopAction = Literal["report", "evict"]
 CorePolicy = Literal["off", "strict", "work-conserving"]
+MemoryOversubscription = Literal["off", "spill"]
 Mode = Literal["device-plugin", "dra"]
 
 # An extended resource name: a DNS-subdomain prefix outside kubernetes.io, a slash, and a
@@ -88,6 +89,9 @@ class Config:
     split_count: int = 4
     memory_scaling: float = 1.0
     allow_memory_oversubscription: bool = False
+    # With memory_scaling > 1: "spill" serves allocations the card cannot hold from host memory.
+    memory_oversubscription: MemoryOversubscription = "off"
+    spill_host_memory_fraction: float = 0.5
     cores_scaling: float = 1.0
     allocation_policy: AllocationPolicy = "spread"
     device_list_strategy: DeviceListStrategy = "envvar"
@@ -224,6 +228,13 @@ def _as_choice(*choices: str) -> Callable[[str, object, str], str]:
         return raw
 
     return check
+
+
+def _as_oversubscription(key: str, raw: object, source: str) -> str:
+    # YAML 1.1 reads a bare `off` as false: take it as the word that was written
+    if raw is False:
+        return "off"
+    return str(_as_choice("off", "spill")(key, raw, source))
 
 
 def _as_str(allow_empty: bool = True) -> Callable[[str, object, str], str]:
@@ -416,6 +427,10 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
         lambda v: 0 < v <= MAX_MEMORY_SCALING,
     ),
     "allow_memory_oversubscription": _as_bool,
+    "memory_oversubscription": _as_oversubscription,
+    "spill_host_memory_fraction": _as_float(
+        "must be a number > 0 and <= 1 (a share of the host's memory)", lambda v: 0 < v <= 1
+    ),
     "cores_scaling": _as_float("must be a number > 0 and <= 1", lambda v: 0 < v <= 1),
     "allocation_policy": _as_choice("spread", "binpack"),
     "device_list_strategy": _as_choice("envvar", "cdi"),
@@ -567,12 +582,17 @@ def build_config(sources: ConfigSources) -> Config:
 
 
 def _check_combinations(config: Config) -> None:
-    if config.memory_scaling > 1 and not config.allow_memory_oversubscription:
+    if (
+        config.memory_scaling > 1
+        and not config.allow_memory_oversubscription
+        and config.memory_oversubscription != "spill"
+    ):
         raise ConfigError(
             "memory_scaling",
             config.memory_scaling,
-            "values above 1 hand out more memory than the GPU has; "
-            "set allow_memory_oversubscription: true to accept that",
+            "values above 1 hand out more memory than the GPU has; set "
+            "memory_oversubscription: spill (what the card cannot hold is served from host "
+            "memory) or allow_memory_oversubscription: true (limits only, no spilling)",
         )
     if len(config.plugin_socket) > 107:
         raise ConfigError(

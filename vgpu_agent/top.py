@@ -130,6 +130,9 @@ def _row(allocation: Mapping[str, Any], device: Mapping[str, Any]) -> list[Rende
     used = device.get("memory_used_bytes")
     memory = _bar(used / limit if limit and used is not None else None, memory_over)
     memory.append(f" {_gib(used)}/{_gib(limit) if limit else 'inf'} GiB")
+    spilled = device.get("memory_spilled_bytes")
+    if spilled:  # served from host memory: slower, and charged to the container's memory
+        memory.append(f" ({_gib(spilled)} spilled)", style="yellow")
     share, cap = device.get("core_measured_ratio"), device.get("core_limit_ratio")
     bar = _bar(share / cap if share is not None and cap else None, share_over)
     bar.append(f" {_percent(share)}")

@@ -105,6 +105,35 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 
 #define CU_MEM_ATTACH_GLOBAL 0x1
 
+/* ---- managed memory, pointer attributes, IPC (spilling to host memory) */
+
+typedef enum CUmem_advise_enum {
+    CU_MEM_ADVISE_SET_READ_MOSTLY = 1,
+    CU_MEM_ADVISE_UNSET_READ_MOSTLY = 2,
+    CU_MEM_ADVISE_SET_PREFERRED_LOCATION = 3,
+    CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION = 4,
+    CU_MEM_ADVISE_SET_ACCESSED_BY = 5,
+    CU_MEM_ADVISE_UNSET_ACCESSED_BY = 6
+} CUmem_advise;
+
+typedef enum CUpointer_attribute_enum {
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+    CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+    CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+    CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+} CUpointer_attribute;
+
+#define CU_MEMORYTYPE_HOST 0x1
+#define CU_MEMORYTYPE_DEVICE 0x2
+#define CU_MEMORYTYPE_UNIFIED 0x4
+
+#define CU_IPC_HANDLE_SIZE 64
+typedef struct CUipcMemHandle_st {
+    char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+
 /* ---- memory the driver holds for a process: contexts, modules, pools, VMM, arrays */
 
 typedef struct CUmod_st *CUmodule;
@@ -209,6 +238,12 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                      const CUmemAllocationProp *prop, unsigned long long flags);
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+/* the entry point every driver keeps (device ordinal; CU_DEVICE_CPU = -1 for the host) */
+CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device);
+CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                        CUmemLocation location);
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 
 CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                         unsigned int flags, CUdevice dev);
@@ -292,6 +327,196 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *symbolStatus);
+
+/* ---- graphs, stream capture, legacy and multi-device launches */
+
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUkern_st *CUkernel;
+
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ((CUresult)900)
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ((CUresult)901)
+#define CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ((CUresult)906)
+#define CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD ((CUresult)908)
+#define CUDA_ERROR_ILLEGAL_STATE ((CUresult)401)
+
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_STREAM_NON_BLOCKING 0x1
+
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+
+typedef enum CUgraphNodeType_enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_MEMCPY = 1,
+    CU_GRAPH_NODE_TYPE_MEMSET = 2,
+    CU_GRAPH_NODE_TYPE_HOST = 3,
+    CU_GRAPH_NODE_TYPE_GRAPH = 4,
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_WAIT_EVENT = 6,
+    CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7,
+    CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL = 8,
+    CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT = 9,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+    CU_GRAPH_NODE_TYPE_BATCH_MEM_OP = 12,
+    CU_GRAPH_NODE_TYPE_CONDITIONAL = 13
+} CUgraphNodeType;
+
+typedef struct CUDA_KERNEL_NODE_PARAMS_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS_v1;
+
+/* _v2 and _v3 share this layout: _v1 plus the library kernel and its context */
+typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
+typedef CUDA_KERNEL_NODE_PARAMS_v2 CUDA_KERNEL_NODE_PARAMS_v3;
+
+typedef struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
+    CUgraph graph;
+    int ownership; /* CUgraphChildGraphNodeOwnership */
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
+
+/* cuGraphAddNode / cuGraphExecNodeSetParams: a type and a 232-byte union of per-type params */
+typedef struct CUgraphNodeParams_st {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS_v3 kernel;
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
+typedef enum CUgraphExecUpdateResult_enum {
+    CU_GRAPH_EXEC_UPDATE_SUCCESS = 0x0,
+    CU_GRAPH_EXEC_UPDATE_ERROR = 0x1,
+    CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 0x2,
+    CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED = 0x3
+} CUgraphExecUpdateResult;
+
+typedef struct CUgraphExecUpdateResultInfo_st {
+    CUgraphExecUpdateResult result;
+    CUgraphNode errorNode;
+    CUgraphNode errorFromNode;
+} CUgraphExecUpdateResultInfo;
+
+typedef struct CUDA_LAUNCH_PARAMS_st {
+    CUfunction function;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    void **kernelParams;
+} CUDA_LAUNCH_PARAMS;
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams is 256 bytes");
+_Static_assert(sizeof(CUDA_KERNEL_NODE_PARAMS_v2) == 72, "kernel node params v2");
+#endif
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamGetDevice(CUstream hStream, CUdevice *device);
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult cuStreamBeginCapture(CUstream hStream);
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, const void *dependencyData,
+                                     size_t numDependencies, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                          const CUgraphNode *dependencies,
+                                          const void *dependencyData, size_t numDependencies,
+                                          CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+CUresult cuGraphDestroy(CUgraph hGraph);
+CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                              const CUgraphNode *dependencies, size_t numDependencies,
+                              const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams);
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                 const CUgraphNode *dependencies, size_t numDependencies,
+                                 const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams);
+CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                  const CUgraphNode *dependencies, size_t numDependencies,
+                                  CUgraph childGraph);
+CUresult cuGraphAddEmptyNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                             const CUgraphNode *dependencies, size_t numDependencies);
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
+CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type);
+CUresult cuGraphKernelNodeGetParams(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams);
+CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams);
+CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode hNode,
+                                       const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph);
+CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                            char *logBuffer, size_t bufferSize);
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                               char *logBuffer, size_t bufferSize);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
+CUresult cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out,
+                           CUgraphExecUpdateResult *updateResult_out);
+CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                              CUgraphExecUpdateResultInfo *resultInfo);
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                        const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams);
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                           const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams);
+CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                            CUgraph childGraph);
+CUresult cuGraphExecNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                  CUgraphNodeParams *nodeParams);
+CUresult cuGraphNodeSetEnabled(CUgraphExec hGraphExec, CUgraphNode hNode, unsigned int isEnabled);
+
+CUresult cuFuncSetBlockShape(CUfunction hfunc, int x, int y, int z);
+CUresult cuLaunch(CUfunction f);
+CUresult cuLaunchGrid(CUfunction f, int grid_width, int grid_height);
+CUresult cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream);
+CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *launchParamsList,
+                                              unsigned int numDevices, unsigned int flags);
 
 #ifdef __cplusplus
 }

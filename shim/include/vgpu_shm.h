@@ -23,7 +23,9 @@
  *
  * ABI 1.1 appends an extension to `state` (after slots[]): per-device words (struct
  * vgpu_state_ext_device: memory by kind, graph pricing, launch tickets) and per-slot memory by
- * kind (struct vgpu_proc_kinds). `control` keeps its size in 1.1. Readers of `state`:
+ * kind (struct vgpu_proc_kinds, whose spilled word counts what the process spilled). `control`
+ * keeps its size in 1.1 and gains one flag bit (VGPU_CONTROL_FLAG_SPILL, below); a shim that
+ * does not know it ignores it and does not spill. Readers of `state`:
  *   - a 1.1 reader (agent or shim) accepts abi_minor 0 with total_size == VGPU_STATE_SIZE_1_0
  *     (no extension: the features it carries are off and its fields read as zero), and
  *     abi_minor >= 1 with total_size >= sizeof(struct vgpu_state) (a later minor may append more;
@@ -52,7 +54,10 @@
  * Token bucket (the spending rule; vgpu_agent/shm/layout.py implements the same rule in Python,
  * `refill`, `admits`, `spend`, `wait_ns_for`, and a test runs both on the same inputs):
  *   - a kernel launch costs gridX*gridY*gridZ * blockX*blockY*blockZ tokens (threads);
- *     a graph launch costs the device's `graph_cost` (VGPU_DEFAULT_GRAPH_COST when 0);
+ *     a graph launch costs the sum of its kernel nodes' costs (child graphs included); a graph
+ *     the shim cannot price costs max(what it could read, the device's `graph_cost`, which is
+ *     VGPU_DEFAULT_GRAPH_COST when 0) and is counted in ext[d].graphs_unpriced (1.1); a launch
+ *     into a stream that is being captured runs nothing and costs nothing;
  *   - refill(balance, last, now, rate, burst): elapsed = now - last (nothing when now <= last or
  *     rate == 0, except clamping to burst); add = floor(elapsed * rate / 1e9); if add >= burst the
  *     bucket is full: balance = burst, last = now; otherwise balance = min(burst, balance + add) and
@@ -74,6 +79,13 @@
  *   - balance and last_refill_ns live in `state` and are shared by all processes of the container;
  *     the shim claims elapsed time by compare-and-swap on last_refill_ns and adds the tokens with a
  *     CAS loop on balance, so every nanosecond of refill is credited exactly once.
+ *   - turns (1.1): a launch that is not admitted at once takes a ticket (atomic fetch-add on
+ *     ext[d].ticket_next) and spends only when ext[d].ticket_serving equals its ticket, then sets
+ *     ticket_serving to ticket + 1 (CAS); a launch spends at once only when ticket_next ==
+ *     ticket_serving (nobody waits). A launch that has waited VGPU_MAX_WAIT_NS for its turn takes
+ *     it (CAS ticket_serving to its ticket): tickets of holders that died are skipped that way, and
+ *     a launch that finds ticket_serving past its ticket goes on without order. A serving word
+ *     ahead of ticket_next is damage and is set back to ticket_next. 1.0 files have no turns;
  *   The bucket is unlimited (nothing is spent) when the policy is VGPU_POLICY_OFF, or the core
  *   limit is >= VGPU_CORE_LIMIT_FULL, or burst == 0 and rate == 0 (never configured).
  *
@@ -90,8 +102,11 @@
  *   memory_module   modules and libraries loaded (cuModuleLoad*, cuLibraryLoad*);
  *   memory_pool     what stream-ordered pools hold (their reserved memory, not what was asked
  *                   for) and graph memory nodes;
- *   memory_spilled  0: kept for memory spilled to the host (not counted in memory_used);
- * and data (plain allocations, VMM, arrays) is memory_used - context - module - pool, read as 0
+ *   memory_spilled  plain allocations served by managed (host-backed) memory because the card
+ *                   was full (VGPU_CONTROL_FLAG_SPILL); each counted rounded up to
+ *                   VGPU_KIND_UNIT, in memory_used as well (it is data, in the limit);
+ * and data (plain allocations, VMM, arrays, spilled included) is memory_used - context - module
+ * - pool, read as 0
  * when the difference is negative (the words are updated one after the other, not together).
  * The total is counted first (its CAS checks the limit) and the kind after it, and given back
  * in the reverse order, so a reader may briefly see such bytes as data. Each kind is counted in units of
@@ -145,7 +160,19 @@
 /* core_limit unit: parts per million of the GPU's SM time; 1,000,000 = 100%. */
 #define VGPU_CORE_LIMIT_FULL UINT64_C(1000000)
 
-/* control_device.flags: none are defined in 1.0; readers ignore bits they do not know. */
+/* control_device.flags: none are defined in 1.0; readers ignore bits they do not know (so a shim
+ * that predates a bit behaves as if it were clear).
+ * 1.1: VGPU_CONTROL_FLAG_SPILL - the agent lets this device's limit exceed the card (memory
+ * scaling above 1) and wants what the card cannot hold spilled to host memory: a plain
+ * allocation (cuMemAlloc) that fits the limit but that the driver refuses with
+ * CUDA_ERROR_OUT_OF_MEMORY is served with managed memory (cuMemAllocManaged, attached globally,
+ * preferred location the device) and counted in memory_used and in ext[d].memory_spilled. VMM
+ * (cuMemCreate), pitched allocations, arrays and stream-ordered pools never spill, and IPC
+ * handles of spilled memory are refused (CUDA_ERROR_INVALID_VALUE, as the driver refuses them
+ * for managed memory). With the bit set, cuMemGetInfo reports total = the limit and
+ * free = limit - used (the card's physical free memory no longer bounds it). A shim without
+ * the bit (1.0, or 1.1 before spilling) does not spill: such allocations fail as before. */
+#define VGPU_CONTROL_FLAG_SPILL (UINT64_C(1) << 0)
 /*
  * control.flags (ABI 1.1; the word was reserved, so zero, in 1.0): what the agent lets the
  * container change about its own enforcement. All bits clear is the secure setting, the default,
@@ -181,8 +208,9 @@ struct vgpu_control_device {
     uint64_t rate;              /* token refill rate, tokens per second */
     uint64_t burst;             /* bucket capacity, tokens */
     uint64_t policy;            /* VGPU_POLICY_* */
-    uint64_t flags;             /* none defined yet */
-    uint64_t graph_cost;        /* tokens charged per cuGraphLaunch; 0 = VGPU_DEFAULT_GRAPH_COST */
+    uint64_t flags;             /* VGPU_CONTROL_FLAG_* */
+    uint64_t graph_cost;        /* least tokens per launch of a graph the shim cannot price;
+                                   0 = VGPU_DEFAULT_GRAPH_COST */
     uint64_t reserved[5];
 };
 
@@ -239,8 +267,8 @@ struct vgpu_state_ext_device {
     uint64_t memory_context;    /* bytes of memory_used held for contexts, heap and stack */
     uint64_t memory_module;     /* bytes of memory_used held by loaded modules and libraries */
     uint64_t memory_pool;       /* bytes of memory_used reserved by stream-ordered pools */
-    uint64_t memory_spilled;    /* 0: reserved for memory spilled to the host */
-    uint64_t graphs_unpriced;   /* graph launches whose price could not be computed, cumulative */
+    uint64_t memory_spilled;    /* bytes of memory_used served by managed memory (spilled) */
+    uint64_t graphs_unpriced;   /* executable graphs priced at the graph_cost floor, cumulative */
     uint64_t ticket_next;       /* launch turns: next ticket to hand out */
     uint64_t ticket_serving;    /* launch turns: ticket being served */
     uint64_t reserved[9];
@@ -252,7 +280,7 @@ struct vgpu_proc_kinds {
     uint32_t context;
     uint32_t module;
     uint32_t pool;
-    uint32_t reserved;
+    uint32_t spilled;           /* 1.1 with spilling; zero from a shim that never spills */
 };
 
 struct vgpu_state {

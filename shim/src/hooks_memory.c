@@ -751,10 +751,12 @@ ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz, cuMemFreeAsync_ptsz)
         struct shim_tracked rec_;                                                                 \
         if (shim_track_get(TRACK_PTR, dptr, &rec_, true)) {                                       \
             CUresult r_ = real_(dptr, hStream);                                                   \
-            if (r_ == CUDA_SUCCESS)                                                               \
-                shim_mem_unreserve_kind(rec_.rdev, rec_.bytes, rec_.mkind);                       \
-            else                                                                                  \
+            if (r_ != CUDA_SUCCESS)                                                               \
                 shim_track_put(TRACK_PTR, dptr, &rec_);                                           \
+            else                                                                                  \
+                shim_mem_unreserve_kind(rec_.rdev, rec_.bytes, rec_.mkind);                       \
+            if (r_ == CUDA_SUCCESS && rec_.mkind == KIND_SPILLED)                                 \
+                shim_spill_released();                                                            \
             return r_;                                                                            \
         }                                                                                         \
         bool known_ = shim_track_get(TRACK_POOL_PTR, dptr, &rec_, true);                          \

@@ -6,8 +6,11 @@
  *   2. dlsym(handle, "cuX"): the shim exports dlsym; for a hooked name it remembers the library's
  *      own function (the real one) and returns the hook;
  *   3. cuGetProcAddress / cuGetProcAddress_v2 (how the CUDA 12/13 runtime finds entry points):
- *      the real lookup runs first, and when the pointer it returns is the driver's own export of a
- *      hooked versioned name (compared by address), the hook for that name is returned instead.
+ *      the real lookup runs first; when the pointer it returns is the driver's own export of a
+ *      hooked name (compared by address), that hook is returned. Real drivers hand out internal
+ *      entry points instead: then the driver's rule is applied to versions.def (the newest ABI not
+ *      newer than the requested version; its per-thread form when the flag asks and one exists,
+ *      else the legacy one) and the hook of exactly that ABI is returned, or none.
  *
  * Every other dlsym call is answered by the C library's dlsym. dlsym(RTLD_NEXT, ...) must search
  * after the *caller's* object, not after the shim: the C library finds the caller from its return
@@ -213,6 +216,47 @@ __asm__(".text\n"
 #error "libvgpu's dlsym entry point is written for x86_64 and aarch64"
 #endif
 
+/* The ABI versions of each base name (versions.def). */
+struct version_row {
+    const char *base;
+    int since;
+    const char *name;
+    const char *per_thread; /* NULL: no per-thread default stream form */
+    int per_thread_since;
+};
+
+static const struct version_row g_versions[] = {
+#define VERSION(base, since, name, per_thread, per_thread_since)                                  \
+    {base, since, name, per_thread, per_thread_since},
+#include "versions.def"
+#undef VERSION
+};
+
+/* The exported name the driver hands out for (symbol, cuda_version, flags) by the documented
+ * rule: the newest ABI not newer than the requested version; its per-thread form when asked for
+ * and it has one, else the legacy one. NULL when no version fits; `known` tells whether the base
+ * is in the table at all. */
+static const char *versioned_name(const char *symbol, int cuda_version, cuuint64_t flags,
+                                  bool *known)
+{
+    const struct version_row *best = NULL;
+    *known = false;
+    for (size_t i = 0; i < sizeof g_versions / sizeof g_versions[0]; i++) {
+        const struct version_row *row = &g_versions[i];
+        if (strcmp(row->base, symbol) != 0)
+            continue;
+        *known = true;
+        if (row->since <= cuda_version && (best == NULL || row->since > best->since))
+            best = row;
+    }
+    if (best == NULL)
+        return NULL;
+    if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 && best->per_thread != NULL &&
+        cuda_version >= best->per_thread_since)
+        return best->per_thread;
+    return best->name;
+}
+
 /* Which hook answers cuGetProcAddress(symbol) when the driver returned `p`; -1 for none. */
 static int hook_for_proc(const char *symbol, void *p, int cuda_version, cuuint64_t flags)
 {
@@ -225,27 +269,24 @@ static int hook_for_proc(const char *symbol, void *p, int cuda_version, cuuint64
             __atomic_compare_exchange_n(&g_cuda_handle, &expected, (void *)lm, false,
                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
+    /* exactly the driver's export of a hooked name of this base: that hook */
     dlsym_fn sym = real_dlsym();
     void *handle = __atomic_load_n(&g_cuda_handle, __ATOMIC_ACQUIRE);
-    int fallback = -1;
-    for (int i = 0; i < HOOK_COUNT; i++) {
-        if (strcmp(g_bases[i], symbol) != 0 && strcmp(g_names[i], symbol) != 0)
-            continue;
-        if (handle != NULL && sym != NULL && sym(handle, g_names[i]) == p)
-            return i; /* exactly the driver's export of this versioned name */
-        if (cuda_version < 4000)
-            continue; /* old ABIs (32-bit sizes) have no hook: only an exact match is trusted */
-        bool ptsz = strstr(g_names[i], "_ptsz") != NULL;
-        bool want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-        if (strcmp(g_bases[i], "cuGetProcAddress") == 0) {
-            bool v2 = strcmp(g_names[i], "cuGetProcAddress_v2") == 0;
-            if (v2 == (cuda_version >= 12000))
-                fallback = i;
-        } else if (ptsz == want_ptsz) {
-            fallback = i;
-        }
-    }
-    return fallback;
+    for (int i = 0; i < HOOK_COUNT && handle != NULL && sym != NULL; i++)
+        if ((strcmp(g_bases[i], symbol) == 0 || strcmp(g_names[i], symbol) == 0) &&
+            sym(handle, g_names[i]) == p)
+            return i;
+    /* a pointer that is not an export (real drivers return internal entry points): the hook
+     * of the ABI the driver's rule selects, never one of another version */
+    bool known;
+    const char *name = versioned_name(symbol, cuda_version, flags, &known);
+    if (name != NULL)
+        return hook_index(name);
+    if (known)
+        return -1; /* no version of this base fits the request: nothing of ours either */
+    /* a base with a single, unversioned entry point */
+    int id = hook_index(symbol);
+    return id >= 0 && strcmp(g_bases[id], symbol) == 0 ? id : -1;
 }
 
 static void substitute(const char *symbol, void **pfn, int cuda_version, cuuint64_t flags)

@@ -84,22 +84,105 @@ static bool try_take(struct vgpu_state_device *sd, uint64_t cost, const struct p
 }
 
 /* Take `cost` tokens, waiting for them if needed; returns the ns waited. */
-static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *p, uint64_t *now)
+static uint64_t graph_floor_cost(uint64_t cost, const struct params *p)
+{
+    uint64_t floor = p->graph_cost != 0 ? p->graph_cost : VGPU_DEFAULT_GRAPH_COST;
+    return cost > floor ? cost : floor;
+}
+
+/*
+ * Turns (ABI 1.1 regions). Launches that have to wait are served in arrival order across the
+ * processes of the container: a waiting launch takes a ticket (fetch-add on ext.ticket_next) and
+ * only the launch whose ticket is ext.ticket_serving may take tokens; it advances ticket_serving
+ * once it has spent them. A launch that finds anyone waiting (ticket_next != ticket_serving) does
+ * not take tokens ahead of them, so a large launch is admitted when its turn comes even while small
+ * launches keep arriving. The fast path (nobody waiting, tokens there) reads the two words and
+ * writes nothing. Waiting for a turn is done in sleeps of 50 us doubling to 1 ms. A launch whose
+ * turn has not come after VGPU_MAX_WAIT_NS takes it (ticket_serving := its ticket): a holder that
+ * died, was stopped or is stuck is skipped that way, and launches skipped over go on without order.
+ * A 1.0 region has no ticket words: launches wait without order, as before.
+ */
+#define TURN_SLEEP_MIN_NS UINT64_C(50000)
+#define TURN_SLEEP_MAX_NS UINT64_C(1000000)
+
+static bool nobody_waits(const struct vgpu_state_ext_device *ext)
+{
+    return ext == NULL || __atomic_load_n(&ext->ticket_next, __ATOMIC_ACQUIRE) ==
+                              __atomic_load_n(&ext->ticket_serving, __ATOMIC_ACQUIRE);
+}
+
+/* Wait until `ticket` is served; false when it was skipped (go on without order). */
+static bool wait_turn(struct vgpu_state_ext_device *ext, uint64_t ticket, uint64_t *now,
+                      uint64_t *waited)
+{
+    uint64_t sleep = TURN_SLEEP_MIN_NS;
+    uint64_t last = __atomic_load_n(&ext->ticket_serving, __ATOMIC_ACQUIRE);
+    for (;;) {
+        uint64_t serving = __atomic_load_n(&ext->ticket_serving, __ATOMIC_ACQUIRE);
+        if (serving == ticket)
+            return true;
+        if ((int64_t)(serving - ticket) > 0)
+            return false; /* skipped by a launch that waited too long */
+        if (serving != last) {
+            last = serving;
+            sleep = TURN_SLEEP_MIN_NS;
+        }
+        if (*waited >= VGPU_MAX_WAIT_NS) {
+            /* those ahead took too long (dead, stopped, or a damaged word): take the turn */
+            if (__atomic_compare_exchange_n(&ext->ticket_serving, &serving, ticket, false,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                return true;
+            continue;
+        }
+        sleep_ns(sleep);
+        sleep = sleep * 2 > TURN_SLEEP_MAX_NS ? TURN_SLEEP_MAX_NS : sleep * 2;
+        uint64_t after = shim_now_ns();
+        *waited += after - *now;
+        *now = after;
+    }
+}
+
+static void pass_turn(struct vgpu_state_ext_device *ext, uint64_t ticket)
+{
+    uint64_t expected = ticket;
+    __atomic_compare_exchange_n(&ext->ticket_serving, &expected, ticket + 1, false,
+                                __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+}
+
+static uint64_t take_ticket(struct vgpu_state_ext_device *ext)
+{
+    /* a serving word past next can only be damage: start the queue again from next */
+    uint64_t next = __atomic_load_n(&ext->ticket_next, __ATOMIC_ACQUIRE);
+    uint64_t serving = __atomic_load_n(&ext->ticket_serving, __ATOMIC_ACQUIRE);
+    if ((int64_t)(serving - next) > 0)
+        __atomic_compare_exchange_n(&ext->ticket_serving, &serving, next, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED);
+    return __atomic_fetch_add(&ext->ticket_next, 1, __ATOMIC_ACQ_REL);
+}
+
+/* The slow path: tokens short, or others waiting. */
+__attribute__((noinline, cold)) static uint64_t wait_for_tokens(int rdev, uint64_t cost, bool graph,
+                                                                struct params *p, uint64_t *now)
 {
     struct vgpu_state_device *sd = &g_shim.st->devices[rdev];
-    if (try_take(sd, cost, p, *now))
-        return 0;
+    struct vgpu_state_ext_device *ext = g_shim.ext != NULL ? &g_shim.ext[rdev] : NULL;
     *now = shim_now_ns();
-    uint64_t waited = 0;
+    uint64_t waited = 0, ticket = 0;
+    bool turn = false;
+    if (ext != NULL) {
+        ticket = take_ticket(ext);
+        turn = wait_turn(ext, ticket, now, &waited);
+    }
+    uint64_t known = cost;
     for (;;) {
         if (graph)
-            cost = p->graph_cost != 0 ? p->graph_cost : VGPU_DEFAULT_GRAPH_COST;
+            cost = graph_floor_cost(known, p);
         refill_shared(sd, *now, p);
         int64_t balance = __atomic_load_n(&sd->balance, __ATOMIC_RELAXED);
         if (vgpu_admits(balance, cost, p->burst) || waited >= VGPU_MAX_WAIT_NS) {
             if (__atomic_compare_exchange_n(&sd->balance, &balance, vgpu_spend(balance, cost),
                                             false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
-                return waited;
+                break;
             continue; /* another process spent meanwhile: look again */
         }
         uint64_t wait = vgpu_wait_ns_for(balance, cost, p->rate, p->burst);
@@ -113,8 +196,21 @@ static uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *
         *now = after;
         read_params(rdev, p); /* the agent may have changed the rate meanwhile */
         if (vgpu_unlimited(p->policy, p->core_limit, p->rate, p->burst))
-            return waited;
+            break;
     }
+    if (turn)
+        pass_turn(ext, ticket);
+    return waited;
+}
+
+/* Take `cost` tokens, waiting for them if needed; returns the ns waited. */
+static inline uint64_t take_tokens(int rdev, uint64_t cost, bool graph, struct params *p,
+                                   uint64_t *now)
+{
+    struct vgpu_state_ext_device *ext = g_shim.ext != NULL ? &g_shim.ext[rdev] : NULL;
+    if (__builtin_expect(nobody_waits(ext) && try_take(&g_shim.st->devices[rdev], cost, p, *now), 1))
+        return 0;
+    return wait_for_tokens(rdev, cost, graph, p, now);
 }
 
 /*
@@ -196,12 +292,8 @@ static void count_launch(int rdev, uint64_t cost, uint64_t waited, uint64_t now)
     }
 }
 
-CUresult shim_launch_gate(uint64_t cost, bool graph)
+static inline CUresult gate(int rdev, uint64_t cost, bool graph)
 {
-    enum shim_mode mode = shim_mode();
-    if (mode != SHIM_ACTIVE)
-        return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
-    int rdev = shim_region_dev_current();
     if (rdev < 0)
         return CUDA_SUCCESS;
     struct params p;
@@ -209,9 +301,25 @@ CUresult shim_launch_gate(uint64_t cost, bool graph)
     uint64_t now = shim_coarse_now_ns();
     uint64_t waited = 0;
     if (graph)
-        cost = p.graph_cost != 0 ? p.graph_cost : VGPU_DEFAULT_GRAPH_COST;
+        cost = graph_floor_cost(cost, &p);
     if (!vgpu_unlimited(p.policy, p.core_limit, p.rate, p.burst))
         waited = take_tokens(rdev, cost, graph, &p, &now);
     count_launch(rdev, cost, waited, now);
     return CUDA_SUCCESS;
+}
+
+CUresult shim_launch_gate(uint64_t cost, bool graph)
+{
+    enum shim_mode mode = shim_mode();
+    if (mode != SHIM_ACTIVE)
+        return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
+    return gate(shim_region_dev_current(), cost, graph);
+}
+
+CUresult shim_launch_gate_dev(int rdev, uint64_t cost, bool graph)
+{
+    enum shim_mode mode = shim_mode();
+    if (mode != SHIM_ACTIVE)
+        return mode == SHIM_FAIL_CLOSED ? CUDA_ERROR_NOT_INITIALIZED : CUDA_SUCCESS;
+    return gate(rdev, cost, graph);
 }

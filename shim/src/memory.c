@@ -85,15 +85,19 @@ uint64_t shim_kind_bytes(int kind, uint64_t bytes)
 static uint64_t *ext_word(int rdev, int kind)
 {
     struct vgpu_state_ext_device *ext = &g_shim.ext[rdev];
-    return kind == KIND_CONTEXT ? &ext->memory_context
+    return kind == KIND_CONTEXT  ? &ext->memory_context
            : kind == KIND_MODULE ? &ext->memory_module
-                                 : &ext->memory_pool;
+           : kind == KIND_POOL   ? &ext->memory_pool
+                                 : &ext->memory_spilled;
 }
 
 static uint32_t *slot_kind_word(struct vgpu_proc_slot *slot, int rdev, int kind)
 {
     struct vgpu_proc_kinds *k = &g_shim.st->slot_kinds[slot - g_shim.st->slots][rdev];
-    return kind == KIND_CONTEXT ? &k->context : kind == KIND_MODULE ? &k->module : &k->pool;
+    return kind == KIND_CONTEXT  ? &k->context
+           : kind == KIND_MODULE ? &k->module
+           : kind == KIND_POOL   ? &k->pool
+                                 : &k->spilled;
 }
 
 /* 32-bit saturating subtraction of units from a slot's kind word. */
@@ -155,9 +159,9 @@ void shim_kinds_release_slot(int slot_index, int rdev)
     if (g_shim.ext == NULL || slot_index < 0 || slot_index >= VGPU_MAX_PROCS)
         return;
     struct vgpu_proc_kinds *k = &g_shim.st->slot_kinds[slot_index][rdev];
-    static const int kinds[] = {KIND_CONTEXT, KIND_MODULE, KIND_POOL};
-    uint32_t *words[] = {&k->context, &k->module, &k->pool};
-    for (int i = 0; i < 3; i++) {
+    static const int kinds[] = {KIND_CONTEXT, KIND_MODULE, KIND_POOL, KIND_SPILLED};
+    uint32_t *words[] = {&k->context, &k->module, &k->pool, &k->spilled};
+    for (int i = 0; i < 4; i++) {
         uint64_t units = __atomic_exchange_n(words[i], 0, __ATOMIC_ACQ_REL);
         if (units != 0)
             saturating_sub(ext_word(rdev, kinds[i]), units * VGPU_KIND_UNIT);

@@ -435,6 +435,7 @@ static void atfork_child(void)
      * not own the parent's device memory */
     shim_track_unlock();
     shim_track_reset();
+    shim_spill_forget();
     shim_forget_pending();
     __atomic_store_n(&g_slot, NULL, __ATOMIC_RELAXED);
     __atomic_store_n(&g_slot_tried, 0, __ATOMIC_RELAXED);

@@ -75,7 +75,7 @@ void shim_track_unlock(void);
 
 /* Memory by kind (ABI 1.1, see vgpu_shm.h): every kind counts in memory_used; the kinds other
  * than data are also counted in ext[d] and this process's slot_kinds, in VGPU_KIND_UNIT units. */
-enum shim_kind { KIND_DATA = 0, KIND_CONTEXT, KIND_MODULE, KIND_POOL };
+enum shim_kind { KIND_DATA = 0, KIND_CONTEXT, KIND_MODULE, KIND_POOL, KIND_SPILLED };
 uint64_t shim_kind_bytes(int kind, uint64_t bytes); /* what a charge of `bytes` counts */
 CUresult shim_mem_reserve_kind(int rdev, uint64_t bytes, int kind); /* bytes: shim_kind_bytes */
 void shim_mem_unreserve_kind(int rdev, uint64_t bytes, int kind);
@@ -101,14 +101,39 @@ int shim_track_each(int kind, uint64_t lo, uint64_t hi,
 #define TRACK_ARRAY 8     /* key: CUarray / CUmipmappedArray */
 #define TRACK_POOL_PTR 9  /* key: pointer from a pool; aux: the pool; counts nothing itself */
 
+/* ---- spill.c: plain allocations the card cannot hold, served by managed memory */
+bool shim_spill_enabled(int rdev); /* VGPU_CONTROL_FLAG_SPILL on the device (and a 1.1 state) */
+/* After the driver refused `bytes` for lack of memory: serve them spilled. CUDA_SUCCESS with *dptr
+ * set and everything counted, or CUDA_ERROR_OUT_OF_MEMORY with nothing counted. */
+CUresult shim_spill_alloc(int rdev, CUdeviceptr *dptr, uint64_t bytes);
+bool shim_spill_is_spilled(CUdeviceptr ptr); /* a pointer this process spilled */
+void shim_spill_released(void);             /* a KIND_SPILLED record was given back */
+void shim_spill_forget(void);               /* after fork: the child holds none */
+#define SHIM_SPILL_MAX 65536                /* spilled allocations a process may hold at once */
+
 /* ---- hooks_memory.c: what pools and graphs hold, settled against the driver's own counts */
 void shim_pools_settle_all_if_free(void); /* skipped when the pool lock is busy */
 void shim_graph_mem_settle(CUdevice dev); /* after graph instantiation or launch on dev */
 
 /* ---- launch.c */
-CUresult shim_launch_gate(uint64_t cost, bool graph);
+/* Spend `cost` tokens on the current device (or rdev), waiting for them if needed. With
+ * `graph_floor` the cost is at least the device's graph_cost (an unpriced graph). */
+CUresult shim_launch_gate(uint64_t cost, bool graph_floor);
+CUresult shim_launch_gate_dev(int rdev, uint64_t cost, bool graph_floor);
 void shim_flush_pending(void);  /* publish this thread's launch counts */
 void shim_forget_pending(void); /* after fork: the child does not own the parent's counts */
+
+/* ---- graphs.c */
+bool shim_graph_price(CUgraphExec exec, uint64_t *cost); /* true: unpriced (use graph_floor) */
+bool shim_launch_in_capture(CUstream stream, bool per_thread); /* records only: spend nothing */
+extern int g_capture_seen; /* atomic: this process has begun a stream capture */
+/* The launch path's check: one relaxed load until the process first begins a capture. */
+static inline bool shim_capturing(CUstream stream, bool per_thread)
+{
+    return __builtin_expect(__atomic_load_n(&g_capture_seen, __ATOMIC_RELAXED) != 0, 0) &&
+           shim_mode() == SHIM_ACTIVE && shim_launch_in_capture(stream, per_thread);
+}
+uint64_t shim_graphs_unpriced_local(void);
 
 /* ---- interpose.c: real entry points, found through dlsym/cuGetProcAddress/RTLD_NEXT */
 enum hook_id {

@@ -30,6 +30,25 @@
  *   forkstress N                             forks N children while a thread allocates/launches
  *   rtldnext                                 dlsym(RTLD_NEXT, ...) answers as without the shim
  *   exec WAY COMMAND...                      replaces the process with a new client image
+ * graphs, capture and legacy launches (slots: graphs G, executables E, nodes K, streams S are
+ * small numbers; a stream argument is a slot, "null", "legacy" or "pt"):
+ *   gnew G | gkernel G GRID BLOCK | gchild G C | gempty G | gcond G
+ *                                            build graphs (each new node takes the next K)
+ *   ginner K                                 the nodes of child-graph node K take the next Ks
+ *   ginst E G v1|v2|flags|params|params_ptsz EXPECT
+ *   glaunch E N STREAM EXPECT                N launches of executable E
+ *   gdestroy E | gupdate E G EXPECT | gsetk E K GRID BLOCK v1|v2|generic EXPECT
+ *   gsetchild E K G direct|generic EXPECT | genable E K 0|1 EXPECT | queryfail 0|1
+ *   stream S [nonblocking] | capture STREAM global|thread|relaxed EXPECT | endcapture STREAM G EXPECT
+ *   launchon STREAM N GRID BLOCK EXPECT      cuLaunchKernel into a stream; prints "launchon ns=T"
+ *   blockshape X Y Z | legacy launch|grid|gridasync N W H EXPECT
+ *   multidev S1 S2 GRID BLOCK EXPECT         cuLaunchCooperativeKernelMultiDevice on two streams
+ *   gpa BASE VERSION default|pt hook:NAME|nothook|notfound
+ *                                            cuGetProcAddress_v2 and cuGetProcAddress of BASE:
+ *                                            the shim's hook NAME, anything but a hook (a driver
+ *                                            function or not found), or not found
+ *   spin SECONDS GRID BLOCK                  launches until SECONDS pass; prints "spin launches=N"
+ *   itimer US                                a no-op SIGALRM every US microseconds (interrupts sleeps)
  * memory the driver holds (see fake_cuda_memory.c):
  *   primary DEV EXPECT | unprimary DEV       cuDevicePrimaryCtxRetain (made current) / Release
  *   ctxnew DEV EXPECT | ctxdrop              one more context (current) / destroy the newest
@@ -48,6 +67,18 @@
  *                                            by at most TOLERANCE; prints "compare shim=.. driver=.."
  *   mixed N SEED                             N random operations of every kind above
  *   forkexit                                 forks a child that exits at once, waits for it
+ * spilling to managed memory:
+ *   ismanaged 0|1                            cuPointerGetAttribute(IS_MANAGED) of the newest
+ *                                            allocation is that
+ *   preferred DEV                            the fake's preferred location of the newest (-1 none,
+ *                                            -2 not managed)
+ *   ipc EXPECT                               cuIpcGetMemHandle of the newest allocation
+ *   hostheld SIZE                            managed memory the fake driver holds is SIZE
+ *   spilled SIZE                             the region's state counts SIZE spilled on device 0
+ *   spillthreads T N SIZE                    T threads allocate up to 8 x SIZE and free them
+ *                                            (cuMemFree / cuMemFreeAsync alternately), N rounds
+ *   allocloop N SIZE                         N pairs of cuMemAlloc SIZE + cuMemFree, each timed;
+ *                                            prints "allocloop median_ns=X p99_ns=Y managed=M"
  *   timedalloc API N SIZE                    N allocations and frees of SIZE with API (as
  *                                            "alloc"), prints "timedalloc ns=T"
  * Exit status 0 when every expectation held; 1 with a message on stderr otherwise.
@@ -61,11 +92,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cuda_subset.h"
+#include "vgpu_shm.h"
 #include "nvml_subset.h"
 
 unsigned long long fakeCudaCounter(const char *name);
@@ -117,18 +151,20 @@ static void *resolve(void *lib, const char *versioned, const char *base)
                                ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
                                : CU_GET_PROC_ADDRESS_DEFAULT;
         CUresult r;
+        /* the ABI asked for must be the one called: from CUDA 11.4 "cuCtxCreate" is _v3, then _v4 */
+        int version = strcmp(versioned, "cuCtxCreate_v2") == 0 ? 11000 : v1 ? 11080 : 12080;
         if (v1) {
             __typeof__(&cuGetProcAddress) gpa = (__typeof__(&cuGetProcAddress))dlsym(lib, "cuGetProcAddress");
             if (gpa == NULL)
                 fail("no cuGetProcAddress");
-            r = gpa(base, &p, 11080, flags);
+            r = gpa(base, &p, version, flags);
         } else {
             __typeof__(&cuGetProcAddress_v2) gpa =
                 (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2");
             if (gpa == NULL)
                 fail("no cuGetProcAddress_v2");
             CUdriverProcAddressQueryResult status;
-            r = gpa(base, &p, 12080, flags, &status);
+            r = gpa(base, &p, version, flags, &status);
             if (r == CUDA_SUCCESS && status != CU_GET_PROC_ADDRESS_SUCCESS)
                 fail("cuGetProcAddress_v2(%s) status %d", base, (int)status);
         }
@@ -199,6 +235,12 @@ static int parse_expect(const char *s)
     if (strcmp(s, "noinit") == 0)
         return CUDA_ERROR_NOT_INITIALIZED;
     return atoi(s);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
 }
 
 static uint64_t now_ns(void)
@@ -302,7 +344,8 @@ static CUresult do_free(void)
 /* ------------------------------------------------------------------ launches */
 
 static CUfunction const FUNC = (CUfunction)0x6000;
-static CUgraphExec const GRAPH = (CUgraphExec)0x7000;
+static CUgraphExec const GRAPH = (CUgraphExec)0x7000; /* an executable graph no driver made */
+static CUgraphExec one_kernel_graph(unsigned grid, unsigned block);
 
 static CUresult do_launch(const char *kind, unsigned grid, unsigned block)
 {
@@ -314,8 +357,10 @@ static CUresult do_launch(const char *kind, unsigned grid, unsigned block)
     }
     if (strcmp(kind, "coop") == 0)
         return A.launch_coop(FUNC, grid, 1, 1, block, 1, 1, 0, STREAM, NULL);
-    if (strcmp(kind, "graph") == 0)
-        return A.graph(GRAPH, STREAM);
+    if (strcmp(kind, "graph") == 0) {
+        CUgraphExec e = one_kernel_graph(grid, block);
+        return A.graph(e != NULL ? e : GRAPH, STREAM);
+    }
     fail("unknown launch kind %s", kind);
     return CUDA_ERROR_UNKNOWN;
 }
@@ -437,10 +482,366 @@ static void mtpace(CUcontext ctx, int threads, double seconds, unsigned grid, un
     printf("mtpace launches=%llu ns=%llu\n", total, (unsigned long long)(now_ns() - t0));
 }
 
+/* T threads each make N allocations of SIZE and free them, every other one with cuMemFreeAsync:
+ * with a small card some are device memory and some are spilled, all at once. */
+struct spill_worker {
+    CUcontext ctx;
+    int n;
+    unsigned long long size;
+};
+
+static void *spill_worker(void *arg)
+{
+    struct spill_worker *w = arg;
+    if (A.ctx_set(w->ctx) != CUDA_SUCCESS)
+        return (void *)1;
+    CUdeviceptr held[8];
+    for (int k = 0; k < w->n; k++) {
+        int m = 1 + k % 8;
+        for (int j = 0; j < m; j++)
+            if (A.alloc(&held[j], w->size) != CUDA_SUCCESS)
+                return (void *)2;
+        for (int j = 0; j < m; j++)
+            if ((j % 2 ? A.free_async(held[j], STREAM) : A.free_(held[j])) != CUDA_SUCCESS)
+                return (void *)3;
+    }
+    return NULL;
+}
+
+static void spillthreads(CUcontext ctx, int threads, int n, unsigned long long size)
+{
+    struct spill_worker w[32];
+    pthread_t t[32];
+    if (threads < 1 || threads > 32)
+        fail("spillthreads: 1..32 threads");
+    unsigned long long managed_before = fakeCudaCounter("managed");
+    for (int i = 0; i < threads; i++) {
+        w[i] = (struct spill_worker){ctx, n, size};
+        if (pthread_create(&t[i], NULL, spill_worker, &w[i]) != 0)
+            fail("pthread_create");
+    }
+    for (int i = 0; i < threads; i++) {
+        void *rc;
+        pthread_join(t[i], &rc);
+        if (rc != NULL)
+            fail("spillthreads: thread %d failed (%ld)", i, (long)(intptr_t)rc);
+    }
+    if (fakeCudaCounter("managed") == managed_before)
+        fail("spillthreads: nothing was spilled");
+}
+
+/* ------------------------------------------------------------------ graphs and capture */
+
+struct gapi {
+    __typeof__(&cuGraphCreate) create;
+    __typeof__(&cuGraphAddKernelNode_v2) add_kernel;
+    __typeof__(&cuGraphAddKernelNode) add_kernel_v1;
+    __typeof__(&cuGraphAddChildGraphNode) add_child;
+    __typeof__(&cuGraphAddEmptyNode) add_empty;
+    __typeof__(&cuGraphGetNodes) get_nodes;
+    __typeof__(&cuGraphChildGraphNodeGetGraph) child_graph;
+    __typeof__(&cuGraphInstantiate) inst_v1;
+    __typeof__(&cuGraphInstantiate_v2) inst_v2;
+    __typeof__(&cuGraphInstantiateWithFlags) inst_flags;
+    __typeof__(&cuGraphInstantiateWithParams) inst_params;
+    __typeof__(&cuGraphInstantiateWithParams_ptsz) inst_params_ptsz;
+    __typeof__(&cuGraphExecDestroy) exec_destroy;
+    __typeof__(&cuGraphExecUpdate) update_v1;
+    __typeof__(&cuGraphExecUpdate_v2) update_v2;
+    __typeof__(&cuGraphExecKernelNodeSetParams) setk_v1;
+    __typeof__(&cuGraphExecKernelNodeSetParams_v2) setk_v2;
+    __typeof__(&cuGraphExecChildGraphNodeSetParams) setchild;
+    __typeof__(&cuGraphExecNodeSetParams) set_generic;
+    __typeof__(&cuGraphNodeSetEnabled) enable;
+    __typeof__(&cuStreamCreate) stream_create;
+    __typeof__(&cuStreamBeginCapture_v2) begin;
+    __typeof__(&cuStreamEndCapture) end;
+    __typeof__(&cuFuncSetBlockShape) shape;
+    __typeof__(&cuLaunch) launch0;
+    __typeof__(&cuLaunchGrid) launch_grid;
+    __typeof__(&cuLaunchGridAsync) launch_grid_async;
+    __typeof__(&cuLaunchCooperativeKernelMultiDevice) multidev;
+};
+
+static struct gapi GA;
+static int g_gapi_loaded;
+static bool g_v11; /* procaddr_v1: the CUDA 11.8 ABIs of versioned graph entry points */
+
+/* NULL when the way cannot reach it (the caller fails with its name) */
+static void *try_resolve(void *lib, const char *versioned, const char *base)
+{
+    if (strcmp(g_way, "direct") == 0)
+        return dlsym(RTLD_DEFAULT, versioned);
+    if (strcmp(g_way, "dlsym") == 0)
+        return dlsym(lib, versioned);
+    void *p = NULL;
+    cuuint64_t flags = strcmp(g_way, "procaddr_ptsz") == 0
+                           ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                           : CU_GET_PROC_ADDRESS_DEFAULT;
+    if (g_v11) {
+        __typeof__(&cuGetProcAddress) gpa =
+            (__typeof__(&cuGetProcAddress))dlsym(lib, "cuGetProcAddress");
+        if (gpa == NULL || gpa(base, &p, 11080, flags) != CUDA_SUCCESS)
+            return NULL;
+    } else {
+        __typeof__(&cuGetProcAddress_v2) gpa =
+            (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2");
+        CUdriverProcAddressQueryResult st;
+        if (gpa == NULL || gpa(base, &p, 12080, flags, &st) != CUDA_SUCCESS)
+            return NULL;
+    }
+    return p;
+}
+
+static void load_gapi(void)
+{
+    if (g_gapi_loaded)
+        return;
+    g_gapi_loaded = 1;
+    g_v11 = strcmp(g_way, "procaddr_v1") == 0;
+    bool pt = strcmp(g_way, "procaddr_ptsz") == 0;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+#define G(field, versioned, base) GA.field = (__typeof__(GA.field))try_resolve(lib, versioned, base)
+    G(create, "cuGraphCreate", "cuGraphCreate");
+    if (g_v11)
+        G(add_kernel_v1, "cuGraphAddKernelNode", "cuGraphAddKernelNode");
+    else
+        G(add_kernel, "cuGraphAddKernelNode_v2", "cuGraphAddKernelNode");
+    G(add_child, "cuGraphAddChildGraphNode", "cuGraphAddChildGraphNode");
+    G(add_empty, "cuGraphAddEmptyNode", "cuGraphAddEmptyNode");
+    G(get_nodes, "cuGraphGetNodes", "cuGraphGetNodes");
+    G(child_graph, "cuGraphChildGraphNodeGetGraph", "cuGraphChildGraphNodeGetGraph");
+    G(inst_v2, "cuGraphInstantiate_v2", "cuGraphInstantiate");
+    G(inst_flags, "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags");
+    G(exec_destroy, "cuGraphExecDestroy", "cuGraphExecDestroy");
+    G(setchild, "cuGraphExecChildGraphNodeSetParams", "cuGraphExecChildGraphNodeSetParams");
+    G(enable, "cuGraphNodeSetEnabled", "cuGraphNodeSetEnabled");
+    G(stream_create, "cuStreamCreate", "cuStreamCreate");
+    G(begin, pt ? "cuStreamBeginCapture_v2_ptsz" : "cuStreamBeginCapture_v2", "cuStreamBeginCapture");
+    G(end, pt ? "cuStreamEndCapture_ptsz" : "cuStreamEndCapture", "cuStreamEndCapture");
+    G(shape, "cuFuncSetBlockShape", "cuFuncSetBlockShape");
+    G(launch0, "cuLaunch", "cuLaunch");
+    G(launch_grid, "cuLaunchGrid", "cuLaunchGrid");
+    G(launch_grid_async, "cuLaunchGridAsync", "cuLaunchGridAsync");
+    G(multidev, "cuLaunchCooperativeKernelMultiDevice", "cuLaunchCooperativeKernelMultiDevice");
+    if (g_v11) {
+        G(update_v1, "cuGraphExecUpdate", "cuGraphExecUpdate");
+        G(setk_v1, "cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams");
+    } else {
+        G(update_v2, "cuGraphExecUpdate_v2", "cuGraphExecUpdate");
+        G(setk_v2, "cuGraphExecKernelNodeSetParams_v2", "cuGraphExecKernelNodeSetParams");
+        G(set_generic, "cuGraphExecNodeSetParams", "cuGraphExecNodeSetParams");
+        G(inst_params, pt ? "cuGraphInstantiateWithParams_ptsz" : "cuGraphInstantiateWithParams",
+          "cuGraphInstantiateWithParams");
+    }
+    /* only the linked and dlsym ways name these old or per-thread exports directly */
+    if (strcmp(g_way, "direct") == 0 || strcmp(g_way, "dlsym") == 0) {
+        G(inst_v1, "cuGraphInstantiate", "cuGraphInstantiate");
+        G(update_v1, "cuGraphExecUpdate", "cuGraphExecUpdate");
+        G(setk_v1, "cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams");
+        G(inst_params_ptsz, "cuGraphInstantiateWithParams_ptsz", "cuGraphInstantiateWithParams");
+    }
+#undef G
+}
+
+#define NEED(fn, what)                                                                            \
+    do {                                                                                          \
+        load_gapi();                                                                              \
+        if (GA.fn == NULL)                                                                        \
+            fail("%s is not reachable this way", what);                                           \
+    } while (0)
+
+#define SLOTS 64
+static CUgraph g_graphs[SLOTS];
+static CUgraphExec g_execs[SLOTS];
+static CUgraphNode g_nodes[4096];
+static int g_nnodes;
+static CUstream g_streams[SLOTS];
+
+static int slot(const char *s)
+{
+    int i = atoi(s);
+    if (i < 0 || i >= SLOTS)
+        fail("slot %s out of range", s);
+    return i;
+}
+
+static int node_slot(const char *s)
+{
+    int i = atoi(s);
+    if (i < 0 || i >= g_nnodes)
+        fail("node %s does not exist", s);
+    return i;
+}
+
+static CUgraphNode *new_node(void)
+{
+    if (g_nnodes == (int)(sizeof g_nodes / sizeof g_nodes[0]))
+        fail("too many nodes");
+    return &g_nodes[g_nnodes++];
+}
+
+static CUstream stream_arg(const char *s)
+{
+    if (strcmp(s, "null") == 0)
+        return NULL;
+    if (strcmp(s, "legacy") == 0)
+        return CU_STREAM_LEGACY;
+    if (strcmp(s, "pt") == 0)
+        return CU_STREAM_PER_THREAD;
+    return g_streams[slot(s)];
+}
+
+static CUDA_KERNEL_NODE_PARAMS_v2 kparams(unsigned grid, unsigned block)
+{
+    CUDA_KERNEL_NODE_PARAMS_v2 k;
+    memset(&k, 0, sizeof k);
+    k.func = (CUfunction)0x6000;
+    k.gridDimX = grid, k.gridDimY = k.gridDimZ = 1;
+    k.blockDimX = block, k.blockDimY = k.blockDimZ = 1;
+    return k;
+}
+
+static CUresult add_kernel(CUgraph g, unsigned grid, unsigned block, CUgraphNode *out)
+{
+    CUDA_KERNEL_NODE_PARAMS_v2 k = kparams(grid, block);
+    load_gapi();
+    if (g_v11) {
+        NEED(add_kernel_v1, "cuGraphAddKernelNode");
+        return GA.add_kernel_v1(out, g, NULL, 0, (CUDA_KERNEL_NODE_PARAMS_v1 *)&k);
+    }
+    NEED(add_kernel, "cuGraphAddKernelNode_v2");
+    return GA.add_kernel(out, g, NULL, 0, &k);
+}
+
+static CUresult instantiate(CUgraphExec *e, CUgraph g, const char *how)
+{
+    if (strcmp(how, "v1") == 0) {
+        NEED(inst_v1, "cuGraphInstantiate");
+        return GA.inst_v1(e, g, NULL, NULL, 0);
+    }
+    if (strcmp(how, "v2") == 0) {
+        NEED(inst_v2, "cuGraphInstantiate_v2");
+        return GA.inst_v2(e, g, NULL, NULL, 0);
+    }
+    if (strcmp(how, "flags") == 0) {
+        NEED(inst_flags, "cuGraphInstantiateWithFlags");
+        return GA.inst_flags(e, g, 0);
+    }
+    CUDA_GRAPH_INSTANTIATE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    if (strcmp(how, "params") == 0) {
+        NEED(inst_params, "cuGraphInstantiateWithParams");
+        return GA.inst_params(e, g, &p);
+    }
+    if (strcmp(how, "params_ptsz") == 0) {
+        NEED(inst_params_ptsz, "cuGraphInstantiateWithParams_ptsz");
+        return GA.inst_params_ptsz(e, g, &p);
+    }
+    fail("unknown instantiate %s", how);
+    return CUDA_ERROR_UNKNOWN;
+}
+
+/* the graph of one kernel node of this shape, instantiated once: the "graph" launch kind */
+static CUgraphExec one_kernel_graph(unsigned grid, unsigned block)
+{
+    static struct {
+        unsigned grid, block;
+        CUgraphExec exec;
+    } cache[8];
+    for (int i = 0; i < 8; i++)
+        if (cache[i].exec != NULL && cache[i].grid == grid && cache[i].block == block)
+            return cache[i].exec;
+    NEED(create, "cuGraphCreate");
+    CUgraph g;
+    CUgraphNode n;
+    CUgraphExec e;
+    if (GA.create(&g, 0) != CUDA_SUCCESS || add_kernel(g, grid, block, &n) != CUDA_SUCCESS ||
+        instantiate(&e, g, strcmp(g_way, "procaddr_v1") == 0 ? "v2" : "flags") != CUDA_SUCCESS)
+        return NULL; /* e.g. no context yet: the launch reports it */
+    for (int i = 0; i < 8; i++)
+        if (cache[i].exec == NULL) {
+            cache[i].grid = grid, cache[i].block = block, cache[i].exec = e;
+            break;
+        }
+    return e;
+}
+
+static int parse_proc_expect(const char *s, const char **name)
+{
+    *name = NULL;
+    if (strncmp(s, "hook:", 5) == 0) {
+        *name = s + 5;
+        return 1;
+    }
+    if (strcmp(s, "nothook") == 0)
+        return 0;
+    if (strcmp(s, "notfound") == 0)
+        return -1;
+    fail("bad gpa expectation %s", s);
+    return -2;
+}
+
+static bool in_shim(void *p)
+{
+    Dl_info info;
+    return p != NULL && dladdr(p, &info) != 0 && info.dli_fname != NULL &&
+           strstr(info.dli_fname, "libvgpu") != NULL;
+}
+
+static void check_proc(const char *how, const char *base, int version, void *p, CUresult r,
+                       int want, const char *name)
+{
+    if (want < 0) {
+        if (r == CUDA_SUCCESS && p != NULL)
+            fail("%s(%s, %d) found %p, expected not found", how, base, version, p);
+        return;
+    }
+    if (want == 0 && (r != CUDA_SUCCESS || p == NULL))
+        return; /* an ABI the shim does not hook: the driver may not have it either */
+    if (r != CUDA_SUCCESS || p == NULL)
+        fail("%s(%s, %d) = %d", how, base, version, (int)r);
+    if (want == 1) {
+        void *hook = dlsym(RTLD_DEFAULT, name);
+        if (p != hook || !in_shim(p))
+            fail("%s(%s, %d) = %p, expected the hook %s at %p", how, base, version, p, name, hook);
+    } else if (in_shim(p)) {
+        Dl_info info;
+        dladdr(p, &info);
+        fail("%s(%s, %d) handed out the shim's %s for another ABI version", how, base, version,
+             info.dli_sname ? info.dli_sname : "?");
+    }
+}
+
+static void gpa(const char *base, int version, const char *flag, const char *expect)
+{
+    const char *name;
+    int want = parse_proc_expect(expect, &name);
+    cuuint64_t flags = strcmp(flag, "pt") == 0 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                                               : CU_GET_PROC_ADDRESS_DEFAULT;
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    __typeof__(&cuGetProcAddress_v2) v2 =
+        (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2");
+    __typeof__(&cuGetProcAddress) v1 = (__typeof__(&cuGetProcAddress))dlsym(lib, "cuGetProcAddress");
+    if (v2 == NULL || v1 == NULL)
+        fail("no cuGetProcAddress");
+    void *p = NULL;
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CUresult r = v2(base, &p, version, flags, &status);
+    check_proc("cuGetProcAddress_v2", base, version, p, r, want, name);
+    if (want >= 0 && r == CUDA_SUCCESS && status != CU_GET_PROC_ADDRESS_SUCCESS)
+        fail("cuGetProcAddress_v2(%s, %d) status %d", base, version, (int)status);
+    p = NULL;
+    r = v1(base, &p, version, flags);
+    check_proc("cuGetProcAddress", base, version, p, r, want, name);
+}
+
 /* ------------------------------------------------------------------ memory the driver holds */
 
 CUresult fakeCudaGraphMemReserve(int dev, unsigned long long bytes);
 unsigned long long fakeCudaDeviceUsed(int dev);
+unsigned long long fakeCudaManagedUsed(void);
+int fakeCudaPreferredLocation(unsigned long long ptr);
 
 static void *mem_api(void *direct, const char *versioned, const char *base)
 {
@@ -588,6 +989,22 @@ static unsigned long long shim_count(void)
         fail("cannot read the shim's count from %s", path);
     fclose(f);
     return used;
+}
+
+/* ext[0].memory_spilled of the region's state (ABI 1.1) */
+static unsigned long long shim_spilled(void)
+{
+    const char *dir = getenv("VGPU_REGION_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/state", dir != NULL ? dir : "/run/vgpu");
+    FILE *f = fopen(path, "rb");
+    unsigned long long spilled = 0;
+    long at = (long)(offsetof(struct vgpu_state, ext) +
+                     offsetof(struct vgpu_state_ext_device, memory_spilled));
+    if (f == NULL || fseek(f, at, SEEK_SET) != 0 || fread(&spilled, sizeof spilled, 1, f) != 1)
+        fail("cannot read the spilled count from %s", path);
+    fclose(f);
+    return spilled;
 }
 
 /* A mixed workload: plain, async (default pool and a created one), VMM, contexts, modules,
@@ -786,12 +1203,69 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
         /* what the shim reads when it reports: cuMemGetInfo settles the pools first */
         size_t f = 0, t = 0;
         A.info(&f, &t);
-        unsigned long long shim = shim_count(), driver = fakeCudaDeviceUsed(dev);
+        /* managed memory is host memory to the fake: the driver holds both */
+        unsigned long long shim = shim_count(), driver = fakeCudaDeviceUsed(dev) + fakeCudaManagedUsed();
         printf("compare shim=%llu driver=%llu\n", shim, driver);
         unsigned long long diff = shim > driver ? shim - driver : driver - shim;
         if (diff > tolerance)
             fail("the shim counts %llu bytes, the driver holds %llu (tolerance %llu)", shim,
                  driver, tolerance);
+    } else if (strcmp(cmd, "ismanaged") == 0) {
+        int want = atoi(MARG()), got = -1;
+        if (g_nlive == 0)
+            fail("ismanaged with nothing allocated");
+        CUresult r = M(cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute")(
+            &got, CU_POINTER_ATTRIBUTE_IS_MANAGED, g_live[g_nlive - 1].key);
+        if (r != CUDA_SUCCESS || got != want)
+            fail("IS_MANAGED of the newest allocation: %d (rc %d), expected %d", got, (int)r, want);
+        unsigned int type = 0;
+        r = M(cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute")(
+            &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, g_live[g_nlive - 1].key);
+        if (r != CUDA_SUCCESS || type != CU_MEMORYTYPE_DEVICE)
+            fail("memory type of the newest allocation: %u (rc %d), expected device", type, (int)r);
+    } else if (strcmp(cmd, "preferred") == 0) {
+        int want = atoi(MARG());
+        if (g_nlive == 0)
+            fail("preferred with nothing allocated");
+        int got = fakeCudaPreferredLocation(g_live[g_nlive - 1].key);
+        if (got != want)
+            fail("preferred location %d, expected %d", got, want);
+    } else if (strcmp(cmd, "ipc") == 0) {
+        int want = parse_expect(MARG());
+        if (g_nlive == 0)
+            fail("ipc with nothing allocated");
+        CUipcMemHandle h;
+        CUresult r = M(cuIpcGetMemHandle, "cuIpcGetMemHandle", "cuIpcGetMemHandle")(
+            &h, g_live[g_nlive - 1].key);
+        if ((int)r != want)
+            fail("cuIpcGetMemHandle returned %d, expected %d", (int)r, want);
+    } else if (strcmp(cmd, "allocloop") == 0) {
+        int n = atoi(MARG());
+        unsigned long long size = parse_size(MARG());
+        if (n < 1 || n > 1000000)
+            fail("allocloop: N must be 1..1000000");
+        uint64_t *ns = calloc((size_t)n, sizeof *ns);
+        unsigned long long managed_before = fakeCudaCounter("managed");
+        for (int k = 0; k < n; k++) {
+            CUdeviceptr p = 0;
+            uint64_t t0 = now_ns();
+            if (A.alloc(&p, size) != CUDA_SUCCESS || A.free_(p) != CUDA_SUCCESS)
+                fail("allocloop: pair %d failed", k);
+            ns[k] = now_ns() - t0;
+        }
+        qsort(ns, (size_t)n, sizeof *ns, cmp_u64);
+        printf("allocloop median_ns=%llu p99_ns=%llu managed=%llu\n",
+               (unsigned long long)ns[n / 2], (unsigned long long)ns[(size_t)n * 99 / 100],
+               fakeCudaCounter("managed") - managed_before);
+        free(ns);
+    } else if (strcmp(cmd, "spilled") == 0) {
+        unsigned long long want = parse_size(MARG()), got = shim_spilled();
+        if (got != want)
+            fail("the region counts %llu spilled bytes, expected %llu", got, want);
+    } else if (strcmp(cmd, "hostheld") == 0) {
+        unsigned long long want = parse_size(MARG()), got = fakeCudaManagedUsed();
+        if (got != want)
+            fail("the fake driver holds %llu bytes of managed memory, expected %llu", got, want);
     } else if (strcmp(cmd, "timedalloc") == 0) {
         const char *api = MARG();
         long n = atol(MARG());
@@ -825,6 +1299,14 @@ static int memory_command(const char *cmd, int argc, char **argv, int *ip)
 }
 
 /* ------------------------------------------------------------------ main */
+
+static volatile sig_atomic_t g_alarms;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    g_alarms++;
+}
 
 static void check(CUresult got, int want, const char *what)
 {
@@ -871,6 +1353,9 @@ int main(int argc, char **argv)
             check(A.total_mem(&got, dev), 0, "cuDeviceTotalMem");
             if (got != want)
                 fail("cuDeviceTotalMem(%d) = %zu, expected %llu", dev, got, want);
+        } else if (strcmp(cmd, "spillthreads") == 0) {
+            int threads = atoi(ARG()), n = atoi(ARG());
+            spillthreads(ctx, threads, n, parse_size(ARG()));
         } else if (strcmp(cmd, "mtpace") == 0) {
             int threads = atoi(ARG());
             double seconds = atof(ARG());
@@ -949,6 +1434,211 @@ int main(int argc, char **argv)
                 if (next == NULL || next != dflt)
                     fail("dlsym(RTLD_NEXT, %s) = %p, RTLD_DEFAULT gives %p", names[k], next, dflt);
             }
+        } else if (strcmp(cmd, "gnew") == 0) {
+            int g = slot(ARG());
+            NEED(create, "cuGraphCreate");
+            check(GA.create(&g_graphs[g], 0), 0, "cuGraphCreate");
+        } else if (strcmp(cmd, "gkernel") == 0) {
+            int g = slot(ARG());
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            check(add_kernel(g_graphs[g], grid, block, new_node()), 0, "add kernel node");
+        } else if (strcmp(cmd, "gchild") == 0) {
+            int g = slot(ARG()), c = slot(ARG());
+            NEED(add_child, "cuGraphAddChildGraphNode");
+            check(GA.add_child(new_node(), g_graphs[g], NULL, 0, g_graphs[c]), 0, "add child node");
+        } else if (strcmp(cmd, "gempty") == 0) {
+            int g = slot(ARG());
+            NEED(add_empty, "cuGraphAddEmptyNode");
+            check(GA.add_empty(new_node(), g_graphs[g], NULL, 0), 0, "add empty node");
+        } else if (strcmp(cmd, "gcond") == 0) {
+            int g = slot(ARG());
+            CUresult (*cond)(CUgraphNode *, CUgraph) =
+                (CUresult(*)(CUgraphNode *, CUgraph))dlsym(RTLD_DEFAULT, "fakeCudaAddConditionalNode");
+            if (cond == NULL)
+                fail("the driver has no conditional nodes");
+            check(cond(new_node(), g_graphs[g]), 0, "add conditional node");
+        } else if (strcmp(cmd, "ginner") == 0) {
+            CUgraphNode k = g_nodes[node_slot(ARG())];
+            CUgraph child;
+            size_t n = 0;
+            NEED(child_graph, "cuGraphChildGraphNodeGetGraph");
+            NEED(get_nodes, "cuGraphGetNodes");
+            check(GA.child_graph(k, &child), 0, "cuGraphChildGraphNodeGetGraph");
+            check(GA.get_nodes(child, NULL, &n), 0, "cuGraphGetNodes");
+            if (n > 256)
+                fail("child graph too big");
+            CUgraphNode inner[256];
+            check(GA.get_nodes(child, inner, &n), 0, "cuGraphGetNodes");
+            for (size_t j = 0; j < n; j++)
+                *new_node() = inner[j];
+        } else if (strcmp(cmd, "ginst") == 0) {
+            int e = slot(ARG()), g = slot(ARG());
+            const char *how = ARG();
+            check(instantiate(&g_execs[e], g_graphs[g], how), parse_expect(ARG()), how);
+        } else if (strcmp(cmd, "glaunch") == 0) {
+            int e = slot(ARG());
+            long n = atol(ARG());
+            CUstream st = stream_arg(ARG());
+            int want = parse_expect(ARG());
+            for (long k = 0; k < n; k++)
+                check(A.graph(g_execs[e], st), want, "cuGraphLaunch");
+        } else if (strcmp(cmd, "gdestroy") == 0) {
+            int e = slot(ARG());
+            NEED(exec_destroy, "cuGraphExecDestroy");
+            check(GA.exec_destroy(g_execs[e]), 0, "cuGraphExecDestroy");
+            g_execs[e] = NULL;
+        } else if (strcmp(cmd, "gupdate") == 0) {
+            int e = slot(ARG()), g = slot(ARG());
+            int want = parse_expect(ARG());
+            load_gapi();
+            if (g_v11) {
+                NEED(update_v1, "cuGraphExecUpdate");
+                CUgraphNode err;
+                CUgraphExecUpdateResult res;
+                check(GA.update_v1(g_execs[e], g_graphs[g], &err, &res), want, "cuGraphExecUpdate");
+            } else {
+                NEED(update_v2, "cuGraphExecUpdate_v2");
+                CUgraphExecUpdateResultInfo info;
+                check(GA.update_v2(g_execs[e], g_graphs[g], &info), want, "cuGraphExecUpdate_v2");
+            }
+        } else if (strcmp(cmd, "gsetk") == 0) {
+            int e = slot(ARG());
+            CUgraphNode k = g_nodes[node_slot(ARG())];
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            const char *how = ARG();
+            int want = parse_expect(ARG());
+            CUDA_KERNEL_NODE_PARAMS_v2 kp = kparams(grid, block);
+            if (strcmp(how, "v1") == 0) {
+                NEED(setk_v1, "cuGraphExecKernelNodeSetParams");
+                check(GA.setk_v1(g_execs[e], k, (CUDA_KERNEL_NODE_PARAMS_v1 *)&kp), want, how);
+            } else if (strcmp(how, "v2") == 0) {
+                NEED(setk_v2, "cuGraphExecKernelNodeSetParams_v2");
+                check(GA.setk_v2(g_execs[e], k, &kp), want, how);
+            } else {
+                NEED(set_generic, "cuGraphExecNodeSetParams");
+                CUgraphNodeParams np;
+                memset(&np, 0, sizeof np);
+                np.type = CU_GRAPH_NODE_TYPE_KERNEL;
+                np.kernel = kp;
+                check(GA.set_generic(g_execs[e], k, &np), want, how);
+            }
+        } else if (strcmp(cmd, "gsetchild") == 0) {
+            int e = slot(ARG());
+            CUgraphNode k = g_nodes[node_slot(ARG())];
+            int g = slot(ARG());
+            const char *how = ARG();
+            int want = parse_expect(ARG());
+            if (strcmp(how, "direct") == 0) {
+                NEED(setchild, "cuGraphExecChildGraphNodeSetParams");
+                check(GA.setchild(g_execs[e], k, g_graphs[g]), want, how);
+            } else {
+                NEED(set_generic, "cuGraphExecNodeSetParams");
+                CUgraphNodeParams np;
+                memset(&np, 0, sizeof np);
+                np.type = CU_GRAPH_NODE_TYPE_GRAPH;
+                np.graph.graph = g_graphs[g];
+                check(GA.set_generic(g_execs[e], k, &np), want, how);
+            }
+        } else if (strcmp(cmd, "genable") == 0) {
+            int e = slot(ARG());
+            CUgraphNode k = g_nodes[node_slot(ARG())];
+            unsigned on = (unsigned)atoi(ARG());
+            NEED(enable, "cuGraphNodeSetEnabled");
+            check(GA.enable(g_execs[e], k, on), parse_expect(ARG()), "cuGraphNodeSetEnabled");
+        } else if (strcmp(cmd, "queryfail") == 0) {
+            void (*set)(int) = (void (*)(int))dlsym(RTLD_DEFAULT, "fakeCudaGraphQueriesFail");
+            if (set == NULL)
+                fail("no fakeCudaGraphQueriesFail");
+            set(atoi(ARG()));
+        } else if (strcmp(cmd, "stream") == 0) {
+            int k = slot(ARG());
+            unsigned flags = 0;
+            if (i < argc && strcmp(argv[i], "nonblocking") == 0) {
+                flags = CU_STREAM_NON_BLOCKING;
+                i++;
+            }
+            NEED(stream_create, "cuStreamCreate");
+            check(GA.stream_create(&g_streams[k], flags), 0, "cuStreamCreate");
+        } else if (strcmp(cmd, "capture") == 0) {
+            CUstream st = stream_arg(ARG());
+            const char *m = ARG();
+            CUstreamCaptureMode mode = strcmp(m, "global") == 0   ? CU_STREAM_CAPTURE_MODE_GLOBAL
+                                       : strcmp(m, "thread") == 0 ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                                                                  : CU_STREAM_CAPTURE_MODE_RELAXED;
+            NEED(begin, "cuStreamBeginCapture");
+            check(GA.begin(st, mode), parse_expect(ARG()), "cuStreamBeginCapture");
+        } else if (strcmp(cmd, "endcapture") == 0) {
+            CUstream st = stream_arg(ARG());
+            int g = slot(ARG());
+            NEED(end, "cuStreamEndCapture");
+            check(GA.end(st, &g_graphs[g]), parse_expect(ARG()), "cuStreamEndCapture");
+        } else if (strcmp(cmd, "launchon") == 0) {
+            CUstream st = stream_arg(ARG());
+            long n = atol(ARG());
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            int want = parse_expect(ARG());
+            uint64_t t0 = now_ns();
+            for (long k = 0; k < n; k++)
+                check(A.launch(FUNC, grid, 1, 1, block, 1, 1, 0, st, NULL, NULL), want, "launch");
+            printf("launchon ns=%llu\n", (unsigned long long)(now_ns() - t0));
+        } else if (strcmp(cmd, "blockshape") == 0) {
+            int x = atoi(ARG()), y = atoi(ARG()), z = atoi(ARG());
+            NEED(shape, "cuFuncSetBlockShape");
+            check(GA.shape(FUNC, x, y, z), 0, "cuFuncSetBlockShape");
+        } else if (strcmp(cmd, "legacy") == 0) {
+            const char *how = ARG();
+            long n = atol(ARG());
+            int w = atoi(ARG()), h = atoi(ARG());
+            int want = parse_expect(ARG());
+            for (long k = 0; k < n; k++) {
+                if (strcmp(how, "launch") == 0) {
+                    NEED(launch0, "cuLaunch");
+                    check(GA.launch0(FUNC), want, "cuLaunch");
+                } else if (strcmp(how, "grid") == 0) {
+                    NEED(launch_grid, "cuLaunchGrid");
+                    check(GA.launch_grid(FUNC, w, h), want, "cuLaunchGrid");
+                } else {
+                    NEED(launch_grid_async, "cuLaunchGridAsync");
+                    check(GA.launch_grid_async(FUNC, w, h, STREAM), want, "cuLaunchGridAsync");
+                }
+            }
+        } else if (strcmp(cmd, "multidev") == 0) {
+            CUstream s1 = stream_arg(ARG()), s2 = stream_arg(ARG());
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            int want = parse_expect(ARG());
+            CUDA_LAUNCH_PARAMS lp[2];
+            memset(lp, 0, sizeof lp);
+            for (int k = 0; k < 2; k++) {
+                lp[k].function = FUNC;
+                lp[k].gridDimX = grid, lp[k].gridDimY = lp[k].gridDimZ = 1;
+                lp[k].blockDimX = block, lp[k].blockDimY = lp[k].blockDimZ = 1;
+                lp[k].hStream = k == 0 ? s1 : s2;
+            }
+            NEED(multidev, "cuLaunchCooperativeKernelMultiDevice");
+            check(GA.multidev(lp, 2, 0), want, "cuLaunchCooperativeKernelMultiDevice");
+        } else if (strcmp(cmd, "gpa") == 0) {
+            const char *base = ARG();
+            int version = atoi(ARG());
+            const char *flag = ARG();
+            gpa(base, version, flag, ARG());
+        } else if (strcmp(cmd, "itimer") == 0) {
+            long us = atol(ARG());
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_alarm; /* no SA_RESTART: every sleep in progress is interrupted */
+            sigaction(SIGALRM, &sa, NULL);
+            struct itimerval it = {{us / 1000000, us % 1000000}, {us / 1000000, us % 1000000}};
+            setitimer(ITIMER_REAL, &it, NULL);
+        } else if (strcmp(cmd, "spin") == 0) {
+            double seconds = atof(ARG());
+            unsigned grid = (unsigned)atoi(ARG()), block = (unsigned)atoi(ARG());
+            uint64_t end = now_ns() + (uint64_t)(seconds * 1e9);
+            unsigned long long n = 0;
+            while (now_ns() < end) {
+                check(A.launch(FUNC, grid, 1, 1, block, 1, 1, 0, STREAM, NULL, NULL), 0, "spin");
+                n++;
+            }
+            printf("spin launches=%llu\n", n);
         } else if (!memory_command(cmd, argc, argv, &i)) {
             fail("unknown command %s", cmd);
         }

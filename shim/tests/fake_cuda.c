@@ -6,15 +6,21 @@
  * CUDA_ERROR_OUT_OF_MEMORY when the device is full, frees of unknown pointers that fail with
  * CUDA_ERROR_INVALID_VALUE, a per-thread current context (CUDA_ERROR_INVALID_CONTEXT without one),
  * and cuGetProcAddress resolving base names to versioned entry points as the driver does.
- * Launches do no work; they are counted (fakeCudaCounter) so tests can see they arrived.
+ * Managed memory (cuMemAllocManaged) lives in host memory as far as capacity goes: it is not
+ * charged to the device (its pages would migrate), so it succeeds past a full device; it takes
+ * cuMemAdvise, answers pointer attributes as managed, and cuIpcGetMemHandle refuses it.
+ * Launches are counted (fakeCudaCounter) so tests can see they arrived; streams, capture, graphs,
+ * kernel run time and versioned entry points are in fake_cuda_graphs.c.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_subset.h"
+#include "fake_cuda_graphs.h"
 #include "fake_cuda_internal.h"
 #include "fake_ids.h"
 
@@ -22,9 +28,13 @@
 #define MAX_DEV 8
 #define MAX_ALLOCS 65536
 
-enum counter { C_LAUNCH, C_LAUNCH_EX, C_COOP, C_GRAPH, C_ALLOC, C_FREE, C_PROC, C_COUNT };
-static const char *const counter_names[C_COUNT] = {"launch", "launch_ex", "coop",   "graph",
-                                                   "alloc",  "free",      "getproc"};
+enum counter {
+    C_LAUNCH, C_LAUNCH_EX, C_COOP, C_GRAPH, C_ALLOC, C_FREE, C_PROC, C_MANAGED, C_ADVISE, C_IPC,
+    C_COUNT
+};
+static const char *const counter_names[C_COUNT] = {"launch", "launch_ex", "coop",    "graph",
+                                                   "alloc",  "free",      "getproc", "managed",
+                                                   "advise", "ipc"};
 static unsigned long long g_counters[C_COUNT];
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -36,8 +46,10 @@ static struct {
     uint64_t key;
     uint64_t bytes;
     int dev;
-    int kind; /* 1 pointer, 2 handle */
+    int kind;      /* 1 pointer, 2 handle, 3 managed pointer */
+    int preferred; /* managed: device advised as preferred location, -1 none */
 } g_allocs[MAX_ALLOCS];
+static uint64_t g_managed_used; /* bytes of managed memory held (host memory) */
 static uint64_t g_next_ptr = 0x7f0000000000ull;
 static uint64_t g_next_handle = 1;
 static __thread int t_dev = -1;
@@ -68,7 +80,7 @@ EXPORT unsigned long long fakeCudaCounter(const char *name)
     for (int i = 0; i < C_COUNT; i++)
         if (strcmp(counter_names[i], name) == 0)
             return __atomic_load_n(&g_counters[i], __ATOMIC_RELAXED);
-    return ~0ull;
+    return fake_graphs_counter(name);
 }
 
 EXPORT CUresult cuInit(unsigned int flags)
@@ -219,17 +231,22 @@ static CUresult record(int kind, int dev, uint64_t bytes, uint64_t *key_out)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (g_used[dev] + bytes <= g_memory && g_used[dev] + bytes >= g_used[dev]) {
+    bool on_device = kind != 3;
+    if (!on_device || (g_used[dev] + bytes <= g_memory && g_used[dev] + bytes >= g_used[dev])) {
         for (int i = 0; i < MAX_ALLOCS; i++) {
             if (g_allocs[i].kind == 0) {
-                uint64_t key = kind == 1 ? g_next_ptr : g_next_handle++;
-                if (kind == 1)
+                uint64_t key = kind != 2 ? g_next_ptr : g_next_handle++;
+                if (kind != 2)
                     g_next_ptr += (bytes + 0xfffull) & ~0xfffull;
                 g_allocs[i].key = key;
                 g_allocs[i].bytes = bytes;
                 g_allocs[i].dev = dev;
                 g_allocs[i].kind = kind;
-                g_used[dev] += bytes;
+                g_allocs[i].preferred = -1;
+                if (on_device)
+                    g_used[dev] += bytes;
+                else
+                    g_managed_used += bytes;
                 *key_out = key;
                 r = CUDA_SUCCESS;
                 break;
@@ -247,8 +264,13 @@ static CUresult forget(int kind, uint64_t key)
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
     for (int i = 0; i < MAX_ALLOCS; i++) {
-        if (g_allocs[i].kind == kind && g_allocs[i].key == key) {
-            g_used[g_allocs[i].dev] -= g_allocs[i].bytes;
+        /* a pointer is freed by cuMemFree whether it is device or managed memory */
+        int k = g_allocs[i].kind;
+        if ((k == kind || (kind == 1 && k == 3)) && g_allocs[i].key == key) {
+            if (k == 3)
+                g_managed_used -= g_allocs[i].bytes;
+            else
+                g_used[g_allocs[i].dev] -= g_allocs[i].bytes;
             g_allocs[i].kind = 0;
             r = CUDA_SUCCESS;
             break;
@@ -278,7 +300,127 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
 {
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != 2 /* CU_MEM_ATTACH_HOST */)
         return CUDA_ERROR_INVALID_VALUE;
-    return cuMemAlloc_v2(dptr, bytesize);
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t key;
+    r = record(3, t_dev, bytesize, &key);
+    if (r == CUDA_SUCCESS) {
+        *dptr = key;
+        count(C_MANAGED);
+    }
+    return r;
+}
+
+/* The allocation holding [ptr, ptr+1), or -1; called with g_lock held. */
+static int find_ptr_locked(uint64_t ptr)
+{
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        int k = g_allocs[i].kind;
+        if ((k == 1 || k == 3) && ptr >= g_allocs[i].key && ptr - g_allocs[i].key < g_allocs[i].bytes)
+            return i;
+    }
+    return -1;
+}
+
+static CUresult advise(CUdeviceptr ptr, size_t count_bytes, CUmem_advise advice, int dev)
+{
+    CUresult r = need_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY ||
+        count_bytes == 0 || dev < -1 || dev >= g_devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_ptr_locked(ptr);
+    if (i < 0 || g_allocs[i].kind != 3 || ptr + count_bytes > g_allocs[i].key + g_allocs[i].bytes) {
+        r = CUDA_ERROR_INVALID_VALUE; /* advice is for managed memory only */
+    } else if (advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION) {
+        g_allocs[i].preferred = dev;
+    } else if (advice == CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION) {
+        g_allocs[i].preferred = -1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (r == CUDA_SUCCESS)
+        count(C_ADVISE);
+    return r;
+}
+
+EXPORT CUresult cuMemAdvise(CUdeviceptr ptr, size_t count_bytes, CUmem_advise advice, CUdevice dev)
+{
+    return advise(ptr, count_bytes, advice, dev);
+}
+
+EXPORT CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t count_bytes, CUmem_advise advice,
+                               CUmemLocation location)
+{
+    if (location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE; /* the fake knows devices only */
+    return advise(ptr, count_bytes, advice, location.id);
+}
+
+/* The device advised as preferred location of a managed allocation; -1 none, -2 not managed. */
+EXPORT int fakeCudaPreferredLocation(unsigned long long ptr)
+{
+    pthread_mutex_lock(&g_lock);
+    int i = find_ptr_locked(ptr);
+    int where = i >= 0 && g_allocs[i].kind == 3 ? g_allocs[i].preferred : -2;
+    pthread_mutex_unlock(&g_lock);
+    return where;
+}
+
+EXPORT unsigned long long fakeCudaManagedUsed(void)
+{
+    pthread_mutex_lock(&g_lock);
+    unsigned long long used = g_managed_used;
+    pthread_mutex_unlock(&g_lock);
+    return used;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    CUresult r = need_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (data == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_ptr_locked(ptr);
+    int managed = i >= 0 && g_allocs[i].kind == 3, dev = i >= 0 ? g_allocs[i].dev : -1;
+    pthread_mutex_unlock(&g_lock);
+    if (i < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = managed; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = CU_MEMORYTYPE_DEVICE; /* managed memory reads as device memory */
+        return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = ptr; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = dev; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* IPC is for device memory; the driver refuses managed memory. */
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
+{
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS)
+        return r;
+    count(C_IPC);
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    int i = find_ptr_locked(ptr);
+    int ok = i >= 0 && g_allocs[i].kind == 1 && g_allocs[i].key == ptr;
+    pthread_mutex_unlock(&g_lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(handle, 0, sizeof *handle);
+    memcpy(handle->reserved, &ptr, sizeof ptr);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
@@ -327,22 +469,33 @@ static CUresult check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz
     return CUDA_SUCCESS;
 }
 
+/* checked, then recorded into a capture or run (fake_cuda_graphs.c); counted when it ran */
+static CUresult launch(enum counter c, int per_thread, CUfunction f, unsigned gx, unsigned gy,
+                       unsigned gz, unsigned bx, unsigned by, unsigned bz, CUstream s)
+{
+    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz);
+    int ran = 0;
+    if (r == CUDA_SUCCESS)
+        r = fake_submit_kernel(s, per_thread, f, gx, gy, gz, bx, by, bz, &ran);
+    if (r == CUDA_SUCCESS && ran)
+        count(c);
+    return r;
+}
+
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shmem, CUstream s, void **params,
                                void **extra)
 {
-    (void)shmem, (void)s, (void)params, (void)extra;
-    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz);
-    if (r == CUDA_SUCCESS)
-        count(C_LAUNCH);
-    return r;
+    (void)shmem, (void)params, (void)extra;
+    return launch(C_LAUNCH, 0, f, gx, gy, gz, bx, by, bz, s);
 }
 
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                     unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                     CUstream s, void **params, void **extra)
 {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    (void)shmem, (void)params, (void)extra;
+    return launch(C_LAUNCH, 1, f, gx, gy, gz, bx, by, bz, s);
 }
 
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
@@ -350,43 +503,39 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p
     (void)params, (void)extra;
     if (c == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r =
-        check_launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
-    if (r == CUDA_SUCCESS)
-        count(C_LAUNCH_EX);
-    return r;
+    return launch(C_LAUNCH_EX, 0, f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX,
+                  c->blockDimY, c->blockDimZ, c->hStream);
 }
 
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params,
                                       void **extra)
 {
-    return cuLaunchKernelEx(c, f, params, extra);
+    (void)params, (void)extra;
+    if (c == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(C_LAUNCH_EX, 1, f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX,
+                  c->blockDimY, c->blockDimZ, c->hStream);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                           unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                           CUstream s, void **params)
 {
-    (void)shmem, (void)s, (void)params;
-    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz);
-    if (r == CUDA_SUCCESS)
-        count(C_COOP);
-    return r;
+    (void)shmem, (void)params;
+    return launch(C_COOP, 0, f, gx, gy, gz, bx, by, bz, s);
 }
 
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                                unsigned bx, unsigned by, unsigned bz,
                                                unsigned shmem, CUstream s, void **params)
 {
-    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+    (void)shmem, (void)params;
+    return launch(C_COOP, 1, f, gx, gy, gz, bx, by, bz, s);
 }
 
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 {
-    (void)s;
-    CUresult r = need_ctx();
-    if (r == CUDA_SUCCESS && g == NULL)
-        r = CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = fake_graph_launch(g, s, 0);
     if (r == CUDA_SUCCESS)
         count(C_GRAPH);
     return r;
@@ -394,7 +543,10 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s)
 
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s)
 {
-    return cuGraphLaunch(g, s);
+    CUresult r = fake_graph_launch(g, s, 1);
+    if (r == CUDA_SUCCESS)
+        count(C_GRAPH);
+    return r;
 }
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
@@ -429,6 +581,9 @@ static const struct proc_entry *proc_table(size_t *n)
         {"cuMemCreate", (void *)cuMemCreate, NULL, 10020},
         {"cuMemRelease", (void *)cuMemRelease, NULL, 10020},
         {"cuMemGetInfo", (void *)cuMemGetInfo_v2, NULL, 3020},
+        {"cuMemAdvise", (void *)cuMemAdvise_v2, NULL, 12020},
+        {"cuPointerGetAttribute", (void *)cuPointerGetAttribute, NULL, 4000},
+        {"cuIpcGetMemHandle", (void *)cuIpcGetMemHandle, NULL, 4010},
         {"cuLaunchKernel", (void *)cuLaunchKernel, (void *)cuLaunchKernel_ptsz, 4000},
         {"cuLaunchKernelEx", (void *)cuLaunchKernelEx, (void *)cuLaunchKernelEx_ptsz, 11060},
         {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel,
@@ -450,11 +605,19 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     if (symbol == NULL || pfn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
-    if (strcmp(symbol, "cuGetProcAddress") == 0 && cudaVersion < 12000) {
-        *pfn = (void *)cuGetProcAddress;
+    if (strcmp(symbol, "cuGetProcAddress") == 0 && cudaVersion >= 11030 && cudaVersion < 12000) {
+        *pfn = fake_maybe_trampoline((void *)cuGetProcAddress);
         if (status)
             *status = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;
+    }
+    int versioned = fake_versioned_proc(symbol, cudaVersion, flags, pfn);
+    if (versioned != 0) {
+        if (status)
+            *status = versioned > 0 ? CU_GET_PROC_ADDRESS_SUCCESS
+                                    : CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        *pfn = versioned > 0 ? fake_maybe_trampoline(*pfn) : NULL;
+        return versioned > 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
     }
     size_t n;
     const struct proc_entry *t = proc_table(&n);
@@ -467,7 +630,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
             return CUDA_ERROR_NOT_FOUND;
         }
         int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-        *pfn = want_ptsz && t[i].ptsz != NULL ? t[i].ptsz : t[i].plain;
+        *pfn = fake_maybe_trampoline(want_ptsz && t[i].ptsz != NULL ? t[i].ptsz : t[i].plain);
         if (status)
             *status = CU_GET_PROC_ADDRESS_SUCCESS;
         return CUDA_SUCCESS;

@@ -190,10 +190,10 @@ static pid_t spawn(const char *region, char *const *env, char *const *args, int 
         int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(e, 2);
         close(e);
-        char *argv[160];
+        static char *argv[4400];
         int n = 0;
         argv[n++] = client;
-        for (int i = 0; args[i] != NULL && n < 159; i++)
+        for (int i = 0; args[i] != NULL && n < 4399; i++)
             argv[n++] = args[i];
         argv[n] = NULL;
         execv(client, argv);
@@ -810,6 +810,7 @@ static bool t_slot_high_water(void)
     return ok;
 }
 
+#include "shim_test_launch.c"
 /* ------------------------------------------------------------------ memory the driver holds */
 
 static const struct dev_cfg MEM1G = {0, 1ull << 30, VGPU_CORE_LIMIT_FULL, 0, 0, VGPU_POLICY_OFF, 0};
@@ -1044,6 +1045,188 @@ static bool t_memory_on_a_1_0_region(void)
     return count_of(r.err, "libvgpu:") == 0 || failf("warned: %s", r.err);
 }
 
+/* ------------------------------------------------------------------ spilling to managed memory */
+
+/* A 64 MiB card, a 160 MiB limit (memory scaling 2.5) with the spill bit. */
+#define SPILL_CARD "FAKE_CUDA_MEMORY=67108864"
+static const struct dev_cfg SPILL160 = {0, 160 * MiB, VGPU_CORE_LIMIT_FULL, 0, 0, VGPU_POLICY_OFF, 0};
+
+/* A region of one device with `flags` in its control entry, as the agent writes them. */
+static void make_flagged_region(const char *name, const struct dev_cfg *cfg, uint64_t flags)
+{
+    make_region(name, 1, cfg);
+    char path[600];
+    region_path(path, sizeof path, name, "control");
+    struct vgpu_control *c = calloc(1, sizeof *c);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL || fread(c, sizeof *c, 1, f) != 1) {
+        perror(path);
+        exit(2);
+    }
+    fclose(f);
+    c->devices[0].flags = flags;
+    write_file(path, c, sizeof *c, 0444);
+    free(c);
+}
+
+static bool spilled_is(const struct vgpu_state *s, uint64_t used, uint64_t spilled)
+{
+    if (s->devices[0].memory_used == used && s->ext[0].memory_spilled == spilled)
+        return true;
+    return failf("memory_used %llu (expected %llu), memory_spilled %llu (expected %llu)",
+                 (unsigned long long)s->devices[0].memory_used, (unsigned long long)used,
+                 (unsigned long long)s->ext[0].memory_spilled, (unsigned long long)spilled);
+}
+
+static bool t_spill_past_physical(const char *way)
+{
+    make_flagged_region("spill", &SPILL160, VGPU_CONTROL_FLAG_SPILL);
+    struct run r;
+    char *env[] = {SPILL_CARD, NULL};
+    run_client(&r, "spill", env,
+               ARGS((char *)way, "ctx", "0", "totalmem", "0", "160M",
+                    /* fits the card: device memory */
+                    "alloc", "plain", "48M", "ok", "ismanaged", "0", "preferred", "-2",
+                    /* past the card (16 MiB left), inside the limit: managed, on the device first */
+                    "alloc", "plain", "48M", "ok", "ismanaged", "1", "preferred", "0", "hostheld",
+                    "48M", "info", "160M", "64M",
+                    /* the card's last 16 MiB are device memory again */
+                    "alloc", "plain", "16M", "ok", "ismanaged", "0",
+                    /* a size that is not whole pages counts as the pages it takes */
+                    "alloc", "plain", "1000", "ok", "ismanaged", "1", "info", "160M", "50327552",
+                    "free", "ok", "info", "160M", "48M",
+                    /* up to the limit, and not a byte past it */
+                    "alloc", "plain", "48M", "ok", "info", "160M", "0", "alloc", "plain", "1",
+                    "oom", "counter", "managed", "3",
+                    /* frees of both kinds give back what they counted */
+                    "free", "ok", "info", "160M", "48M", "free", "ok", "free", "ok", "hostheld",
+                    "0", "info", "160M", "112M", "alloc", "plain", "16M", "ok", "ismanaged", "0",
+                    "free", "ok", "free", "ok", "info", "160M", "160M"));
+    if (!client_ok(&r))
+        return false;
+    struct vgpu_state *s = map_state("spill");
+    bool ok = spilled_is(s, 0, 0);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_spill_counted_and_reclaimed(void)
+{
+    make_flagged_region("spillkill", &SPILL160, VGPU_CONTROL_FLAG_SPILL);
+    char out[600], err[600];
+    snprintf(out, sizeof out, "%s/holder.out", g_tmp);
+    snprintf(err, sizeof err, "%s/holder.err", g_tmp);
+    int fd;
+    char *env[] = {SPILL_CARD, NULL};
+    pid_t holder = spawn("spillkill", env,
+                         ARGS("direct", "ctx", "0", "alloc", "plain", "60M", "ok", "alloc", "plain",
+                              "4M", "ok", "alloc", "plain", "10M", "ok", "alloc", "plain", "5000",
+                              "ok", "hold"),
+                         &fd, out, err);
+    struct vgpu_state *s = map_state("spillkill");
+    /* the card is full: 10 MiB and 5000 bytes (two pages) spilled, counted in the total too */
+    bool ok = spilled_is(s, 74 * MiB + 8192, 10 * MiB + 8192);
+    int slot = -1;
+    for (int i = 0; i < VGPU_MAX_PROCS && ok; i++)
+        if (s->slots[i].pid != 0)
+            slot = i;
+    if (ok && (slot < 0 || s->slot_kinds[slot][0].spilled != (10 * MiB + 8192) / VGPU_KIND_UNIT))
+        ok = failf("the holder's slot counts %u spilled units",
+                   slot < 0 ? 0u : s->slot_kinds[slot][0].spilled);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(fd);
+    struct run r;
+    if (ok) {
+        run_client(&r, "spillkill", env, ARGS("direct", "ctx", "0", "info", "160M", "160M"));
+        ok = client_ok(&r);
+    }
+    ok = ok && spilled_is(s, 0, 0);
+    munmap(s, sizeof *s);
+    return ok;
+}
+
+static bool t_spill_threads_and_mixed(void)
+{
+    make_flagged_region("spillmt", &MEM1G, VGPU_CONTROL_FLAG_SPILL);
+    struct run r;
+    /* a 64 MiB card with a 16 MiB context: 4 threads holding up to 8 x 7 MiB each spill part of
+     * the time (each alone outgrows the 48 MiB left, however the threads interleave) and free
+     * both ways; nothing is left counted after. Then a mixed workload of every
+     * kind with spilling on, within 1 % of the driver's count (device and managed memory) */
+    char *env[] = {SPILL_CARD, "FAKE_CUDA_CONTEXT_MEMORY=16777216", NULL};
+    run_client(&r, "spillmt", env,
+               ARGS("direct", "ctx", "0", "spilled", "0", "spillthreads", "4", "300", "7M",
+                    "spilled", "0", "hostheld", "0", "info", "1G", "1008M", "compare", "0", "0",
+                    "alloc", "plain", "48M", "ok", "alloc", "plain", "3M", "ok", "spilled", "3M",
+                    "free", "ok", "free", "ok", "mixed", "600", "5", "compare", "0", "10M"));
+    return client_ok(&r);
+}
+
+static bool t_spill_refuses_vmm_pools_ipc(const char *way)
+{
+    make_flagged_region("spillno", &SPILL160, VGPU_CONTROL_FLAG_SPILL);
+    struct run r;
+    char *env[] = {SPILL_CARD, NULL};
+    run_client(&r, "spillno", env,
+               ARGS((char *)way, "ctx", "0", "alloc", "plain", "60M", "ok", "ipc", "ok",
+                    /* the card is full: what cannot spill fails as it would without the shim */
+                    "alloc", "create", "8M", "oom", "alloc", "async", "8M", "oom", "alloc", "pool",
+                    "8M", "oom", "alloc", "pitch", "8M", "oom", "info", "160M", "100M",
+                    /* a spilled pointer gets no IPC handle, and the driver is not asked */
+                    "alloc", "plain", "8M", "ok", "ismanaged", "1", "ipc", "1", "counter", "ipc",
+                    "1", "free", "ok", "free", "ok", "info", "160M", "160M"));
+    return client_ok(&r);
+}
+
+static bool t_spill_off_is_unchanged(void)
+{
+    /* a bit this shim does not know: ignored, as a shim older than the spill bit ignores it */
+    make_flagged_region("nospill", &SPILL160, UINT64_C(1) << 63);
+    struct run r;
+    char *env[] = {SPILL_CARD, NULL};
+    run_client(&r, "nospill", env,
+               ARGS("procaddr", "ctx", "0", "totalmem", "0", "64M", "alloc", "plain", "48M", "ok",
+                    "alloc", "plain", "48M", "oom", "info", "64M", "16M", "counter", "managed",
+                    "0"));
+    return client_ok(&r);
+}
+
+static bool t_spill_bit_with_unknown_bits(void)
+{
+    make_flagged_region("spillbits", &SPILL160, VGPU_CONTROL_FLAG_SPILL | UINT64_C(1) << 63);
+    struct run r;
+    char *env[] = {SPILL_CARD, NULL};
+    run_client(&r, "spillbits", env,
+               ARGS("dlsym", "ctx", "0", "alloc", "plain", "60M", "ok", "alloc", "plain", "60M",
+                    "ok", "ismanaged", "1", "info", "160M", "40M"));
+    return client_ok(&r);
+}
+
+static bool t_spill_needs_the_extension(void)
+{
+    /* a 1.0 state has no word to count spilled bytes in: such a region does not spill */
+    make_flagged_region("spillold", &SPILL160, VGPU_CONTROL_FLAG_SPILL);
+    char path[600];
+    region_path(path, sizeof path, "spillold", "state");
+    struct vgpu_state *s = calloc(1, sizeof *s);
+    s->magic = VGPU_STATE_MAGIC;
+    s->abi_major = VGPU_ABI_MAJOR;
+    s->abi_minor = 0;
+    s->header_size = offsetof(struct vgpu_state, slots);
+    s->device_count = 1;
+    s->total_size = VGPU_STATE_SIZE_1_0;
+    s->slot_count = VGPU_MAX_PROCS;
+    write_file(path, s, VGPU_STATE_SIZE_1_0, 0644);
+    free(s);
+    struct run r;
+    char *env[] = {SPILL_CARD, NULL};
+    run_client(&r, "spillold", env,
+               ARGS("direct", "ctx", "0", "alloc", "plain", "60M", "ok", "alloc", "plain", "8M",
+                    "oom", "counter", "managed", "0"));
+    return client_ok(&r);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void cleanup(void)
@@ -1124,6 +1307,8 @@ int main(int argc, char **argv)
     policy_tests();
     report("fork under load: no deadlock, children get their own slots", t_fork_under_load());
     report("dlsym(RTLD_NEXT) answers for the caller, not for the shim", t_rtld_next());
+    run_launch_tests();
+    run_turn_tests();
     for (size_t i = 0; i < 3; i++) {
         snprintf(name, sizeof name, "context memory counts and shows in cuMemGetInfo (%s)", ways[i]);
         report(name, t_context_memory_counts(ways[i]));
@@ -1144,6 +1329,21 @@ int main(int argc, char **argv)
     report("a worker forked after initialisation gives back nothing of its parent's",
            t_fork_after_init_keeps_the_parents_memory());
     report("mixed workload: the shim's count within 1% of the driver's", t_mixed_workload_accounting());
+    report("spill: past the card, inside the limit, served managed (direct)",
+           t_spill_past_physical("direct"));
+    report("spill: past the card, inside the limit, served managed (procaddr)",
+           t_spill_past_physical("procaddr"));
+    report("spill: spilled bytes counted per device and slot, reclaimed from a killed process",
+           t_spill_counted_and_reclaimed());
+    report("spill: VMM, pools, pitched memory do not spill; no IPC of spilled memory (direct)",
+           t_spill_refuses_vmm_pools_ipc("direct"));
+    report("spill: VMM, pools, pitched memory do not spill; no IPC of spilled memory (procaddr)",
+           t_spill_refuses_vmm_pools_ipc("procaddr"));
+    report("spill: threads spilling and freeing at once; mixed workload within 1%",
+           t_spill_threads_and_mixed());
+    report("spill off (unknown flag bits only): unchanged", t_spill_off_is_unchanged());
+    report("spill bit alongside unknown bits", t_spill_bit_with_unknown_bits());
+    report("spill bit on a 1.0 state: no spilling", t_spill_needs_the_extension());
     printf("1..%d\n", g_count);
     if (g_failed)
         printf("# %d of %d failed\n", g_failed, g_count);

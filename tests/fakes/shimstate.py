@@ -101,13 +101,22 @@ class ShimWriter:
         struct.pack_into("<Q", self._map, base + o["memory_used"], memory)
         struct.pack_into("<Q", self._map, base + o["tokens_spent"], tokens)
 
-    def memory_kinds(self, dev: int, *, context: int = 0, module: int = 0, pool: int = 0) -> None:
-        """How much of the device's total is of each kind (the ABI 1.1 extension)."""
+    def memory_kinds(
+        self, dev: int, *, context: int = 0, module: int = 0, pool: int = 0, spilled: int = 0
+    ) -> None:
+        """How much of the device's total is of each kind (the ABI 1.1 extension); `spilled` is
+        the part of the data served by managed memory."""
         base = layout.STATE_OFFSETS["ext"] + dev * layout.STATE_EXT_DEVICE_SIZE
         o = layout.STATE_EXT_DEVICE_OFFSETS
         for field, value in (("memory_context", context), ("memory_module", module),
-                             ("memory_pool", pool)):
+                             ("memory_pool", pool), ("memory_spilled", spilled)):
             struct.pack_into("<Q", self._map, base + o[field], value)
+
+    def graphs_unpriced(self, dev: int, count: int) -> None:
+        """Executable graphs the shim priced at the graph_cost floor (the ABI 1.1 extension)."""
+        base = layout.STATE_OFFSETS["ext"] + dev * layout.STATE_EXT_DEVICE_SIZE
+        struct.pack_into("<Q", self._map, base + layout.STATE_EXT_DEVICE_OFFSETS["graphs_unpriced"],
+                         count)
 
     def scribble_header(self) -> None:
         """What a buggy or hostile process in the container could do to the file."""

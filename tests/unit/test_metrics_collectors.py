@@ -169,6 +169,18 @@ async def test_kinds_above_the_total_leave_no_negative_data(node: Node) -> None:
     assert value(text, "vgpu_container_memory_used_bytes", kind="pool") == 2 * GIB
 
 
+async def test_unpriced_graphs_are_counted_per_container_device(node: Node) -> None:
+    directory = node.region(
+        "a", ("ns", "p", "c"), [DeviceSpec(G1, 10 * GIB, 25), DeviceSpec(G2, 6 * GIB, 50)],
+        [f"{G1}::3", f"{G2}::0"])
+    shim = ShimWriter(directory)
+    shim.graphs_unpriced(1, 3)
+    shim.close()
+    text = await node.scrape()
+    assert value(text, "vgpu_container_graphs_unpriced_total", gpu_uuid=G2) == 3
+    assert value(text, "vgpu_container_graphs_unpriced_total", gpu_uuid=G1) == 0
+
+
 async def test_container_usage_comes_from_the_state_file(node: Node) -> None:
     directory = node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, 20 * GIB, 50)], [f"{G0}::0"])
     shim = ShimWriter(directory)

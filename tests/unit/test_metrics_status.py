@@ -60,7 +60,7 @@ async def test_an_active_container_carries_limits_usage_and_the_controllers_deci
     shim.process(0, 7, 707, 0, memory=2 * GIB, launches=40, wait_ns=1_500_000_000,
                  last_launch_ns=9_500_000_000)
     shim.device_totals(0, memory=2 * GIB)
-    shim.memory_kinds(0, context=GIB // 4, pool=GIB // 2)
+    shim.memory_kinds(0, context=GIB // 4, pool=GIB // 2, spilled=GIB // 8)
     shim.close()
     node.throttle[("a1", 0)] = Decision(24.0, 1000, target=25.0, policy="strict",
                                         rate_limited=True)
@@ -84,6 +84,7 @@ async def test_an_active_container_carries_limits_usage_and_the_controllers_deci
         "memory_used_bytes": 2 * GIB,
         "memory_by_kind_bytes": {"data": 2 * GIB - GIB // 4 - GIB // 2, "context": GIB // 4,
                                  "module": 0, "pool": GIB // 2},
+        "memory_spilled_bytes": GIB // 8,
         "core_limit_ratio": 0.25,
         "core_target_ratio": 0.25,
         "core_measured_ratio": 0.24,

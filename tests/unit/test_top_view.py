@@ -105,6 +105,17 @@ def test_a_container_above_its_limit_is_marked_and_one_within_is_not() -> None:
     assert "!" not in frame_text(within)
 
 
+def test_spilled_memory_is_shown_after_the_memory_used() -> None:
+    spilling = copy.deepcopy(STATUS)
+    spilling["allocations"][0]["devices"][0]["memory_spilled_bytes"] = 3 * GIB
+    spilling["allocations"][1]["devices"][0]["memory_spilled_bytes"] = 0
+    lines = frame_text(spilling).splitlines()
+    (infer,) = [line for line in lines if line.startswith("prod/infer-0/main")]
+    assert "12.0/20.0 GiB (3.0 spilled)" in infer
+    (train,) = [line for line in lines if "batch/train-7/worker" in line]
+    assert "spilled" not in train
+
+
 @pytest.mark.parametrize(
     ("typed", "expected"),
     [

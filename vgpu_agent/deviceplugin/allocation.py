@@ -28,6 +28,7 @@ class Split:
     count: int
     memory_scaling: float = 1.0
     cores_scaling: float = 1.0
+    spill: bool = False  # memory_oversubscription: spill (has effect only with scaling above 1)
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -42,6 +43,11 @@ class Split:
 
     def slice_cores(self) -> float:
         return self.cores_scaling * 100.0 / self.count
+
+    @property
+    def spills(self) -> bool:
+        """Whether containers' allocations the card cannot hold are served from host memory."""
+        return self.spill and self.memory_scaling > 1
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,7 @@ class GrantedDevice:
     slices: int
     memory_limit: int  # bytes
     core_percent: float
+    spill: bool = False  # allocations past the card's free memory go to host memory
 
     @property
     def memory_limit_mib(self) -> int:
@@ -193,7 +200,7 @@ def grant(device_ids: Sequence[str], gpus: Mapping[str, GpuInfo], split: Split) 
         gpu, slices = gpus[uuid], len(per_gpu[uuid])
         memory = min(slices * split.slice_memory(gpu.memory_total), _memory_cap(gpu, split))
         cores = min(100.0, slices * split.slice_cores())
-        devices.append(GrantedDevice(uuid, gpu.index, slices, memory, cores))
+        devices.append(GrantedDevice(uuid, gpu.index, slices, memory, cores, split.spills))
     return Grant(tuple(device_ids), tuple(devices))
 
 
@@ -259,6 +266,13 @@ def container_envs(grant: Grant, strategy: Strategy) -> dict[str, str]:
         envs[f"VGPU_MEMORY_LIMIT_{i}"] = f"{device.memory_limit_mib}m"
         envs[f"VGPU_CORE_LIMIT_{i}"] = str(cores)
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{device.memory_limit_mib}m"
+    # What a limit above the card means: "spill" (the card's memory first, then host memory
+    # charged to the container) or "off" (allocations past what the card has free fail).
+    # CUDA_OVERSUBSCRIBE is HAMi-core's switch for the same thing.
+    spilling = any(d.spill for d in grant.devices)
+    envs["VGPU_MEMORY_OVERSUBSCRIPTION"] = "spill" if spilling else "off"
+    if spilling:
+        envs["CUDA_OVERSUBSCRIBE"] = "true"
     envs["CUDA_DEVICE_SM_LIMIT"] = str(
         min(core_percent_value(d.core_percent) for d in grant.devices)
     )
@@ -273,3 +287,28 @@ def core_percent_value(percent: float) -> int:
 def cdi_device_names(grant: Grant, vendor_class: str) -> list[str]:
     """Fully qualified CDI names (`vendor.com/class=<uuid>`) for the cdi strategy."""
     return [f"{vendor_class}={d.uuid}" for d in grant.devices]
+
+
+class SpillHostMemoryError(ValueError):
+    """Spilling could promise more host memory than the node's configured share of it."""
+
+
+def check_spill_host_memory(
+    gpu_memory: Iterable[int], split: Split, host_memory: int, fraction: float
+) -> int:
+    """The bytes S * M summed over the GPUs, when they fit `fraction` of `host_memory`.
+
+    With spilling every container may fill its whole limit from host memory in the worst case,
+    so the sum of the limits (S * M per GPU) must fit the share of host memory set aside for it.
+    Raises SpillHostMemoryError naming both numbers otherwise (and when host memory is unknown).
+    """
+    promised = sum(math.floor(split.memory_scaling * m) for m in gpu_memory)
+    if host_memory <= 0:
+        raise SpillHostMemoryError("host memory is unknown, so spilling cannot be bounded")
+    allowed = math.floor(fraction * host_memory)
+    if promised > allowed:
+        raise SpillHostMemoryError(
+            f"memory scaling {split.memory_scaling} x GPU memory sums to {promised >> 20} MiB, "
+            f"more than {fraction} of host memory ({allowed >> 20} of {host_memory >> 20} MiB)"
+        )
+    return promised

@@ -78,12 +78,13 @@ def health_event(
     }
 
 
-# --- events on pods (a refused vgpu.io/ annotation) ---------------------------------------------
+# --- events on pods (a refused vgpu.io/ annotation, memory spilled to the host) -----------------
 
 REASON_ANNOTATION_REFUSED = "VgpuAnnotationRefused"
 # a container over its GPU limits, found by the agent's own check (and evicted for it)
 REASON_BACKSTOP = "VgpuLimitExceeded"
 REASON_EVICTED = "VgpuEvicted"
+REASON_MEMORY_SPILLED = "VgpuMemorySpilled"
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,19 @@ class PodRef:
 
 
 def pod_event(
-    pod: PodRef, reason: str, message: str, host: str, now: dt.datetime, seq: int,
+    pod: PodRef,
+    reason: str,
+    message: str,
+    host: str,
+    now: dt.datetime,
+    seq: int,
+    event_type: str = "Warning",
     container: str = "",
 ) -> dict[str, Any]:
-    """The body of a core/v1 Warning Event about `pod`, reported by the agent on node `host`;
-    with `container`, about that container of it."""
+    """The body of a core/v1 Event about `pod` (Warning unless told), reported from `host`; with
+    `container`, about that container of it."""
+    if event_type not in ("Normal", "Warning"):
+        raise ValueError(f"event type {event_type!r} is not allowed: Normal or Warning")
     if now.tzinfo is None:
         raise ValueError("event time must carry a time zone")
     stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -122,7 +131,7 @@ def pod_event(
         },
         "reason": reason,
         "message": message[:_MAX_MESSAGE],
-        "type": "Warning",
+        "type": event_type,
         "source": {"component": COMPONENT, "host": host},
         "reportingComponent": COMPONENT,
         "reportingInstance": host,
@@ -141,3 +150,31 @@ def eviction(pod: PodRef) -> dict[str, Any]:
         "metadata": {"name": pod.name, "namespace": pod.namespace},
         "deleteOptions": {"preconditions": {"uid": pod.uid}},
     }
+
+
+@dataclass(frozen=True)
+class SpilledDevice:
+    """One GPU of a container whose allocations went past the card into host memory."""
+
+    gpu_uuid: str
+    gpu_index: int | None  # None: the GPU is not in this node's inventory
+    spilled_bytes: int
+    limit_bytes: int
+
+
+def spill_message(container: str, devices: list[SpilledDevice]) -> str:
+    """What a container that spilled is told: how much, on which GPU, what it costs."""
+    parts = []
+    for d in devices:
+        where = f"GPU {d.gpu_index} ({d.gpu_uuid})" if d.gpu_index is not None else d.gpu_uuid
+        parts.append(
+            f"{d.spilled_bytes / (1 << 20):.1f} MiB on {where} "
+            f"(limit {d.limit_bytes / (1 << 20):.0f} MiB)"
+        )
+    text = (
+        f"container {container} went past the GPU's physical memory: "
+        + ", ".join(parts)
+        + " served from host memory (managed memory, charged to the container's memory "
+        "limit; slower than device memory)"
+    )
+    return text[:_MAX_MESSAGE]

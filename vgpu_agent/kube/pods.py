@@ -37,7 +37,14 @@ from typing import Any
 import structlog
 
 from vgpu_agent.kube.backoff import Backoff, TokenBucket
-from vgpu_agent.kube.events import REASON_ANNOTATION_REFUSED, PodRef, pod_event
+from vgpu_agent.kube.events import (
+    REASON_ANNOTATION_REFUSED,
+    REASON_MEMORY_SPILLED,
+    PodRef,
+    SpilledDevice,
+    pod_event,
+    spill_message,
+)
 from vgpu_agent.throttle.podpolicy import PodInfo, Refusal, relevant
 
 log = structlog.get_logger(__name__)
@@ -72,9 +79,12 @@ class _Malformed(Exception):
 @dataclass(frozen=True)
 class _QueuedEvent:
     pod: PodInfo
-    refusal: Refusal
+    reason: str
+    message: str
+    event_type: str
     at: dt.datetime
     seq: int
+    about: str  # what the event is about, for the log (an annotation, a container)
 
 
 # Waits for the API configuration (a kubernetes_asyncio `Configuration`), None when there is none.
@@ -153,6 +163,19 @@ class NodePods:
             allowed=refusal.allowed,
             applied=refusal.applied,
         )
+        self._queue(pod, REASON_ANNOTATION_REFUSED, refusal.message, "Warning", refusal.annotation)
+
+    def report_spill(self, pod: PodInfo, container: str, devices: list[SpilledDevice]) -> None:
+        """Queue one Event saying that `container` of `pod` spilled GPU memory to host memory.
+
+        The caller reports each container once; a pod not (or no longer) in the cache is told
+        nothing, as for refusals.
+        """
+        self._queue(
+            pod, REASON_MEMORY_SPILLED, spill_message(container, devices), "Normal", container
+        )
+
+    def _queue(self, pod: PodInfo, reason: str, message: str, event_type: str, about: str) -> None:
         if len(self._events) >= self._max_events:
             dropped = self._events.popleft()
             log.warning(
@@ -161,7 +184,10 @@ class NodePods:
                 pod=dropped.pod.name,
                 reason="event queue full while the API is unreachable",
             )
-        self._events.append(_QueuedEvent(pod, refusal, dt.datetime.now(dt.UTC), next(self._seq)))
+        now = dt.datetime.now(dt.UTC)
+        self._events.append(
+            _QueuedEvent(pod, reason, message, event_type, now, next(self._seq), about)
+        )
         self._events_wake.set()
 
     @property
@@ -410,11 +436,12 @@ class NodePods:
         pod = item.pod
         body = pod_event(
             PodRef(pod.namespace, pod.name, pod.uid),
-            REASON_ANNOTATION_REFUSED,
-            item.refusal.message,
+            item.reason,
+            item.message,
             self.node_name,
             item.at,
             item.seq,
+            item.event_type,
         )
         response = await self._api.create_namespaced_event(
             pod.namespace, body, _preload_content=False, _request_timeout=self._timeout
@@ -430,7 +457,8 @@ class NodePods:
             "pod_event_sent",
             namespace=pod.namespace,
             pod=pod.name,
-            annotation=item.refusal.annotation,
+            reason=item.reason,
+            about=item.about,
         )
 
     def _rejected(self, item: _QueuedEvent, exc: Exception, status: int) -> None:

@@ -69,6 +69,8 @@ class ContainerDevice:
     memory_context: int = 0  # of memory_used: contexts, heap and stack (ABI 1.1 regions)
     memory_module: int = 0  # of memory_used: loaded modules and libraries
     memory_pool: int = 0  # of memory_used: held by stream-ordered pools
+    memory_spilled: int = 0  # of the data: served by managed (host-backed) memory, card full
+    graphs_unpriced: int = 0  # executable graphs charged the graph_cost floor (ABI 1.1 regions)
     launches: int = 0
     wait_ns: int = 0
     last_launch_ns: int = 0  # CLOCK_MONOTONIC ns, 0 = never
@@ -152,6 +154,8 @@ def container_devices(
                 memory_context=_at(usage.memory_context if usage else (), dev),
                 memory_module=_at(usage.memory_module if usage else (), dev),
                 memory_pool=_at(usage.memory_pool if usage else (), dev),
+                memory_spilled=_at(usage.memory_spilled if usage else (), dev),
+                graphs_unpriced=_at(usage.graphs_unpriced if usage else (), dev),
                 launches=sum(p.launches[dev] for p in procs),
                 wait_ns=sum(p.wait_ns[dev] for p in procs),
                 last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
@@ -351,6 +355,13 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         "(contexts, device heap and stack), module (loaded code), pool (held by memory pools).",
         [*L, "kind"],
     )
+    mem_spilled = _gauge(
+        "vgpu_container_memory_spilled_bytes",
+        "Of the container's data memory, what the card could not hold and the shim served "
+        "from managed memory (host memory charged to the container; memory_oversubscription: "
+        "spill).",
+        L,
+    )
     core_limit = _gauge(
         "vgpu_container_core_limit_ratio", "Share of the GPU's SM time the container is given.", L
     )
@@ -363,6 +374,12 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         "vgpu_container_token_wait_seconds", "Time the container's launches waited for tokens.", L
     )
     launches = _counter("vgpu_container_kernel_launches", "Kernel launches by the container.", L)
+    unpriced = _counter(
+        "vgpu_container_graphs_unpriced",
+        "Executable CUDA graphs the shim could not price from their kernel nodes (each launch of "
+        "one costs at least the device's graph_cost).",
+        L,
+    )
     rate = _gauge(
         "vgpu_container_token_refill_rate",
         "Tokens per second the container's bucket refills at (absent when unlimited).",
@@ -406,12 +423,15 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
             continue
         for kind, used in memory_by_kind(entry).items():
             _put(mem_used, {**labels, "kind": kind}, used)
+        _put(mem_spilled, labels, entry.memory_spilled)
         _put(waited, labels, entry.wait_ns / 1e9)
         _put(launches, labels, entry.launches)
+        _put(unpriced, labels, entry.graphs_unpriced)
         launch_age = _launch_age_s(snap, entry)
         if launch_age is not None:
             _put(age, labels, launch_age)
-    yield from (mem_limit, mem_used, core_limit, core_util, waited, launches, rate, age, open_loop)
+    yield from (mem_limit, mem_used, mem_spilled, core_limit, core_util, waited, launches)
+    yield from (unpriced, rate, age, open_loop)
     yield from (policy_info, priority)
 
 

@@ -20,6 +20,8 @@ Schema (``schema_version`` 1; fields are only ever added within a version):
                                    "memory_limit_bytes" (0 = none), "memory_used_bytes",
                                    "memory_by_kind_bytes" ({"data", "context", "module",
                                    "pool"}, adding up to memory_used_bytes),
+                                   "memory_spilled_bytes" (of data: served from managed
+                                   memory because the card was full; 0 without spilling),
                                    "core_limit_ratio", "core_target_ratio",
                                    "core_measured_ratio", "policy", "rate_limited",
                                    "open_loop", "token_wait_seconds", "launches",
@@ -148,6 +150,7 @@ def _device(
         "memory_limit_bytes": entry.memory_limit,
         "memory_used_bytes": entry.memory_used if known else None,
         "memory_by_kind_bytes": memory_by_kind(entry) if known else None,
+        "memory_spilled_bytes": entry.memory_spilled if known else None,
         "core_limit_ratio": _ratio(entry.core_limit),
         "core_target_ratio": _ratio(status.target) if status is not None else None,
         "core_measured_ratio": _ratio(entry.utilization),

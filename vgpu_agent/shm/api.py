@@ -48,7 +48,9 @@ class RegionUsage:
     memory_context: tuple[int, ...] = ()
     memory_module: tuple[int, ...] = ()
     memory_pool: tuple[int, ...] = ()
-    graphs_unpriced: tuple[int, ...] = ()  # graph launches charged a fallback price, cumulative
+    # of the data: bytes served by managed memory because the card was full (spilled), <= data
+    memory_spilled: tuple[int, ...] = ()
+    graphs_unpriced: tuple[int, ...] = ()  # executable graphs charged the fallback, cumulative
     extension: bool = False  # the file carries the 1.1 extension
 
     def memory_data(self, dev: int) -> int:

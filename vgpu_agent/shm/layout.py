@@ -51,6 +51,8 @@ POLICY_NAMES: Final = {
     POLICY_WORK_CONSERVING: "work-conserving",
 }
 
+# control_device.flags (1.1): readers ignore bits they do not know.
+CONTROL_FLAG_SPILL: Final = 1 << 0  # allocations the card cannot hold spill to managed memory
 # control.flags (ABI 1.1): what the container may change about its own enforcement; all clear
 # is the secure default and what a 1.0 control holds (shims read it as 0 when abi_minor < 1).
 CONTROL_ALLOW_DISABLE: Final = 1 << 0  # VGPU_DISABLE=1 is honoured
@@ -195,7 +197,7 @@ PROC_KINDS_FIELDS: Final = (
     ("context", "I", 1),
     ("module", "I", 1),
     ("pool", "I", 1),
-    ("reserved", "I", 1),
+    ("spilled", "I", 1),
 )
 PROC_KINDS_OFFSETS, PROC_KINDS_SIZE = _layout(PROC_KINDS_FIELDS)
 
@@ -692,6 +694,7 @@ def decode_state(
         memory_context=kinds[0],
         memory_module=kinds[1],
         memory_pool=kinds[2],
+        memory_spilled=kinds[3],
         graphs_unpriced=unpriced,
         extension=minor >= 1 and total >= STATE_SIZE,
     )
@@ -705,27 +708,30 @@ def _decode_extension(
     slots_read: int | None,
     extension: bytes | bytearray | memoryview | None,
 ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...], int]:
-    """((context, module, pool) per device, graphs_unpriced per device, values skipped)."""
+    """((context, module, pool, spilled) per device, graphs_unpriced per device, skipped)."""
     zeros = (0,) * count
     if minor < 1 or total < STATE_SIZE:
-        return (zeros, zeros, zeros), zeros, 0
+        return (zeros, zeros, zeros, zeros), zeros, 0
     if extension is not None:
         source, base = extension, 0
     elif slots_read is None:
         source, base = buf, STATE_OFFSETS["ext"]
     else:
-        return (zeros, zeros, zeros), zeros, 0  # the caller did not fetch it
+        return (zeros, zeros, zeros, zeros), zeros, 0  # the caller did not fetch it
     if len(source) < base + count * STATE_EXT_DEVICE_SIZE:
-        return (zeros, zeros, zeros), zeros, 1  # shorter than the header says
+        return (zeros, zeros, zeros, zeros), zeros, 1  # shorter than the header says
     context: list[int] = []
     module: list[int] = []
     pool: list[int] = []
+    spilled: list[int] = []
     unpriced: list[int] = []
     skipped = 0
     for d in range(count):
-        ctx, mod, pl, _, graphs = _EXT_WORDS.unpack_from(source, base + d * STATE_EXT_DEVICE_SIZE)
+        ctx, mod, pl, spl, graphs = _EXT_WORDS.unpack_from(
+            source, base + d * STATE_EXT_DEVICE_SIZE
+        )
         values = []
-        for value in (ctx, mod, pl):
+        for value in (ctx, mod, pl, spl):
             if not _plausible_u64(value, PLAUSIBLE_BYTES):
                 skipped += 1
                 value = 0
@@ -736,8 +742,10 @@ def _decode_extension(
         context.append(values[0])
         module.append(values[1])
         pool.append(values[2])
+        spilled.append(values[3])
         unpriced.append(graphs)
-    return (tuple(context), tuple(module), tuple(pool)), tuple(unpriced), skipped
+    kinds = (tuple(context), tuple(module), tuple(pool), tuple(spilled))
+    return kinds, tuple(unpriced), skipped
 
 
 # ------------------------------------------------------------------ the token-spending rule

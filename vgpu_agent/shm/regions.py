@@ -1023,6 +1023,7 @@ class RegionStore:
                     rate=rate,
                     burst=burst,
                     policy=_POLICY_CODES[policy],
+                    flags=layout.CONTROL_FLAG_SPILL if device.spill else 0,
                 )
             )
         return layout.Control(

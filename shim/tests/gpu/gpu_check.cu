@@ -9,13 +9,29 @@
 //                                           SECONDS; prints "launches_per_s=X cost=TOKENS"
 //   gpu_check overhead N                    N launches of an empty kernel, host time per launch;
 //                                           prints "ns_per_launch=X"
+//   gpu_check procaddr                      cudaGetDriverEntryPointByVersion (CUDA 12.8 ABIs) of
+//                                           entry points the shim hooks, with the default and the
+//                                           per-thread flag; prints "default=H/N per_thread=H/N"
+//                                           (H: answered by libvgpu.so)
+//   gpu_check graph SECONDS GRID BLOCK SPIN_US N
+//                                           captures N spin kernels into a graph (stream capture),
+//                                           then launches the graph for SECONDS; prints
+//                                           "kernels_per_s=X cost=TOKENS capture_ms=C"
 //   gpu_check ctxmem                        cudaMemGetInfo right after the context exists;
 //                                           prints "used=B total=T free=F"
 //   gpu_check pool CHUNK_MIB MAX_MIB        cudaMallocAsync until refused (at most MAX_MIB), frees
 //                                           into the pool, then cudaMallocFromPoolAsync from a new
 //                                           pool until refused; prints "async=B refused=CODE
 //                                           second=B held=R" (R: the default pool's reserve)
+//   gpu_check spill CHUNK_MIB TOTAL_MIB PASSES
+//                                           cudaMalloc TOTAL_MIB in chunks (past the card the shim
+//                                           serves managed memory), cudaMemGetInfo, a kernel that
+//                                           increments every word PASSES times over all of it, then
+//                                           the same kernel over device memory only; prints
+//                                           "allocated=B managed_chunks=N meminfo_total=T
+//                                           meminfo_free=F spill_gbps=X device_gbps=Y correct=0|1"
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <chrono>
 #include <cstdio>
@@ -46,6 +62,39 @@ __global__ void empty() {}
 static double seconds_since(std::chrono::steady_clock::time_point t0)
 {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+__global__ void touch(unsigned *p, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] += 1;
+}
+
+// PASSES rounds of `touch` over every chunk; GB/s counts each word read and written once a pass.
+static double touch_gbps(const std::vector<void *> &chunks, size_t chunk, int passes)
+{
+    auto t0 = std::chrono::steady_clock::now();
+    for (int pass = 0; pass < passes; pass++)
+        for (void *p : chunks)
+            touch<<<1024, 256>>>(static_cast<unsigned *>(p), chunk / sizeof(unsigned));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaGetLastError());
+    return 2.0 * (double)chunk * (double)chunks.size() * passes / seconds_since(t0) / 1e9;
+}
+
+// The first and last word of every chunk read back (a copy from either kind of memory).
+static bool all_equal(const std::vector<void *> &chunks, size_t chunk, unsigned want)
+{
+    for (void *p : chunks) {
+        unsigned first = 0, last = 0;
+        char *base = static_cast<char *>(p);
+        CHECK(cudaMemcpy(&first, base, sizeof first, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(&last, base + chunk - sizeof last, sizeof last, cudaMemcpyDeviceToHost));
+        if (first != want || last != want)
+            return false;
+    }
+    return true;
 }
 
 int main(int argc, char **argv)
@@ -123,6 +172,66 @@ int main(int argc, char **argv)
         std::printf("ns_per_launch=%.1f\n", host * 1e9 / (double)((n + 255) / 256 * 256));
         return 0;
     }
+    if (std::strcmp(argv[1], "procaddr") == 0 && argc == 2) {
+        // entry points the shim hooks, by base name (their 12.8 ABI is the one hooked)
+        static const char *const names[] = {
+            "cuMemAlloc",        "cuMemFree",          "cuMemGetInfo",         "cuMemAllocAsync",
+            "cuMemFreeAsync",    "cuLaunchKernel",     "cuLaunchKernelEx",     "cuGraphLaunch",
+            "cuGraphInstantiateWithFlags", "cuGraphExecUpdate", "cuStreamBeginCapture",
+            "cuDeviceTotalMem", "cuMemCreate", "cuMemRelease"};
+        const unsigned long long flags[2] = {cudaEnableDefault, cudaEnablePerThreadDefaultStream};
+        int hooked[2] = {0, 0};
+        const int n = (int)(sizeof names / sizeof names[0]);
+        for (int f = 0; f < 2; f++)
+            for (int i = 0; i < n; i++) {
+                void *p = nullptr;
+                cudaDriverEntryPointQueryResult q;
+                Dl_info info;
+                if (cudaGetDriverEntryPointByVersion(names[i], &p, 12080, flags[f], &q) ==
+                        cudaSuccess &&
+                    p != nullptr && dladdr(p, &info) != 0 && info.dli_fname != nullptr &&
+                    std::strstr(info.dli_fname, "libvgpu") != nullptr)
+                    hooked[f]++;
+                else if (getenv("LD_PRELOAD") != nullptr)
+                    std::fprintf(stderr, "not hooked: %s (flag %llu)\n", names[i], flags[f]);
+            }
+        std::printf("default=%d/%d per_thread=%d/%d\n", hooked[0], n, hooked[1], n);
+        return 0;
+    }
+    if (std::strcmp(argv[1], "graph") == 0 && argc == 7) {
+        double seconds = std::atof(argv[2]);
+        unsigned grid = (unsigned)std::atoi(argv[3]), block = (unsigned)std::atoi(argv[4]);
+        unsigned long long spin_ns = std::strtoull(argv[5], nullptr, 10) * 1000ull;
+        int n = std::atoi(argv[6]);
+        cudaStream_t s;
+        CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        cudaGraph_t g;
+        cudaGraphExec_t e;
+        auto c0 = std::chrono::steady_clock::now();
+        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        for (int i = 0; i < n; i++)
+            spin<<<grid, block, 0, s>>>(spin_ns);
+        CHECK(cudaStreamEndCapture(s, &g));
+        double capture_ms = seconds_since(c0) * 1e3;
+        CHECK(cudaGraphInstantiate(&e, g, 0));
+        CHECK(cudaGraphLaunch(e, s)); // warm up
+        CHECK(cudaStreamSynchronize(s));
+        auto t0 = std::chrono::steady_clock::now();
+        unsigned long long launches = 0;
+        while (seconds_since(t0) < seconds) {
+            CHECK(cudaGraphLaunch(e, s));
+            launches++;
+            if (launches % 8 == 0)
+                CHECK(cudaStreamSynchronize(s)); // keep the queue short: time is GPU time
+        }
+        CHECK(cudaStreamSynchronize(s));
+        std::printf("kernels_per_s=%.1f cost=%llu capture_ms=%.2f\n",
+                    (double)launches * n / seconds_since(t0), (unsigned long long)grid * block,
+                    capture_ms);
+        CHECK(cudaGraphExecDestroy(e));
+        CHECK(cudaGraphDestroy(g));
+        return 0;
+    }
     if (std::strcmp(argv[1], "ctxmem") == 0 && argc == 2) {
         size_t free_b = 0, total_b = 0;
         CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -174,6 +283,47 @@ int main(int argc, char **argv)
         CHECK(cudaMemPoolDestroy(pool));
         std::printf("async=%zu refused=%d second=%zu held=%llu\n", async, (int)refused, second,
                     (unsigned long long)reserved);
+        return 0;
+    }
+    if (std::strcmp(argv[1], "spill") == 0 && argc == 5) {
+        size_t chunk = std::strtoull(argv[2], nullptr, 10) << 20;
+        size_t total = std::strtoull(argv[3], nullptr, 10) << 20;
+        int passes = std::atoi(argv[4]);
+        std::vector<void *> held;
+        size_t allocated = 0, managed = 0;
+        while (allocated + chunk <= total) {
+            void *p = nullptr;
+            if (cudaMalloc(&p, chunk) != cudaSuccess)
+                break;
+            cudaPointerAttributes attr;
+            CHECK(cudaPointerGetAttributes(&attr, p));
+            managed += attr.type == cudaMemoryTypeManaged;
+            CHECK(cudaMemset(p, 0, chunk));
+            held.push_back(p);
+            allocated += chunk;
+        }
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        CHECK(cudaMemGetInfo(&free_b, &total_b));
+        double spill_gbps = touch_gbps(held, chunk, passes);
+        bool correct = all_equal(held, chunk, (unsigned)passes);
+        for (void *p : held)
+            CHECK(cudaFree(p));
+        // the same kernel over device memory: as many chunks as a quarter of the total
+        std::vector<void *> device;
+        for (size_t i = 0; i < held.size() / 4 + 1; i++) {
+            void *p = nullptr;
+            CHECK(cudaMalloc(&p, chunk));
+            CHECK(cudaMemset(p, 0, chunk));
+            device.push_back(p);
+        }
+        double device_gbps = touch_gbps(device, chunk, passes);
+        correct = correct && all_equal(device, chunk, (unsigned)passes);
+        for (void *p : device)
+            CHECK(cudaFree(p));
+        std::printf("allocated=%zu managed_chunks=%zu meminfo_total=%zu meminfo_free=%zu "
+                    "spill_gbps=%.1f device_gbps=%.1f correct=%d\n",
+                    allocated, managed, total_b, free_b, spill_gbps, device_gbps, (int)correct);
         return 0;
     }
     std::fprintf(stderr, "bad arguments\n");

@@ -6,7 +6,8 @@
 # Uses GPU 0. Builds libvgpu.so and gpu_check.cu, writes region files with the agent's own
 # encoder (vgpu_agent/shm/layout.py, standard library only), runs each check with and without
 # the shim preloaded, and prints one summary table. Exit status 0 when every check passed.
-# Takes about a minute plus the nvcc build; every step has a time limit, the whole stays < 5 min.
+# Takes about two minutes plus the nvcc build, and the spill check (1.5x the card, through host
+# memory) up to 4 minutes more; every step has a time limit, the whole stays < 10 min.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -45,7 +46,10 @@ field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 
 declare -a ROWS
 fails=0
-row() { ROWS+=("$(printf '%-34s %18s %18s  %s' "$1" "$2" "$3" "$4")"); [[ "$4" == ok* ]] || fails=$((fails + 1)); }
+row() {
+  ROWS+=("$(printf '%-34s %18s %18s  %s' "$1" "$2" "$3" "$4")")
+  [[ "$4" == ok* || "$4" == skipped* ]] || fails=$((fails + 1))
+}
 
 # ---- memory: the limit is refused beyond, and cudaMemGetInfo reports inside it
 mem_dir="$(region mem $((LIMIT_MIB * MIB)) 1000000 0 0 0)"
@@ -90,6 +94,36 @@ verdict="FAIL"
 row "async pool, then 2nd pool (MiB)" "$(($(echo "$b_pool" | field async) / MIB)), $(($(echo "$b_pool" | field second) / MIB))" \
     "$s_async, $s_second (held $s_held)" "$verdict"
 
+# ---- spill: a limit of 1.5x the card with the spill flag; the part past the card is managed
+# memory (host memory once evicted), so the host needs about half a card free
+card_mib=$(($(echo "$base_mem" | field meminfo_total) / MIB))
+spill_mib=$((card_mib * 3 / 2))
+spill_chunk=1024
+avail_mib=$(($(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo) / 1024))
+if (( avail_mib < spill_mib - card_mib + 8192 )); then
+  row "spill 1.5x card: touch GB/s" "-" "-" "skipped (host memory ${avail_mib} MiB free)"
+else
+  spill_dir="$(python3 "$HERE/make_region.py" "$WORK/spill" "$UUID" $((spill_mib * MIB)) 1000000 0 0 0 1 \
+               && echo "$WORK/spill")"
+  s_spill="$(LD_PRELOAD="$SHIM_LIB" VGPU_REGION_DIR="$spill_dir" VGPU_FAIL_CLOSED=1 timeout 240 \
+             "$CHECK" spill "$spill_chunk" "$spill_mib" 2)"
+  sp_alloc=$(($(echo "$s_spill" | field allocated) / MIB))
+  sp_managed="$(echo "$s_spill" | field managed_chunks)"
+  sp_total=$(($(echo "$s_spill" | field meminfo_total) / MIB))
+  sp_free=$(($(echo "$s_spill" | field meminfo_free) / MIB))
+  sp_gbps="$(echo "$s_spill" | field spill_gbps)"
+  dev_gbps="$(echo "$s_spill" | field device_gbps)"
+  sp_ok="$(echo "$s_spill" | field correct)"
+  verdict="FAIL"
+  # the whole 1.5x was served (less the context's share), part of it managed, the info inside
+  # the limit, and the data right
+  if (( sp_alloc + spill_chunk * 2 >= spill_mib && sp_managed > 0 && sp_total == spill_mib
+        && sp_free <= spill_mib )) && [[ "$sp_ok" == 1 ]]; then
+    verdict="ok ($sp_alloc MiB, $sp_managed GiB managed; info $sp_total/$sp_free MiB)"
+  fi
+  row "spill 1.5x card: touch GB/s" "$dev_gbps (device)" "$sp_gbps (spilled)" "$verdict"
+fi
+
 # ---- throughput: rates giving 25/50/100% of what the GPU does unthrottled
 base_tp="$(plain throughput "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US")"
 full="$(echo "$base_tp" | field launches_per_s)"
@@ -109,6 +143,38 @@ for pct in 25 50 100; do
   python3 -c "import sys; sys.exit(0 if abs($share - $pct) <= max(5, 0.1 * $pct) else 1)" && verdict="ok"
   row "launches/s at a rate for $pct%" "$full (100%)" "$got ($share%)" "$verdict"
 done
+
+# ---- cuGetProcAddress: both flags hand out the hooks (through the runtime's entry-point lookup)
+pa_dir="$(region procaddr 0 500000 $((1 << 61)) $((1 << 61)) "$POLICY_STRICT")"
+pa="$(shimmed "$pa_dir" procaddr)"
+pa_def="$(echo "$pa" | sed -n 's/.*default=\([0-9]*\/[0-9]*\).*/\1/p')"
+pa_pt="$(echo "$pa" | sed -n 's/.*per_thread=\([0-9]*\/[0-9]*\).*/\1/p')"
+verdict="FAIL"
+[[ -n "$pa_def" && "${pa_def%/*}" == "${pa_def#*/}" && "${pa_pt%/*}" == "${pa_pt#*/}" ]] && verdict="ok"
+row "entry points hooked (default / pt)" "-" "$pa_def / $pa_pt" "$verdict"
+
+# ---- graphs: a captured graph of GRAPH_N kernels is paced like its kernels (25/50/100%)
+GRAPH_N=20
+base_g="$(plain graph "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US" "$GRAPH_N")"
+gfull="$(echo "$base_g" | field kernels_per_s)"
+gcost="$(echo "$base_g" | field cost)"
+for pct in 25 50 100; do
+  rate=$(python3 -c "print(int($pct / 100 * float('$gfull') * $gcost))")
+  burst=$(python3 -c "print(max($gcost * $GRAPH_N, $rate // 20))")
+  dir="$(region "graph$pct" 0 $((pct == 100 ? 999999 : pct * 10000)) "$rate" "$burst" "$POLICY_STRICT")"
+  got="$(shimmed "$dir" graph "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US" "$GRAPH_N" | field kernels_per_s)"
+  share=$(python3 -c "print(round(100 * float('$got') / float('$gfull'), 1))")
+  verdict="FAIL"
+  python3 -c "import sys; sys.exit(0 if abs($share - $pct) <= max(5, 0.1 * $pct) else 1)" && verdict="ok"
+  row "graph kernels/s at a rate for $pct%" "$gfull (100%)" "$got ($share%)" "$verdict"
+done
+# capture with an empty bucket (1 token/s): recording spends nothing, so it does not wait
+empty_dir="$(region empty 0 500000 1 1 "$POLICY_STRICT")"
+b_cap="$(echo "$base_g" | field capture_ms)"
+s_cap="$(shimmed "$empty_dir" graph 0 "$GRID" "$BLOCK" "$SPIN_US" "$GRAPH_N" | field capture_ms)"
+verdict="FAIL"
+python3 -c "import sys; sys.exit(0 if float('$s_cap') < float('$b_cap') + 50 else 1)" && verdict="ok"
+row "capture $GRAPH_N kernels, empty bucket (ms)" "$b_cap" "$s_cap" "$verdict"
 
 # ---- launch overhead (host time per launch of an empty kernel)
 ample_dir="$(region ample 0 500000 $((1 << 61)) $((1 << 61)) "$POLICY_STRICT")"
