@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import importlib
 import os
 import resource
 import signal
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -37,17 +39,10 @@ from vgpu_agent.deviceplugin.allocation import (
 )
 from vgpu_agent.deviceplugin.registration import PluginRunner, check_plugin_dir
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
-from vgpu_agent.dra.checkpoint import Checkpoint
-from vgpu_agent.dra.claims import ClaimReader
-from vgpu_agent.dra.driver import DraDriver
-from vgpu_agent.dra.grant import device_table
-from vgpu_agent.dra.server import DraPluginRunner
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
 from vgpu_agent.kube.events import SpilledDevice
-from vgpu_agent.kube.node import NodeIntegration
 from vgpu_agent.kube.pods import NodePods
-from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
 from vgpu_agent.kubelet.podresources import ContainerRef, PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources, RegistrationView
@@ -61,6 +56,14 @@ from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.podpolicy import PodPolicyRules
 from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
 from vgpu_agent.throttle.watch import BackstopWatch
+
+if TYPE_CHECKING:  # kubernetes_asyncio is imported only when something needs the API
+    from vgpu_agent.dra.claims import ClaimReader
+    from vgpu_agent.dra.driver import DraDriver
+    from vgpu_agent.dra.server import DraPluginRunner
+    from vgpu_agent.gpu.health import HealthChange
+    from vgpu_agent.kube.node import NodeIntegration
+    from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
 
 log = structlog.get_logger(__name__)
 
@@ -314,6 +317,8 @@ class Agent:
         self._supervise(group, "health", self.health.run)
         if self.dra is not None:
             # the ResourceSlice the scheduler allocates from, GPU health as device taints
+            from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
+
             publisher = ResourceSlicePublisher.from_config(self.config, gpus, health=self.health)
             self.dra.publisher = publisher
             self._supervise(group, "dra-slices", publisher.run)
@@ -404,7 +409,30 @@ class Agent:
         if not self.config.node_name:
             log.warning("kube_node_unknown", detail="no node name: node labels and events are off")
             return
-        node = NodeIntegration(self.config.node_name, self.config.kubeconfig)
+        assert self.health is not None
+        # Health changes from now on are kept until the integration is there to report them.
+        early: list[HealthChange] = []
+        self.health.add_listener(
+            lambda change: self.node.on_health_change(change) if self.node else early.append(change)
+        )
+        group.create_task(self._node_integration(group, gpus, early), name="kube-start")
+
+    async def _node_integration(
+        self, group: asyncio.TaskGroup, gpus: list[GpuInfo], early: list[HealthChange]
+    ) -> None:
+        # kubernetes_asyncio takes about a second to import: a worker thread does it, so that
+        # registering with the kubelet and the first control ticks do not wait for it.
+        try:
+            kube_node = await asyncio.to_thread(importlib.import_module, "vgpu_agent.kube.node")
+        except Exception:
+            log.exception("kube_import_failed", detail="node labels and events are off")
+            return
+        node: NodeIntegration = kube_node.NodeIntegration(
+            self.config.node_name, self.config.kubeconfig
+        )
+        for change in early:
+            node.on_health_change(change)
+        early.clear()
         self.node = node
         self._supervise(group, "kube", node.run)
         if self.pod_policies.pods is None:
@@ -415,8 +443,6 @@ class Agent:
             self.pod_policies.pods = pods
             self.pod_policies.on_refusal = pods.report_refusal
             self._supervise(group, "kube-pods", pods.run)
-        assert self.health is not None
-        self.health.add_listener(node.on_health_change)
 
         async def publish() -> None:
             await node.publish_labels(gpus, self.config.split_count, __version__)
@@ -587,11 +613,18 @@ class DraFrontDoor:
         regions: RegionStore,
         on_prepared: Callable[[], None],
     ):
-        self.reader = ClaimReader(config.kubeconfig)
+        # The DRA parts need the Kubernetes client: imported here, in DRA mode only.
+        from vgpu_agent.dra.checkpoint import Checkpoint
+        from vgpu_agent.dra.claims import ClaimReader
+        from vgpu_agent.dra.driver import DraDriver
+        from vgpu_agent.dra.grant import device_table
+        from vgpu_agent.dra.server import DraPluginRunner
+
+        self.reader: ClaimReader = ClaimReader(config.kubeconfig)
         self.publisher: ResourceSlicePublisher | None = None  # set once the health monitor exists
         devices = device_table(gpus, split)
         plugin_dir = f"{config.dra_plugin_dir.rstrip('/')}/{config.dra_driver_name}"
-        self.driver = DraDriver(
+        self.driver: DraDriver = DraDriver(
             driver=config.dra_driver_name,
             node=config.node_name,
             devices=lambda: devices,
@@ -602,7 +635,7 @@ class DraFrontDoor:
             gpu_cdi_kind=config.cdi_vendor_class,
             on_prepared=on_prepared,
         )
-        self.runner = DraPluginRunner(
+        self.runner: DraPluginRunner = DraPluginRunner(
             self.driver,
             driver_name=config.dra_driver_name,
             dra_socket=config.dra_socket,

@@ -1,10 +1,16 @@
-"""Core-throttle benchmark: the real controller vs a model of the peer limiter, on a simulated GPU.
+"""Core-throttle benchmark: the real controller vs a model of the peer limiter, on simulated GPUs.
 
-Five scenarios of 60 simulated seconds each; for each, steady-state mean absolute error of every
-container's share (percentage points, 0.5 s windows of true SM time), its p95, and the settling
-time to within +/-2 points after each change, for both, side by side, with the ratio.
+Five scenarios of 60 simulated seconds each, on the ideal plant and on the imperfect one (the
+simulator's defaults) with NVML noise of sigma 3 and 8 points and samples every 1/6 s and every
+second. For each: steady-state mean absolute error of every container's share (percentage
+points, 0.5 s windows of true SM time), its p50/p95/p99, and the settling time to within +/-2
+points after each change, for ours and the peer model on the same plant, with the ratio.
 
-    python tests/bench/bench_throttle.py [--only NAME] [--duration S]
+Goals: ideal plant: error <= 2 points, settling <= 2 s; sigma 3: error <= 1 point, settling
+<= 2 s (samples every 1/6 s) or 4 s (every second); sigma 8: <= 2 points, <= 4 s / 6 s; and
+always at most half the peer model's error on the same plant.
+
+    python tests/bench/bench_throttle.py [--only NAME] [--plant NAME] [--duration S]
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ import math
 import os
 import platform
 import sys
+from dataclasses import dataclass, replace
 
 from vgpu_agent.simulation.gpu import Workload
+from vgpu_agent.simulation.imperfections import IDEAL, REAL
 from vgpu_agent.simulation.runner import (
     ContainerSpec,
+    PlantSpec,
     Scenario,
     Stats,
     evaluate,
@@ -65,8 +74,11 @@ def scenarios(duration_s: float) -> list[Scenario]:
         Scenario(
             "4 20us and 5ms kernels",
             (
-                ContainerSpec("short", 40, Workload(kernel_s=20e-6, blocks=64,
-                                                    threads_per_block=128, queue_s=0.005)),
+                # 66 blocks fill half of a 132-SM GPU: on the imperfect plant two of its
+                # kernels pack, so its SM time per token depends on how fast it launches.
+                ContainerSpec("short", 40, Workload(kernel_s=20e-6, blocks=66,
+                                                    threads_per_block=128, queue_s=0.005,
+                                                    streams=4)),
                 ContainerSpec("long", 60, Workload(kernel_s=0.005, blocks=4096,
                                                    threads_per_block=512, queue_s=0.01)),
             ),
@@ -87,6 +99,39 @@ def scenarios(duration_s: float) -> list[Scenario]:
     ]
 
 
+@dataclass(frozen=True)
+class Plant:
+    name: str
+    spec: PlantSpec
+    max_error: float
+    max_settling_s: float
+
+
+PLANTS = (
+    Plant("ideal", PlantSpec(IDEAL), 2.0, 2.0),
+    Plant("s3/6Hz", PlantSpec(replace(REAL, nvml_sigma=3.0), 1 / 6), 1.0, 2.0),
+    Plant("s3/1Hz", PlantSpec(replace(REAL, nvml_sigma=3.0), 1.0), 1.0, 4.0),
+    Plant("s8/6Hz", PlantSpec(replace(REAL, nvml_sigma=8.0), 1 / 6), 2.0, 4.0),
+    Plant("s8/1Hz", PlantSpec(replace(REAL, nvml_sigma=8.0), 1.0), 2.0, 6.0),
+)
+
+
+def attainable(sc: Scenario, plant: PlantSpec) -> Scenario:
+    """The scenario with what the plant can deliver: while two or more containers share a full
+    GPU, contexts take turns and the switches cost `switch_s` per `timeslice_s` of everyone's
+    time, so limits adding up to 100% are met in proportion, a little lower."""
+    imp = plant.imperfections
+    capacity = 1 - imp.switch_s / imp.timeslice_s
+    names = [c.name for c in sc.containers]
+
+    def expected(name: str, t: float) -> float:
+        shares = [sc.expected(n, t) for n in names]
+        full = sum(shares) >= 99.9 and sum(1 for v in shares if v > 0) > 1
+        return sc.expected(name, t) * (capacity if full else 1.0)
+
+    return replace(sc, expected=expected)
+
+
 def _fmt_settle(stats: Stats) -> str:
     return "/".join("never" if s is None else f"{s:.1f}" for s in stats.settling_s)
 
@@ -94,6 +139,7 @@ def _fmt_settle(stats: Stats) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="run the scenarios whose name contains this")
+    parser.add_argument("--plant", help="run only the plants whose name contains this")
     parser.add_argument("--duration", type=float, default=60.0, help="simulated seconds each")
     args = parser.parse_args()
     model = "unknown"
@@ -105,32 +151,40 @@ def main() -> int:
         pass
     print(f"machine: {os.cpu_count()} CPUs, {model}, Python {platform.python_version()}")
     print("share = true SM time over 0.5 s windows; error in percentage points; steady state "
-          "= from 5 s after each change; settling to +/-2 points held 2 s, per change (s)")
-    header = (f"{'scenario':28} | {'ours MAE':>8} {'p50':>5} {'p95':>5} {'p99':>5} "
+          "= from 5 s after each change; settling to +/-2 points held 2 s, per change (s); "
+          "expected shares of a full GPU less the plant's context-switch cost")
+    header = (f"{'plant':6} {'scenario':28} | {'ours MAE':>8} {'p50':>5} {'p95':>5} {'p99':>5} "
               f"{'settle s':>8} | {'peer MAE':>8} {'p50':>5} {'p95':>5} {'p99':>5} "
               f"{'settle s':>8} | {'peer/ours':>9} | {'goals':>6} | {'cpu s':>5}")
     print(header)
     print("-" * len(header))
-    all_met = True
-    for sc in scenarios(args.duration):
-        if args.only and args.only not in sc.name:
+    missed: list[str] = []
+    for plant in PLANTS:
+        if args.plant and args.plant not in plant.name:
             continue
-        ours_run = asyncio.run(run_controlled(sc))
-        peer_run = run_peer(sc)
-        ours, peer = evaluate(ours_run), evaluate(peer_run)
-        # Errors below 0.01 points are at the simulator's resolution: do not divide by them.
-        ratio = peer.mean_abs_error / max(ours.mean_abs_error, 0.01)
-        ratio_text = f"{ratio:9.1f}" if ours.mean_abs_error >= 0.01 else f"{'>' + format(ratio, '.0f'):>9}"
-        met = (ours.mean_abs_error <= 2 and ours.worst_settling_s <= 2
-               and ours.mean_abs_error <= peer.mean_abs_error / 2)
-        all_met &= met
-        print(f"{sc.name:28} | {ours.mean_abs_error:8.2f} {ours.median_error:5.2f} "
-              f"{ours.p95_error:5.2f} {ours.p99_error:5.2f} {_fmt_settle(ours):>8} | "
-              f"{peer.mean_abs_error:8.2f} {peer.median_error:5.2f} {peer.p95_error:5.2f} "
-              f"{peer.p99_error:5.2f} {_fmt_settle(peer):>8} | {ratio_text} | "
-              f"{'met' if met else 'MISSED':>6} | {ours_run.cpu_s:5.1f}")
-        sys.stdout.flush()
-    print("all goals met" if all_met else "some goals MISSED (see rows)")
+        for sc in scenarios(args.duration):
+            if args.only and args.only not in sc.name:
+                continue
+            sc = attainable(sc, plant.spec)
+            ours_run = asyncio.run(run_controlled(sc, plant=plant.spec))
+            peer_run = run_peer(sc, plant=plant.spec)
+            ours, peer = evaluate(ours_run), evaluate(peer_run)
+            # Errors below 0.01 points are at the simulator's resolution: do not divide by them.
+            ratio = peer.mean_abs_error / max(ours.mean_abs_error, 0.01)
+            ratio_text = (f"{ratio:9.1f}" if ours.mean_abs_error >= 0.01
+                          else f"{'>' + format(ratio, '.0f'):>9}")
+            met = (ours.mean_abs_error <= plant.max_error
+                   and ours.worst_settling_s <= plant.max_settling_s
+                   and ours.mean_abs_error <= peer.mean_abs_error / 2)
+            if not met:
+                missed.append(f"{plant.name} {sc.name}")
+            print(f"{plant.name:6} {sc.name:28} | {ours.mean_abs_error:8.2f} "
+                  f"{ours.median_error:5.2f} {ours.p95_error:5.2f} {ours.p99_error:5.2f} "
+                  f"{_fmt_settle(ours):>8} | {peer.mean_abs_error:8.2f} {peer.median_error:5.2f} "
+                  f"{peer.p95_error:5.2f} {peer.p99_error:5.2f} {_fmt_settle(peer):>8} | "
+                  f"{ratio_text} | {'met' if met else 'MISSED':>6} | {ours_run.cpu_s:5.1f}")
+            sys.stdout.flush()
+    print("all goals met" if not missed else f"goals MISSED in {len(missed)}: {'; '.join(missed)}")
     return 0
 
 

@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.simulation.gpu import SimGpu, Workload
+from vgpu_agent.simulation.imperfections import IDEAL
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID, ContainerSpec, ControlledRun
 from vgpu_agent.throttle.control import UNLIMITED_RATE
@@ -24,16 +25,18 @@ def share(run: ControlledRun, name: str, last_s: float = 1.0) -> float:
 
 async def test_steers_containers_to_their_limits_and_beats_every_tick():
     run = ControlledRun((ContainerSpec("a", 25, BUSY), ContainerSpec("b", 75, Workload(
-        kernel_s=0.0005, blocks=128))))
+        kernel_s=0.0005, blocks=512))))
     await run.advance(4)
     assert share(run, "a") == pytest.approx(25, abs=2)
     assert share(run, "b") == pytest.approx(75, abs=2)
-    assert all(r.heartbeat_ns == run.gpu.now_ns for r in run.regions.values())
+    # beaten at the heartbeat rate (once a second), not every tick
+    assert all(0 <= run.gpu.now_ns - r.heartbeat_ns < run.controller.heartbeat_ns
+               for r in run.regions.values())
     assert run.controller.ticks == 40
     status = run.controller.status[("a", 0)]
     assert status.uuid == SIM_UUID and status.limit == 25 and status.policy == "work-conserving"
     assert run.regions["a"].rates[0] == (status.rate, status.burst)
-    assert status.measured_util == pytest.approx(25, abs=2)
+    assert status.measured_util == pytest.approx(25, abs=9)  # one sample, noisy by 3 points
     assert not status.open_loop and not run.controller.open_loop_gpus
     assert run.controller.error_counts == {}
 
@@ -43,8 +46,8 @@ async def test_rates_are_written_only_when_they_change():
     await run.advance(5)
     writes = run.regions["solo"].rate_writes
     await run.advance(2)
-    # Settled: a few corrections at most, not one write per tick.
-    assert run.regions["solo"].rate_writes - writes < 10
+    # Settled: a correction at most per NVML sample (6 a second), not one write per tick.
+    assert run.regions["solo"].rate_writes - writes <= 12
 
 
 async def test_open_loop_when_the_gpu_cannot_report_per_process_use():
@@ -61,6 +64,9 @@ async def test_open_loop_when_the_gpu_cannot_report_per_process_use():
 
 class BrokenRegion(SimRegion):
     def usage(self):  # type: ignore[override]
+        raise OSError("state file vanished")
+
+    def counters(self):  # type: ignore[override]
         raise OSError("state file vanished")
 
 
@@ -80,7 +86,7 @@ async def test_one_bad_region_is_counted_and_the_others_are_still_steered():
     counts = run.controller.error_counts
     assert counts["region_usage"] == run.controller.ticks
     assert counts["set_rate"] >= 1
-    assert readonly.heartbeat_ns == run.gpu.now_ns  # beats still go out
+    assert 0 <= run.gpu.now_ns - readonly.heartbeat_ns < 10**9  # beats still go out
     assert ("broken", 0) not in run.controller.status
 
 
@@ -106,7 +112,7 @@ async def test_failures_of_the_region_list_and_of_nvml_are_counted_not_fatal():
     assert controller.error_counts["list_regions"] == 1
     assert controller.error_counts["nvml"] == 2
     assert not controller.open_loop_gpus  # only NOT_SUPPORTED means open loop
-    assert region.heartbeat_ns == now["ns"]
+    assert 0 <= now["ns"] - region.heartbeat_ns < controller.heartbeat_ns
     # Nothing measured, nothing spent: the never-configured region is left unthrottled.
     assert region.rates[0] == (UNLIMITED_RATE, UNLIMITED_RATE)
 
@@ -118,7 +124,8 @@ def write_cgroup(root, pid: int, text: str) -> None:
 
 async def test_a_process_the_host_cannot_show_is_found_through_a_proven_siblings_cgroup(tmp_path):
     pod = "0::/kubepods/burstable/pod1234/cri-containerd-abc\n"
-    gpu = SimGpu(SIM_UUID)
+    # the ideal plant: this checks whose samples are counted, which noise would blur
+    gpu = SimGpu(SIM_UUID, imperfections=IDEAL)
     region = SimRegion("r", (SIM_UUID,), (100.0,), ("work-conserving",))
     known = gpu.shim_process("known", Workload(kernel_s=0.001), region, pid=4001)
     hidden = gpu.shim_process("hidden", Workload(kernel_s=0.001), region, pid=4002,

@@ -61,4 +61,4 @@ async def test_a_region_closed_during_the_read_is_skipped_quietly(tmp_path):
     assert not [e for e in logs if "exc_info" in e]
     # the region that is still there kept being steered and beating
     assert setup.region.rate(0) != (0, 0)
-    assert setup.region.heartbeat_ns == setup.gpu.now_ns
+    assert 0 <= setup.gpu.now_ns - setup.region.heartbeat_ns < controller.heartbeat_ns

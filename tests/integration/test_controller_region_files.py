@@ -54,7 +54,8 @@ class FileShim:
             total = sum(p.tokens_spent[0] for p in self.sim.processes)
             struct.pack_into("<qQ", buf, dev, self.sim.balances[0], self.sim.last_refill_ns[0])
             struct.pack_into("<Q", buf, dev + layout.STATE_DEVICE_OFFSETS["tokens_spent"], total)
-            for name in ("launches", "wait_ns"):  # the shim keeps device totals of these too
+            # the totals over all processes the shim keeps in the header, as the shim does
+            for name in ("launches", "wait_ns"):
                 struct.pack_into("<Q", buf, dev + layout.STATE_DEVICE_OFFSETS[name],
                                  sum(getattr(p, name)[0] for p in self.sim.processes))
             mark = layout.STATE_OFFSETS["slot_high_water"]
@@ -102,7 +103,7 @@ async def test_controller_holds_a_strict_limit_through_the_region_files(tmp_path
     await s.run(5)
     assert s.share(2) == pytest.approx(30, abs=1.5)
     control = layout.decode_control((s.path / CONTROL_FILE).read_bytes())
-    assert control.heartbeat_ns == s.gpu.now_ns
+    assert 0 <= s.gpu.now_ns - control.heartbeat_ns < 10**9  # once a second
     assert control.generation > generation and control.generation % 2 == 0
     assert (control.devices[0].rate, control.devices[0].burst) == s.region.rate(0)
     assert 0 < control.devices[0].rate < 1 << 40  # a real, finite rate
@@ -134,4 +135,4 @@ async def test_a_corrupt_state_file_is_counted_and_the_rate_left_alone(tmp_path)
     await s.run(1)
     assert s.controller.error_counts["region_corrupt"] == 10
     assert s.region.rate(0) == rate_before
-    assert s.region.heartbeat_ns == s.gpu.now_ns
+    assert 0 <= s.gpu.now_ns - s.region.heartbeat_ns < 10**9  # still beaten, once a second

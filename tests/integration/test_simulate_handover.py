@@ -89,6 +89,7 @@ async def test_batch_borrows_idle_compute_and_gives_it_back_within_a_tick(tmp_pa
     assert first.batch_target == pytest.approx(75, abs=1)
     for shares in after:
         assert shares.service_share == pytest.approx(25, abs=3), busy_again
-        assert shares.batch_share == pytest.approx(75, abs=3), busy_again
+        # a full simulated GPU loses 1.25 % to context switches between the two
+        assert shares.batch_share == pytest.approx(75 * 0.9875, abs=3), busy_again
     # And when the service is idle again the batch job borrows the GPU back within a few ticks.
     assert idle_again[-1].batch_share > 90 and idle_again[-1].service_share < 1, idle_again

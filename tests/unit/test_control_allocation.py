@@ -108,7 +108,7 @@ def test_bad_tick_and_duplicate_keys_are_refused():
         control_step([obs, obs], {}, 0.1)
 
 
-@pytest.mark.parametrize("field", ["spend_window_s", "model_gain", "burst_s"])
+@pytest.mark.parametrize("field", ["nvml_period_s", "noise_memory", "history_s", "burst_s"])
 def test_bad_params_are_refused(field):
     with pytest.raises(ValueError, match=field):
         ControlParams(**{field: 0})

@@ -1,6 +1,7 @@
 """The control law closed around the simulated GPU (no controller, no asyncio): does it hold
 shares with kernels of very different lengths, alone, under priority, when owners wake up, and
-whatever a token is worth?"""
+whatever a token is worth? The GPU is the imperfect one (NVML noise of 3 points, jitter,
+context switches, packing small grids), as the law meets on real hardware."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class Plant:
     previous: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.gpu = SimGpu(UUID)
+        self.gpu = SimGpu(UUID, seed=7)
         self.regions, self.procs = {}, {}
         for t in self.tenants:
             region = SimRegion(t.name, (UUID,), (t.limit,), (t.policy,), priority=t.priority)
@@ -57,8 +58,10 @@ class Plant:
     def tick(self) -> dict[str, Decision]:
         self.gpu.advance(TICK)
         samples = self.gpu.process_utilization(self.since_us)
+        span = 0.0
         if samples:
             self.since_us = max(s.timestamp_us for s in samples)
+            span = len({s.timestamp_us for s in samples}) * self.gpu.sample_ns / 1e9
         observations = []
         for t in self.tenants:
             region = self.regions[t.name]
@@ -74,10 +77,10 @@ class Plant:
                 key=t.name, limit=t.limit, policy=t.policy, priority=t.priority,  # type: ignore[arg-type]
                 spent=now[0] - before[0], launches=now[1] - before[1],
                 waited_s=(now[2] - before[2]) / 1e9,
-                util=(sum(mine) / len(mine)) if samples else None,
-                rate=rate, burst=burst,
+                util=(sum(mine) / len(mine)) if mine else None,
+                rate=rate, burst=burst, util_span_s=span,
             ))
-        out = control_step(observations, self.states, TICK, ControlParams(spend_window_s=0.4))
+        out = control_step(observations, self.states, TICK, ControlParams())
         self.states = {k: d.state for k, d in out.items()}
         for key, d in out.items():
             self.regions[key].set_rate(0, d.rate, d.burst)
@@ -102,15 +105,20 @@ def saturating(kernel_s: float, blocks: int = 1024, threads: int = 256, **kw) ->
 
 def test_twenty_microsecond_and_five_millisecond_kernels_both_hold_their_shares():
     plant = Plant([
-        Tenant("short", 40, saturating(20e-6, blocks=64, threads=128, queue_s=0.005)),
+        # 64 blocks fill half of the SMs: its kernels pack two at a time
+        Tenant("short", 40, saturating(20e-6, blocks=64, threads=128, queue_s=0.005,
+                                       streams=4)),
         Tenant("long", 60, saturating(0.005, blocks=4096, threads=512)),
     ])
     plant.run(8)
+    # The GPU is full: contexts switching costs 1.25% of it and the short kernels' half-empty
+    # grids leave a little idle, so the long ones get a bit less than their 60.
     assert plant.share("short", 3) == pytest.approx(40, abs=1.5)
-    assert plant.share("long", 3) == pytest.approx(60, abs=1.5)
-    # Stable, not oscillating: every half second of the last three within 2 points.
-    for name, limit in (("short", 40), ("long", 60)):
-        assert all(abs(v - limit) <= 2 for v in plant.windows(name, from_s=5))
+    assert plant.share("long", 3) == pytest.approx(58, abs=1.5)
+    # Stable, not oscillating: every half second of the last three within 2 points of the mean.
+    for name in ("short", "long"):
+        mean = plant.share(name, 3)
+        assert all(abs(v - mean) <= 2 for v in plant.windows(name, from_s=5))
     # And the rates settled: the last second of rates moves by less than 5%.
     rates = [d["long"].rate for d in plant.decisions[-10:]]
     assert max(rates) <= 1.05 * min(rates)
@@ -118,11 +126,11 @@ def test_twenty_microsecond_and_five_millisecond_kernels_both_hold_their_shares(
 
 def test_strict_alone_stays_at_its_limit_not_above():
     plant = Plant([Tenant("solo", 30, saturating(0.002), policy="strict")])
-    plant.run(6)
-    assert plant.share("solo", 3) == pytest.approx(30, abs=1)
+    plant.run(10)
+    assert plant.share("solo", 6) == pytest.approx(30, abs=1)
     # Only the unthrottled start (two ticks: a baseline, then the bound) may exceed it; from
-    # the first window after it, never above limit + 1.5 (NVML reports whole percents).
-    assert max(plant.windows("solo", from_s=0.8)) <= 31.5
+    # the first window after it, learning from samples 3 points noisy, never 2.5 above it.
+    assert max(plant.windows("solo", from_s=0.8)) <= 32.5
 
 
 def test_work_conserving_lends_and_the_owner_gets_it_back_within_one_tick():
@@ -137,8 +145,9 @@ def test_work_conserving_lends_and_the_owner_gets_it_back_within_one_tick():
     assert plant.decisions[-1]["owner"].hungry or plant.decisions[-1]["owner"].demand > 50
     assert plant.decisions[-1]["borrower"].target == pytest.approx(30)
     plant.run(3)
-    assert plant.share("owner", 1) == pytest.approx(70, abs=2)
-    assert plant.share("borrower", 1) == pytest.approx(30, abs=2)
+    # a full GPU less the 1.25% its context switches cost
+    assert plant.share("owner", 1) == pytest.approx(70 * 0.9875, abs=2)
+    assert plant.share("borrower", 1) == pytest.approx(30 * 0.9875, abs=2)
 
 
 def test_priority_decides_who_is_served_when_limits_exceed_the_gpu():
@@ -154,8 +163,8 @@ def test_priority_decides_who_is_served_when_limits_exceed_the_gpu():
 def test_shares_do_not_depend_on_what_a_token_is_worth():
     def run(scale: int) -> tuple[Plant, list[float]]:
         plant = Plant([
-            Tenant("a", 25, saturating(0.001, blocks=100 * scale, threads=10)),
-            Tenant("b", 75, saturating(0.004, blocks=30 * scale, threads=10)),
+            Tenant("a", 25, saturating(0.001, blocks=200, threads=10 * scale)),
+            Tenant("b", 75, saturating(0.004, blocks=150, threads=3 * scale)),
         ])
         plant.run(6)
         return plant, [plant.share("a", 2), plant.share("b", 2)]

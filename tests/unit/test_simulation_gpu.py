@@ -1,4 +1,6 @@
-"""The simulated GPU: time-sharing, the shim's token rule on a region, NVML-like samples."""
+"""The ideal simulated GPU: time-sharing, the shim's token rule on a region, NVML-like samples.
+
+The imperfect plant's effects are tested one by one in `test_simulation_imperfections.py`."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import pytest
 
 from vgpu_agent.gpu.model import GpuError
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, Workload
+from vgpu_agent.simulation.imperfections import IDEAL
 from vgpu_agent.simulation.region import SimRegion
 
 UUID = "GPU-sim"
@@ -20,7 +23,7 @@ def region(name="r", limit=50.0, policy="strict", rate=(0, 0)) -> SimRegion:
 
 
 def test_unthrottled_processes_time_share_the_gpu_equally():
-    gpu = SimGpu(UUID)
+    gpu = SimGpu(UUID, imperfections=IDEAL)
     a = gpu.shim_process("a", Workload(kernel_s=0.001), region("a"))
     b = gpu.shim_process("b", Workload(kernel_s=0.004), region("b"))
     gpu.advance(2)
@@ -29,14 +32,14 @@ def test_unthrottled_processes_time_share_the_gpu_equally():
 
 
 def test_occupancy_scales_sm_time_and_idle_time_is_left_idle():
-    gpu = SimGpu(UUID)
+    gpu = SimGpu(UUID, imperfections=IDEAL)
     half = gpu.shim_process("half", Workload(kernel_s=0.001, occupancy=0.5), region())
     gpu.advance(1)
     assert gpu.shares(half, 0.5)[-1][1] == pytest.approx(50, abs=1)
 
 
 def test_busy_intervals_start_and_stop_the_launches():
-    gpu = SimGpu(UUID)
+    gpu = SimGpu(UUID, imperfections=IDEAL)
     p = gpu.shim_process("p", Workload(kernel_s=0.001, busy=((1.0, 2.0),)), region())
     gpu.advance(3)
     series = {round(t, 1): share for t, share in gpu.shares(p, 0.5)}
@@ -49,7 +52,7 @@ def test_token_rate_limits_launches_exactly_and_waits_are_recorded():
     # 1024 x 256 = 262144 tokens a launch, 2 ms each; 26.2144e6 tokens/s buys 100 launches/s
     # = 20% of the GPU.
     reg = region(rate=(26_214_400, 2 * 262_144))
-    gpu = SimGpu(UUID)
+    gpu = SimGpu(UUID, imperfections=IDEAL)
     p = gpu.shim_process("p", Workload(kernel_s=0.002), reg)
     gpu.advance(3)
     assert gpu.shares(p, 2)[-1][1] == pytest.approx(20, abs=0.5)
@@ -63,7 +66,7 @@ def test_token_rate_limits_launches_exactly_and_waits_are_recorded():
 
 def test_processes_of_one_region_share_one_bucket():
     reg = region(rate=(26_214_400, 2 * 262_144))
-    gpu = SimGpu(UUID)
+    gpu = SimGpu(UUID, imperfections=IDEAL)
     procs = [gpu.shim_process(f"p{i}", Workload(kernel_s=0.002), reg) for i in range(3)]
     gpu.advance(3)
     total = sum(gpu.shares(p, 2)[-1][1] for p in procs)
@@ -75,7 +78,7 @@ def test_processes_of_one_region_share_one_bucket():
     [("off", 30, (1000, 1000)), ("strict", 100, (1000, 1000)), ("strict", 30, (0, 0))],
 )
 def test_the_shim_does_not_throttle_where_the_abi_says_unlimited(policy, limit, rate):
-    gpu = SimGpu(UUID)
+    gpu = SimGpu(UUID, imperfections=IDEAL)
     p = gpu.shim_process("p", Workload(kernel_s=0.001), region(limit=limit, policy=policy,
                                                                 rate=rate))
     gpu.advance(1)
@@ -85,7 +88,7 @@ def test_the_shim_does_not_throttle_where_the_abi_says_unlimited(policy, limit, 
 def test_a_paused_bucket_stops_launches_until_the_bounded_wait_expires():
     # rate 0 with a burst: paused. The shim still lets a launch through after 2 s of waiting.
     reg = region(rate=(0, 10))
-    gpu = SimGpu(UUID)
+    gpu = SimGpu(UUID, imperfections=IDEAL)
     p = gpu.shim_process("p", Workload(kernel_s=0.001), reg)
     gpu.advance(1.5)
     assert reg.processes[0].launches[0] == 0
@@ -95,7 +98,7 @@ def test_a_paused_bucket_stops_launches_until_the_bounded_wait_expires():
 
 
 def test_samples_are_whole_percents_of_finished_periods_and_only_newer_ones_are_returned():
-    gpu = SimGpu(UUID, sample_period_s=0.2)
+    gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=IDEAL)
     a = gpu.shim_process("a", Workload(kernel_s=0.001), region("a", rate=(0, 0)))
     gpu.advance(0.19)
     assert gpu.process_utilization(0) == []  # the first period has not finished
@@ -139,7 +142,7 @@ def test_bad_regions_and_steps_are_refused():
     with pytest.raises(ValueError, match="one core limit"):
         SimRegion("r", (UUID, UUID), (30.0,), ("strict",))
     with pytest.raises(ValueError, match="step"):
-        SimGpu(UUID, step_s=0.5)
+        SimGpu(UUID, step_s=0.5, imperfections=IDEAL)
     with pytest.raises(ValueError, match="rate and burst"):
         region().set_rate(0, -1, 10)
 

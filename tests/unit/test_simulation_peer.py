@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vgpu_agent.simulation.gpu import SimGpu, Workload
+from vgpu_agent.simulation.imperfections import IDEAL
 from vgpu_agent.simulation.peer import SLEEP_NS, PeerGate, PeerGpu, PeerWatchers
 
 GPU = PeerGpu(sms=100, max_threads_per_sm=2048)
@@ -77,7 +78,7 @@ def test_a_lone_container_is_not_limited_on_the_simulated_gpu():
 
 
 def test_two_containers_are_regulated_from_their_one_second_view():
-    gpu = SimGpu("GPU-peer")
+    gpu = SimGpu("GPU-peer", imperfections=IDEAL)  # the formula's own behaviour, noise aside
     gates = {name: PeerGate(limit=lim, grid=1024, gpu=GPU) for name, lim in (("a", 20),
                                                                              ("b", 60))}
     procs = {n: gpu.add_process(n, Workload(kernel_s=0.002), g) for n, g in gates.items()}

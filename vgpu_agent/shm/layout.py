@@ -748,6 +748,44 @@ def _decode_extension(
     return kinds, tuple(unpriced), skipped
 
 
+_STATE_DEVICE_WORDS = STATE_DEVICE_SIZE // 8
+_COUNTER_FORMATS = tuple(
+    struct.Struct(f"<{n * _STATE_DEVICE_WORDS}Q") for n in range(MAX_DEVICES + 1)
+)
+_SPENT, _LAUNCHES, _WAITED = (
+    STATE_DEVICE_OFFSETS[f] // 8 for f in ("tokens_spent", "launches", "wait_ns")
+)
+
+
+def state_counters(
+    header: bytes | bytearray | memoryview, device_count: int
+) -> tuple[int, ...] | None:
+    """What the throttle controller needs of `state` each tick, from the header alone.
+
+    Per device (the shim keeps these totals in the header, summed over its processes):
+    cumulative tokens spent, launches and ns waited for tokens, flattened as
+    (spent0, launches0, waited0, spent1, ...). No slot is looked at. None when the header is
+    not a `state` header of this major version for `device_count` devices, or holds a count
+    no shim could have reached. A header larger than this agent knows (a later minor version
+    adding fields) is accepted: the device totals stay where major 1 put them.
+    """
+    if len(header) < STATE_HEADER_SIZE or not 1 <= device_count <= MAX_DEVICES:
+        return None
+    magic, major, _, header_size, count, total = _PREFIX.unpack_from(header, 0)
+    if (magic != STATE_MAGIC or major != ABI_MAJOR or count != device_count
+            or header_size < STATE_HEADER_SIZE or total < header_size):
+        return None
+    words = _COUNTER_FORMATS[count].unpack_from(header, STATE_OFFSETS["devices"])
+    out: list[int] = []
+    for base in range(0, count * _STATE_DEVICE_WORDS, _STATE_DEVICE_WORDS):
+        spent, launches, waited = words[base + _SPENT], words[base + _LAUNCHES], \
+            words[base + _WAITED]
+        if max(spent, launches, waited) > PLAUSIBLE_COUNTER:
+            return None
+        out += (spent, launches, waited)
+    return tuple(out)
+
+
 # ------------------------------------------------------------------ the token-spending rule
 
 

@@ -11,11 +11,18 @@ occupancy of its kernels.
 NVML's view: every `sample_period_s` each process with a context gets one sample whose `sm_util`
 is its integer SM percent over that period, stamped with the period's end; readers see only
 finished periods, so what they read describes the recent past, like the real driver's samples.
+
+A real GPU is not that tidy: `imperfections.Imperfections` adds NVML noise, missed samples and
+longer sampling windows, kernel duration jitter, context switch costs, partially overlapping
+contexts and small grids that pack unevenly; its module note gives the defaults and why.
+`imperfections.IDEAL` turns all of it off for comparison. Randomness comes from a generator
+seeded by the GPU's UUID and `seed`, so a run repeats exactly.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CorePolicy
 from vgpu_agent.simulation import tokens
+from vgpu_agent.simulation.imperfections import REAL, Imperfections
 from vgpu_agent.simulation.region import ProcessCounters, SimRegion
 
 if TYPE_CHECKING:
@@ -43,6 +51,7 @@ class Workload:
     occupancy: float = 1.0  # fraction of the SMs a kernel keeps busy
     queue_s: float = 0.01  # how much work the process keeps queued ahead of the GPU
     busy: tuple[tuple[float, float], ...] = ((0.0, math.inf),)  # [start, end) seconds
+    streams: int = 1  # kernels of the process that may run at once when their grids leave room
 
     def __post_init__(self) -> None:
         if not self.kernel_s > 0:
@@ -54,6 +63,8 @@ class Workload:
             )
         if not 0 < self.occupancy <= 1:
             raise ValueError(f"occupancy must be in (0, 1], got {self.occupancy!r}")
+        if self.streams < 1:
+            raise ValueError(f"streams must be >= 1, got {self.streams!r}")
 
     @property
     def cost(self) -> int:
@@ -137,6 +148,9 @@ class SimProcess:
     bins: list[float] = field(default_factory=list)  # SM seconds per recording bin
     busy: bool = False  # whether the workload is in a busy interval, valid until `recheck_s`
     recheck_s: float = -1.0
+    fill: float = 1.0  # fraction of the SMs one of its kernels occupies (grid / SMs)
+    packable: int = 1  # how many of its kernels fit on the GPU at once
+    recent_sm_s: deque[float] = field(default_factory=deque)  # per finished sample period
 
 
 class SimGpu:
@@ -152,9 +166,15 @@ class SimGpu:
         per_process_samples: bool = True,
         sample_history_s: float = 5.0,
         start_ns: int = START_NS,
+        imperfections: Imperfections = REAL,
+        seed: int = 0,
     ):
         if not 0 < step_s <= 0.01:
             raise ValueError(f"step must be in (0, 10 ms], got {step_s!r}")
+        if not 0 < sample_period_s <= 2:
+            raise ValueError(f"NVML sample period must be in (0, 2] s, got {sample_period_s!r}")
+        self.imperfections = imperfections
+        self.rng = random.Random(f"{uuid}/{seed}")
         self.uuid = uuid
         self.step_ns = round(step_s * tokens.NS_PER_S)
         self.sample_ns = round(sample_period_s * tokens.NS_PER_S)
@@ -180,6 +200,10 @@ class SimGpu:
             self._next_pid += 1
         past_bins = (self._next_bin_ns - self.start_ns) // self.bin_ns - 1
         proc = SimProcess(name, pid, workload, gate, bins=[0.0] * past_bins)
+        sms = self.imperfections.sm_count
+        if sms:
+            proc.fill = min(1.0, workload.blocks / sms)
+            proc.packable = max(1, min(workload.streams, int(1 / proc.fill + 1e-9)))
         self.processes.append(proc)
         return proc
 
@@ -198,6 +222,8 @@ class SimGpu:
         step_ns = self.step_ns
         step_s = step_ns / tokens.NS_PER_S
         procs = self.processes
+        jitter = self.imperfections.kernel_jitter
+        gauss = self.rng.gauss
         while self.now_ns < end_ns:
             now = self.now_ns
             t_s = (now - self.start_ns) / tokens.NS_PER_S
@@ -209,7 +235,12 @@ class SimGpu:
                 if p.busy and room >= w.kernel_s * 0.999:
                     want = int(room / w.kernel_s + 1e-9)
                     admitted = p.gate.admit(now, want)
-                    p.queued_s += admitted * w.kernel_s
+                    if admitted and jitter:
+                        # n launches of relative spread j add up to a spread of j / sqrt(n)
+                        spread = jitter / math.sqrt(admitted)
+                        p.queued_s += admitted * w.kernel_s * max(0.2, 1 + gauss(0, spread))
+                    else:
+                        p.queued_s += admitted * w.kernel_s
             self._execute(step_s)
             self.now_ns = now + step_ns
             if self.now_ns >= self._next_sample_ns:
@@ -220,25 +251,64 @@ class SimGpu:
                 self._next_bin_ns += self.bin_ns
 
     def _execute(self, step_s: float) -> None:
-        busy = sorted((p for p in self.processes if p.queued_s > 0), key=lambda p: p.queued_s)
+        busy = [p for p in self.processes if p.queued_s > 0]
+        if not busy:
+            return
+        imp = self.imperfections
         left = step_s
+        if len(busy) > 1:
+            left -= step_s * imp.switch_s / imp.timeslice_s  # contexts take turns
+            shared = left * imp.overlap
+            if shared > 0:
+                # Draining and starting contexts run side by side, dividing SMs by grid size.
+                blocks = sum(p.workload.blocks for p in busy)
+                for p in busy:
+                    self._run(p, shared * p.workload.blocks / blocks)
+                left -= shared
+                busy = [p for p in busy if p.queued_s > 0]
+        # Time-slicing: equal turns; a context with less work than its turn leaves the rest.
+        busy.sort(key=self._time_needed)
         for i, p in enumerate(busy):
-            ran = min(p.queued_s, left / (len(busy) - i))
-            p.queued_s -= ran
-            if p.queued_s < 1e-12:
-                p.queued_s = 0.0
-            left -= ran
-            sm = ran * p.workload.occupancy
-            p.window_sm_s += sm
-            p.total_sm_s += sm
+            left -= self._run(p, left / (len(busy) - i))
+
+    def _speed(self, p: SimProcess) -> tuple[float, float]:
+        """(work done per second held, SM fraction while held) with the kernels it has queued."""
+        if p.packable == 1:
+            return 1.0, p.fill * p.workload.occupancy
+        resident = max(1, min(p.packable, math.ceil(p.queued_s / p.workload.kernel_s - 1e-9)))
+        speed = resident ** self.imperfections.packing_efficiency
+        return speed, min(1.0, resident * p.fill) * p.workload.occupancy
+
+    def _time_needed(self, p: SimProcess) -> float:
+        return p.queued_s / self._speed(p)[0]
+
+    def _run(self, p: SimProcess, held_s: float) -> float:
+        """Let `p` hold the GPU for up to `held_s`; returns the time it used."""
+        speed, sm_fraction = self._speed(p)
+        used = min(held_s, p.queued_s / speed)
+        p.queued_s -= used * speed
+        if p.queued_s < 1e-12:
+            p.queued_s = 0.0
+        sm = used * sm_fraction
+        p.window_sm_s += sm
+        p.total_sm_s += sm
+        return used
 
     def _sample(self) -> None:
+        imp = self.imperfections
         period_s = self.sample_ns / tokens.NS_PER_S
         stamp_us = self._next_sample_ns // 1000
+        rng = self.rng
         for p in self.processes:
-            util = round(100 * p.window_sm_s / period_s)
-            self.samples.append(ProcessSample(p.pid, stamp_us, util))
+            recent = p.recent_sm_s
+            recent.append(p.window_sm_s)
+            if len(recent) > imp.window_periods:
+                recent.popleft()
             p.window_sm_s = 0.0
+            if imp.missed_samples and rng.random() < imp.missed_samples:
+                continue
+            value = 100 * sum(recent) / (len(recent) * period_s)
+            self.samples.append(ProcessSample(p.pid, stamp_us, imp.observe(value, rng)))
         self._next_sample_ns += self.sample_ns
         oldest_us = (self.now_ns - self._history_ns) // 1000
         while self.samples and self.samples[0].timestamp_us < oldest_us:

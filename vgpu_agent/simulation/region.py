@@ -104,6 +104,15 @@ class SimRegion:
         self.processes.append(slot)
         return slot
 
+    def counters(self) -> tuple[int, ...]:
+        """Per device (tokens spent, launches, ns waited), as the shim keeps them in `state`."""
+        out: list[int] = []
+        for d in range(len(self.device_uuids)):
+            out += (sum(p.tokens_spent[d] for p in self.processes),
+                    sum(p.launches[d] for p in self.processes),
+                    sum(p.wait_ns[d] for p in self.processes))
+        return tuple(out)
+
     def usage(self) -> RegionUsage:
         n = len(self.device_uuids)
         procs = tuple(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from vgpu_agent.shm.api import CorePolicy
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, SimProcess, Workload
+from vgpu_agent.simulation.imperfections import REAL, Imperfections
 from vgpu_agent.simulation.peer import PeerGate, PeerGpu, PeerWatchers
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.throttle.control import ControlParams
@@ -40,6 +41,20 @@ class Scenario:
     expected: Callable[[str, float], float]  # the share container `name` should have at time t
     duration_s: float = 60.0
     changes: tuple[float, ...] = ()  # moments the expected shares change (besides t=0)
+
+
+@dataclass(frozen=True)
+class PlantSpec:
+    """The simulated GPU a scenario runs on: its imperfections and NVML's sample period."""
+
+    imperfections: Imperfections = REAL
+    sample_period_s: float = 1 / 6
+    seed: int = 0
+
+    def gpu(self, uuid: str, per_process_samples: bool = True) -> SimGpu:
+        return SimGpu(uuid, per_process_samples=per_process_samples,
+                      sample_period_s=self.sample_period_s, imperfections=self.imperfections,
+                      seed=self.seed)
 
 
 @dataclass
@@ -79,8 +94,8 @@ class ControlledRun:
 
     def __init__(self, containers: tuple[ContainerSpec, ...], *, tick_s: float = 0.1,
                  params: ControlParams | None = None, per_process_samples: bool = True,
-                 uuid: str = SIM_UUID):
-        self.gpu = SimGpu(uuid, per_process_samples=per_process_samples)
+                 uuid: str = SIM_UUID, plant: PlantSpec | None = None):
+        self.gpu = (plant or PlantSpec()).gpu(uuid, per_process_samples)
         self.regions: dict[str, SimRegion] = {}
         self.procs: dict[str, list[SimProcess]] = {}
         for seq, spec in enumerate(containers):
@@ -105,20 +120,21 @@ class ControlledRun:
 
 
 async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: float = 0.5,
-                         params: ControlParams | None = None) -> RunResult:
+                         params: ControlParams | None = None, plant: PlantSpec | None = None
+                         ) -> RunResult:
     started = time.process_time()
-    run = ControlledRun(scenario.containers, tick_s=tick_s, params=params)
+    run = ControlledRun(scenario.containers, tick_s=tick_s, params=params, plant=plant)
     await run.advance(scenario.duration_s)
     return RunResult(scenario, _series(run.gpu, run.procs, window_s),
                      time.process_time() - started, window_s)
 
 
-def run_peer(scenario: Scenario, *, window_s: float = 0.5, peer_gpu: PeerGpu | None = None
-             ) -> RunResult:
-    """The same workloads limited by the peer model instead of the controller."""
+def run_peer(scenario: Scenario, *, window_s: float = 0.5, peer_gpu: PeerGpu | None = None,
+             plant: PlantSpec | None = None) -> RunResult:
+    """The same workloads on the same plant, limited by the peer model instead of the controller."""
     started = time.process_time()
     peer_gpu = peer_gpu or PeerGpu()
-    gpu = SimGpu(SIM_UUID)
+    gpu = (plant or PlantSpec()).gpu(SIM_UUID)
     procs: dict[str, list[SimProcess]] = {}
     watched: dict[str, tuple[PeerGate, list[SimProcess]]] = {}
     for spec in scenario.containers:

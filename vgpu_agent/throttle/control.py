@@ -16,33 +16,55 @@ container, in percent of the GPU's SM time:
 3. Reserve: a container keeps a rate for its full guarantee even while idle, so the moment it
    launches again it is served; the next tick sees its spending and takes the loan back.
 
+"Waiting for tokens" (hungry) means it waited, or spent most of its rate over the last few
+ticks; once hungry it stays so until it spends clearly less (`hungry_hysteresis`), so that a
+container using just about its rate does not flip every tick. A GPU in use to within
+`saturation_margin` of 100 % (judged by spending / k, which NVML's noise does not shake) has
+nothing to lend: every container spending there counts as waiting, since the GPU, not its
+bucket, holds it back.
+
 *Rates.* The shim charges whatever a launch costs (grid blocks x threads), so the law never
 assumes a token unit. It learns, per container, `k` = tokens per second that buy one percent of
-SM time, from the tokens the container spent divided by the utilization NVML measured, and sets
-`rate = k * target`. A change of target is therefore applied in one step (feed-forward), and the
-quality of the loop rests on `k` alone, which is a property of the workload, not of the share:
+SM time, and sets `rate = k * target`. A change of target is therefore applied in one step
+(feed-forward), and the quality of the loop rests on `k` alone, which is a property of the
+workload at its operating point, not of the share. A new rate within `rate_deadband` (1 %) of
+the one in force is not written: noisy samples nudge `k` every time, and a nudge is not worth
+the write and the shim's re-read.
 
-- `k` is learned only from evidence that describes one moment: the spending is steady over
-  `spend_window_s` (or the container was held at one rate and waited for tokens all along, so it
-  spent exactly that rate, however lumpy its launches) and the last two NVML samples agree, so
-  queued work has drained and NVML's averaging window no longer straddles a change. Transients
-  never reach the model: this conditional learning is the anti-windup.
-- Updates are geometric (`k *= (observed / k) ** gain`): the learned gain is an integral action
-  on the multiplicative error, so a workload whose utilization is not exactly proportional to its
-  spending still converges to its target at the operating point. No separate PI term: a second
-  integrator on the same error only adds overshoot.
-- On a full GPU where someone is above target, the others' work queues up and their spending
-  overstates their use; there only corrections of `k` downwards are trusted. A container seen
-  above its target at a rate held for the whole window proves `k` too high (it cannot have spent
-  more than the rate): that correction is always allowed and is what relieves a full GPU.
+*Learning `k` through noise.* NVML's per-process samples are coarse (integer percent), late
+(each describes the sample period that ended before it was read) and noisy (a few points from one
+sample to the next). The law therefore estimates `b = 1 / k` (percent per token/s) with a scalar
+Kalman filter over the model `util = b * spend`:
+
+- Each fresh measurement is paired with the spending over the time it describes: the samples'
+  span (the NVML sample period, told by the controller from the samples' timestamps, or
+  `nvml_period_s`) ending half a tick ago, taken from the per-tick spending history with
+  fractional weights for the ticks at its edges.
+- Its weight is what it says: the measurement variance is the NVML noise (estimated online
+  from the filter's own innovations, never below the integer resolution's 1/12 point^2)
+  divided by the number of samples averaged, plus the error one tick of misalignment would
+  make (large right after a rate change, nil when spending is steady). Transients thus count
+  little without being thrown away, and nothing has to agree with anything: this replaces the
+  old gate that learned only when two samples agreed.
+- Between measurements `b` may drift (`drift_per_s`, relative): the filter never stops
+  listening, and a workload that changes kernels is followed. An innovation far outside what
+  the filter expects (`surprise_sigmas`) is a change of workload, not noise: the estimate's
+  variance is widened so that it re-learns within a few samples.
+- Anti-windup: nothing integrates an error; the estimate only moves by evidence, and a
+  container that spends nothing (idle, or held off) gives no evidence.
+- Because the estimate is of the ratio at the operating point, a workload whose SM time is not
+  proportional to its spending (small grids that pack, kernels slowed by neighbours) still
+  converges to its target.
 - Cold start: a container with no model runs unthrottled for one tick; its spending then bounds
-  `k` from below (its share was at most 100%, or a little above what NVML's first sample says),
-  so the first limited rate stays under the limit; the exact `k` follows within a second.
-  Shares under NVML's integer resolution climb by the bound `util + 0.5`. A rate found already
-  in force (the agent restarted) is kept until `k` is learned from it.
+  `b` from above (its share was at most 100%, or a little above what NVML's first sample says),
+  so the first limited rate stays under the limit. Until `cold_samples` measurements are in,
+  a `strict` container's rate uses `b` plus `cold_sigmas` standard deviations of the estimate,
+  so that a noisy first sample cannot push it above its limit; the margin fades as evidence
+  accumulates. A rate found already in force (the agent restarted) is kept until `k` is
+  learned from it.
 
 Kernel length does not matter: long kernels make spending lumpy within a tick, which the burst
-(at least two of the largest launches) absorbs and the held-rate evidence averages out.
+(at least two of the largest launches) absorbs and the sample span averages out.
 """
 
 from __future__ import annotations
@@ -68,28 +90,42 @@ _EPS = 1e-9
 class ControlParams:
     """Tuning of the law. Times in seconds, shares in percent of the GPU's SM time."""
 
-    spend_window_s: float = 0.4  # spending must be steady this long before `k` learns from it
-    steady_tolerance: float = 0.15  # max relative spread of spending inside that window
-    model_gain: float = 0.5  # weight of a new observation in the geometric update of `k`
-    min_util_to_learn: float = 3.0  # below this NVML's integer percent is too coarse
+    nvml_period_s: float = 1 / 6  # span of a measurement when the controller cannot tell it
+    history_s: float = 2.5  # spending kept per container: the longest span plus a tick
+    noise_prior: float = 16.0  # points^2 of NVML noise assumed before any is measured
+    noise_memory: float = 0.05  # weight of one pair of measurements in the noise estimate
+    held_tolerance: float = 0.05  # spending this close in two measurements counts as held
+    resolution: float = 1.0  # NVML reports whole percents: a floor of resolution^2 / 12
+    drift_per_s: float = 0.01  # relative drift of the workload's cost a second may bring
+    surprise_sigmas: float = 4.0  # an innovation this far out is a changed workload
+    initial_spread: float = 1.0  # relative standard deviation of the cold-start bound
+    cold_samples: int = 3  # measurements before a strict container drops the margin
+    cold_sigmas: float = 1.0  # the margin, in standard deviations of the estimate
     hungry_wait_fraction: float = 0.02  # waiting this fraction of a tick means rate-limited
-    hungry_spend_fraction: float = 0.9  # spending this fraction of the rate means rate-limited
+    hungry_spend_fraction: float = 0.8  # spending this fraction of the rate means rate-limited
+    hungry_hysteresis: float = 0.1  # and, once rate-limited, this much less still does
     boot_widening: float = 1.25  # margin on the first sample, so the first rate stays below
-    over_tolerance: float = 1.0  # points above target that prove `k` too high
-    saturation_margin: float = 3.0  # a GPU this close to 100% busy is treated as full
     demand_margin: float = 3.0  # headroom kept for a container that is not rate-limited
+    saturation_margin: float = 5.0  # a GPU this close to 100% in use lends nothing
     demand_ticks: int = 3  # demand is the peak spending of this many recent ticks
     burst_s: float = 0.02  # bucket depth in seconds of refill
     burst_launches: float = 2.0  # and never less than this many of the largest launches
     min_rate: int = 1  # tokens/s; zero would starve a squeezed-out container forever
+    rate_deadband: float = 0.01  # a new rate this close to the one in force is not written
 
     def __post_init__(self) -> None:
-        for name in ("spend_window_s", "steady_tolerance", "model_gain", "burst_s"):
+        for name in ("nvml_period_s", "history_s", "noise_prior", "noise_memory", "resolution",
+                     "initial_spread", "surprise_sigmas", "burst_s"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"ControlParams.{name} must be > 0, got {value!r}")
-        if not 0 < self.model_gain <= 1:
-            raise ValueError(f"ControlParams.model_gain must be in (0, 1], got {self.model_gain!r}")
+        if not 0 < self.noise_memory <= 1:
+            raise ValueError(
+                f"ControlParams.noise_memory must be in (0, 1], got {self.noise_memory!r}")
+        if self.drift_per_s < 0 or self.cold_sigmas < 0 or self.cold_samples < 0:
+            raise ValueError("ControlParams.drift_per_s, cold_sigmas and cold_samples must be "
+                             f">= 0, got {self.drift_per_s!r}, {self.cold_sigmas!r}, "
+                             f"{self.cold_samples!r}")
         if self.demand_ticks < 1:
             raise ValueError(f"ControlParams.demand_ticks must be >= 1, got {self.demand_ticks!r}")
 
@@ -109,6 +145,8 @@ class _ObservationFields(NamedTuple):
     util: float | None = None  # measured SM percent, None when NVML gave nothing new
     rate: int = UNLIMITED_RATE  # the refill rate that was in force during the tick
     burst: int = UNLIMITED_RATE  # and the burst
+    util_span_s: float = 0.0  # the time `util` describes (0: one NVML period)
+    util_samples: int = 1  # how many NVML samples per process `util` averages
 
 
 class Observation(_ObservationFields):
@@ -128,6 +166,8 @@ class Observation(_ObservationFields):
         util: float | None = None,
         rate: int = UNLIMITED_RATE,
         burst: int = UNLIMITED_RATE,
+        util_span_s: float = 0.0,
+        util_samples: int = 1,
     ) -> Observation:
         if not 0 < limit <= FULL_SHARE:
             raise ValueError(f"core limit of {key!r} must be in (0, 100], got {limit!r}")
@@ -136,9 +176,10 @@ class Observation(_ObservationFields):
                 f"core policy of {key!r} must be one of {CORE_POLICIES}, got {policy!r}"
             )
         made = tuple.__new__(
-            cls, (key, limit, policy, priority, spent, launches, waited_s, util, rate, burst)
+            cls, (key, limit, policy, priority, spent, launches, waited_s, util, rate, burst,
+                  util_span_s, util_samples)
         )
-        if min(spent, launches, waited_s, rate, burst) < 0:
+        if min(spent, launches, waited_s, rate, burst, util_span_s) < 0 or util_samples < 1:
             raise ValueError(f"negative usage figures for {key!r}: {made!r}")
         return made
 
@@ -149,14 +190,20 @@ class LoopState(NamedTuple):
     tokens_per_pct: float = 0.0  # k, tokens/s buying one percent of SM time; 0 = unknown
     lower_bound: bool = False  # k is only the cold-start bound, not yet learned
     spend_history: tuple[float, ...] = ()  # tokens/s per recent tick, newest last
-    limited_history: tuple[float, ...] = ()  # rate in force per recent tick when rate-limited,
-    # 0 when it was not: a container held at one rate the whole window spends exactly that rate
     cost_per_launch: float = 0.0  # largest recent average cost of one launch
     util: float | None = None  # last measured SM percent
-    util_history: tuple[float, ...] = ()  # the last fresh measurements, newest last
-    rate_history: tuple[float, ...] = ()  # the rate in force per recent tick
+    spread: float = 0.0  # relative variance of the estimate of 1 / k
+    noise: float = 0.0  # estimated NVML noise, points^2 per sample (0: the prior)
+    noise_pairs: int = 0  # how many pairs of measurements the noise estimate rests on
+    last_pair: tuple[float, float] = (0.0, 0.0)  # (spend, util) of the last measurement
+    k_floor: float = 0.0  # the cold-start bound: k is at least this (0: none)
     target: float = 0.0  # the share the rate in force aimed at
-    learned: int = 0  # how many observations `k` has been learned from
+    learned: int = 0  # how many measurements `k` has been learned from
+    adopted: bool = False  # k was first learned under a rate found written (agent restart)
+    hungry: bool = False  # it was rate-limited the tick before
+
+
+_BLANK = LoopState()
 
 
 class Claim(NamedTuple):
@@ -253,34 +300,51 @@ def allocate(claims: Sequence[Claim], capacity: float = FULL_SHARE) -> Shares:
     )
 
 
-def _steady(history: Sequence[float], tolerance: float) -> bool:
-    mean = sum(history) / len(history)
-    return mean > 0 and (max(history) - min(history)) <= 2 * tolerance * mean
+def span_weights(span_s: float, dt_s: float, ticks: int) -> tuple[float, ...]:
+    """Weights of the last `ticks` ticks (newest last) in the window a measurement describes.
 
-
-def _steady_spend(
-    spends: Sequence[float], limited: Sequence[float], window: int, tolerance: float
-) -> float | None:
-    """The container's long-run spending over the window, when the window shows one.
-
-    Held at one rate and waiting for tokens all along, it spent that rate, however lumpy its
-    per-tick spending (a few long kernels per second); otherwise its spending must itself be
-    steady.
+    The window is `span_s` long and ends half a tick ago (samples are read when they are
+    finished, some time within the tick); each tick counts by how much of it lies inside, so
+    the weights add up to one (fewer when the history is shorter than the window).
     """
-    if len(spends) < window:
-        return None
-    if min(limited) > 0 and max(limited) <= min(limited) * (1 + tolerance / 10):
-        return sum(limited) / window
-    if _steady(spends, tolerance):
-        return sum(spends) / window
-    return None
+    end = dt_s / 2
+    start = end + span_s
+    weights = []
+    for age in range(ticks - 1, -1, -1):  # tick `age` covers [age * dt, (age + 1) * dt) ago
+        lo, hi = age * dt_s, (age + 1) * dt_s
+        weights.append(max(0.0, min(hi, start) - max(lo, end)) / span_s)
+    return tuple(weights)
+
+
+def _matched_spend(history: Sequence[float], weights: Sequence[float]) -> tuple[float, float]:
+    """(spending over the measurement's window, its change were the window one tick later).
+
+    (0, 0) when the window reaches back before the history: what the container spent then is
+    unknown (it was not yet followed, or it had no model), so the measurement says nothing.
+    """
+    n = len(weights)
+    if len(history) < n:
+        if sum(weights[: n - len(history)]) > _EPS:
+            return 0.0, 0.0
+        weights = weights[n - len(history) :]
+        n = len(history)
+    hist = history[-n:]
+    total = sum(weights)
+    if total <= _EPS:
+        return 0.0, 0.0
+    matched = sum([h * w for h, w in zip(hist, weights, strict=True)]) / total
+    # the same window one tick later: weights shifted by one towards the newest tick
+    later = sum([h * w for h, w in zip(hist[1:], weights[:-1], strict=True)])
+    later_total = sum(weights[:-1])
+    shifted = later / later_total if later_total > _EPS else matched
+    return matched, abs(shifted - matched)
 
 
 # What `_observe` learned about one container, in `LoopState`'s field order less `target`,
 # which the allocation decides afterwards: the state is built once, with its target.
 _Learned = tuple[
-    float, bool, tuple[float, ...], tuple[float, ...], float, float | None, tuple[float, ...],
-    tuple[float, ...], int,
+    float, bool, tuple[float, ...], float, float | None, float, float, int,
+    tuple[float, float], float, int, bool, bool,
 ]
 
 
@@ -288,25 +352,36 @@ def _observe(
     obs: Observation,
     prev: LoopState,
     dt_s: float,
-    window: int,
-    saturated: bool,
+    history_len: int,
+    weights: Sequence[float] | None,
     params: ControlParams,
 ) -> tuple[_Learned, bool, float]:
-    """Update the container's model from one tick; returns (learned, hungry, demand)."""
+    """Update the container's model from one tick; returns (learned, hungry, demand).
+
+    `weights` place the measurement's window on the spending history (None: no measurement).
+    """
     spent, rate_in_force, util = obs.spent, obs.rate, obs.util
     spend_rate = spent / dt_s
-    history = (*prev.spend_history, spend_rate)[-window:]
+    history = (*prev.spend_history, spend_rate)[-history_len:]
     cost = prev.cost_per_launch * 0.99  # forget slowly, so one odd launch does not stick
     if obs.launches:
         cost = max(cost, spent / obs.launches)
     waited = obs.waited_s >= params.hungry_wait_fraction * dt_s
+    # Long kernels make one tick's spending lumpy: the last few ticks' mean counts too.
+    recent = history[-params.demand_ticks :]
+    # Hysteresis: once rate-limited, it stays so until it spends clearly less, so that a
+    # container using just about its rate does not flip every tick.
+    fraction = params.hungry_spend_fraction - (params.hungry_hysteresis if prev.hungry else 0.0)
     spent_all = (
         rate_in_force < UNLIMITED_RATE
-        and spend_rate >= params.hungry_spend_fraction * rate_in_force
+        and max(spend_rate, sum(recent) / len(recent)) >= fraction * rate_in_force
     )
     hungry = waited or spent_all
 
     k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
+    spread, noise = prev.spread, prev.noise or params.noise_prior
+    noise_pairs, last_pair, k_floor = prev.noise_pairs, prev.last_pair, prev.k_floor
+    adopted = prev.adopted
     if k <= 0 and spend_rate > 0 and rate_in_force >= UNLIMITED_RATE:
         # Unthrottled for the tick: its share was at most 100%, or, when NVML already reports
         # it, about `util` (widened, as the sample and the tick do not cover the same moments).
@@ -314,68 +389,75 @@ def _observe(
         if util is not None and util >= 1:
             share_bound = min(FULL_SHARE, params.boot_widening * util + 1)
         k, lower_bound = spend_rate / share_bound, True
-    limited = (*prev.limited_history, float(rate_in_force) if hungry else 0.0)[-window:]
-    long_run = _steady_spend(history, limited, window, params.steady_tolerance)
-    rates = (*prev.rate_history, float(rate_in_force))[-window:]
-    if util is None:
-        # Nothing measured: `k` can learn nothing this tick (every rule below needs `util`).
-        demand = max(history[-params.demand_ticks :]) / k + params.demand_margin if k > 0 else 0.0
-        learned_now: _Learned = (
-            k, lower_bound, history, limited, cost, prev.util, prev.util_history, rates, learned
-        )
-        return learned_now, hungry, demand
-    utils = (*prev.util_history, util)[-3:]
-    # Utilization still moving means queued work draining or NVML's window straddling a change:
-    # spending and utilization do not describe the same moment yet.
-    util_steady = len(utils) >= 2 and abs(utils[-1] - utils[-2]) <= max(
-        1.0, params.steady_tolerance * max(utils[-2:])
-    )
-    seen = math.inf
-    if long_run is not None and util > 0:
-        seen = long_run / util
-    if not util_steady:
-        if long_run is not None and lower_bound and not saturated:
-            # Still climbing from the cold-start bound with lumpy samples (a few long kernels
-            # per sample period): the largest recent sample bounds the share from above.
-            k = max(k, long_run / (max(utils) + 0.5))
-    elif long_run is not None and util >= params.min_util_to_learn and not saturated:
-        if lower_bound or k <= 0:
-            k, lower_bound = seen, False
-        else:
-            k *= (seen / k) ** params.model_gain
-        learned += 1
-    elif long_run is not None and util >= params.min_util_to_learn and seen < k:
-        # On a full GPU work queues up, so spending overstates use and `seen` overstates k:
-        # only a correction downwards is trustworthy, and it is what relieves the GPU.
-        k *= (seen / k) ** params.model_gain
-        learned += 1
-    elif (
-        util > prev.target + params.over_tolerance
-        and prev.target > 0
-        and len(rates) == window
-        and rates[-1] < UNLIMITED_RATE
-        and max(rates) <= min(rates) * (1 + params.steady_tolerance / 10)
-    ):
-        # Above its target at a rate held all window: it spent at most that rate, so k is
-        # below rate / util. True on a full GPU too, where the other rules may not learn.
-        k *= (prev.target / util) ** params.model_gain
-        lower_bound = False
-        learned += 1
-    elif long_run is not None and not saturated:
-        # Too coarse to learn from, but NVML rounds, so the true share was below util + 0.5
-        # and k is at least this: a safe lower bound to climb by.
-        bound = long_run / (util + 0.5)
-        if bound > k:
-            lower_bound = lower_bound or k <= 0
-            k = bound
+        # only the 100% bound is certain: the first sample may describe another moment
+        k_floor, spread = spend_rate / FULL_SHARE, params.initial_spread**2
+    elif k > 0:
+        spread += params.drift_per_s**2 * dt_s
+    if prev is _BLANK:
+        # First sight: the controller counts nothing spent (it has no earlier totals), which
+        # is not what the container did.
+        history = ()
+    if util is not None and k <= 0 and weights is not None and util >= params.resolution:
+        # Held at a rate it found written (the agent restarted): its first measurement.
+        x, _ = _matched_spend(history, weights)
+        if x > 0:
+            # as uncertain as one measurement: the rate it ran under was presumably right
+            spread = max(noise, params.resolution**2 / 12) / obs.util_samples / util**2
+            k, last_pair, adopted = x / util, (x, util), True
+            learned += 1
+    elif util is not None and k > 0 and weights is not None:
+        x, misaligned = _matched_spend(history, weights)
+        if x > 0:
+            floor = params.resolution**2 / 12
+            # NVML's noise, from two measurements in a row at the same spending: their
+            # difference is the noise of both, whatever the estimate of k.
+            held_x, held_y = last_pair
+            if held_x > 0 and abs(x - held_x) <= params.held_tolerance * max(x, held_x):
+                seen = (util - held_y * x / held_x) ** 2 / 2 * obs.util_samples
+                weight = max(params.noise_memory, 1 / (noise_pairs + 2))
+                noise = max(floor, (1 - weight) * noise + weight * seen)
+                noise_pairs += 1
+            last_pair = (x, util)
+            b = 1 / k
+            alignment = (b * misaligned) ** 2
+            r = max(noise, floor) / obs.util_samples + alignment
+            p = spread * b * b
+            innovation = util - b * x
+            if innovation * innovation > params.surprise_sigmas**2 * (x * x * p + r):
+                # Far beyond noise: the workload changed. Widen, so that it re-learns fast;
+                # the cold-start bound described the old one.
+                p, k_floor = max(p, (innovation / x) ** 2), 0.0
+            gain = p * x / (x * x * p + r)
+            b = max(b + gain * innovation, _EPS * b)
+            p *= 1 - gain * x
+            # Evidence that straddles the start (spending before the first tick is unknown)
+            # may point below the bound, which the unthrottled tick proved.
+            k = max(1 / b, k_floor)
+            spread, lower_bound = p * k * k, False
+            learned += 1
     # Never spent a token: idle. Otherwise its recent peak, which a waking owner shows at once.
-    demand = max(history[-params.demand_ticks :]) / k + params.demand_margin if k > 0 else 0.0
-    return (k, lower_bound, history, limited, cost, util, utils, rates, learned), hungry, demand
+    demand = max(history[-params.demand_ticks :], default=0.0) / k + params.demand_margin \
+        if k > 0 else 0.0
+    last_util = prev.util if util is None else util
+    learned_now = (k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
+                   last_pair, k_floor, learned, adopted, hungry)
+    return learned_now, hungry, demand
 
 
 def _state(learned: _Learned, target: float) -> LoopState:
-    k, lower_bound, spends, limited, cost, util, utils, rates, count = learned
-    return LoopState(k, lower_bound, spends, limited, cost, util, utils, rates, target, count)
+    (k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor, count, adopted,
+     hungry) = learned
+    return LoopState(k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor,
+                     target, count, adopted, hungry)
+
+
+def rate_for(k: float, target: float, obs: Observation, state_spread: float, learned: int,
+             params: ControlParams) -> float:
+    """Tokens/s buying `target` percent; for a strict container still learning, less."""
+    if obs.policy == "strict" and 0 < learned < params.cold_samples and params.cold_sigmas:
+        fade = 1 - learned / params.cold_samples
+        k /= 1 + params.cold_sigmas * fade * math.sqrt(state_spread)
+    return k * target
 
 
 def _clamp_tokens(value: float, low: int, to_int: Callable[[float], int] = round) -> int:
@@ -402,35 +484,39 @@ def control_step(
     keys = [o.key for o in observations]
     if len(set(keys)) != len(keys):
         raise ValueError(f"duplicate container keys in one GPU's observations: {keys}")
-    window = max(1, round(params.spend_window_s / dt_s))
+    history_len = max(params.demand_ticks, math.ceil(params.history_s / dt_s) + 1)
 
-    # Full, and someone takes more than planned: the others' work may be queueing behind it,
-    # so their spending overstates their use until that is corrected.
-    fresh: list[float] = []
-    overdrawn = False
-    blank = LoopState()
-    previous: list[LoopState] = []
-    for o in observations:
-        prev = states.get(o.key, blank)
-        previous.append(prev)
+    previous = [states.get(o.key, _BLANK) for o in observations]
+    # The containers of one GPU share their samples' span: place it on the history once.
+    weights_by_span: dict[float, tuple[float, ...]] = {}
+    updated = []
+    for o, prev in zip(observations, previous, strict=True):
+        weights = None
         if o.util is not None:
-            fresh.append(o.util)
-            if prev.target > 0 and o.util > prev.target + params.over_tolerance:
-                overdrawn = True
-    saturated = overdrawn and sum(fresh) >= FULL_SHARE - params.saturation_margin
-    updated = [
-        _observe(o, prev, dt_s, window, saturated, params)
-        for o, prev in zip(observations, previous, strict=True)
-    ]
+            span = o.util_span_s or params.nvml_period_s
+            weights = weights_by_span.get(span)
+            if weights is None:
+                weights = weights_by_span[span] = span_weights(span, dt_s, history_len)
+        updated.append(_observe(o, prev, dt_s, history_len, weights, params))
     # what `off` containers use, by their last measurement
     off_use = sum(
-        (learned[5] or 0.0)
+        (learned[4] or 0.0)
         for o, (learned, _, _) in zip(observations, updated, strict=True)
         if o.policy == "off"
     )
+    # A full GPU has nothing to lend: whoever spends there takes part as if rate-limited (the
+    # GPU, not its bucket, is what holds it back), so nobody is lent a neighbour's share. Use
+    # is judged by spending / k, which NVML's noise does not shake.
+    in_use = sum(
+        learned[2][-1] / learned[0]
+        for o, (learned, _, _) in zip(observations, updated, strict=True)
+        if learned[0] > 0 and learned[2]
+    )
+    full = in_use >= FULL_SHARE - params.saturation_margin
     claims = [
-        Claim(o.key, o.limit, o.policy, o.priority, hungry, demand)
-        for o, (_, hungry, demand) in zip(observations, updated, strict=True)
+        Claim(o.key, o.limit, o.policy, o.priority,
+              hungry or (full and bool(learned[2]) and learned[2][-1] > 0), demand)
+        for o, (learned, hungry, demand) in zip(observations, updated, strict=True)
     ]
     shares = allocate(claims, max(0.0, FULL_SHARE - off_use))
 
@@ -444,20 +530,29 @@ def control_step(
         target = targets[o.key]
         k = learned[0]
         if not math.isfinite(k):  # nothing sane was learned: start over from no model
-            learned = (0.0, False, *learned[2:])
+            learned = (0.0, *learned[1:])
             k = 0.0
-        if k <= 0:
+        if k <= 0 or (learned[11] and learned[10] < params.cold_samples
+                      and o.rate < UNLIMITED_RATE):
             # No model yet. A rate already in force (written before an agent restart) is kept
-            # until the model is learned from it; otherwise the container runs one tick
-            # unthrottled, which gives the cold-start bound.
+            # until the model has been learned from a few measurements under it; otherwise the
+            # container runs one tick unthrottled, which gives the cold-start bound.
             kept = (o.rate, o.burst) if o.rate < UNLIMITED_RATE else (UNLIMITED_RATE,) * 2
             decisions[o.key] = Decision(kept[0], kept[1], target, hungry, demand,
                                         _state(learned, prev.target))
             continue
-        rate = _clamp_tokens(k * target, params.min_rate)
+        # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
+        rate = _clamp_tokens(rate_for(k, target, o, learned[5], learned[10], params),
+                             params.min_rate)
+        if o.rate < UNLIMITED_RATE and abs(rate - o.rate) <= params.rate_deadband * o.rate:
+            # Noisy samples nudge k a little every time: a nudge is not worth a write (and
+            # the shim's re-read); the bucket keeps what it has.
+            decisions[o.key] = Decision(o.rate, o.burst, target, hungry, demand,
+                                        _state(learned, target))
+            continue
         burst = max(
             _clamp_tokens(rate * params.burst_s, 1),
-            _clamp_tokens(params.burst_launches * learned[4], 1, math.ceil),
+            _clamp_tokens(params.burst_launches * learned[3], 1, math.ceil),
         )
         decisions[o.key] = Decision(rate, burst, target, hungry, demand, _state(learned, target))
     return decisions

@@ -1,11 +1,26 @@
 """The core-throttle loop: every tick, measure each container on each GPU and write its token rate.
 
 Per tick and physical GPU: NVML per-process SM samples since the last tick, host PIDs attributed
-to regions on host evidence (`identity.Attributor`: what the shim's slots claim is only checked,
-never believed; a cgroup sibling of a proven process is the fallback), tokens spent and
-time waited from the regions' usage; `control.control_step` turns these into rates, written with
-`set_rate` where they changed. Every region's heartbeat is refreshed every tick. A failing
-region or GPU is logged and counted; the loop goes on.
+to regions on host evidence (`identity.Attributor`: a process's mount table shows its region's
+`control`; what the shim's slots claim is only checked, never believed; a cgroup sibling of a
+proven process is the fallback), tokens spent,
+launches and time waited from the header of each region's `state` (the lean read: one pread,
+no slot decoded); `control.control_step` turns these into rates, written with `set_rate` where
+they changed. The slots (what the container claims runs in it) are read only when a sample names
+a process the controller cannot yet place, at most once a second per GPU. A failing region or
+GPU is logged and counted; the loop goes on.
+
+What a tick costs, and how often it runs:
+
+- The reads go to a worker thread only while they are slow (the last tick's took over
+  `inline_read_s`): reading a few headers and one NVML call cost less than the hop.
+- Every region's heartbeat is refreshed every `heartbeat_s`, not every tick.
+- The tick slows down while nothing changes: after `calm_ticks` calm ticks in a row the interval
+  grows by one `tick_s` per further `calm_ticks`, up to `max_tick_s`; the first tick that sees a
+  change goes back to `tick_s`. A tick is calm when no container came or went, none changed
+  between waiting for tokens and not, no target moved by more than `calm_target_points`, and no
+  rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little).
+- Without regions a tick reads nothing and asks NVML nothing.
 
 Where a GPU cannot report per-process utilization (NVML_ERROR_NOT_SUPPORTED) the law runs open
 loop: it sees no utilization, so rates stay at the bound derived from what each container spent
@@ -16,6 +31,7 @@ exposed in `open_loop_gpus`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections import defaultdict
@@ -26,7 +42,7 @@ from typing import Protocol
 import structlog
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
-from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionHandle, RegionUsage
+from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.control import (
     UNLIMITED_RATE,
@@ -49,13 +65,14 @@ class UtilizationSource(Protocol):
 
 class PidResolver(Protocol):
     def __call__(self, pid: int, known: Mapping[int, str]) -> str | None:
-        """The alloc_id of host `pid`, given the host PIDs the host proved per allocation."""
+        """The alloc_id of host `pid`, given the host PIDs already known per allocation."""
 
 
 class CgroupPidResolver:
-    """Assigns a host PID the host could not show to the allocation whose proven processes
-    share its cgroup: a sibling whose mount table proved its container tells which container
-    cgroup is the allocation's (`known` holds only proven pids, never claimed ones).
+    """Assigns an unknown host PID to the allocation whose known processes share its cgroup.
+
+    The shim cannot always learn its host PID (no access to the host's PID namespace); a sibling
+    process that did tells us which container cgroup is the allocation's.
     """
 
     def __init__(self, proc_root: str = "/proc"):
@@ -167,8 +184,9 @@ class _Device:
         self.seen = 0  # the tick that last read the device
 
 
-# Per GPU: the devices on it with their region's usage, in region order.
-_Entries = list[tuple[_Device, RegionUsage]]
+# Per GPU: the devices on it with their region's counters (tokens spent, launches, ns waited per
+# device, flattened), in region order.
+_Entries = list[tuple[_Device, tuple[int, ...]]]
 # What the worker thread read: entries per GPU, and per GPU the samples or what prevented them.
 _Reading = tuple[dict[str, _Entries], dict[str, list[ProcessSample] | BaseException]]
 
@@ -184,11 +202,20 @@ class ThrottleController:
         proc_root: str = "/proc",
         params: ControlParams | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
+        heartbeat_s: float = 1.0,
+        max_tick_s: float | None = None,
+        calm_ticks: int = 10,
+        inline_read_s: float = 0.001,
         evidence: HostEvidence | None = None,
         container_region_dir: str = "/run/vgpu",
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
+        max_tick_s = 4 * tick_s if max_tick_s is None else max_tick_s
+        if not tick_s <= max_tick_s or not heartbeat_s > 0 or calm_ticks < 1:
+            raise ValueError(
+                f"need tick_s <= max_tick_s, heartbeat_s > 0 and calm_ticks >= 1, got "
+                f"{tick_s!r}, {max_tick_s!r}, {heartbeat_s!r}, {calm_ticks!r}")
         if default_policy not in CORE_POLICIES:
             raise ValueError(f"default core policy must be one of {CORE_POLICIES}, got "
                              f"{default_policy!r}")
@@ -205,7 +232,7 @@ class ThrottleController:
             on_error=self._resolver_failed,
         )
         self._sampled_pids: set[int] = set()
-        self.params = params or ControlParams(spend_window_s=max(0.4, 4 * tick_s))
+        self.params = params or ControlParams()
         self.clock = clock
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
@@ -214,8 +241,28 @@ class ThrottleController:
         # id(region) -> (region, its devices): the region is held so that its id stays its own
         self._by_region: dict[int, tuple[RegionHandle, list[_Device]]] = {}
         self._since_us: dict[str, int] = {}
+        self._newest_us: dict[str, int] = {}  # per GPU: the newest sample's stamp
+        self._period_us: dict[str, int] = {}  # per GPU: NVML's sample period, as seen
+        self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
+        self._now_ns = 0
+        # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
+        self._recent: dict[str, dict[int, tuple[str, int, float]]] = {}
         self._open_loop: set[str] = set()
         self._last_tick_ns: int | None = None
+        self.heartbeat_ns = round(heartbeat_s * 1e9)
+        self._last_beat_ns: int | None = None
+        self.max_tick_s, self.calm_ticks, self.inline_read_s = max_tick_s, calm_ticks, inline_read_s
+        self.calm_target_points, self.calm_rate_fraction = 0.5, 0.02
+        self.interval_s = tick_s  # until the next tick: tick_s, longer while all is calm
+        self._calm = 0  # calm ticks in a row
+        self._changed = False  # this tick saw a change
+        self._inline = False  # whether the last reads were cheap enough to do on the loop
+        self.hops = 0  # ticks whose reads went to a worker thread
+        # id(region) -> (region, its processes as last read): read when a sample needs them
+        self._procs: dict[int, tuple[RegionHandle, tuple[ProcessUsage, ...]]] = {}
+        self._procs_read_ns: dict[str, int] = {}  # per GPU: when its slots were last read
+        # per GPU: host pid -> when to try again to place it (samples of no known container)
+        self._strangers: dict[str, dict[int, int]] = {}
 
     # -- read-only views for metrics ---------------------------------------------------------
     @property
@@ -275,11 +322,11 @@ class ThrottleController:
                 await self.tick()
             except Exception:  # the loop must survive anything one tick throws
                 self._failed("tick", "throttle_tick_failed")
-            next_at = max(next_at + self.tick_s, loop.time())
+            next_at = max(next_at + self.interval_s, loop.time())
             await asyncio.sleep(next_at - loop.time())
 
     async def tick(self) -> None:
-        now_ns = self.clock()
+        now_ns = self._now_ns = self.clock()
         dt_s = self.tick_s if self._last_tick_ns is None else (now_ns - self._last_tick_ns) / 1e9
         self._last_tick_ns = now_ns
         self.ticks += 1
@@ -288,11 +335,19 @@ class ThrottleController:
         except Exception:
             self._failed("list_regions", "throttle_list_regions_failed")
             return
-        # Reading `state` files (a pread per region) and NVML are blocking: both go to one
-        # worker thread per tick, as one hop costs less than one per GPU.
-        by_gpu, sampled = await asyncio.to_thread(self._read, regions)
-        # A region collected while the worker read it is closed now: skipped, not an error.
-        regions = [r for r in regions if not getattr(r, "closed", False)]
+        self._changed = False
+        if regions:
+            # Reading headers and NVML blocks: in a worker thread while that is slow, inline
+            # while it costs less than the hop.
+            if self._inline:
+                by_gpu, sampled = self._read(regions)
+            else:
+                self.hops += 1
+                by_gpu, sampled = await asyncio.to_thread(self._read, regions)
+            # A region collected while the worker read it is closed now: skipped, not an error.
+            regions = [r for r in regions if not getattr(r, "closed", False)]
+        else:
+            by_gpu, sampled = {}, {}
         for uuid, entries in by_gpu.items():
             entries[:] = [e for e in entries if not getattr(e[0].region, "closed", False)]
             samples = self._samples(uuid, sampled[uuid])
@@ -300,26 +355,43 @@ class ThrottleController:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
             except Exception:
                 self._failed("gpu", "throttle_gpu_failed", uuid=uuid)
-        for region in regions:
-            try:
-                region.beat(now_ns)
-            except Exception:
-                self._failed("beat", "throttle_beat_failed", alloc_id=_alloc_id(region))
+        if self._last_beat_ns is None or now_ns - self._last_beat_ns >= self.heartbeat_ns:
+            self._last_beat_ns = now_ns
+            for region in regions:
+                try:
+                    region.beat(now_ns)
+                except Exception:
+                    self._failed("beat", "throttle_beat_failed", alloc_id=_alloc_id(region))
         self._forget(regions, by_gpu)
         if self._sampled_pids:  # ticks without new samples say nothing about who is alive
             self.ns_resolver.forget_except(self._sampled_pids)
-            self.attributor.end_tick(self._sampled_pids, regions)
+            # each region's slot reads sized by the processes placed in it (on host evidence)
+            placed: dict[str, int] = defaultdict(int)
+            for recent in self._recent.values():
+                for alloc_id, _, _ in recent.values():
+                    placed[alloc_id] += 1
+            self.attributor.end_tick(self._sampled_pids, regions, placed)
             self._sampled_pids = set()
+        self._pace()
+
+    def _pace(self) -> None:
+        """The interval to the next tick (see the module note)."""
+        self._calm = 0 if self._changed else self._calm + 1
+        steps = self._calm // self.calm_ticks
+        self.interval_s = min(self.max_tick_s, self.tick_s * (1 + steps))
 
     def _read(self, regions: list[RegionHandle]) -> _Reading:
-        """In the worker thread: every region's usage, then every GPU's new samples."""
+        """Every region's counters, then every GPU's new samples (in a worker thread when slow)."""
+        started = time.perf_counter()
         by_gpu = self._gather(regions)
         sampled: dict[str, list[ProcessSample] | BaseException] = {}
         for uuid in by_gpu:
+            self._first_read_ns.setdefault(uuid, self._now_ns)
             try:
                 sampled[uuid] = self.backend.process_utilization(uuid, self._since_us.get(uuid, 0))
             except Exception as e:  # judged on the event loop, with the others
                 sampled[uuid] = e
+        self._inline = time.perf_counter() - started < self.inline_read_s
         return by_gpu, sampled
 
     def _gather(self, regions: list[RegionHandle]) -> dict[str, _Entries]:
@@ -329,19 +401,19 @@ class ThrottleController:
             if getattr(region, "closed", False):
                 continue
             try:
-                usage = region.usage()
+                counters = _counters(region)
                 devices = self._devices_of(region)
             except Exception:
                 self._failed(
                     "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
                 )
                 continue
-            if usage.corrupt:
+            if counters is None:
                 self.errors["region_corrupt"] += 1
                 continue
             for device in devices:
                 device.seen = tick
-                by_gpu[device.uuid].append((device, usage))
+                by_gpu[device.uuid].append((device, counters))
         return by_gpu
 
     def _devices_of(self, region: RegionHandle) -> list[_Device]:
@@ -384,13 +456,51 @@ class ThrottleController:
             return None
         if outcome:
             since = self._since_us.get(uuid, 0)
-            self._since_us[uuid] = max(since, *(s.timestamp_us for s in outcome))
+            newest = max(s.timestamp_us for s in outcome)
+            self._since_us[uuid] = max(since, newest)
+            if since == 0:
+                # The first reading returns the driver's whole history, from before the
+                # spending the law knows of: only the newest period describes the present,
+                # and the history tells the sample period.
+                stamps = sorted({s.timestamp_us for s in outcome})
+                if len(stamps) > 1:
+                    self._period_us[uuid] = min(b - a for a, b in itertools.pairwise(stamps))
+                outcome = [s for s in outcome if s.timestamp_us == newest]
         return outcome
 
+    def _span(self, uuid: str, samples: list[ProcessSample]) -> tuple[float, int]:
+        """(seconds the samples describe, samples per process) for the law's evidence."""
+        stamps = sorted({s.timestamp_us for s in samples})
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        previous = self._newest_us.get(uuid)
+        if previous is not None and previous < stamps[0]:
+            gaps.insert(0, stamps[0] - previous)
+        self._newest_us[uuid] = stamps[-1]
+        period = self._period_us.get(uuid, 0)
+        if gaps:
+            # the sample period: the shortest gap seen (longer ones span missed periods)
+            period = min([period, *gaps]) if period else min(gaps)
+            self._period_us[uuid] = period
+        if not period:
+            # A first sample and no history: it cannot describe more than the time since the
+            # GPU was first read (and a second at most; no driver samples less often).
+            watched_s = (self._now_ns - self._first_read_ns.setdefault(uuid, self._now_ns)) / 1e9
+            return min(1.0, watched_s + self.tick_s), len(stamps)
+        return len(stamps) * period / 1e6, len(stamps)
+
+    def _resolver_failed(self, pid: int) -> None:
+        self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
+
     def _utilization(
-        self, entries: _Entries, samples: list[ProcessSample] | None
-    ) -> dict[str, float] | None:
-        """SM percent per alloc_id from this tick's samples; None when nothing new arrived."""
+        self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None
+    ) -> tuple[dict[str, float], float, int] | None:
+        """SM percent per alloc_id from this tick's samples, the seconds they describe and how
+        many samples per process they average; None when nothing new arrived.
+
+        A process that had samples lately but none in this batch (NVML missed it) counts with
+        its last value: a missed sample is not an idle process. A process placed once stays
+        placed while it keeps appearing; only a new one makes the controller read slots.
+        """
         if not samples:
             return None
         util = {device.alloc_id: 0.0 for device, _ in entries}
@@ -398,15 +508,81 @@ class ThrottleController:
         for s in samples:
             per_pid[s.pid].append(s.sm_util)
         self._sampled_pids.update(per_pid)
-        owners = self.attributor.owners(((d.region, u) for d, u in entries), per_pid)
+        span_s, count = self._span(uuid, samples)
+        newest = self._newest_us[uuid]
+        recent = self._recent.setdefault(uuid, {})
+        unplaced: list[tuple[int, float]] = []
         for pid, values in per_pid.items():
-            found = owners.get(pid)
-            if found in util:
-                util[found] += min(100.0, max(0.0, sum(values) / len(values)))
-        return util
+            value = min(100.0, max(0.0, sum(values) / len(values)))
+            placed = recent.get(pid)
+            if placed is not None and placed[0] in util:
+                util[placed[0]] += value
+                recent[pid] = (placed[0], newest, value)
+            else:
+                unplaced.append((pid, value))
+        if unplaced:
+            for pid, value, found in self._place(uuid, entries, unplaced):
+                if found in util:
+                    util[found] += value
+                    recent[pid] = (found, newest, value)
+                else:
+                    recent.pop(pid, None)
+        stale_us = newest - 3 * (self._period_us.get(uuid) or 1_000_000)
+        for pid, (alloc_id, stamp, value) in list(recent.items()):
+            if pid in per_pid:
+                continue
+            if stamp < stale_us or alloc_id not in util:
+                del recent[pid]
+            else:
+                util[alloc_id] += value
+        return util, span_s, count
 
-    def _resolver_failed(self, pid: int) -> None:
-        self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
+    def _place(
+        self, uuid: str, entries: _Entries, unplaced: list[tuple[int, float]]
+    ) -> list[tuple[int, float, str | None]]:
+        """The containers of processes seen for the first time, on host evidence
+        (`Attributor`). The slots, read afresh at most once a second per GPU, only supply the
+        claims it checks. A process the host places in no container is not looked at again for
+        a few seconds."""
+        now = self._now_ns
+        strangers = self._strangers.setdefault(uuid, {})
+        wanted = [(pid, value) for pid, value in unplaced if strangers.get(pid, 0) <= now]
+        if not wanted:
+            return []
+        fresh = now - self._procs_read_ns.get(uuid, -_SLOTS_EVERY_NS) >= _SLOTS_EVERY_NS
+        owners = self.attributor.owners(self._claims(uuid, entries, fresh),
+                                        [pid for pid, _ in wanted])
+        placed: list[tuple[int, float, str | None]] = []
+        for pid, value in wanted:
+            found = owners.get(pid)
+            if found is None:
+                strangers[pid] = now + _STRANGER_RETRY_NS
+            else:
+                placed.append((pid, value, found))
+        return placed
+
+    def _claims(
+        self, uuid: str, entries: _Entries, fresh: bool
+    ) -> list[tuple[RegionHandle, RegionUsage]]:
+        """Each region with the processes its slots claim, as last read (afresh with `fresh`)."""
+        if fresh:
+            self._procs_read_ns[uuid] = self._now_ns
+        out: list[tuple[RegionHandle, RegionUsage]] = []
+        for device, _ in entries:
+            region = device.region
+            cached = self._procs.get(id(region))
+            if fresh or cached is None or cached[0] is not region:
+                try:
+                    usage = region.usage()
+                    processes = () if usage.corrupt else usage.processes
+                except Exception:
+                    self._failed("region_usage", "throttle_region_unreadable",
+                                 alloc_id=device.alloc_id)
+                    processes = ()
+                cached = (region, processes)
+                self._procs[id(region)] = cached
+            out.append((region, RegionUsage(processes=cached[1])))
+        return out
 
     def _limits(self, device: _Device) -> tuple[float, CorePolicy, int]:
         """(limit, policy, priority) of a device. The limit is read from its region the first
@@ -426,52 +602,48 @@ class ThrottleController:
         return limits
 
     def _observe(
-        self, device: _Device, usage: RegionUsage, util: float | None
+        self, device: _Device, counters: tuple[int, ...], util: float | None,
+        span_s: float = 0.0, count: int = 1,
     ) -> tuple[Observation, tuple[int, int]]:
         """The device's tick for the law, and the (rate, burst) found written in its region."""
-        dev = device.dev
-        spent_now = usage.tokens_spent[dev] if dev < len(usage.tokens_spent) else 0
-        if dev < len(usage.launches) and dev < len(usage.wait_ns):
-            # the shim's device totals: no slot needs reading for the law
-            launches_now, wait_now = usage.launches[dev], usage.wait_ns[dev]
-        else:
-            launches_now = wait_now = 0
-            for p in usage.processes:
-                if dev < len(p.launches):
-                    launches_now += p.launches[dev]
-                if dev < len(p.wait_ns):
-                    wait_now += p.wait_ns[dev]
+        at = 3 * device.dev
+        now = counters[at : at + 3]
+        if len(now) < 3:
+            now = (0, 0, 0)
         previous = device.previous
-        device.previous = (spent_now, launches_now, wait_now)
+        device.previous = now  # type: ignore[assignment]
         if previous is None:  # first sight (or agent restart): only a baseline
             spent = launches = wait = 0
         else:
             # Totals drop when the shim reclaims a dead process's slot: count nothing then.
-            spent = max(0, spent_now - previous[0])
-            launches = max(0, launches_now - previous[1])
-            wait = max(0, wait_now - previous[2])
+            spent = max(0, now[0] - previous[0])
+            launches = max(0, now[1] - previous[1])
+            wait = max(0, now[2] - previous[2])
         # Read once: it is the rate in force for the law, and what the write compares with (a
         # rate changed behind the agent's back, or left by its previous run, is seen and fixed).
-        written = device.region.rate(dev)
+        written = device.region.rate(device.dev)
         rate, burst = written
         if rate == 0 and burst == 0:
             rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
         limit, policy, priority = self._limits(device)
         obs = Observation(
-            device.key, limit, policy, priority, spent, launches, wait / 1e9, util, rate, burst
+            device.key, limit, policy, priority, spent, launches, wait / 1e9, util, rate, burst,
+            span_s, count,
         )
         return obs, written
 
     def _steer_gpu(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None, dt_s: float
     ) -> None:
-        utils = self._utilization(entries, samples)
+        measured = self._utilization(uuid, entries, samples)
+        utils, span_s, count = measured if measured is not None else (None, 0.0, 1)
         observations: list[Observation] = []
         steered: list[tuple[_Device, tuple[int, int]]] = []
-        for device, usage in entries:
+        for device, counters in entries:
             try:
                 obs, written = self._observe(
-                    device, usage, None if utils is None else utils[device.alloc_id]
+                    device, counters, None if utils is None else utils[device.alloc_id], span_s,
+                    count,
                 )
             except Exception:
                 self._failed("region_read", "throttle_region_read_failed",
@@ -484,8 +656,22 @@ class ThrottleController:
         open_loop = uuid in self._open_loop
         for obs, (device, written) in zip(observations, steered, strict=True):
             decision = decisions[obs.key]
+            if not self._changed and self._is_change(device, written, decision):
+                self._changed = True
             self._apply(device, written, decision)
             device.last = (obs, decision, open_loop)
+
+    def _is_change(self, device: _Device, written: tuple[int, int], decision: Decision) -> bool:
+        """Whether this decision is news enough to keep the tick fast (see the module note)."""
+        last = device.last
+        if last is None:
+            return True
+        before = last[1]
+        return (
+            before.hungry != decision.hungry
+            or abs(before.target - decision.target) > self.calm_target_points
+            or abs(decision.rate - written[0]) > self.calm_rate_fraction * written[0]
+        )
 
     def _apply(self, device: _Device, written: tuple[int, int], decision: Decision) -> None:
         if written[0] == decision.rate and written[1] == decision.burst:
@@ -504,6 +690,7 @@ class ThrottleController:
         tick = self.ticks
         if any(d.seen != tick for d in self._devices.values()):
             # Unreadable this tick, or gone: the next reading is a new baseline.
+            self._changed = True
             self._devices = {k: d for k, d in self._devices.items() if d.seen == tick}
             self._by_region = {
                 k: v for k, v in self._by_region.items() if v[1] and v[1][0].seen == tick
@@ -511,6 +698,34 @@ class ThrottleController:
         elif len(self._by_region) > len(regions):
             present = {id(region) for region in regions}
             self._by_region = {k: v for k, v in self._by_region.items() if k in present}
+        if len(self._procs) > len(self._by_region):
+            self._procs = {k: v for k, v in self._procs.items() if k in self._by_region}
+
+
+_SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
+_STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after
+
+
+def _counters(region: RegionHandle) -> tuple[int, ...] | None:
+    """The region's per-device (tokens spent, launches, ns waited), None when unreadable.
+
+    From the lean header read where the region has one; otherwise summed from its usage.
+    """
+    lean = getattr(region, "counters", None)
+    if lean is not None:
+        counters: tuple[int, ...] | None = lean()
+        return counters
+    usage = region.usage()
+    if usage.corrupt:
+        return None
+    out: list[int] = []
+    for dev, spent in enumerate(usage.tokens_spent):
+        out += (
+            spent,
+            sum(p.launches[dev] for p in usage.processes if dev < len(p.launches)),
+            sum(p.wait_ns[dev] for p in usage.processes if dev < len(p.wait_ns)),
+        )
+    return tuple(out)
 
 
 def _alloc_id(region: RegionHandle) -> str:

@@ -187,10 +187,13 @@ class Attributor:
             locate is not None and path is not None) else None
         return Mark(dev, fs_path)
 
-    def end_tick(self, live: Iterable[int], regions: Iterable[RegionHandle]) -> None:
+    def end_tick(self, live: Iterable[int], regions: Iterable[RegionHandle],
+                 placed: Mapping[str, int] | None = None) -> None:
         """After a tick with samples: size each region's next `state` read by the processes the
-        host proved for it (`Region.limit_slots`), and forget pids no longer sampled."""
+        host proved for it (`placed`, per alloc_id, when the caller keeps its placements, else
+        those proven this tick; `Region.limit_slots`), and forget pids no longer sampled."""
         proven, self._proven = self._proven, {}
+        counts = dict(placed) if placed is not None else {a: len(p) for a, p in proven.items()}
         names = []
         for region in regions:
             try:
@@ -200,7 +203,7 @@ class Attributor:
             names.append(alloc_id)
             limit = getattr(region, "limit_slots", None)
             if limit is not None:
-                limit(len(proven.get(alloc_id, ())))
+                limit(counts.get(alloc_id, 0))
         self.forget_except(live, names)
 
     def forget_except(self, live: Iterable[int], regions: Iterable[str]) -> None:

@@ -1,0 +1,122 @@
+"""The idle agent: process start to `Register`, then what it costs while it has nothing to do.
+
+    python tests/bench/bench_startup.py [--runs 5] [--idle 20]
+
+Each run starts `vgpu-agent run` as its own process (8 simulated GPUs x K=16, NODE_NAME set and
+no API server reachable, so the node integration starts and fails quietly as on a node whose
+API server is away) against the kubelet stand-in, and times process start to the stand-in
+receiving `Register`. The last run then stays registered with no containers for `--idle`
+seconds: its CPU (percent of one core, from /proc) and RSS are read at the end. A bare
+`python -c pass` start is timed alongside, so the figure can be read against what the
+interpreter alone costs on the same machine at the same moment.
+
+Goals: start to Register median <= 0.7 s, idle RSS <= 70 MB, idle CPU <= 0.3 % of a core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from vgpu_agent.kubelet.standin import KubeletStandIn  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def one_run(root: Path, idle_s: float, tree: Path = ROOT
+                  ) -> tuple[float, float | None, float | None]:
+    plugin_dir = root / "dp"
+    plugin_dir.mkdir()
+    kubelet = KubeletStandIn(str(plugin_dir), str(root / "pr.sock"))
+    await kubelet.start()
+    env = {**os.environ, "PYTHONPATH": str(tree), "NODE_NAME": "bench-node",
+           "KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": str(root / "no-such-kubeconfig")}
+    started = time.perf_counter()
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "vgpu_agent.cli", "run", "--backend", "sim",
+        "--sim-gpus", "8xA100-80GB", "--split-count", "16",
+        "--device-plugin-dir", str(plugin_dir), "--state-dir", str(root / "state"),
+        "--pod-resources-socket", str(root / "pr.sock"), "--metrics-address", "127.0.0.1:0",
+        "--log-level", "error", env=env,
+    )
+    try:
+        await kubelet.wait_for(lambda: bool(kubelet.registrations), limit_s=60)
+        took = time.perf_counter() - started
+        cpu = rss = None
+        if idle_s:
+            await asyncio.sleep(5)  # start-up work (spare regions, first polls) done
+            before, t0 = cpu_seconds(agent.pid), time.monotonic()
+            await asyncio.sleep(idle_s)
+            cpu = (cpu_seconds(agent.pid) - before) / (time.monotonic() - t0) * 100
+            rss = rss_mb(agent.pid)
+        return took, cpu, rss
+    finally:
+        agent.terminate()
+        await agent.wait()
+        await kubelet.stop()
+
+
+async def bare_start() -> float:
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await proc.wait()
+    return time.perf_counter() - started
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--idle", type=float, default=20.0, help="idle seconds, last run")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout of the agent, started alternately for comparison")
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    starts, bares, base_starts = [], [], []
+    cpu = rss = None
+    for n in range(args.runs):
+        bares.append(await bare_start())
+        with tempfile.TemporaryDirectory(prefix="bench-start-", dir="/tmp") as tmp:
+            took, cpu_now, rss_now = await one_run(Path(tmp), args.idle if n == args.runs - 1
+                                                   else 0)
+        starts.append(took)
+        if cpu_now is not None:
+            cpu, rss = cpu_now, rss_now
+        if args.baseline:
+            with tempfile.TemporaryDirectory(prefix="bench-start-", dir="/tmp") as tmp:
+                base_starts.append((await one_run(Path(tmp), 0, args.baseline))[0])
+    print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"load average {load:.1f} before / {os.getloadavg()[0]:.1f} after")
+    print(f"start -> Register: median {statistics.median(starts):.2f} s "
+          f"(runs: {', '.join(f'{s:.2f}' for s in starts)}); goal <= 0.70 s")
+    if base_starts:
+        print(f"baseline {args.baseline}: median {statistics.median(base_starts):.2f} s "
+              f"(runs: {', '.join(f'{s:.2f}' for s in base_starts)}); this tree / baseline "
+              f"x{statistics.median(starts) / statistics.median(base_starts):.2f}")
+    print(f"bare interpreter start, same moments: median {statistics.median(bares):.3f} s")
+    if cpu is not None and rss is not None:
+        print(f"idle, registered, no containers ({args.idle:g} s): CPU {cpu:.2f} % of a core "
+              f"(goal <= 0.3), RSS {rss:.1f} MB (goal <= 70)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,204 @@
+"""What a tick costs: the lean read of `state` headers, slots read only to place a new process,
+the heartbeat at its own rate, a tick that slows down while all is calm, nothing without regions."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.shimstate import DeviceSpec, ShimWriter, make_region
+from vgpu_agent.gpu.model import ProcessSample
+from vgpu_agent.shm import layout
+from vgpu_agent.shm.api import RegionUsage
+from vgpu_agent.shm.regions import Region, format_alloc_id
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
+from vgpu_agent.simulation.region import SimRegion
+from vgpu_agent.simulation.runner import SIM_UUID
+from vgpu_agent.throttle.controller import ThrottleController
+
+BUSY = Workload(kernel_s=0.002)
+
+
+def file_region(root: Path, seq: int = 1, devices: int = 1) -> Region:
+    uuids = [f"GPU-cccccccc-0000-0000-0000-00000000000{d}" for d in range(devices)]
+    ids = [f"{u}::{seq}" for u in uuids]
+    alloc_id = format_alloc_id(seq, ids, 1)
+    make_region(root, alloc_id, [DeviceSpec(u, 1 << 30, 30.0, "strict") for u in uuids], ids,
+                seq=seq)
+    return Region.open(root / alloc_id)
+
+
+def put_totals(region: Region, dev: int, spent: int, launches: int, waited: int) -> None:
+    with open(region.path / "state", "r+b") as f:
+        base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+        for name, value in (("tokens_spent", spent), ("launches", launches), ("wait_ns", waited)):
+            f.seek(base + layout.STATE_DEVICE_OFFSETS[name])
+            f.write(struct.pack("<Q", value))
+
+
+def test_counters_come_from_the_header_alone(tmp_path):
+    region = file_region(tmp_path, devices=2)
+    try:
+        put_totals(region, 0, 1_000, 10, 5_000)
+        put_totals(region, 1, 2_000, 20, 0)
+        # slots the lean read must not need: a process with other figures
+        shim = ShimWriter(region.path)
+        shim.process(0, 100, 4_000, 0, tokens=999_999, launches=7)
+        shim.close()
+        assert region.counters() == (1_000, 10, 5_000, 2_000, 20, 0)
+    finally:
+        region.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("magic", 0), ("abi_major", 2), ("device_count", 3), ("header_size", 64)],
+)
+def test_a_header_of_another_kind_is_unreadable_not_misread(tmp_path, field, value):
+    region = file_region(tmp_path)
+    try:
+        with open(region.path / "state", "r+b") as f:
+            f.seek(layout.STATE_OFFSETS[field])
+            size = 8 if field == "magic" else 4
+            f.write(value.to_bytes(size, "little"))
+        assert region.counters() is None
+        assert region.corrupt_reads == 1
+    finally:
+        region.close()
+
+
+def test_a_later_minor_version_with_a_larger_header_is_read(tmp_path):
+    region = file_region(tmp_path)
+    try:
+        put_totals(region, 0, 123, 4, 5)
+        with open(region.path / "state", "r+b") as f:
+            f.seek(layout.STATE_OFFSETS["abi_minor"])
+            f.write((7).to_bytes(4, "little"))
+            f.seek(layout.STATE_OFFSETS["header_size"])
+            f.write((layout.STATE_HEADER_SIZE + 256).to_bytes(4, "little"))
+            f.seek(layout.STATE_OFFSETS["total_size"])
+            f.write((layout.STATE_SIZE + 256).to_bytes(8, "little"))
+        assert region.counters() == (123, 4, 5)
+    finally:
+        region.close()
+
+
+def test_implausible_counters_and_a_short_file_are_unreadable(tmp_path):
+    region = file_region(tmp_path)
+    try:
+        put_totals(region, 0, 1 << 63, 1, 1)
+        assert region.counters() is None
+        (region.path / "state").write_bytes(b"\x00" * 64)  # truncated by the container
+        assert region.counters() is None
+    finally:
+        region.close()
+
+
+class SlotCounting(SimRegion):
+    """A simulated region that counts how often its slots are read."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.slot_reads = 0
+
+    def usage(self) -> RegionUsage:
+        self.slot_reads += 1
+        return super().usage()
+
+
+class Stranger:
+    def admit(self, now_ns: int, want: int) -> int:
+        return want
+
+
+async def test_slots_are_read_to_place_new_processes_not_every_tick():
+    gpu = SimGpu(SIM_UUID)
+    region = SlotCounting("a", (SIM_UUID,), (40.0,), ("strict",))
+    gpu.shim_process("a", BUSY, region)
+    controller = ThrottleController(SimBackend([gpu]), lambda: [region],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    for _ in range(30):
+        gpu.advance(0.1)
+        await controller.tick()
+    assert 1 <= region.slot_reads <= 2  # placed once; then known by its samples
+    assert controller.status[("a", 0)].measured_util is not None
+
+    # A process on the GPU in no container: looked for at most once a second, then left
+    # alone for a while; it never counts for the container.
+    gpu.add_process("stranger", BUSY, Stranger())
+    reads = region.slot_reads
+    for _ in range(30):
+        gpu.advance(0.1)
+        await controller.tick()
+    assert region.slot_reads - reads <= 2
+    assert controller.status[("a", 0)].measured_util < 60
+
+
+async def test_the_heartbeat_goes_out_at_its_own_rate():
+    region = SimRegion("r", (SIM_UUID,), (30.0,), ("strict",))
+    beats: list[int] = []
+    real_beat = region.beat
+    region.beat = lambda now: (beats.append(now), real_beat(now))  # type: ignore[method-assign]
+    clock = {"ns": 10**12}
+
+    class Quiet:
+        def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+            return []
+
+    controller = ThrottleController(Quiet(), lambda: [region], clock=lambda: clock["ns"],
+                                    heartbeat_s=0.5)
+    for _ in range(20):
+        clock["ns"] += 100_000_000
+        await controller.tick()
+    assert len(beats) == 4  # 2 s of 100 ms ticks, a beat every 0.5 s
+    assert all(b - a == 500_000_000 for a, b in itertools.pairwise(beats))
+
+
+async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",))]
+    gpu.shim_process("a", BUSY, regions[0])
+    controller = ThrottleController(SimBackend([gpu]), lambda: list(regions),
+                                    clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
+                                    calm_ticks=5, evidence=SimHostEvidence([gpu]))
+    intervals = []
+    for _ in range(120):
+        gpu.advance(controller.interval_s)
+        await controller.tick()
+        intervals.append(controller.interval_s)
+    assert intervals[0] == 0.1  # a new container is a change
+    assert max(intervals) == pytest.approx(0.4)  # settled: four times slower at most
+    assert gpu.shares(gpu.processes[0], 5)[-1][1] == pytest.approx(30, abs=2)  # still held
+
+    regions.append(SimRegion("b", (SIM_UUID,), (50.0,), ("strict",)))  # a new allocation
+    gpu.shim_process("b", BUSY, regions[1])
+    gpu.advance(controller.interval_s)
+    await controller.tick()
+    assert controller.interval_s == 0.1
+
+
+async def test_without_regions_a_tick_asks_nothing():
+    class Counting:
+        calls = 0
+
+        def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+            self.calls += 1
+            return []
+
+    backend = Counting()
+    controller = ThrottleController(backend, list, calm_ticks=5)
+    for _ in range(5):
+        await controller.tick()
+    assert backend.calls == 0 and controller.hops == 0
+    assert controller.interval_s == pytest.approx(0.2)  # five calm ticks in: slowing down
+
+
+def test_bad_pacing_settings_are_refused():
+    with pytest.raises(ValueError, match="max_tick_s"):
+        ThrottleController(SimBackend([]), list, tick_s=0.5, max_tick_s=0.1)
+    with pytest.raises(ValueError, match="heartbeat_s"):
+        ThrottleController(SimBackend([]), list, heartbeat_s=0)
+

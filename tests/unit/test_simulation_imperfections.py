@@ -1,0 +1,169 @@
+"""The imperfect simulated GPU, one effect at a time: each switched on alone against the ideal."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import replace
+
+import pytest
+
+from vgpu_agent.simulation.gpu import SimGpu, Workload
+from vgpu_agent.simulation.imperfections import IDEAL, REAL, Imperfections
+from vgpu_agent.simulation.region import SimRegion
+
+UUID = "GPU-imperfect"
+# 1024 x 256 tokens a launch of 2 ms: 26.2144e6 tokens/s buys 100 launches/s = 20% of the GPU
+LAUNCH = Workload(kernel_s=0.002)
+TWENTY_PERCENT = (26_214_400, 2 * 262_144)
+
+
+def gpu_with(**effects: object) -> SimGpu:
+    return SimGpu(UUID, imperfections=replace(IDEAL, **effects))  # type: ignore[arg-type]
+
+
+def region(name: str = "r", rate: tuple[int, int] = (0, 0)) -> SimRegion:
+    r = SimRegion(name, (UUID,), (50.0,), ("strict",))
+    r.rates[0] = rate
+    return r
+
+
+def test_the_default_plant_is_the_imperfect_one():
+    assert SimGpu(UUID).imperfections == REAL
+    assert REAL.nvml_sigma > 0 and REAL.kernel_jitter > 0 and REAL.sm_count > 0
+
+
+@pytest.mark.parametrize(
+    ("model", "spread_at_twenty"),
+    [("additive", 5.0), ("sampled", 5.0 * (0.2 * 0.8) ** 0.5 / 0.5)],
+)
+def test_nvml_noise_scatters_samples_around_the_true_use(model, spread_at_twenty):
+    gpu = gpu_with(nvml_sigma=5.0, nvml_noise=model)
+    p = gpu.shim_process("p", LAUNCH, region(rate=TWENTY_PERCENT))
+    gpu.advance(40)
+    values = [s.sm_util for s in gpu.process_utilization(0) if s.pid == p.pid]
+    assert all(isinstance(v, int) and 0 <= v <= 100 for v in values)
+    assert statistics.mean(values) == pytest.approx(20, abs=1)
+    assert statistics.stdev(values) == pytest.approx(spread_at_twenty, rel=0.25)
+    # ground truth is untouched by the noise
+    assert gpu.shares(p, 10)[-1][1] == pytest.approx(20, abs=0.5)
+
+
+def test_sampled_noise_is_unbiased_near_zero_where_additive_noise_is_clipped():
+    rng = random.Random(3)
+    sampled = Imperfections(nvml_sigma=8.0)
+    additive = Imperfections(nvml_sigma=8.0, nvml_noise="additive")
+    near_zero = [sampled.observe(3.0, rng) for _ in range(4000)]
+    clipped = [additive.observe(3.0, rng) for _ in range(4000)]
+    assert statistics.mean(near_zero) == pytest.approx(3.0, abs=0.3)
+    assert statistics.mean(clipped) > 4.5  # negative readings cannot exist: biased upwards
+    assert sampled.observe(0.0, rng) == 0 and sampled.observe(100.0, rng) == 100
+
+
+def test_missed_samples_leave_gaps_not_zeros():
+    gpu = SimGpu(UUID, sample_period_s=0.1, sample_history_s=100,
+                 imperfections=replace(IDEAL, missed_samples=0.2))
+    p = gpu.shim_process("p", LAUNCH, region())
+    gpu.advance(50)
+    values = [s.sm_util for s in gpu.process_utilization(0) if s.pid == p.pid]
+    assert 0.7 * 500 <= len(values) <= 0.9 * 500
+    assert min(values) == 100
+
+
+def test_a_longer_nvml_window_smooths_a_stop_over_several_samples():
+    gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=replace(IDEAL, window_periods=3))
+    p = gpu.shim_process("p", Workload(kernel_s=0.001, busy=((0.0, 1.0),)), region())
+    gpu.advance(2)
+    values = [s.sm_util for s in gpu.process_utilization(0) if s.pid == p.pid]
+    # periods end at 0.2 .. 2.0 s; launches stop at 1.0 (the 10 ms queue drains after it):
+    # the three-period average fades out over three samples
+    assert values[3:8] == pytest.approx([100, 100, 67, 33, 0], abs=3)
+    assert values[-1] == 0
+
+
+def test_kernel_jitter_varies_sm_time_per_launch_but_not_on_average():
+    def run(jitter: float) -> list[float]:
+        gpu = gpu_with(kernel_jitter=jitter)
+        p = gpu.shim_process("p", LAUNCH, region(rate=TWENTY_PERCENT))
+        gpu.advance(20)
+        return [share for _, share in gpu.shares(p, 0.1)]
+
+    steady, jittered = run(0.0)[20:], run(0.3)[20:]
+    assert statistics.pstdev(steady) < 0.5
+    assert statistics.pstdev(jittered) > 2 * statistics.pstdev(steady) + 0.5
+    assert statistics.mean(jittered) == pytest.approx(20, abs=1.5)
+
+
+def test_contexts_taking_turns_lose_the_switch_cost():
+    gpu = gpu_with(switch_s=100e-6, timeslice_s=0.002)
+    a = gpu.shim_process("a", Workload(kernel_s=0.001), region("a"))
+    b = gpu.shim_process("b", Workload(kernel_s=0.001), region("b"))
+    gpu.advance(2)
+    total = gpu.shares(a, 1)[-1][1] + gpu.shares(b, 1)[-1][1]
+    assert total == pytest.approx(95, abs=0.5)  # 100 us lost per 2 ms slice
+    alone = gpu_with(switch_s=100e-6)
+    c = alone.shim_process("c", Workload(kernel_s=0.001), region("c"))
+    alone.advance(1)
+    assert alone.shares(c, 0.5)[-1][1] == pytest.approx(100, abs=0.5)  # nobody to switch to
+
+
+def test_overlapping_contexts_favour_the_larger_grid():
+    gpu = gpu_with(overlap=0.5)
+    big = gpu.shim_process("big", Workload(kernel_s=0.001, blocks=3072), region("big"))
+    small = gpu.shim_process("small", Workload(kernel_s=0.001, blocks=1024), region("small"))
+    gpu.advance(2)
+    big_share, small_share = gpu.shares(big, 1)[-1][1], gpu.shares(small, 1)[-1][1]
+    # half the time sliced equally, half split 3:1 by grid
+    assert big_share == pytest.approx(0.5 * 50 + 0.5 * 75, abs=1)
+    assert small_share == pytest.approx(0.5 * 50 + 0.5 * 25, abs=1)
+
+
+def test_small_grids_leave_sms_idle_and_packed_kernels_cost_more_sm_time_per_token():
+    small_grid = Workload(kernel_s=0.001, blocks=33, threads_per_block=128, streams=4)
+    one_stream = replace(small_grid, streams=1)
+    imperfect = replace(IDEAL, sm_count=132, packing_efficiency=0.8)
+
+    def sm_per_token(workload: Workload, rate: tuple[int, int]) -> tuple[float, float]:
+        gpu = SimGpu(UUID, imperfections=imperfect)
+        reg = region(rate=rate)
+        p = gpu.shim_process("p", workload, reg)
+        gpu.advance(4)
+        return gpu.shares(p, 2)[-1][1], p.total_sm_s / reg.processes[0].tokens_spent[0]
+
+    alone_share, _ = sm_per_token(one_stream, (0, 0))
+    assert alone_share == pytest.approx(25, abs=0.5)  # 33 of 132 SMs busy
+    packed_share, packed_cost = sm_per_token(small_grid, (0, 0))
+    assert packed_share == pytest.approx(100, abs=1)  # four kernels side by side fill it
+    slow_share, slow_cost = sm_per_token(small_grid, (33 * 128 * 100, 33 * 128))
+    assert slow_share == pytest.approx(2.5, abs=0.3)  # 100 launches/s, one at a time
+    # the same tokens buy 4 / 4**0.8 = 1.32 times the SM time when the kernels pack
+    assert packed_cost / slow_cost == pytest.approx(4 / 4**0.8, rel=0.03)
+
+
+def test_runs_repeat_exactly_for_a_seed_and_differ_between_seeds():
+    def samples(seed: int) -> list[int]:
+        gpu = SimGpu(UUID, seed=seed)
+        gpu.shim_process("p", LAUNCH, region(rate=TWENTY_PERCENT))
+        gpu.advance(3)
+        return [s.sm_util for s in gpu.process_utilization(0)]
+
+    assert samples(1) == samples(1)
+    assert samples(1) != samples(2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("nvml_sigma", -1.0), ("nvml_noise", "pink"), ("missed_samples", 1.0), ("window_periods", 0),
+     ("kernel_jitter", 2.0), ("switch_s", 0.01), ("overlap", 1.5), ("sm_count", -1),
+     ("packing_efficiency", 0.0), ("timeslice_s", 0.0)],
+)
+def test_bad_imperfections_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        Imperfections(**{field: value})
+
+
+def test_bad_sample_periods_and_streams_are_refused():
+    with pytest.raises(ValueError, match="sample period"):
+        SimGpu(UUID, sample_period_s=0)
+    with pytest.raises(ValueError, match="streams"):
+        Workload(kernel_s=0.001, streams=0)

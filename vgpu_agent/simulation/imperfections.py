@@ -1,0 +1,98 @@
+"""How far the simulated GPU departs from an ideal one, and why the defaults are what they are.
+
+`SimGpu` takes one `Imperfections`; `IDEAL` switches every effect off (SM time exactly
+proportional to admitted launches, NVML samples exact to the integer percent on a fixed grid),
+`REAL` (the default) is a GPU as the controller meets it in production:
+
+- `nvml_sigma` 3 points: per-process SM samples are themselves sampled by the driver and
+  windowed; repeated readings of a steady process scatter by a few points around its true use.
+  With `nvml_noise` "sampled" (the default) a sample is the fraction of the driver's instants
+  at which the process was seen busy: unbiased, never negative, its error largest (sigma) at
+  50 % use and shrinking towards 0 % and 100 %, as a proportion's does. With "additive" each
+  sample gets Gaussian noise of sigma whatever the use, clipped to [0, 100]: harsher, and
+  biased upwards for processes using only a few percent. Either way the value is rounded to
+  the integer percent NVML reports.
+- `missed_samples` 2 %: a process that ran in a period does not always appear in that period's
+  samples (the driver's buffer is per GPU and finite); the law must not read a missing sample
+  as zero use.
+- `window_periods` 1: each sample averages SM use over this many sample periods ending at its
+  timestamp. Drivers that report every 1/6 s average over their own period; some report a
+  value averaged over a longer window than they sample, which is `window_periods` > 1.
+  The period itself (1/6 s to 1 s depending on the GPU and driver) is `SimGpu`'s
+  `sample_period_s`.
+- `kernel_jitter` 0.1: run-to-run variation of a kernel's duration (clock boost, memory
+  contention, cache state), a relative standard deviation; the shim charges the same tokens
+  for a launch whatever it ends up costing in SM time.
+- `timeslice_s` 2 ms and `switch_s` 25 us: without MPS, contexts of different processes
+  time-share the GPU in slices of about a few milliseconds, and every switch saves and restores
+  a context; while two or more contexts have work, `switch_s` per `timeslice_s` is lost to
+  everyone.
+- `overlap` 5 %: at slice boundaries the outgoing context's last blocks drain while the
+  incoming one starts, so for a small part of the time several contexts' kernels share the SMs,
+  in proportion to their grids rather than equally.
+- `sm_count` 132 and `packing_efficiency` 0.8: a kernel whose grid has fewer blocks than the GPU
+  has SMs leaves SMs idle (fill = blocks / SMs). A process with several streams then runs up to
+  `streams` such kernels at once (never more than fill up), and packed kernels slow each other
+  down (shared L2 and memory bandwidth): c kernels together progress c**0.8 times as fast, not c
+  times. SM time per launch therefore grows with the launch rate: tokens and SM time are not
+  proportional, and the law can only learn their ratio at the operating point.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Imperfections:
+    nvml_sigma: float = 3.0  # points, standard deviation of each per-process sample
+    nvml_noise: str = "sampled"  # or "additive" (see the module note)
+    missed_samples: float = 0.02  # probability that a process's sample is absent
+    window_periods: int = 1  # sample periods each sample averages over
+    kernel_jitter: float = 0.1  # relative standard deviation of a kernel's duration
+    timeslice_s: float = 0.002
+    switch_s: float = 25e-6  # lost per time slice while contexts take turns
+    overlap: float = 0.05  # fraction of the time busy contexts share SMs by grid size
+    sm_count: int = 132  # 0: every grid fills the GPU
+    packing_efficiency: float = 0.8  # c packed kernels progress c ** this times as fast
+
+    def __post_init__(self) -> None:
+        checks = {
+            "nvml_sigma": self.nvml_sigma >= 0,
+            "nvml_noise": self.nvml_noise in ("sampled", "additive"),
+            "missed_samples": 0 <= self.missed_samples < 1,
+            "window_periods": self.window_periods >= 1,
+            "kernel_jitter": 0 <= self.kernel_jitter <= 1,
+            "timeslice_s": self.timeslice_s > 0,
+            "switch_s": 0 <= self.switch_s < self.timeslice_s,
+            "overlap": 0 <= self.overlap <= 1,
+            "sm_count": self.sm_count >= 0,
+            "packing_efficiency": 0 < self.packing_efficiency <= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"Imperfections.{name} out of range: {getattr(self, name)!r} "
+                                 "(see the module note for what is allowed)")
+
+    def observe(self, percent: float, rng: random.Random) -> int:
+        """What NVML reports for a process that truly used `percent` of the SMs."""
+        sigma = self.nvml_sigma
+        if sigma and self.nvml_noise == "additive":
+            percent += rng.gauss(0, sigma)
+        elif sigma:
+            # n busy-or-idle instants give a proportion whose spread at 50 % is sigma
+            instants = max(1, round((50 / sigma) ** 2))
+            p = min(1.0, max(0.0, percent / 100))
+            if instants <= 400:
+                busy = sum(1 for _ in range(instants) if rng.random() < p)
+            else:
+                busy = round(instants * p + rng.gauss(0, math.sqrt(instants * p * (1 - p))))
+            percent = 100 * busy / instants
+        return round(min(100.0, max(0.0, percent)))
+
+
+IDEAL = Imperfections(nvml_sigma=0.0, missed_samples=0.0, window_periods=1, kernel_jitter=0.0,
+                      switch_s=0.0, overlap=0.0, sm_count=0, packing_efficiency=1.0)
+REAL = Imperfections()
