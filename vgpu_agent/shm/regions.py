@@ -352,13 +352,22 @@ class Region:
         """
         if self._view is None:
             return None
-        if self._state_fd is None and not self._open_state():
-            return None
         buffer = _header_buffer()
-        try:
-            size = os.preadv(self._state_fd, [buffer], 0)  # type: ignore[arg-type]
-        except OSError:
-            size = 0
+        # under the readers' lock: the file checks may reopen the descriptor (see `usage`)
+        with self._fd_lock:
+            if self._view is None:
+                return None
+            try:
+                self._police_files()
+            except OSError as err:
+                log.warning("region_state_check_failed", alloc_id=self._alloc_id,
+                            error=str(err))
+            if self._state_fd is None and not self._open_state():
+                return None
+            try:
+                size = os.preadv(self._state_fd, [buffer], 0)  # type: ignore[arg-type]
+            except OSError:
+                size = 0
         counters = layout.state_counters(buffer, self.device_count) if size == len(buffer) \
             else None
         if counters is None:
