@@ -167,9 +167,16 @@ async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
     )
     throttle = None
     if controller:
+        # the host's /proc as the controller sees it: each container's process proven by its
+        # mount table, so the controller attributes the samples as on a real node
+        from tests.fakes.hostproc import FakeHostProc
         from vgpu_agent.throttle.controller import ThrottleController
 
-        throttle = ThrottleController(backend, lambda: regions, tick_s=0.1)
+        host = FakeHostProc(root / "proc")
+        for row in rows:
+            host.container_process(row["host_pid"], root / row["alloc_id"])
+        throttle = ThrottleController(backend, lambda: regions, tick_s=0.1,
+                                      proc_root=host.path)
         sources.throttle_status = lambda: throttle.status
     service = MetricsService(sources, host="127.0.0.1", port=0, backend=backend, poll_s=1.0)
     tasks = [asyncio.create_task(service.run())]

@@ -84,6 +84,7 @@ class FakeKubeAPI:
     token: str | None = "test-token"
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     events: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # ns -> name -> obj
+    evicted: list[tuple[str, str, str]] = field(default_factory=list)  # (ns, name, uid)
     requests: list[Recorded] = field(default_factory=list)
     port: int = 0
     ssl_context: ssl.SSLContext | None = None
@@ -112,6 +113,7 @@ class FakeKubeAPI:
         app.router.add_get("/api/v1/namespaces/{ns}/events", self._list_events)
         add_routes(app, self.resources, lambda request: request[_BODY])
         app.router.add_get("/api/v1/pods", self._pods_route)
+        app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict_pod)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(
@@ -387,6 +389,28 @@ class FakeKubeAPI:
         meta.update(namespace=ns, uid=str(uuid.uuid4()), resourceVersion=self._next_rv())
         by_name[name] = event
         return web.json_response(event, status=201)
+
+    async def _evict_pod(self, request: web.Request) -> web.Response:
+        """policy/v1 Eviction: the pod is deleted (no disruption budgets here); a UID
+        precondition that does not match is a 409, as the API server answers."""
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        body = request[_BODY]
+        if not isinstance(body, dict) or body.get("kind") != "Eviction":
+            return status(400, "BadRequest", "body must be a policy/v1 Eviction")
+        if body.get("metadata", {}).get("name") != name:
+            return status(400, "BadRequest", "name in the body does not match the URL")
+        try:
+            pod = self.find_pod(name, ns)
+        except KeyError:
+            return not_found("pods", name)
+        uid = (body.get("deleteOptions") or {}).get("preconditions", {}).get("uid")
+        if uid is not None and uid != pod["metadata"]["uid"]:
+            return status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                          f"UID in object meta: {pod['metadata']['uid']}")
+        self.delete_pod(name, ns)
+        self.evicted.append((ns, name, pod["metadata"]["uid"]))
+        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Success"},
+                                 status=201)
 
     async def _list_events(self, request: web.Request) -> web.Response:
         items = list(self.events.get(request.match_info["ns"], {}).values())
