@@ -46,11 +46,16 @@ from vgpu_agent.kube.pods import NodePods
 from vgpu_agent.kubelet.podresources import ContainerRef, PodResourcesClient
 from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources, RegistrationView
+from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region, RegionStore
 from vgpu_agent.shm.spill import SpillNotice, SpillReports
-from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.attribution import HostEvidence
+from vgpu_agent.throttle.backstop import Breach
+from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
+from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.podpolicy import PodPolicyRules
 from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
+from vgpu_agent.throttle.watch import BackstopWatch
 
 if TYPE_CHECKING:  # kubernetes_asyncio is imported only when something needs the API
     from vgpu_agent.dra.claims import ClaimReader
@@ -96,6 +101,13 @@ class TaskHealth:
     loop_heartbeat: float = field(default_factory=time.monotonic)
 
 
+def _simulated_host(backend: GpuBackend) -> HostEvidence | None:
+    """A simulated node answers for its simulated processes; a real one is examined in /proc."""
+    from vgpu_agent.gpu.sim import SimBackend
+
+    return backend if isinstance(backend, SimBackend) else None
+
+
 class Agent:
     def __init__(
         self,
@@ -129,6 +141,8 @@ class Agent:
             container_region_dir=config.container_region_dir,
             container_shim_path=config.container_shim_path,
             gc_grace_s=config.region_gc_grace_seconds,
+            control_flags=(layout.CONTROL_ALLOW_DISABLE if config.shim_allow_disable else 0)
+            | (layout.CONTROL_ALLOW_REGION_DIR if config.shim_allow_region_dir else 0),
         )
         self.pod_resources = PodResourcesClient(
             config.pod_resources_socket,
@@ -142,8 +156,25 @@ class Agent:
             tick_s=config.throttle_tick_seconds,
             default_policy=config.core_policy,
             proc_root=config.host_proc_dir,
+            container_region_dir=config.container_region_dir,
+            # a simulated node proves its simulated processes itself; a real one through /proc
+            evidence=_simulated_host(self.backend),
         )
         self.node: NodeIntegration | None = None
+        # The agent's own limit check, on an attributor of its own (the controller's keeps
+        # per-tick state); what it finds goes to the pod (`_on_breach`).
+        self.backstop = BackstopWatch(
+            self.backend,
+            self.regions.regions,
+            lambda: self.controller.status,
+            Attributor(
+                _simulated_host(self.backend)
+                or ProcEvidence(config.host_proc_dir, config.container_region_dir),
+                NamespacePidResolver(config.host_proc_dir),
+                budget_slots=False,
+            ),
+            self._on_breach,
+        )
         # Pods' own core policy and priority (annotations); `pods` stands in for the API's pods
         # (the simulation), else the node integration's pod watch provides them.
         self.pods: NodePods | None = None
@@ -302,6 +333,7 @@ class Agent:
         )
         self._supervise(group, "pod-policies", self.pod_policies.run)
         self._supervise(group, "throttle", self.controller.run)
+        self._supervise(group, "backstop", self.backstop.run)
         self._supervise(group, "metrics-caches", self._refresh_metrics)
         if spilling:
             self._supervise(group, "spill-events", self._watch_spills)
@@ -476,7 +508,29 @@ class Agent:
         events = dataclasses.asdict(self.regions.counters)
         events["state_read_corrupt"] = self.regions.corrupt_reads()
         events["state_records_skipped"] = self.regions.skipped_records()
+        events.update(self.regions.tampering())
+        events["backstop_memory"] = self.backstop.breaches["memory"]
+        events["backstop_sm"] = self.backstop.breaches["sm"]
+        if self.node is not None:
+            events["backstop_evictions"] = self.node.evictions
+        # claims in `state` that the host refuted (per region in the log and the controller)
+        events["identity_rejected"] = self.controller.attributor.rejected_total
         return events
+
+    def _on_breach(self, breach: Breach) -> None:
+        """A container over its limits: a Warning Event on its pod, evicted with `evict`."""
+        owner = self.regions.identity(breach.alloc_id)
+        lookup = self.pod_policies.pods  # the node's pods as the pod watch delivers them
+        known = lookup.pod(owner[0], owner[1]) if owner and lookup is not None else None
+        if owner is None or self.node is None or known is None:
+            reason = ("its container is not known" if owner is None
+                      else "no Kubernetes API" if self.node is None
+                      else "its pod is not (yet) in the node's pod list")
+            log.warning("backstop_breach_unreported", alloc_id=breach.alloc_id, reason=reason)
+            return
+        namespace, pod, container = owner
+        self.node.on_container_breach(namespace, pod, known.uid, container, breach.describe(),
+                                      evict=self.config.backstop_action == "evict")
 
     async def _reconcile(self, assignments: Mapping[str, ContainerRef]) -> dict[str, str]:
         """Bind regions to containers, then give each newly bound region its pod's policy."""

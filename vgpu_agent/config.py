@@ -26,6 +26,7 @@ AllocationPolicy = Literal["spread", "binpack"]
 DeviceListStrategy = Literal["envvar", "cdi"]
 Backend = Literal["nvml", "sim"]
 LogFormat = Literal["json", "console"]
+BackstopAction = Literal["report", "evict"]
 CorePolicy = Literal["off", "strict", "work-conserving"]
 MemoryOversubscription = Literal["off", "spill"]
 Mode = Literal["device-plugin", "dra"]
@@ -118,6 +119,9 @@ class Config:
     pod_resources_refresh_seconds: float = 5.0
     nvml_poll_seconds: float = 1.0
     hami_metrics: bool = False
+    shim_allow_disable: bool = False
+    shim_allow_region_dir: bool = False
+    backstop_action: BackstopAction = "report"
     endpoint_name: str = "vgpu-agent.sock"
     mode: Mode = "device-plugin"
     dra_driver_name: str = "gpu.vgpu.io"
@@ -456,6 +460,9 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "pod_resources_refresh_seconds": _seconds(0.05, 3600, " (> 0)"),
     "nvml_poll_seconds": _as_float("must be a number between 0.1 and 60", lambda v: 0.1 <= v <= 60),
     "hami_metrics": _as_bool,
+    "shim_allow_disable": _as_bool,
+    "shim_allow_region_dir": _as_bool,
+    "backstop_action": _as_choice("report", "evict"),
     "endpoint_name": _as_socket_name,
     "mode": _as_choice("device-plugin", "dra"),
     "dra_driver_name": _as_dns_subdomain,

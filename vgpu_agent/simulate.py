@@ -14,8 +14,7 @@ With `--mode dra` the kubelet's DRA side registers the driver through its plugin
 agent publishes its ResourceSlice to an in-process API server stand-in, two claims (`memory:
 10Gi, cores: 30`, and one default share) are allocated from that slice as the scheduler would,
 prepared through the driver and run as simulated workloads steered to their grants. The API
-stand-in and the allocator are the test suite's (`tests/fakes/`), so this mode runs from a source
-checkout.
+stand-in and the allocator are the ones the tests use (`vgpu_agent/standins/`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import shutil
@@ -283,23 +281,9 @@ DRA_DEMO_CLAIMS = (
 )
 
 
-def _source_checkout_fakes() -> tuple[Any, Any]:
-    """The fake API server and the test allocator from the source checkout's `tests/fakes/`."""
-    repo = Path(__file__).resolve().parent.parent
-    if not (repo / "tests" / "fakes" / "kubeapi.py").exists():
-        raise RuntimeError(
-            "simulate --mode dra needs the API server stand-in in tests/fakes/ of a source "
-            f"checkout; none next to {repo}"
-        )
-    if str(repo) not in sys.path:
-        sys.path.insert(0, str(repo))
-    kubeapi = importlib.import_module("tests.fakes.kubeapi")
-    allocator = importlib.import_module("tests.fakes.dra_allocator")
-    return kubeapi.FakeKubeAPI, allocator.allocate_in
-
-
 async def simulate_dra(config: Config, duration: float = 0.0, view: bool = False) -> int:
-    fake_api, allocate_in = _source_checkout_fakes()
+    from vgpu_agent.standins.dra_allocator import allocate_in
+    from vgpu_agent.standins.kubeapi import FakeKubeAPI as fake_api
     log_file = _log_to_file(config) if view else None
     api = fake_api(token=None)
     await api.start()

@@ -109,12 +109,15 @@ def _who(allocation: Mapping[str, Any]) -> str:
 
 
 def _over(device: Mapping[str, Any]) -> tuple[bool, bool]:
-    """(memory above its limit, measured share above its limit)."""
+    """(memory above its limit, measured share above its limit and above its target)."""
     limit = device.get("memory_limit_bytes") or 0
     used = device.get("memory_used_bytes")
     memory = bool(limit) and used is not None and used > limit
     share, cap = device.get("core_measured_ratio"), device.get("core_limit_ratio")
-    cores = share is not None and cap is not None and share > cap + SHARE_TOLERANCE
+    # a work-conserving container may run above its limit on compute lent to it: what it must
+    # not pass is what the controller allows it now (its target), when that is higher
+    allowed = max(cap or 0.0, device.get("core_target_ratio") or 0.0)
+    cores = share is not None and cap is not None and share > allowed + SHARE_TOLERANCE
     return memory, cores
 
 

@@ -6,8 +6,10 @@
  * a program printing every offsetof/sizeof below.
  *
  * Location. Per allocation the agent creates, on the host, <state_dir>/regions/<alloc_id>/
- * holding `control` and `state`. Inside the container that directory is mounted read-write at
- * /run/vgpu; the shim finds it through VGPU_REGION_DIR (default /run/vgpu).
+ * holding `control` and `state`. Inside the container each file is mounted on its own at
+ * /run/vgpu/<name> (`control` read-only, `state` read-write); the shim finds them there
+ * (VGPU_MOUNTED_REGION_DIR), or through VGPU_REGION_DIR where the agent's control allows it or
+ * nothing is mounted at the default place (see control.flags).
  *
  *   control  written only by the agent (file mode 0444; the shim maps it PROT_READ and never
  *            writes it): limits, token-bucket parameters, policy, heartbeat, identity.
@@ -171,6 +173,18 @@
  * free = limit - used (the card's physical free memory no longer bounds it). A shim without
  * the bit (1.0, or 1.1 before spilling) does not spill: such allocations fail as before. */
 #define VGPU_CONTROL_FLAG_SPILL (UINT64_C(1) << 0)
+/*
+ * control.flags (ABI 1.1; the word was reserved, so zero, in 1.0): what the agent lets the
+ * container change about its own enforcement. All bits clear is the secure setting, the default,
+ * and what a 1.0 control holds; a shim reads the word as zero when abi_minor < 1. A 1.0 shim
+ * ignores the word: it honours VGPU_DISABLE and VGPU_REGION_DIR as it always did.
+ *   VGPU_CONTROL_ALLOW_DISABLE     VGPU_DISABLE=1 in the container is honoured (else ignored,
+ *                                  with one warning);
+ *   VGPU_CONTROL_ALLOW_REGION_DIR  a VGPU_REGION_DIR other than the mounted region's directory
+ *                                  (VGPU_MOUNTED_REGION_DIR) is honoured.
+ */
+#define VGPU_CONTROL_ALLOW_DISABLE UINT64_C(1)
+#define VGPU_CONTROL_ALLOW_REGION_DIR UINT64_C(2)
 
 /* A graph launch's cost when control_device.graph_cost is 0: 4096 blocks x 256 threads. */
 #define VGPU_DEFAULT_GRAPH_COST UINT64_C(1048576)
@@ -214,7 +228,8 @@ struct vgpu_control {
     int64_t priority;           /* larger = served first when the GPU is oversubscribed */
     uint32_t device_id_count;   /* 0..VGPU_MAX_DEVICE_IDS valid entries in device_ids[] */
     uint32_t reserved0;
-    uint64_t reserved[6];
+    uint64_t flags;             /* VGPU_CONTROL_* (1.1); reserved (zero) in 1.0 */
+    uint64_t reserved[5];
     char device_ids[VGPU_MAX_DEVICE_IDS][VGPU_DEVICE_ID_LEN];
     struct vgpu_control_device devices[VGPU_MAX_DEVICES];
 };
@@ -297,6 +312,7 @@ _Static_assert(sizeof(struct vgpu_state_device) == 64, "state device entry size"
 _Static_assert(sizeof(struct vgpu_proc_slot) == 32 + 16 * 40, "process slot size");
 _Static_assert(offsetof(struct vgpu_state, slots) == 64 + 16 * 64, "state header size");
 _Static_assert(offsetof(struct vgpu_control, generation) % 8 == 0, "aligned generation");
+_Static_assert(offsetof(struct vgpu_control, flags) == 80, "control flags carved from reserved");
 _Static_assert(offsetof(struct vgpu_state, slot_high_water) == 40, "slot high-water mark offset");
 _Static_assert(sizeof(struct vgpu_state_ext_device) == 128, "state extension entry size");
 _Static_assert(sizeof(struct vgpu_proc_kinds) == 16, "slot kinds entry size");

@@ -56,11 +56,15 @@ static bool env_is_one(const char *name)
     return v != NULL && strcmp(v, "1") == 0;
 }
 
-/* Map `path` if it is at least `size` bytes; NULL with a reason otherwise. */
-static void *map_file(const char *path, size_t size, bool writable, char *why, size_t why_len)
+/* Map `path` if it is at least `size` bytes; NULL with a reason otherwise (*missing set when
+ * there is no such file). */
+static void *map_file(const char *path, size_t size, bool writable, char *why, size_t why_len,
+                      bool *missing)
 {
     int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0) {
+        if (missing != NULL)
+            *missing = errno == ENOENT || errno == ENOTDIR;
         snprintf(why, why_len, "cannot open %.512s (%s)", path, strerror(errno));
         return NULL;
     }
@@ -80,14 +84,25 @@ static void *map_file(const char *path, size_t size, bool writable, char *why, s
     return p;
 }
 
-static bool region_open(char *why, size_t why_len)
+static void region_close(void)
 {
-    const char *dir = getenv("VGPU_REGION_DIR");
-    if (dir == NULL || dir[0] == '\0')
-        dir = "/run/vgpu";
+    if (g_shim.ctl != NULL)
+        munmap((void *)g_shim.ctl, sizeof *g_shim.ctl);
+    if (g_shim.st != NULL) /* as much as was mapped: the 1.1 extension only when present */
+        munmap(g_shim.st, g_shim.ext != NULL ? sizeof *g_shim.st : VGPU_STATE_SIZE_1_0);
+    g_shim.ctl = NULL;
+    g_shim.st = NULL;
+    g_shim.ext = NULL;
+    g_shim.device_count = 0;
+}
+
+/* Map the region in `dir`; *missing tells "no control file there" from "there but unusable". */
+static bool region_open(const char *dir, char *why, size_t why_len, bool *missing)
+{
     char path[4096];
+    *missing = false;
     snprintf(path, sizeof path, "%s/control", dir);
-    const struct vgpu_control *ctl = map_file(path, sizeof *ctl, false, why, why_len);
+    const struct vgpu_control *ctl = map_file(path, sizeof *ctl, false, why, why_len, missing);
     if (ctl == NULL)
         return false;
     if (ctl->magic != VGPU_CONTROL_MAGIC || ctl->abi_major != VGPU_ABI_MAJOR ||
@@ -106,7 +121,7 @@ static bool region_open(char *why, size_t why_len)
     snprintf(path, sizeof path, "%s/state", dir);
     /* the 1.0 part first; the 1.1 extension is mapped only when the file says it has it */
     size_t st_size = VGPU_STATE_SIZE_1_0;
-    struct vgpu_state *st = map_file(path, st_size, true, why, why_len);
+    struct vgpu_state *st = map_file(path, st_size, true, why, why_len, NULL);
     if (st == NULL) {
         munmap((void *)ctl, sizeof *ctl);
         return false;
@@ -129,7 +144,7 @@ static bool region_open(char *why, size_t why_len)
     if (has_ext) {
         munmap(st, st_size);
         st_size = sizeof *st;
-        st = map_file(path, st_size, true, why, why_len); /* fails when the file is shorter */
+        st = map_file(path, st_size, true, why, why_len, NULL); /* fails when shorter */
         if (st == NULL) {
             munmap((void *)ctl, sizeof *ctl);
             return false;
@@ -142,26 +157,71 @@ static bool region_open(char *why, size_t why_len)
     return true;
 }
 
+/* The policy word of the mapped control: zero (all secure) for a 1.0 control. */
+static uint64_t control_flags(void)
+{
+    return g_shim.ctl->abi_minor >= 1 ? g_shim.ctl->flags : 0;
+}
+
+/*
+ * The region and the container's overrides, decided once:
+ *  - the mounted region (VGPU_MOUNTED_REGION_DIR) is opened first; VGPU_REGION_DIR naming another
+ *    directory is followed only when that control allows it (VGPU_CONTROL_ALLOW_REGION_DIR), or
+ *    when nothing is mounted at the default place (an agent configured to mount elsewhere);
+ *  - VGPU_DISABLE=1 is honoured only when the region's control allows it;
+ *  - no usable region: fail closed. Only when no region exists at all (no control file where
+ *    one is looked for) does VGPU_FAIL_CLOSED=0 let calls through: a region that is there but
+ *    damaged always fails closed, since the container can damage its own `state`.
+ */
+static enum shim_mode decide(void)
+{
+    char why[1024] = "", note[1200] = "";
+    bool missing = false;
+    const char *env_dir = getenv("VGPU_REGION_DIR");
+    bool other = env_dir != NULL && env_dir[0] != '\0' && strcmp(env_dir, VGPU_MOUNTED_REGION_DIR) != 0;
+    bool ok = region_open(VGPU_MOUNTED_REGION_DIR, why, sizeof why, &missing);
+    if (ok && other) {
+        if (control_flags() & VGPU_CONTROL_ALLOW_REGION_DIR) {
+            region_close();
+            ok = region_open(env_dir, why, sizeof why, &missing);
+        } else {
+            snprintf(note, sizeof note, "VGPU_REGION_DIR=%.512s ignored: the agent's control does "
+                     "not allow another region directory", env_dir);
+        }
+    } else if (!ok && missing && other) {
+        ok = region_open(env_dir, why, sizeof why, &missing);
+    }
+    if (ok && env_is_one("VGPU_DISABLE")) {
+        if (control_flags() & VGPU_CONTROL_ALLOW_DISABLE) {
+            region_close();
+            return SHIM_DISABLED;
+        }
+        snprintf(note, sizeof note, "VGPU_DISABLE=1 ignored: the agent's control does not allow it");
+    }
+    if (ok) {
+        if (note[0] != '\0')
+            shim_warn_once(note);
+        return SHIM_ACTIVE;
+    }
+    const char *fc = getenv("VGPU_FAIL_CLOSED");
+    bool pass = missing && fc != NULL && strcmp(fc, "0") == 0;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s; %s", why,
+             pass ? "no region: passing through without limits (VGPU_FAIL_CLOSED=0)"
+                  : missing ? "refusing CUDA allocations and launches (no region; VGPU_FAIL_CLOSED=0 "
+                              "passes through instead)"
+                            : "refusing CUDA allocations and launches (the region is unusable)");
+    shim_warn_once(msg);
+    return pass ? SHIM_PASSTHROUGH : SHIM_FAIL_CLOSED;
+}
+
 enum shim_mode shim_mode_init(void)
 {
     int mode;
     pthread_mutex_lock(&g_init_lock);
     mode = __atomic_load_n(&g_shim_mode, __ATOMIC_RELAXED);
     if (mode == SHIM_UNSET) {
-        char why[1024] = "";
-        if (env_is_one("VGPU_DISABLE")) {
-            mode = SHIM_DISABLED;
-        } else if (region_open(why, sizeof why)) {
-            mode = SHIM_ACTIVE;
-        } else {
-            bool closed = env_is_one("VGPU_FAIL_CLOSED");
-            char msg[2048];
-            snprintf(msg, sizeof msg, "%s; %s", why,
-                     closed ? "refusing CUDA allocations and launches (VGPU_FAIL_CLOSED=1)"
-                            : "passing through without limits (VGPU_FAIL_CLOSED=1 refuses instead)");
-            shim_warn_once(msg);
-            mode = closed ? SHIM_FAIL_CLOSED : SHIM_PASSTHROUGH;
-        }
+        mode = decide();
         __atomic_store_n(&g_shim_mode, mode, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_init_lock);

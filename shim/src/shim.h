@@ -14,13 +14,19 @@
 
 #define SHIM_EXPORT __attribute__((visibility("default")))
 
+/* Where the agent mounts the region's files in the container (its container_region_dir). A test
+ * build points it elsewhere with -DVGPU_MOUNTED_REGION_DIR=... */
+#ifndef VGPU_MOUNTED_REGION_DIR
+#define VGPU_MOUNTED_REGION_DIR "/run/vgpu"
+#endif
+
 /* What the shim does, decided once per process at the first hooked call. */
 enum shim_mode {
     SHIM_UNSET = 0,
     SHIM_ACTIVE,      /* region mapped: enforce and report */
-    SHIM_PASSTHROUGH, /* no usable region: call the driver as if the shim were not there */
-    SHIM_FAIL_CLOSED, /* no usable region and VGPU_FAIL_CLOSED=1: refuse hooked calls */
-    SHIM_DISABLED     /* VGPU_DISABLE=1 */
+    SHIM_PASSTHROUGH, /* no region at all and VGPU_FAIL_CLOSED=0: call the driver directly */
+    SHIM_FAIL_CLOSED, /* no usable region (the default without one): refuse hooked calls */
+    SHIM_DISABLED     /* VGPU_DISABLE=1, allowed by the region's control */
 };
 
 struct shim {

@@ -29,7 +29,10 @@
 #define MiB (1ull << 20)
 
 static const char *g_build;
+static const char *g_lib = "libvgpu.so"; /* the shim build the clients preload, in g_build */
 static char g_tmp[256];
+static uint64_t g_control_flags;                   /* control.flags of regions made next */
+static uint32_t g_control_minor = VGPU_ABI_MINOR; /* and their control's ABI minor */
 static int g_failed, g_count;
 
 struct dev_cfg {
@@ -66,7 +69,8 @@ static void make_region(const char *name, int ndev, const struct dev_cfg *cfg)
     struct vgpu_control *c = calloc(1, sizeof *c);
     c->magic = VGPU_CONTROL_MAGIC;
     c->abi_major = VGPU_ABI_MAJOR;
-    c->abi_minor = VGPU_ABI_MINOR;
+    c->abi_minor = g_control_minor;
+    c->flags = g_control_flags;
     c->header_size = offsetof(struct vgpu_control, device_ids);
     c->device_count = (uint32_t)ndev;
     c->total_size = sizeof *c;
@@ -144,8 +148,8 @@ static void set_preload(void)
 {
     char preload[2048];
     const char *first = getenv("VGPU_TEST_PRELOAD_FIRST");
-    snprintf(preload, sizeof preload, "%s%s%s/libvgpu.so", first && *first ? first : "",
-             first && *first ? " " : "", g_build);
+    snprintf(preload, sizeof preload, "%s%s%s/%s", first && *first ? first : "",
+             first && *first ? " " : "", g_build, g_lib);
     setenv("LD_PRELOAD", preload, 1);
 }
 
@@ -594,7 +598,8 @@ static bool t_launch_bigger_than_burst(void)
 static bool t_missing_region_passes_through(void)
 {
     struct run r;
-    run_client(&r, NULL, NOENV,
+    char *env[] = {"VGPU_FAIL_CLOSED=0", NULL};
+    run_client(&r, NULL, env,
                ARGS("direct", "ctx", "0", "alloc", "plain", "8G", "ok", "alloc", "create", "1G",
                     "ok", "launch", "kernel", "100", "10", "100", "ok", "info", "16G", "7G",
                     "counter", "launch", "100"));
@@ -605,7 +610,7 @@ static bool t_missing_region_passes_through(void)
     return true;
 }
 
-static bool t_corrupt_region_passes_through(const char *what)
+static bool t_corrupt_region_fails_closed(const char *what)
 {
     make_region("corrupt", 1, &MEM64);
     char path[600];
@@ -651,32 +656,36 @@ static bool t_corrupt_region_passes_through(const char *what)
         close(fd);
     }
     struct run r;
-    run_client(&r, "corrupt", NOENV,
-               ARGS("direct", "ctx", "0", "alloc", "plain", "1G", "ok", "alloc", "plain", "1G",
-                    "ok", "launch", "kernel", "10", "1", "32", "ok"));
+    /* the container can damage its own `state`: even VGPU_FAIL_CLOSED=0 does not pass it */
+    char *env[] = {"VGPU_FAIL_CLOSED=0", NULL};
+    run_client(&r, "corrupt", env,
+               ARGS("direct", "ctx", "0", "alloc", "plain", "1G", "noinit", "launch", "kernel",
+                    "10", "1", "32", "noinit"));
     if (!client_ok(&r))
         return false;
-    CHECK(count_of(r.err, "libvgpu:") == 1, "expected one warning, got: %s", r.err);
+    CHECK(count_of(r.err, "libvgpu:") == 1 && strstr(r.err, "unusable"),
+          "expected one refusal warning, got: %s", r.err);
     return true;
 }
 
 static bool t_fail_closed(void)
 {
     struct run r;
-    char *env[] = {"VGPU_FAIL_CLOSED=1", NULL};
-    run_client(&r, NULL, env,
+    run_client(&r, NULL, NOENV,
                ARGS("procaddr", "ctx", "0", "alloc", "plain", "1M", "noinit", "launch", "kernel",
                     "1", "1", "32", "noinit", "launch", "graph", "1", "1", "1", "noinit",
                     "counter", "alloc", "0"));
     if (!client_ok(&r))
         return false;
-    CHECK(strstr(r.err, "VGPU_FAIL_CLOSED=1") != NULL, "no fail-closed warning: %s", r.err);
+    CHECK(strstr(r.err, "refusing") != NULL, "no fail-closed warning: %s", r.err);
     return true;
 }
 
 static bool t_disabled(void)
 {
+    g_control_flags = VGPU_CONTROL_ALLOW_DISABLE; /* the agent allows it for this container */
     make_region("disabled", 1, &MEM64);
+    g_control_flags = 0;
     struct run r;
     char *env[] = {"VGPU_DISABLE=1", NULL};
     run_client(&r, "disabled", env,
@@ -1228,6 +1237,8 @@ static void cleanup(void)
         fprintf(stderr, "# could not remove %s\n", g_tmp);
 }
 
+#include "policy_tests.c"
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -1282,16 +1293,18 @@ int main(int argc, char **argv)
     report("policy off: launches are counted, not paced", t_unlimited_is_not_paced());
     report("a launch costlier than the burst leaves a debt that is paid in time",
            t_launch_bigger_than_burst());
-    report("missing region passes through with one warning", t_missing_region_passes_through());
+    report("missing region passes through with VGPU_FAIL_CLOSED=0, one warning",
+           t_missing_region_passes_through());
     static const char *const corrupt[] = {"magic", "major", "short-state", "short-control",
                                           "device-count", "1.1-without-extension",
                                           "1.0-with-1.1-size"};
     for (size_t i = 0; i < sizeof corrupt / sizeof corrupt[0]; i++) {
-        snprintf(name, sizeof name, "corrupt region (%s) passes through", corrupt[i]);
-        report(name, t_corrupt_region_passes_through(corrupt[i]));
+        snprintf(name, sizeof name, "corrupt region (%s) fails closed", corrupt[i]);
+        report(name, t_corrupt_region_fails_closed(corrupt[i]));
     }
-    report("VGPU_FAIL_CLOSED=1 refuses without a region", t_fail_closed());
-    report("VGPU_DISABLE=1 is a pure pass-through", t_disabled());
+    report("without a region the shim refuses by default", t_fail_closed());
+    report("VGPU_DISABLE=1, allowed by control, is a pure pass-through", t_disabled());
+    policy_tests();
     report("fork under load: no deadlock, children get their own slots", t_fork_under_load());
     report("dlsym(RTLD_NEXT) answers for the caller, not for the shim", t_rtld_next());
     run_launch_tests();

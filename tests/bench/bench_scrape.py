@@ -168,11 +168,18 @@ async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
     )
     throttle = None
     if controller:
+        # the host's /proc as the controller sees it: each container's process proven by its
+        # mount table, so the controller attributes the samples as on a real node
+        from tests.fakes.hostproc import FakeHostProc
         from vgpu_agent.throttle.control import control_step
         from vgpu_agent.throttle.controller import ThrottleController
         from vgpu_agent.throttle.fastlaw import control_step_gpu
 
+        host = FakeHostProc(root / "proc")
+        for row in rows:
+            host.container_process(row["host_pid"], root / row["alloc_id"])
         throttle = ThrottleController(backend, lambda: regions, tick_s=0.1,
+                                      proc_root=host.path,
                                       law=control_step if reference_law else control_step_gpu)
         sources.throttle_status = lambda: throttle.status
     service = MetricsService(sources, host="127.0.0.1", port=0, backend=backend, poll_s=1.0)

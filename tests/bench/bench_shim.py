@@ -6,7 +6,8 @@ Builds the shim and shim/tests/bench_launch.c, then runs launch loops in these v
 interleaved round after round so that machine noise hits them alike:
 
   no shim           the fake driver alone (the baseline)
-  pass-through      libvgpu.so preloaded, no region (one warning, then straight calls)
+  pass-through      libvgpu.so preloaded, no region, VGPU_FAIL_CLOSED=0 (one warning, then
+                    straight calls)
   policy off        region present, launches counted but not paced
   strict, ample     region with the strict policy and tokens always available (the normal path
                     of a paced container that is within its share), on an ABI 1.1 region (the
@@ -98,7 +99,7 @@ def main() -> int:
         # name -> (environment, bench_launch mode, baseline variant, region whose tokens count)
         variants: dict[str, tuple[dict[str, str], list[str], str, Path | None]] = {
             "no shim": (base_env, [], "no shim", None),
-            "pass-through (no region)": ({**base_env, **preload,
+            "pass-through (no region)": ({**base_env, **preload, "VGPU_FAIL_CLOSED": "0",
                                           "VGPU_REGION_DIR": str(Path(tmp) / "none")}, [],
                                          "no shim", None),
             "policy off (counted)": (shimmed(make_region(Path(tmp) / "off", layout.POLICY_OFF)),

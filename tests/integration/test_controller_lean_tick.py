@@ -14,7 +14,7 @@ from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import RegionUsage
 from vgpu_agent.shm.regions import Region, format_alloc_id
-from vgpu_agent.simulation.gpu import SimBackend, SimGpu, Workload
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID
 from vgpu_agent.throttle.controller import ThrottleController
@@ -119,7 +119,7 @@ async def test_slots_are_read_to_place_new_processes_not_every_tick():
     region = SlotCounting("a", (SIM_UUID,), (40.0,), ("strict",))
     gpu.shim_process("a", BUSY, region)
     controller = ThrottleController(SimBackend([gpu]), lambda: [region],
-                                    clock=lambda: gpu.now_ns)
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
     for _ in range(30):
         gpu.advance(0.1)
         await controller.tick()
@@ -163,7 +163,7 @@ async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
     gpu.shim_process("a", BUSY, regions[0])
     controller = ThrottleController(SimBackend([gpu]), lambda: list(regions),
                                     clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
-                                    calm_ticks=5)
+                                    calm_ticks=5, evidence=SimHostEvidence([gpu]))
     intervals = []
     for _ in range(120):
         gpu.advance(controller.interval_s)

@@ -122,7 +122,7 @@ def write_cgroup(root, pid: int, text: str) -> None:
     (root / str(pid) / "cgroup").write_text(text)
 
 
-async def test_a_process_without_host_pid_is_found_through_its_cgroup(tmp_path):
+async def test_a_process_the_host_cannot_show_is_found_through_a_proven_siblings_cgroup(tmp_path):
     pod = "0::/kubepods/burstable/pod1234/cri-containerd-abc\n"
     # the ideal plant: this checks whose samples are counted, which noise would blur
     gpu = SimGpu(SIM_UUID, imperfections=IDEAL)
@@ -137,9 +137,16 @@ async def test_a_process_without_host_pid_is_found_through_its_cgroup(tmp_path):
     write_cgroup(tmp_path, stranger.pid, "0::/kubepods/besteffort/pod9/cri-containerd-zzz\n")
     from vgpu_agent.simulation.gpu import SimBackend
 
+    class Host:  # /proc shows the known process's mounts; the hidden one's table is unreadable
+        def owner(self, host_pid: int, marks: object) -> str | None:
+            return {known.pid: "r", hidden.pid: None}.get(host_pid, "")
+
+        def forget_except(self, live: object) -> None:
+            pass
+
     controller = ThrottleController(SimBackend([gpu]), lambda: [region],
                                     pid_resolver=CgroupPidResolver(str(tmp_path)),
-                                    clock=lambda: gpu.now_ns)
+                                    clock=lambda: gpu.now_ns, evidence=Host())
     for _ in range(10):
         gpu.advance(0.1)
         await controller.tick()

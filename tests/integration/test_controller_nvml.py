@@ -10,7 +10,7 @@ import pytest
 
 from tests.fakes.fakenvml import FakeNvml
 from vgpu_agent.gpu.nvml import NvmlBackend
-from vgpu_agent.simulation.gpu import SimGpu, Workload
+from vgpu_agent.simulation.gpu import SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.throttle.controller import ThrottleController
 
@@ -36,7 +36,8 @@ async def test_shares_held_with_samples_read_through_nvml(fake_nvml: FakeNvml, b
         SimRegion("b", (uuid,), (65.0,), ("strict",)),
     ]
     procs = [gpu.shim_process(r.alloc_id, Workload(kernel_s=0.002), r) for r in regions]
-    controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns)
+    controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
+                                    evidence=SimHostEvidence([gpu]))
     for _ in range(50):
         gpu.advance(0.1)
         fake_nvml.set_process_samples(

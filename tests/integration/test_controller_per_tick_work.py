@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from tests.fakes.hostproc import FakeHostProc
 from tests.fakes.shimstate import DeviceSpec, ShimWriter, make_region
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm.api import CorePolicy, RegionUsage
 from vgpu_agent.shm.regions import Region, format_alloc_id
-from vgpu_agent.simulation.gpu import SimBackend, SimGpu, Workload
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID
 from vgpu_agent.throttle import controller as controller_module
@@ -108,7 +109,8 @@ class Steered:
         self.region = region
         self.gpu.shim_process("c", BUSY, region)
         self.controller = ThrottleController(SimBackend([self.gpu]), lambda: [self.region],
-                                             clock=lambda: self.gpu.now_ns)
+                                             clock=lambda: self.gpu.now_ns,
+                                             evidence=SimHostEvidence([self.gpu]))
 
     async def advance(self, ticks: int) -> None:
         for _ in range(ticks):
@@ -203,6 +205,9 @@ async def test_slow_reads_take_one_worker_hop_per_tick_and_cheap_ones_none(
     for n, shim in enumerate(shims):
         shim.process(0, 100 + n, 5_000 + n, 0, tokens=1_000)
     backend = Samples({5_000: 30, 5_001: 20, 5_002: 10})
+    host = FakeHostProc(tmp_path / "proc")
+    for n, region in enumerate(regions):
+        host.container_process(5_000 + n, region.path, inner_pid=100 + n)
     hops = {"n": 0}
     real_to_thread = asyncio.to_thread
 
@@ -214,7 +219,7 @@ async def test_slow_reads_take_one_worker_hop_per_tick_and_cheap_ones_none(
     clock = Clock()
     # "slow": any read counts as slow; "cheap": any read counts as cheap
     controller = ThrottleController(backend, lambda: regions, clock=clock,
-                                    inline_read_s=60.0 if cheap else 0.0)
+                                    inline_read_s=60.0 if cheap else 0.0, proc_root=host.path)
     try:
         for _ in range(4):
             clock.step()

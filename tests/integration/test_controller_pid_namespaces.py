@@ -1,4 +1,5 @@
-"""Host PIDs from NVML are matched to shim slots by (in-container pid, start time) via /proc."""
+"""Host PIDs from NVML and the shim slots' (in-container pid, start time), through the host's
+/proc: the identity that lets a claim be checked (attribution itself rests on the mount table)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ from vgpu_agent.shm.api import ProcessUsage, RegionUsage
 from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
+REGION_DEV = 0xFE01
 
 
-def write_proc(root, host_pid: int, nspids: str, start: int, comm: str = "python train.py") -> None:
+def mount(alloc_id: str) -> str:
+    return (f"1211 1201 254:1 /var/lib/vgpu-agent/regions/{alloc_id}/control /run/vgpu/control "
+            "ro,relatime - ext4 /dev/vda1 rw\n")
+
+
+def write_proc(root, host_pid: int, nspids: str, start: int, comm: str = "python train.py",
+               mounts: str = "") -> None:
     d = root / str(host_pid)
     d.mkdir()
     d.joinpath("status").write_text(f"Name:\tpython\nPid:\t{host_pid}\nNSpid:\t{nspids}\n")
     fields = ["S", "1"] + ["0"] * 17 + [str(start), "0"]  # fields 3.. ; field 22 is start time
     d.joinpath("stat").write_text(f"{host_pid} ({comm}) {' '.join(fields)}\n")
+    d.joinpath("mountinfo").write_text(mounts)
 
 
 class Region:
@@ -28,6 +37,7 @@ class Region:
         self.device_uuids = (UUID,)
         self._procs = procs
         self.rates: list[tuple[int, int]] = [(0, 0)]
+        self.control_dev = REGION_DEV
 
     def memory_limit(self, dev: int) -> int:
         return 1 << 30
@@ -92,9 +102,9 @@ def test_resolver_forgets_pids_that_stopped_appearing(tmp_path):
 
 
 async def test_controller_attributes_utilization_across_namespaces(tmp_path):
-    # Two containers both have an in-container pid 7; start times tell them apart.
-    write_proc(tmp_path, 4001, "4001\t7", 1000)
-    write_proc(tmp_path, 4002, "4002\t7", 2000)
+    # Two containers both have an in-container pid 7; their mount tables tell them apart.
+    write_proc(tmp_path, 4001, "4001\t7", 1000, mounts=mount("alloc-a"))
+    write_proc(tmp_path, 4002, "4002\t7", 2000, mounts=mount("alloc-b"))
     write_proc(tmp_path, 4003, "4003", 3000)  # a host process, in no container
     a = Region("alloc-a", [(7, 1000)])
     b = Region("alloc-b", [(7, 2000)])
@@ -110,3 +120,4 @@ async def test_controller_attributes_utilization_across_namespaces(tmp_path):
     await controller.tick()
     assert controller.status[("alloc-a", 0)].measured_util == 30
     assert controller.status[("alloc-b", 0)].measured_util == 20
+    assert controller.attributor.rejected_total == 0

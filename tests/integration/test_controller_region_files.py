@@ -14,7 +14,7 @@ import pytest
 
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import CONTROL_FILE, STATE_FILE, Region, format_alloc_id
-from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimProcess, Workload
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, SimProcess, Workload
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.throttle.controller import ThrottleController
 
@@ -83,7 +83,8 @@ class Setup:
 
     def new_controller(self) -> ThrottleController:
         return ThrottleController(SimBackend([self.gpu]), lambda: [self.region],
-                                  clock=lambda: self.gpu.now_ns)
+                                  clock=lambda: self.gpu.now_ns,
+                                  evidence=SimHostEvidence([self.gpu]))
 
     async def run(self, seconds: float) -> None:
         for _ in range(round(seconds / 0.1)):

@@ -54,6 +54,7 @@ CLIENT_METHODS: dict[str, set[Rule]] = {
     "read_namespaced_resource_claim": {("resource.k8s.io", "resourceclaims", "get")},
     # called twice: a list, then a watch from the list's resourceVersion
     "list_pod_for_all_namespaces": {("", "pods", "list"), ("", "pods", "watch")},
+    "create_namespaced_pod_eviction": {("", "pods/eviction", "create")},
 }
 
 # Granted ahead of the code that makes the call: excused as unused only while no code calls it.
@@ -61,7 +62,8 @@ GRANTED_AHEAD: dict[Rule, str] = {}
 
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/[^/]+)"
-    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?$"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[^/]+)"
+    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
 )
 _VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "GET": "get"}
 
@@ -73,7 +75,8 @@ def access_of(method: str, path: str, query: str = "") -> Access:
     if verb == "get" and not match["name"]:
         watching = re.search(r"(^|&)watch=(1|t|T|true|True|TRUE)(&|$)", query)
         verb = "watch" if watching else "list"
-    return Access(match["group"] or "", match["resource"], verb, match["ns"])
+    resource = match["resource"] + (f"/{match['sub']}" if match["sub"] else "")
+    return Access(match["group"] or "", resource, verb, match["ns"])
 
 
 def granted(docs: list[dict[str, Any]], service_account: tuple[str, str]) -> set[Access]:
@@ -169,8 +172,11 @@ async def exercise_everything(tmp_path: Path, namespace: str) -> list[Access]:
         assert job is not None
         for refusal in resolve(job.annotations, "team-a", "main", PodPolicyRules()).refusals:
             pods.report_refusal(job, refusal)
+        victim = api.add_pod("train-0", "team-a")
+        node.on_container_breach("team-a", "train-0", victim["metadata"]["uid"], "main",
+                                 "over its limits", evict=True)
         await api.wait_for(
-            lambda: len(api.all_events()) == 3
+            lambda: len(api.all_events()) == 5 and api.evicted
             and "vgpu.io/gpu.count" in api.nodes[NODE]["metadata"]["labels"],
             within=10,
         )
@@ -320,6 +326,7 @@ def test_node_events_grant_is_namespaced_and_the_rest_cluster_wide() -> None:
     daemonset = one(docs, "DaemonSet", "vgpu-agent")
     namespace = daemonset["metadata"]["namespace"]
     grants = granted(docs, (namespace, "vgpu-agent"))
+    # events cluster-wide: an event about a pod lives in the pod's namespace
     assert grants == {
         Access("", "nodes", "get", None),
         Access("", "nodes", "patch", None),
@@ -328,6 +335,7 @@ def test_node_events_grant_is_namespaced_and_the_rest_cluster_wide() -> None:
         Access("", "pods", "list", None),
         Access("", "pods", "watch", None),
         Access("", "events", "create", None),
+        Access("", "pods/eviction", "create", None),
     }
 
 
@@ -344,6 +352,9 @@ def test_request_paths_map_to_rbac_terms() -> None:
     )
     assert access_of("GET", "/api/v1/pods", "watch=false") == Access("", "pods", "list", None)
     assert access_of("GET", "/api/v1/namespaces/a/events") == Access("", "events", "list", "a")
+    assert access_of("POST", "/api/v1/namespaces/a/pods/p/eviction") == Access(
+        "", "pods/eviction", "create", "a"
+    )
     assert access_of("POST", "/apis/events.k8s.io/v1/namespaces/a/events") == Access(
         "events.k8s.io", "events", "create", "a"
     )

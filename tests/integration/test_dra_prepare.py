@@ -189,8 +189,12 @@ async def test_prepare_makes_the_region_spec_and_answer_of_exactly_the_grant(nod
     assert env["VGPU_MEMORY_LIMIT_0"] == "10240m" and env["VGPU_CORE_LIMIT_0"] == "30"
     assert env["VGPU_REGION_DIR"] == "/run/vgpu"
     mounts = {m["containerPath"]: m for m in cdi_device["containerEdits"]["mounts"]}
-    assert mounts["/run/vgpu"]["hostPath"] == str(region.path)
+    # the region's files, never its directory; `control` read-only, the others writable
+    assert "/run/vgpu" not in mounts
+    assert mounts["/run/vgpu/state"]["hostPath"] == str(region.path / "state")
     assert "ro" in mounts["/run/vgpu/control"]["options"]
+    assert "ro" not in mounts["/run/vgpu/state"]["options"]
+    assert "ro" not in mounts["/run/vgpu/hami.cache"]["options"]
     assert not list(node.cdi_dir.glob(".*"))  # no temporary file left behind
     saved = json.loads((node.root / "plugins" / DRIVER / "checkpoint.json").read_text())
     assert saved["claims"][uid(1)]["allocId"] == region.alloc_id

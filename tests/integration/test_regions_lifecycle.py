@@ -141,8 +141,10 @@ async def test_allocate_creates_the_region_and_answers_with_its_mounts(offload_i
 
         mounts = {m.container_path: (m.host_path, m.read_only) for m in admission.response.mounts}
         assert mounts == {
-            "/run/vgpu": (str(host_dir), False),
+            # the files, never the directory: the container can create nothing in the state dir
             "/run/vgpu/control": (str(host_dir / "control"), True),
+            "/run/vgpu/state": (str(host_dir / "state"), False),
+            "/run/vgpu/hami.cache": (str(host_dir / "hami.cache"), False),
             "/usr/local/vgpu/libvgpu.so": (str(n.root / "state" / "shim" / "libvgpu.so"), True),
             "/etc/ld.so.preload": (str(n.root / "state" / "shim" / "ld.so.preload"), True),
         }
@@ -185,8 +187,8 @@ async def test_each_container_gets_its_own_region_in_creation_order() -> None:
         assert [r.device_ids for r in regions] == [
             tuple(first.device_ids), tuple(second.device_ids)
         ]
-        dirs = {dict((m.container_path, m.host_path) for m in a.response.mounts)["/run/vgpu"]
-                for a in (first, second)}
+        dirs = {dict((m.container_path, m.host_path) for m in a.response.mounts)[
+                    "/run/vgpu/state"] for a in (first, second)}
         assert len(dirs) == 2
 
 
@@ -194,7 +196,8 @@ async def test_without_an_installed_shim_the_container_still_gets_its_region() -
     async with node(shim=False) as n:
         admission = await n.admit("train")
         paths = {m.container_path for m in admission.response.mounts}
-        assert paths == {"/run/vgpu", "/run/vgpu/control"}  # a missing file would block start
+        # a missing file would block the start
+        assert paths == {"/run/vgpu/control", "/run/vgpu/state", "/run/vgpu/hami.cache"}
         assert n.store.counters.shim_missing == 1
         assert len(n.store.regions()) == 1
 

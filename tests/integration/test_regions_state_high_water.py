@@ -22,7 +22,10 @@ MARK = layout.STATE_OFFSETS["slot_high_water"]
 def region(tmp_path: Path) -> Iterator[Region]:
     store = RegionStore(tmp_path / "state")
     store.adopt()
-    yield store.create(Grant((f"{UUID}::0",), (GrantedDevice(UUID, 0, 1, 20 * GIB, 25.0),)))
+    region = store.create(Grant((f"{UUID}::0",), (GrantedDevice(UUID, 0, 1, 20 * GIB, 25.0),)))
+    # about the mark, not the budget: as if the host had proven a process per slot
+    region.limit_slots(layout.MAX_PROCS)
+    yield region
     store.close()
 
 

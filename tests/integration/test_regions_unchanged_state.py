@@ -62,6 +62,7 @@ def test_many_live_slots_are_decoded_on_every_read(opened):
     region, shim = opened
     for slot in range(20):  # far past what is kept between reads
         shim.process(slot, 100 + slot, 0, 0, tokens=slot)
+    region.limit_slots(20)  # twenty processes proven on its GPU
     first = region.usage()
     again = region.usage()
     assert again == first and again is not first

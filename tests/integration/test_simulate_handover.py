@@ -51,7 +51,9 @@ async def test_batch_borrows_idle_compute_and_gives_it_back_within_a_tick(tmp_pa
     assert (regions["inference"].policy(0), regions["inference"].priority) == ("strict", 50)
     assert regions["batch"].policy(0) == "work-conserving"
 
-    controller = ThrottleController(backend, store.regions, tick_s=0.1, clock=lambda: clock[0])
+    # the simulated node proves which container runs each simulated process (its /proc, here)
+    controller = ThrottleController(backend, store.regions, tick_s=0.1, clock=lambda: clock[0],
+                                    evidence=backend)
     by_pod = {r.alloc_id: pod for pod, r in regions.items()}
     workloads = {"inference": (service_workload(PHASE_S), 0.3), "batch": (BATCH_WORKLOAD, 0.3)}
     demo = DemoWorkloads(store.regions, backend, clock=lambda: clock[0],

@@ -55,6 +55,7 @@ class Bench:
         self.controller = ThrottleController(
             self.backend, lambda: list(self.live), tick_s=0.1, clock=self.clock,
             pid_resolver=lambda pid, known: self.unattributed.append(pid),
+            evidence=self.backend,
         )
         pids = iter(range(4_000_000, 4_000_100))
         self.demo = DemoWorkloads(lambda: list(self.live), self.backend, clock=self.clock,

@@ -9,6 +9,7 @@ needed, and any drift would show here first.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -145,3 +146,19 @@ def test_recorded_runs_of_the_noisy_gpu_give_identical_decisions(sigma, period):
 def test_the_controller_runs_the_fast_law_by_default():
     controller = ThrottleController(backend=None, regions=list)  # type: ignore[arg-type]
     assert controller.law is control_step_gpu
+
+
+@pytest.mark.parametrize("state", [
+    LoopState(tokens_per_pct=math.inf, spend_history=(1e6,) * 30, learned=5),
+    LoopState(tokens_per_pct=math.nan, spend_history=(1e6,) * 30, learned=5),
+    LoopState(tokens_per_pct=1e300, spend_history=(1e6,) * 30, learned=5),
+    LoopState(tokens_per_pct=1e4, spend_history=(1e6,) * 30, cost_per_launch=1e300, learned=5),
+])
+@pytest.mark.parametrize("policy", ["strict", "work-conserving", "off"])
+def test_insane_learned_states_are_bounded_alike(state, policy):
+    # what a hostile container could make the law learn: both laws clamp or restart the same way
+    obs = [Observation("a", 50, policy, spent=100_000, launches=1, util=40.0, rate=1_000_000,
+                       burst=20_000)]
+    reference = control_step(obs, {"a": state}, 0.1)
+    assert_same(control_step_gpu(obs, {"a": state}, 0.1), reference)
+    assert 0 < reference["a"].rate <= UNLIMITED_RATE and 0 < reference["a"].burst <= UNLIMITED_RATE

@@ -105,6 +105,17 @@ def test_a_container_above_its_limit_is_marked_and_one_within_is_not() -> None:
     assert "!" not in frame_text(within)
 
 
+def test_a_work_conserving_container_on_lent_compute_is_not_marked() -> None:
+    lending = copy.deepcopy(STATUS)
+    device = lending["allocations"][1]["devices"][0]
+    device["memory_used_bytes"] = 19 * GIB
+    device["core_limit_ratio"], device["core_target_ratio"] = 0.25, 0.75
+    device["core_measured_ratio"] = 0.72  # above its limit, within what it is lent
+    assert "!" not in frame_text(lending)
+    device["core_measured_ratio"] = 0.80  # above what the controller allows it now
+    assert any(line.startswith("! batch/train-7/worker") for line in frame_text(lending).splitlines())
+
+
 def test_spilled_memory_is_shown_after_the_memory_used() -> None:
     spilling = copy.deepcopy(STATUS)
     spilling["allocations"][0]["devices"][0]["memory_spilled_bytes"] = 3 * GIB

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -26,6 +27,9 @@ from vgpu_agent.gpu.model import (
     XidEvent,
 )
 from vgpu_agent.gpu.simspec import parse_sim_spec
+
+if TYPE_CHECKING:
+    from vgpu_agent.throttle.attribution import RegionMarks
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +103,7 @@ class SimBackend:
         self._samples: dict[str, list[ProcessSample]] = {u: [] for u in self._gpus}
         self._no_samples: set[str] = set()
         self._sample_source: SampleSource | None = None
+        self._process_owner: Callable[[int], str | None] | None = None
         self._start_error: GpuError | None = None
         self._started = False
 
@@ -216,6 +221,22 @@ class SimBackend:
         """Hook for a GPU simulator: called for every process_utilization query."""
         with self._cond:
             self._sample_source = source
+
+    def set_process_owner(self, owner: Callable[[int], str | None] | None) -> None:
+        """Hook for a simulator: the allocation whose container runs a host pid, which on a real
+        node the host's /proc proves (see `owner`)."""
+        with self._cond:
+            self._process_owner = owner
+
+    def owner(self, host_pid: int, marks: RegionMarks) -> str | None:
+        """Host evidence of the simulated node (`throttle.attribution.HostEvidence`)."""
+        with self._cond:
+            source = self._process_owner
+        alloc_id = source(host_pid) if source is not None else None
+        return alloc_id if alloc_id is not None and alloc_id in marks else ""
+
+    def forget_except(self, live: Iterable[int]) -> None:
+        pass  # nothing is cached: the simulator's answer is always current
 
     # ---- helpers -----------------------------------------------------------------------------
 

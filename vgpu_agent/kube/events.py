@@ -81,6 +81,9 @@ def health_event(
 # --- events on pods (a refused vgpu.io/ annotation, memory spilled to the host) -----------------
 
 REASON_ANNOTATION_REFUSED = "VgpuAnnotationRefused"
+# a container over its GPU limits, found by the agent's own check (and evicted for it)
+REASON_BACKSTOP = "VgpuLimitExceeded"
+REASON_EVICTED = "VgpuEvicted"
 REASON_MEMORY_SPILLED = "VgpuMemorySpilled"
 
 
@@ -101,8 +104,10 @@ def pod_event(
     now: dt.datetime,
     seq: int,
     event_type: str = "Warning",
+    container: str = "",
 ) -> dict[str, Any]:
-    """The body of a core/v1 Event about `pod` (Warning unless told), reported from `host`."""
+    """The body of a core/v1 Event about `pod` (Warning unless told), reported from `host`; with
+    `container`, about that container of it."""
     if event_type not in ("Normal", "Warning"):
         raise ValueError(f"event type {event_type!r} is not allowed: Normal or Warning")
     if now.tzinfo is None:
@@ -122,6 +127,7 @@ def pod_event(
             "namespace": pod.namespace,
             "name": pod.name,
             "uid": pod.uid,
+            **({"fieldPath": f"spec.containers{{{container}}}"} if container else {}),
         },
         "reason": reason,
         "message": message[:_MAX_MESSAGE],
@@ -132,6 +138,17 @@ def pod_event(
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
         "count": 1,
+    }
+
+
+def eviction(pod: PodRef) -> dict[str, Any]:
+    """The policy/v1 Eviction of a pod, bound to its UID so that a pod recreated under the same
+    name is not the one evicted."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod.name, "namespace": pod.namespace},
+        "deleteOptions": {"preconditions": {"uid": pod.uid}},
     }
 
 

@@ -31,7 +31,16 @@ from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
 from vgpu_agent.gpu.model import GpuInfo
 from vgpu_agent.kube.backoff import Backoff, TokenBucket
-from vgpu_agent.kube.events import HealthChangeLike, NodeRef, health_event
+from vgpu_agent.kube.events import (
+    REASON_BACKSTOP,
+    REASON_EVICTED,
+    HealthChangeLike,
+    NodeRef,
+    PodRef,
+    eviction,
+    health_event,
+    pod_event,
+)
 from vgpu_agent.kube.labels import labels_patch, node_labels
 
 log = structlog.get_logger(__name__)
@@ -57,6 +66,20 @@ class HealthSnapshot:
     healthy: bool
     reason: str
     xid: int | None
+
+
+@dataclass(frozen=True)
+class _PodNotice:
+    """A container over its limits: an Event on its pod, and the pod's eviction if asked."""
+
+    namespace: str
+    pod: str
+    uid: str
+    container: str
+    message: str
+    evict: bool
+    at: dt.datetime
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -117,6 +140,9 @@ class NodeIntegration:
         Backoff(backoff_initial, backoff_cap)
         self._events_wake = asyncio.Event()
         self._seq = itertools.count()
+        self._pod_notices: collections.deque[_PodNotice] = collections.deque()
+        self._pod_wake = asyncio.Event()
+        self.evictions = 0
         self._configured = asyncio.Event()  # start() has decided: a configuration, or no API
         self._configuration: Any = None  # a kubernetes_asyncio Configuration once loaded
 
@@ -186,6 +212,7 @@ class NodeIntegration:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._label_loop(), name="kube-node-labels")
                 group.create_task(self._event_loop(), name="kube-node-events")
+                group.create_task(self._pod_loop(), name="kube-pod-notices")
         finally:
             await self.close()
 
@@ -235,6 +262,22 @@ class NodeIntegration:
     @property
     def queued_events(self) -> int:
         return len(self._events)
+
+    def on_container_breach(
+        self, namespace: str, pod: str, uid: str, container: str, message: str,
+        evict: bool = False,
+    ) -> None:
+        """Queue a Warning Event on the pod (and its eviction, with `evict`), whose UID the
+        node's pod watch gave. Never blocks; call on the event loop."""
+        if self._started and not self.enabled:
+            return
+        if len(self._pod_notices) >= self._max_events:
+            dropped = self._pod_notices.popleft()
+            log.warning("pod_notice_dropped", namespace=dropped.namespace, pod=dropped.pod,
+                        reason="notice queue full while the API is unreachable")
+        self._pod_notices.append(_PodNotice(namespace, pod, uid, container, message, evict,
+                                            dt.datetime.now(dt.UTC), next(self._seq)))
+        self._pod_wake.set()
 
     # --- workers ----------------------------------------------------------------------------
 
@@ -325,6 +368,62 @@ class NodeIntegration:
                     backoff.reset()
                 if self._events and self._events[0] is item:
                     self._events.popleft()
+
+    async def _pod_loop(self) -> None:
+        backoff = Backoff(self._backoff_initial, self._backoff_cap)
+        loop = asyncio.get_running_loop()
+        bucket = TokenBucket(*self._event_rate, now=loop.time())
+        while True:
+            await self._pod_wake.wait()
+            self._pod_wake.clear()
+            while self._pod_notices:
+                wait = bucket.delay(loop.time())
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+                item = self._pod_notices[0]
+                try:
+                    await self._send_pod_notice(item)
+                except Exception as exc:
+                    status = _status(exc)
+                    if status == 404:
+                        log.info("pod_notice_pod_gone", namespace=item.namespace, pod=item.pod)
+                    elif status == _CONFLICT or status in _REJECTED:
+                        log.error("pod_notice_rejected", namespace=item.namespace, pod=item.pod,
+                                  error=_describe(exc))
+                    else:
+                        await self._retry_later("pod_notice", exc, backoff)
+                        continue
+                else:
+                    backoff.reset()
+                if self._pod_notices and self._pod_notices[0] is item:
+                    self._pod_notices.popleft()
+
+    async def _send_pod_notice(self, item: _PodNotice) -> None:
+        assert self._api is not None
+        pod = PodRef(item.namespace, item.pod, item.uid)
+        body = pod_event(pod, REASON_BACKSTOP, item.message, self.node_name, item.at, item.seq,
+                         container=item.container)
+        try:
+            await self._call(self._api.create_namespaced_event, item.namespace, body)
+        except Exception as exc:
+            if _status(exc) != _CONFLICT:  # a 409: sent before, its answer lost
+                raise
+        log.info("pod_notice_sent", namespace=item.namespace, pod=item.pod,
+                 container=item.container, evict=item.evict)
+        if not item.evict:
+            return
+        await self._call(self._api.create_namespaced_pod_eviction, item.pod, item.namespace,
+                         eviction(pod))
+        self.evictions += 1
+        log.warning("pod_evicted", namespace=item.namespace, pod=item.pod,
+                    container=item.container, reason=item.message)
+        body = pod_event(pod, REASON_EVICTED, "evicted: " + item.message, self.node_name,
+                         item.at, item.seq + 1_000_000, container=item.container)
+        try:
+            await self._call(self._api.create_namespaced_event, item.namespace, body)
+        except Exception as exc:  # the eviction is done; its note is best effort
+            log.warning("pod_eviction_event_failed", pod=item.pod, error=_describe(exc))
 
     async def _send_event(self, item: _QueuedEvent) -> None:
         assert self._api is not None

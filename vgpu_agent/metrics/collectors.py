@@ -505,7 +505,9 @@ def _agent_families(snap: Snapshot) -> Iterator[Metric]:
         ("vgpu_nvml_errors", "NVML calls that failed, by call.", "call", "counter",
          snap.nvml_errors),
         ("vgpu_region_events",
-         "Region lifecycle events: created, adopted after a restart, removed by GC, corrupt.",
+         "Region lifecycle events: created, adopted after a restart, removed by GC, corrupt; "
+         "identity_rejected: process claims in `state` the host refuted; state_replaced, "
+         "files_truncated: container files replaced or grown past their size.",
          "event", "counter", snap.region_events),
         ("vgpu_regions", "Allocation regions on the node, by state.", "state", "gauge",
          snap.regions_by_state),

@@ -39,6 +39,10 @@ class RegionUsage:
     skipped_records: int = 0  # nonsense values found and ignored while reading
     corrupt: bool = False  # the header itself was unreadable: all of the above are empty
     bucket_balance: tuple[int, ...] = field(default_factory=tuple)
+    # the shim's cumulative device totals (ended processes included); empty when the reader has
+    # none, and then the slots' sums stand in
+    launches: tuple[int, ...] = ()
+    wait_ns: tuple[int, ...] = ()
     # ABI 1.1: how much of memory_used is of each kind, per device (zeros for a 1.0 file, whose
     # memory is all counted as data); data is what remains of memory_used
     memory_context: tuple[int, ...] = ()

@@ -53,6 +53,11 @@ POLICY_NAMES: Final = {
 
 # control_device.flags (1.1): readers ignore bits they do not know.
 CONTROL_FLAG_SPILL: Final = 1 << 0  # allocations the card cannot hold spill to managed memory
+# control.flags (ABI 1.1): what the container may change about its own enforcement; all clear
+# is the secure default and what a 1.0 control holds (shims read it as 0 when abi_minor < 1).
+CONTROL_ALLOW_DISABLE: Final = 1 << 0  # VGPU_DISABLE=1 is honoured
+CONTROL_ALLOW_REGION_DIR: Final = 1 << 1  # a VGPU_REGION_DIR other than the mounted one is honoured
+CONTROL_FLAGS_KNOWN: Final = CONTROL_ALLOW_DISABLE | CONTROL_ALLOW_REGION_DIR
 
 CORE_LIMIT_FULL: Final = 1_000_000  # core_limit unit: parts per million of SM time
 DEFAULT_GRAPH_COST: Final = 1 << 20
@@ -120,7 +125,8 @@ CONTROL_HEADER_FIELDS: Final = (
     ("priority", "q", 1),
     ("device_id_count", "I", 1),
     ("reserved0", "I", 1),
-    ("reserved", "Q", 6),
+    ("flags", "Q", 1),
+    ("reserved", "Q", 5),
 )
 CONTROL_OFFSETS, CONTROL_HEADER_SIZE = _layout(CONTROL_HEADER_FIELDS)
 CONTROL_OFFSETS["device_ids"] = CONTROL_HEADER_SIZE
@@ -233,6 +239,7 @@ class Control:
     heartbeat_ns: int = 0
     generation: int = 0
     abi_minor: int = ABI_MINOR
+    flags: int = 0  # CONTROL_ALLOW_* (1.1)
 
 
 def control_device_offset(dev: int, field: str) -> int:
@@ -291,8 +298,12 @@ def encode_control(control: Control) -> bytes:
         raise RegionFormatError(
             f"priority={control.priority!r} is not allowed: a signed 64-bit integer"
         )
-    for name in ("seq", "created_ns", "heartbeat_ns", "generation"):
+    for name in ("seq", "created_ns", "heartbeat_ns", "generation", "flags"):
         _check_u64(name, getattr(control, name))
+    if control.flags & ~CONTROL_FLAGS_KNOWN:
+        raise RegionFormatError(
+            f"flags={control.flags:#x} is not allowed: only bits of {CONTROL_FLAGS_KNOWN:#x}"
+        )
     if control.generation % 2:
         raise RegionFormatError(
             f"generation={control.generation} is odd: a stored file is stable (even)"
@@ -320,6 +331,7 @@ def encode_control(control: Control) -> bytes:
         control.priority,
     )
     struct.pack_into("<I", buf, o["device_id_count"], len(control.device_ids))
+    struct.pack_into("<Q", buf, o["flags"], control.flags)
     for i, device_id in enumerate(control.device_ids):
         data = _encode_text(f"device_ids[{i}]", device_id, DEVICE_ID_LEN)
         start = o["device_ids"] + i * DEVICE_ID_LEN
@@ -392,7 +404,11 @@ def decode_control(buf: bytes | bytearray | memoryview) -> Control:
             f"<{UUID_LEN}s7Q", buf, base
         )
         devices.append(ControlDevice(_text(raw_uuid), mem, core, rate, burst, policy, flags, graph))
-    return Control(tuple(devices), ids, priority, seq, created, heartbeat, generation, minor)
+    # a 1.0 file's word was reserved: whatever it holds means nothing (all clear)
+    (flags,) = struct.unpack_from("<Q", buf, o["flags"]) if minor >= 1 else (0,)
+    return Control(
+        tuple(devices), ids, priority, seq, created, heartbeat, generation, minor, flags
+    )
 
 
 def store_u64(buf: bytearray | memoryview, offset: int, value: int) -> None:
@@ -637,8 +653,10 @@ def decode_state(
     memory: list[int] = []
     tokens: list[int] = []
     balances: list[int] = []
+    launch_totals: list[int] = []
+    wait_totals: list[int] = []
     for d in range(count):
-        balance, _, mem, spent, _, _ = _STATE_DEVICE.unpack_from(
+        balance, _, mem, spent, launches, waited = _STATE_DEVICE.unpack_from(
             buf, STATE_OFFSETS["devices"] + d * STATE_DEVICE_SIZE
         )
         if not _plausible_u64(mem, PLAUSIBLE_BYTES):
@@ -650,9 +668,19 @@ def decode_state(
         if not -TOKEN_MAX <= balance <= TOKEN_MAX:
             skipped += 1
             balance = 0
+        # Totals the law relies on, so that it never needs the slots a container may fill:
+        # nonsense is read as nothing (counted), which only starves the liar's own view.
+        if not _plausible_u64(launches, PLAUSIBLE_COUNTER):
+            skipped += 1
+            launches = 0
+        if not _plausible_u64(waited, PLAUSIBLE_COUNTER):
+            skipped += 1
+            waited = 0
         memory.append(mem)
         tokens.append(spent)
         balances.append(balance)
+        launch_totals.append(launches)
+        wait_totals.append(waited)
     kinds, unpriced, bad = _decode_extension(buf, minor, total, count, slots_read, extension)
     return RegionUsage(
         processes=tuple(processes),
@@ -661,6 +689,8 @@ def decode_state(
         skipped_records=skipped + bad,
         corrupt=False,
         bucket_balance=tuple(balances),
+        launches=tuple(launch_totals),
+        wait_ns=tuple(wait_totals),
         memory_context=kinds[0],
         memory_module=kinds[1],
         memory_pool=kinds[2],

@@ -4,6 +4,7 @@ Layout under the state dir:
 
     regions/<alloc_id>/control   0444, written only by the agent (mmap'd read-write here)
     regions/<alloc_id>/state     0666, written by the shim in the container (read here by pread)
+    regions/<alloc_id>/hami.cache  0666, empty: HAMi-core's cache, for containers that run it
     regions/.new-<alloc_id>/     a region being built; renamed into place when complete
     regions/.gc-<alloc_id>/      a region being deleted
     regions.corrupt/<alloc_id>.<ns>/  regions found unreadable at start, the newest 16 kept
@@ -20,12 +21,20 @@ Why `state` is read with `pread` into a private buffer and not through an mmap: 
 truncate the file, and touching an mmap'd page past the end of a file kills the reader with
 SIGBUS. A short read is just a short buffer, which the decoder bounds-checks. Only the header
 and the slots below its high-water mark are read (a few KiB for most containers, not the whole
-673 KiB): the controller reads every region at every tick.
+673 KiB): the controller reads every region at every tick. And never more slots than the
+container has processes on its GPUs, plus `SLOT_HEADROOM`: a container that marks every slot
+used does not make the agent read them.
 
-Why `control` gets its own read-only mount on top of the read-write region dir: the dir must be
-writable (the shim writes `state`, HAMi-core creates its cache file), and in a writable dir a
-process could unlink `control` and put its own limits in its place. A file that is a mount point
-cannot be unlinked or renamed from inside the container.
+Why the container gets the three files and not the directory: `state` and `hami.cache` are
+mounted read-write, `control` read-only, each at `<container_region_dir>/<name>`, so the shim
+finds them where it always did. The container can create nothing in the state dir (a tenant
+filling it would fail every other pod's Allocate), and a file that is a mount point cannot be
+unlinked, renamed or replaced from inside the container. Its sizes are fixed by the agent: `state`
+is reserved whole at creation and anything written past its end is cut off at the next read,
+`hami.cache` (sized by HAMi-core itself) is cut back to `HAMI_CACHE_MAX_BYTES`. A region made
+by an older agent (the directory mounted) can still have its `state` replaced: a new inode at
+the path is noticed at the next read and opened instead, and counted (`state_replaced`); and
+whatever such a container creates in the directory is removed (`foreign_removed`).
 
 Identity and collection (`reconcile`, rules in `plan_regions`): PodResources says which container
 holds which device IDs. A region belongs to the container whose device IDs are exactly the
@@ -83,6 +92,12 @@ HAMI_CACHE_ENV = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 
 CONTROL_MODE = 0o444
 STATE_MODE = 0o666  # the container's processes write it, whatever their uid
+HAMI_CACHE_MODE = 0o666  # HAMi-core opens it read-write, whatever the container's uid
+# HAMi-core sizes its cache file itself (a few MiB); more than this is a tenant filling the disk.
+HAMI_CACHE_MAX_BYTES = 64 << 20
+_POLICE_EVERY = 16  # reads of `state` between checks of the cache file and the directory
+_SWEEP_BATCH = 64  # foreign entries removed from a region directory per check
+_REGION_FILES = frozenset({"control", "state", "hami.cache"})
 DIR_MODE = 0o755
 QUARANTINE_KEEP = 16  # corrupt regions kept for inspection; older ones are deleted
 
@@ -113,6 +128,10 @@ _DEVICE_WORDS = _word_index(layout.CONTROL_DEVICE_SIZE)
 # `state` reads up to this size are kept to skip decoding an unchanged file (a few live slots;
 # a region whose high-water mark is far up is decoded every time rather than held in memory)
 _DECODE_CACHE_BYTES = layout.STATE_HEADER_SIZE + 16 * layout.SLOT_SIZE
+# Slots read per `state` beyond the container's processes the host has seen on its GPUs: room
+# for processes that have claimed a slot but not yet run a kernel. A container that marks all
+# 1,024 slots used costs the agent no more than this (see `Region.limit_slots`).
+SLOT_HEADROOM = 2
 
 ContainerKey = tuple[str, str, str]  # namespace, pod, container
 InitialRate = Callable[[GrantedDevice, CorePolicy], tuple[int, int]]
@@ -181,6 +200,15 @@ class Region:
         )
         self._priority = control.priority  # changed only by set_policy
         self._state_fd: int | None = None
+        # st_dev of `control`: a process proves it is the container's when its own mount table
+        # shows this region's `control` from this device (`throttle.attribution`)
+        self.control_dev: int | None = None
+        self._slot_budget = SLOT_HEADROOM
+        self._fd_lock = threading.Lock()
+        self.state_replaced = 0  # a new inode found at `state`'s path, and opened instead
+        self.files_truncated = 0  # `state` or `hami.cache` grown past its size, cut back
+        self.foreign_removed = 0  # entries a container created in its region directory, removed
+        self._reads = 0
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
         self.skipped_records = 0  # nonsense values skipped over all reads
         self._reported_corrupt = False
@@ -205,6 +233,7 @@ class Region:
                     f"a regular file of {layout.CONTROL_SIZE} bytes expected"
                 )
             control_map = mmap.mmap(fd, layout.CONTROL_SIZE, access=mmap.ACCESS_WRITE)
+            control_dev = info.st_dev
         finally:
             os.close(fd)
         try:
@@ -213,6 +242,7 @@ class Region:
             control_map.close()
             raise
         region = cls(path, alloc_id, control_map, control)
+        region.control_dev = control_dev
         region._open_state()
         return region
 
@@ -291,7 +321,14 @@ class Region:
         if self._view is None:
             return RegionUsage(corrupt=True)  # closed (collected): nothing to read, not counted
         try:
-            usage = self._read_usage()
+            # One reader at a time (the controller's and the metrics' threads): a `state` found
+            # replaced has its descriptor closed and reopened, which another reader's pread
+            # must not meet half-way (a number closed and reused is another file).
+            with self._fd_lock:
+                if self._view is None:  # closed while this reader waited
+                    return RegionUsage(corrupt=True)
+                self._police_files()
+                usage = self._read_usage()
         except Exception as err:  # whatever the container did to the file, the agent goes on
             if self._view is None:
                 return RegionUsage(corrupt=True)  # collected while this read ran
@@ -315,13 +352,22 @@ class Region:
         """
         if self._view is None:
             return None
-        if self._state_fd is None and not self._open_state():
-            return None
         buffer = _header_buffer()
-        try:
-            size = os.preadv(self._state_fd, [buffer], 0)  # type: ignore[arg-type]
-        except OSError:
-            size = 0
+        # under the readers' lock: the file checks may reopen the descriptor (see `usage`)
+        with self._fd_lock:
+            if self._view is None:
+                return None
+            try:
+                self._police_files()
+            except OSError as err:
+                log.warning("region_state_check_failed", alloc_id=self._alloc_id,
+                            error=str(err))
+            if self._state_fd is None and not self._open_state():
+                return None
+            try:
+                size = os.preadv(self._state_fd, [buffer], 0)  # type: ignore[arg-type]
+            except OSError:
+                size = 0
         counters = layout.state_counters(buffer, self.device_count) if size == len(buffer) \
             else None
         if counters is None:
@@ -332,6 +378,16 @@ class Region:
         return counters
 
     # --- the rest -----------------------------------------------------------------------------
+
+    def limit_slots(self, processes: int) -> None:
+        """Read at most `processes` + SLOT_HEADROOM slots from now on (`processes`: the
+        container's processes the host has proven on its GPUs). Slots past that are the
+        container's own business: what it writes there costs the agent nothing."""
+        self._slot_budget = min(layout.MAX_PROCS, SLOT_HEADROOM + max(0, processes))
+
+    @property
+    def slot_budget(self) -> int:
+        return self._slot_budget
 
     @property
     def device_count(self) -> int:
@@ -363,9 +419,10 @@ class Region:
         control_map, self._map = self._map, None
         if control_map is not None:
             control_map.close()
-        fd, self._state_fd = self._state_fd, None
-        if fd is not None:
-            os.close(fd)
+        with self._fd_lock:
+            fd, self._state_fd = self._state_fd, None
+            if fd is not None:
+                os.close(fd)
 
     def __repr__(self) -> str:
         return f"Region({self._alloc_id!r}, ids={list(self.device_ids)})"
@@ -383,6 +440,79 @@ class Region:
         if self._view is None:
             raise RegionError(f"region {self._alloc_id} is closed")
         return self._view
+
+    def _police_files(self) -> None:
+        """Keep the container's files what the agent made them: the `state` at the path is the
+        one read (a replaced file is opened instead), and neither file outgrows its size."""
+        self._reads += 1
+        fd = self._state_fd
+        if fd is not None:
+            try:
+                at_path = os.stat(self.path / STATE_FILE, follow_symlinks=False)
+            except OSError:
+                at_path = None
+            held = os.fstat(fd)
+            if at_path is not None and (at_path.st_dev, at_path.st_ino) != (
+                held.st_dev, held.st_ino
+            ):
+                self._state_fd = None
+                os.close(fd)
+                self.state_replaced += 1
+                reopened = self._open_state()
+                log.warning("region_state_replaced", alloc_id=self._alloc_id,
+                            path=str(self.path / STATE_FILE), reopened=reopened)
+            elif held.st_size > layout.STATE_SIZE:
+                self._cut(self.path / STATE_FILE, layout.STATE_SIZE, held.st_size)
+        if self._reads % _POLICE_EVERY == 1:
+            self._sweep()
+            cache = self.path / HAMI_CACHE_FILE
+            try:
+                size = os.stat(cache, follow_symlinks=False).st_size
+            except OSError:
+                return
+            if size > HAMI_CACHE_MAX_BYTES:
+                self._cut(cache, HAMI_CACHE_MAX_BYTES, size)
+
+    def _sweep(self) -> None:
+        """Remove what a container put into its region directory: only regions of older agents
+        had the directory mounted, and there a tenant could fill the state dir's disk. At most
+        `_SWEEP_BATCH` entries a pass; the rest go at the next ones."""
+        try:
+            with os.scandir(self.path) as entries:
+                found = [e for e in itertools.islice(entries, _SWEEP_BATCH + len(_REGION_FILES))
+                         if e.name not in _REGION_FILES]
+        except OSError:
+            return
+        for entry in found[:_SWEEP_BATCH]:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError as err:
+                log.warning("region_foreign_entry_kept", alloc_id=self._alloc_id,
+                            path=entry.path, error=str(err))
+                continue
+            self.foreign_removed += 1
+            if self.foreign_removed == 1:
+                log.warning("region_foreign_entry_removed", alloc_id=self._alloc_id,
+                            path=entry.path, reason="only the region's own files belong there")
+
+    def _cut(self, path: Path, size: int, found: int) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | _NOFOLLOW)
+        except OSError as err:
+            log.warning("region_file_oversized", alloc_id=self._alloc_id, path=str(path),
+                        size=found, allowed=size, truncated=False, error=str(err))
+            return
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, size)
+                self.files_truncated += 1
+                log.warning("region_file_oversized", alloc_id=self._alloc_id, path=str(path),
+                            size=found, allowed=size, truncated=True)
+        finally:
+            os.close(fd)
 
     def _open_state(self) -> bool:
         # O_NONBLOCK: a FIFO put in place of the file must not hang the agent in open().
@@ -413,6 +543,7 @@ class Region:
         with memoryview(buffer) as whole:
             size = os.preadv(self._state_fd, [whole[:header]], 0)
             slots = layout.state_slots_to_read(whole[:size]) if size == header else 0
+            slots = min(slots, self._slot_budget)
             if size == header and layout.state_has_extension(whole[:size]):
                 extension = os.pread(
                     self._state_fd, layout.STATE_EXT_SIZE, layout.STATE_OFFSETS["ext"]
@@ -625,6 +756,7 @@ class RegionStore:
         initial_rate: InitialRate = unconfigured_rate,
         clock: Callable[[], int] = time.monotonic_ns,
         offload_io: bool = False,
+        control_flags: int = 0,
     ):
         if default_policy not in CORE_POLICIES:
             raise ValueError(
@@ -649,6 +781,11 @@ class RegionStore:
         self.initial_rate = initial_rate
         self.clock = clock
         self.offload_io = offload_io
+        if control_flags & ~layout.CONTROL_FLAGS_KNOWN or control_flags < 0:
+            raise ValueError(f"control flags {control_flags:#x} are not allowed: bits of "
+                             f"{layout.CONTROL_FLAGS_KNOWN:#x}")
+        # what the containers of new regions may change about their shim (off: nothing)
+        self.control_flags = control_flags
         self.counters = RegionCounters()
         self._spares: dict[int, list[Path]] = {}
         self._spares_pending: dict[int, int] = {}
@@ -656,6 +793,7 @@ class RegionStore:
         self._spare_names = itertools.count()
         self._retired_corrupt_reads = 0
         self._retired_skipped_records = 0
+        self._retired_tampering = {"state_replaced": 0, "files_truncated": 0, "foreign_removed": 0}
         self._regions: dict[str, Region] = {}
         self._binding = _Binding()
         self._next_seq: int | None = None
@@ -687,6 +825,16 @@ class RegionStore:
         """Nonsense records (bad counts, pids, sizes) skipped while reading `state`, cumulative."""
         live = sum(r.skipped_records for r in self._regions.values())
         return self._retired_skipped_records + live
+
+    def tampering(self) -> dict[str, int]:
+        """Container files found replaced (`state_replaced`) or grown past their size and cut
+        back (`files_truncated`), cumulative (collected regions too)."""
+        out = dict(self._retired_tampering)
+        for r in self._regions.values():
+            out["state_replaced"] += r.state_replaced
+            out["files_truncated"] += r.files_truncated
+            out["foreign_removed"] += r.foreign_removed
+        return out
 
     def check_usable(self) -> None:
         """Raise OSError naming the path if a region cannot be created under the state dir.
@@ -832,11 +980,14 @@ class RegionStore:
     def extras_for(self, region: Region) -> Extras:
         """What the container's Allocate response gets for `region`."""
         inside = self.container_region_dir
-        control_inside = f"{inside.rstrip('/')}/{CONTROL_FILE}"
+        base = inside.rstrip("/")
+        # The files, never the directory: the container can create nothing in the state dir.
         mounts = [
-            (inside, str(region.path), False),
-            (control_inside, str(region.path / CONTROL_FILE), True),
+            (f"{base}/{CONTROL_FILE}", str(region.path / CONTROL_FILE), True),
+            (f"{base}/{STATE_FILE}", str(region.path / STATE_FILE), False),
         ]
+        if (region.path / HAMI_CACHE_FILE).is_file():  # regions of older agents have none
+            mounts.append((f"{base}/{HAMI_CACHE_FILE}", str(region.path / HAMI_CACHE_FILE), False))
         shim = self.shim_dir / SHIM_FILE
         preload = self.shim_dir / PRELOAD_FILE
         if shim.exists() and preload.exists():
@@ -860,7 +1011,7 @@ class RegionStore:
                 self._shim_missing_logged = True
         envs = {
             REGION_DIR_ENV: inside,
-            HAMI_CACHE_ENV: f"{inside.rstrip('/')}/{HAMI_CACHE_FILE}",
+            HAMI_CACHE_ENV: f"{base}/{HAMI_CACHE_FILE}",
         }
         return Extras(envs=envs, mounts=mounts)
 
@@ -923,6 +1074,7 @@ class RegionStore:
             seq=seq,
             created_ns=created_ns,
             heartbeat_ns=created_ns,
+            flags=self.control_flags,
         )
 
     def _build(
@@ -978,6 +1130,9 @@ class RegionStore:
             os.pwrite(fd, header, 0)
         finally:
             os.close(fd)
+        # Made here, not by HAMi-core in the container: it can create nothing in the state dir,
+        # and a non-root container could not create it in a root-owned one anyway.
+        _write_new(path.with_name(HAMI_CACHE_FILE), b"", HAMI_CACHE_MODE)
 
     def _add(self, region: Region) -> None:
         self._regions[region.alloc_id] = region
@@ -1123,6 +1278,9 @@ class RegionStore:
             # keep the counts monotonic for the metrics after the region is gone
             self._retired_corrupt_reads += region.corrupt_reads
             self._retired_skipped_records += region.skipped_records
+            self._retired_tampering["state_replaced"] += region.state_replaced
+            self._retired_tampering["files_truncated"] += region.files_truncated
+            self._retired_tampering["foreign_removed"] += region.foreign_removed
             region.close()
             await asyncio.to_thread(self._delete, region.path)
             self.counters.removed += 1

@@ -113,6 +113,7 @@ class DemoWorkloads:
         self._samples: dict[str, tuple[ProcessSample, ...]] = {}
         if backend is not None:
             backend.set_sample_source(self.samples)
+            backend.set_process_owner(self.container_of)
         else:
             log.warning("demo_without_backend",
                         effect="the agent sees no utilization from the simulated processes")
@@ -120,6 +121,13 @@ class DemoWorkloads:
     # -- NVML's view, served to the agent's backend ------------------------------------------
     def samples(self, uuid: str, since_us: int) -> list[ProcessSample]:
         return [s for s in self._samples.get(uuid, ()) if s.timestamp_us > since_us]
+
+    def container_of(self, host_pid: int) -> str | None:
+        """The allocation whose simulated container runs `host_pid` (the host's view)."""
+        for alloc_id, container in list(self.containers.items()):
+            if container.process.counters.host_pid == host_pid:
+                return alloc_id
+        return None
 
     def _publish(self) -> None:
         live = {c.process.counters.host_pid for c in self.containers.values()}

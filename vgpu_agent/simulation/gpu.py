@@ -24,15 +24,18 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CorePolicy
 from vgpu_agent.simulation import tokens
 from vgpu_agent.simulation.imperfections import REAL, Imperfections
 from vgpu_agent.simulation.region import ProcessCounters, SimRegion
+
+if TYPE_CHECKING:
+    from vgpu_agent.throttle.attribution import RegionMarks
 
 NVML_ERROR_NOT_SUPPORTED = 3  # pynvml's code, repeated so the pure simulator needs no pynvml
 START_NS = 1_000 * tokens.NS_PER_S  # a monotonic clock never starts at zero
@@ -184,6 +187,7 @@ class SimGpu:
         self._next_sample_ns = start_ns + self.sample_ns
         self._next_bin_ns = start_ns + self.bin_ns
         self._next_pid = 10_000
+        self.containers: dict[int, str] = {}  # pid -> alloc_id of the container it runs in
 
     @property
     def elapsed_s(self) -> float:
@@ -210,6 +214,7 @@ class SimGpu:
             pid = self._next_pid
             self._next_pid += 1
         slot = region.add_process(pid=pid, host_pid=pid if report_host_pid else 0)
+        self.containers[pid] = region.alloc_id
         return self.add_process(name, workload, ShimGate(region, dev, slot, workload.cost), pid)
 
     def advance(self, seconds: float) -> None:
@@ -324,6 +329,24 @@ class SimGpu:
             (i * bin_s, 100 * (cumulative[i] - cumulative[i - per]) / (per * bin_s))
             for i in range(per, len(cumulative))
         ]
+
+
+class SimHostEvidence:
+    """The simulated host's answer to "which container runs this pid" (what /proc says on a
+    real node): the container each shim process was started in, never what its slot claims."""
+
+    def __init__(self, gpus: Sequence[SimGpu]):
+        self.gpus = list(gpus)
+
+    def owner(self, host_pid: int, marks: RegionMarks) -> str | None:
+        for gpu in self.gpus:
+            alloc_id = gpu.containers.get(host_pid)
+            if alloc_id is not None:
+                return alloc_id if alloc_id in marks else ""
+        return ""  # a host process, in no container
+
+    def forget_except(self, live: Iterable[int]) -> None:
+        pass
 
 
 class SimBackend:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vgpu_agent.shm.api import CorePolicy
-from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimProcess, Workload
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, SimProcess, Workload
 from vgpu_agent.simulation.imperfections import REAL, Imperfections
 from vgpu_agent.simulation.peer import PeerGate, PeerGpu, PeerWatchers
 from vgpu_agent.simulation.region import SimRegion
@@ -109,7 +109,7 @@ class ControlledRun:
         self.tick_s = tick_s
         self.controller = ThrottleController(
             SimBackend([self.gpu]), lambda: list(self.regions.values()), tick_s=tick_s,
-            params=params, clock=lambda: self.gpu.now_ns,
+            params=params, clock=lambda: self.gpu.now_ns, evidence=SimHostEvidence([self.gpu]),
         )
 
     async def advance(self, seconds: float) -> None:

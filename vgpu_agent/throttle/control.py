@@ -70,7 +70,7 @@ Kernel length does not matter: long kernels make spending lumpy within a tick, w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -78,6 +78,8 @@ from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy
 
 # Written for `off` containers (and for ones the law knows nothing about yet): large enough
 # that no bucket ever runs dry, small enough that the shim's 64-bit arithmetic cannot overflow.
+# It is also the upper bound of every rate and burst the law decides; the lower bounds are
+# `ControlParams.min_rate` and 1 token.
 UNLIMITED_RATE = 1 << 52
 
 FULL_SHARE = 100.0
@@ -458,6 +460,17 @@ def rate_for(k: float, target: float, obs: Observation, state_spread: float, lea
     return k * target
 
 
+def _clamp_tokens(value: float, low: int, to_int: Callable[[float], int] = round) -> int:
+    """A rate or burst within the documented bounds [low, UNLIMITED_RATE]: whatever a container
+    made the law learn (a huge spending, a zero utilization), what is written stays a value the
+    shim's 64-bit arithmetic handles, and a NaN never reaches `round`."""
+    if not value >= low:  # also NaN
+        return low
+    if value >= UNLIMITED_RATE:
+        return UNLIMITED_RATE
+    return max(low, min(UNLIMITED_RATE, to_int(value)))
+
+
 def control_step(
     observations: Sequence[Observation],
     states: Mapping[str, LoopState],
@@ -516,6 +529,9 @@ def control_step(
             continue
         target = targets[o.key]
         k = learned[0]
+        if not math.isfinite(k):  # nothing sane was learned: start over from no model
+            learned = (0.0, *learned[1:])
+            k = 0.0
         if k <= 0 or (learned[11] and learned[10] < params.cold_samples
                       and o.rate < UNLIMITED_RATE):
             # No model yet. A rate already in force (written before an agent restart) is kept
@@ -525,8 +541,9 @@ def control_step(
             decisions[o.key] = Decision(kept[0], kept[1], target, hungry, demand,
                                         _state(learned, prev.target))
             continue
-        rate = max(params.min_rate,
-                   round(rate_for(k, target, o, learned[5], learned[10], params)))
+        # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
+        rate = _clamp_tokens(rate_for(k, target, o, learned[5], learned[10], params),
+                             params.min_rate)
         if o.rate < UNLIMITED_RATE and abs(rate - o.rate) <= params.rate_deadband * o.rate:
             # Noisy samples nudge k a little every time: a nudge is not worth a write (and
             # the shim's re-read); the bucket keeps what it has.
@@ -534,9 +551,8 @@ def control_step(
                                         _state(learned, target))
             continue
         burst = max(
-            round(rate * params.burst_s),
-            math.ceil(params.burst_launches * learned[3]),
-            1,
+            _clamp_tokens(rate * params.burst_s, 1),
+            _clamp_tokens(params.burst_launches * learned[3], 1, math.ceil),
         )
         decisions[o.key] = Decision(rate, burst, target, hungry, demand, _state(learned, target))
     return decisions

@@ -1,12 +1,14 @@
 """The core-throttle loop: every tick, measure each container on each GPU and write its token rate.
 
-Per tick and physical GPU: NVML per-process SM samples since the last tick, host PIDs mapped to
-regions through the shim's process slots (falling back to the PID's cgroup), tokens spent,
+Per tick and physical GPU: NVML per-process SM samples since the last tick, host PIDs attributed
+to regions on host evidence (`identity.Attributor`: a process's mount table shows its region's
+`control`; what the shim's slots claim is only checked, never believed; a cgroup sibling of a
+proven process is the fallback), tokens spent,
 launches and time waited from the header of each region's `state` (the lean read: one pread,
 no slot decoded); the law turns these into rates, written with `set_rate` where they changed.
 The law is `fastlaw.control_step_gpu`, all containers of a GPU in one call; it decides exactly as
-the reference `control.control_step` (which `law=` can select, as the tests do).
-The slots (who runs in the container) are read only when a sample names a process the
+the reference `control.control_step` (which `law=` can select, as the tests do). The slots
+(what the container claims runs in it) are read only when a sample names a process the
 controller cannot yet place, at most once a second per GPU. A failing region or GPU is logged
 and counted; the loop goes on.
 
@@ -42,7 +44,8 @@ from typing import Protocol
 import structlog
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
-from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle
+from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
+from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.control import (
     UNLIMITED_RATE,
     ControlParams,
@@ -51,6 +54,7 @@ from vgpu_agent.throttle.control import (
     Observation,
 )
 from vgpu_agent.throttle.fastlaw import control_step_gpu
+from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 
 # One tick of the law for one GPU's containers: `control.control_step`'s signature.
 Law = Callable[
@@ -210,6 +214,8 @@ class ThrottleController:
         calm_ticks: int = 10,
         inline_read_s: float = 0.001,
         law: Law = control_step_gpu,
+        evidence: HostEvidence | None = None,
+        container_region_dir: str = "/run/vgpu",
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -227,6 +233,12 @@ class ThrottleController:
         self.default_policy: CorePolicy = default_policy
         self.pid_resolver: PidResolver = pid_resolver or CgroupPidResolver(proc_root)
         self.ns_resolver = NamespacePidResolver(proc_root)
+        self.attributor = Attributor(
+            evidence or ProcEvidence(proc_root, container_region_dir),
+            self.ns_resolver,
+            fallback=self.pid_resolver,
+            on_error=self._resolver_failed,
+        )
         self._sampled_pids: set[int] = set()
         self.params = params or ControlParams()
         self.law = law
@@ -362,6 +374,12 @@ class ThrottleController:
         self._forget(regions, by_gpu)
         if self._sampled_pids:  # ticks without new samples say nothing about who is alive
             self.ns_resolver.forget_except(self._sampled_pids)
+            # each region's slot reads sized by the processes placed in it (on host evidence)
+            placed: dict[str, int] = defaultdict(int)
+            for recent in self._recent.values():
+                for alloc_id, _, _ in recent.values():
+                    placed[alloc_id] += 1
+            self.attributor.end_tick(self._sampled_pids, regions, placed)
             self._sampled_pids = set()
         self._pace()
 
@@ -479,19 +497,8 @@ class ThrottleController:
             return min(1.0, watched_s + self.tick_s), len(stamps)
         return len(stamps) * period / 1e6, len(stamps)
 
-    def _owner(self, pid: int, known: Mapping[int, str],
-               slots: Mapping[tuple[int, int], str]) -> str | None:
-        """The alloc_id whose container host `pid` runs in; None when none can be told."""
-        found = known.get(pid)
-        if found is None and slots:
-            found = self.ns_resolver.resolve(pid, slots)
-        if found is None:
-            try:
-                found = self.pid_resolver(pid, known)
-            except Exception:
-                self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
-                found = None
-        return found
+    def _resolver_failed(self, pid: int) -> None:
+        self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
 
     def _utilization(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None
@@ -542,40 +549,34 @@ class ThrottleController:
     def _place(
         self, uuid: str, entries: _Entries, unplaced: list[tuple[int, float]]
     ) -> list[tuple[int, float, str | None]]:
-        """The containers of processes seen for the first time: from the slots as last read,
-        then, for those still unknown, from slots read afresh (at most once a second per GPU).
-        A process no container claims is not looked for again for a few seconds."""
+        """The containers of processes seen for the first time, on host evidence
+        (`Attributor`). The slots, read afresh at most once a second per GPU, only supply the
+        claims it checks. A process the host places in no container is not looked at again for
+        a few seconds."""
         now = self._now_ns
         strangers = self._strangers.setdefault(uuid, {})
         wanted = [(pid, value) for pid, value in unplaced if strangers.get(pid, 0) <= now]
+        if not wanted:
+            return []
+        fresh = now - self._procs_read_ns.get(uuid, -_SLOTS_EVERY_NS) >= _SLOTS_EVERY_NS
+        owners = self.attributor.owners(self._claims(uuid, entries, fresh),
+                                        [pid for pid, _ in wanted])
         placed: list[tuple[int, float, str | None]] = []
-        fresh = False
-        while True:
-            known, slots = self._slot_maps(uuid, entries, fresh)
-            left = []
-            for pid, value in wanted:
-                found = self._owner(pid, known, slots)
-                if found is None:
-                    left.append((pid, value))
-                else:
-                    placed.append((pid, value, found))
-            wanted = left
-            if not wanted or fresh or now - self._procs_read_ns.get(uuid, -_SLOTS_EVERY_NS) \
-                    < _SLOTS_EVERY_NS:
-                break
-            fresh = True
-        for pid, _ in wanted:
-            strangers[pid] = now + _STRANGER_RETRY_NS
+        for pid, value in wanted:
+            found = owners.get(pid)
+            if found is None:
+                strangers[pid] = now + _STRANGER_RETRY_NS
+            else:
+                placed.append((pid, value, found))
         return placed
 
-    def _slot_maps(
+    def _claims(
         self, uuid: str, entries: _Entries, fresh: bool
-    ) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
-        """Host pid -> alloc_id and (pid, start time) -> alloc_id from the regions' slots."""
+    ) -> list[tuple[RegionHandle, RegionUsage]]:
+        """Each region with the processes its slots claim, as last read (afresh with `fresh`)."""
         if fresh:
             self._procs_read_ns[uuid] = self._now_ns
-        known: dict[int, str] = {}
-        slots: dict[tuple[int, int], str] = {}
+        out: list[tuple[RegionHandle, RegionUsage]] = []
         for device, _ in entries:
             region = device.region
             cached = self._procs.get(id(region))
@@ -589,12 +590,8 @@ class ThrottleController:
                     processes = ()
                 cached = (region, processes)
                 self._procs[id(region)] = cached
-            for proc in cached[1]:
-                if proc.host_pid > 0:
-                    known[proc.host_pid] = device.alloc_id
-                if proc.start_time > 0:
-                    slots[(proc.pid, proc.start_time)] = device.alloc_id
-        return known, slots
+            out.append((region, RegionUsage(processes=cached[1])))
+        return out
 
     def _limits(self, device: _Device) -> tuple[float, CorePolicy, int]:
         """(limit, policy, priority) of a device. The limit is read from its region the first

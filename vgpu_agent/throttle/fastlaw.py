@@ -36,6 +36,7 @@ from vgpu_agent.throttle.control import (
     LoopState,
     Observation,
     _by_priority,
+    _clamp_tokens,
     _Learned,
     _water_fill,
     span_weights,
@@ -201,7 +202,7 @@ def control_step_gpu(
                         spread = max(noise, floor) / o.util_samples / util**2
                         k, last_pair, adopted = x / util, (x, util), True
                         learned += 1
-            else:
+            elif k > 0:  # not NaN: a NaN learns nothing, as in the reference
                 x, misaligned = _matched(history, window)
                 if x > 0:
                     held_x, held_y = last_pair
@@ -253,6 +254,8 @@ def control_step_gpu(
         (k, lower_bound, spends, cost, util, spread, noise, pairs, pair, k_floor, count,
          adopted, _) = lrn
         key = o.key
+        if o.policy != "off" and not math.isfinite(k):
+            k = 0.0  # nothing sane was learned: start over from no model
         if o.policy == "off":
             decisions[key] = _new(Decision, (
                 UNLIMITED_RATE, UNLIMITED_RATE, FULL_SHARE, hungry, demand,
@@ -274,12 +277,14 @@ def control_step_gpu(
         if o.policy == "strict" and 0 < count < cold_samples and cold_sigmas:
             fade = 1 - count / cold_samples
             k_rate /= 1 + cold_sigmas * fade * math.sqrt(spread)
-        rate = max(min_rate, round(k_rate * target))
+        # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
+        rate = _clamp_tokens(k_rate * target, min_rate)
         state = _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
                                  k_floor, target, count, adopted, hungry))
         if rate_in_force < UNLIMITED_RATE and abs(rate - rate_in_force) <= deadband * rate_in_force:
             decisions[key] = _new(Decision, (rate_in_force, o.burst, target, hungry, demand, state))
             continue
-        burst = max(round(rate * burst_s), math.ceil(burst_launches * cost), 1)
+        burst = max(_clamp_tokens(rate * burst_s, 1),
+                    _clamp_tokens(burst_launches * cost, 1, math.ceil))
         decisions[key] = _new(Decision, (rate, burst, target, hungry, demand, state))
     return decisions
