@@ -4,7 +4,8 @@
 
 The agent side runs in a child process (simulated GPUs, real region files opened with the
 agent's own region reader, the metrics service with NVML poll 1 s, and, in the second
-configuration, the throttle controller ticking every 100 ms), so its CPU time and RSS are its
+configuration, the throttle controller ticking every 100 ms; with `--reference-law` also with the
+reference law, `control.control_step`, in place of the fast one), so its CPU time and RSS are its
 own. This process plays the containers (a shim-like writer updating every region's `state`
 every 100 ms) and Prometheus (scrapes). Both configurations are measured in the same run:
 
@@ -125,7 +126,7 @@ class ShimSide:
 
 
 async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
-                changing: bool = False) -> None:
+                changing: bool = False, reference_law: bool = False) -> None:
     import structlog
 
     from vgpu_agent.gpu.model import ProcessSample
@@ -170,13 +171,16 @@ async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
         # the host's /proc as the controller sees it: each container's process proven by its
         # mount table, so the controller attributes the samples as on a real node
         from tests.fakes.hostproc import FakeHostProc
+        from vgpu_agent.throttle.control import control_step
         from vgpu_agent.throttle.controller import ThrottleController
+        from vgpu_agent.throttle.fastlaw import control_step_gpu
 
         host = FakeHostProc(root / "proc")
         for row in rows:
             host.container_process(row["host_pid"], root / row["alloc_id"])
         throttle = ThrottleController(backend, lambda: regions, tick_s=0.1,
-                                      proc_root=host.path)
+                                      proc_root=host.path,
+                                      law=control_step if reference_law else control_step_gpu)
         sources.throttle_status = lambda: throttle.status
     service = MetricsService(sources, host="127.0.0.1", port=0, backend=backend, poll_s=1.0)
     tasks = [asyncio.create_task(service.run())]
@@ -237,11 +241,12 @@ def pause_with_shim(shim: ShimSide, seconds: float) -> None:
 
 
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bool,
-            changing: bool = False) -> dict:
-    port_file = root / f"port-{int(controller)}-{int(changing)}"
+            changing: bool = False, reference_law: bool = False) -> dict:
+    port_file = root / f"port-{int(controller)}-{int(changing)}-{int(reference_law)}"
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve", "--root", str(root), "--gpus", str(args.gpus),
          *(["--controller"] if controller else []), *(["--changing"] if changing else []),
+         *(["--reference-law"] if reference_law else []),
          "--port-file", str(port_file)],
         cwd=REPO,
     )
@@ -313,25 +318,31 @@ def main() -> int:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--controller", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--reference-law", action="store_true",
+                        help="also measure the controller running the reference law")
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.root, args.gpus, args.controller, args.port_file, args.changing))
+        asyncio.run(serve(args.root, args.gpus, args.controller, args.port_file, args.changing,
+                          args.reference_law))
         return 0
 
     load_before = os.getloadavg()[0]
     print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.gpus} GPUs, "
           f"windows {args.seconds:g} s, {args.scrapes} scrapes")
-    configs = (("metrics only", False, False), ("+ controller", True, False),
-               ("+ ctl, changing", True, True))
+    configs: tuple[tuple[str, bool, bool, bool], ...] = (
+        ("metrics only", False, False, False), ("+ controller", True, False, False),
+        ("+ ctl, changing", True, True, False))
+    if args.reference_law:  # the same, with the reference law, side by side
+        configs += (("ref law", True, False, True), ("ref, changing", True, True, True))
     for size in (int(v) for v in args.sizes.split(",")):
         with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp:
             root = Path(tmp)
             rows = build_regions(root, args.gpus, containers_for(size))
             shim = ShimSide(root, rows)
-            results = {name: measure(args, root, shim, controller, changing)
-                       for name, controller, changing in configs}
+            results = {name: measure(args, root, shim, controller, changing, reference)
+                       for name, controller, changing, reference in configs}
         devices = sum(int(r["devices"]) for r in rows)
         print(f"\n{len(rows)} containers, {devices} container-devices; load average "
               f"{os.getloadavg()[0]:.1f}")

@@ -74,12 +74,16 @@ class PluginRunner:
         poll_s: float = 0.1,
         register_timeout_s: float = 15.0,
         backoff_max_s: float = 5.0,
+        watch_s: float = 0.5,
     ):
         self._servicer = servicer
         self._plugin_dir = plugin_dir
         self._endpoint = endpoint
         self._resource_name = resource_name
         self._poll_s = poll_s
+        # Once registered, the sockets are checked less often: a kubelet restart takes seconds
+        # anyway, and an idle agent should not wake ten times a second to stat two files.
+        self._watch_s = max(poll_s, watch_s)
         self._register_timeout_s = register_timeout_s
         self._backoff_max_s = backoff_max_s
         self._server: grpc.aio.Server | None = None
@@ -185,6 +189,6 @@ class PluginRunner:
     async def _watch(self, kubelet: tuple[int, int]) -> None:
         """Return when the kubelet restarted: its socket changed, or ours was deleted."""
         while True:
-            await asyncio.sleep(self._poll_s)
+            await asyncio.sleep(self._watch_s)
             if _inode(self.kubelet_socket) != kubelet or _inode(self.socket_path) is None:
                 return

@@ -35,7 +35,7 @@ class HealthMonitor:
         recovery_period_s: float,
         check_interval_s: float = 1.0,
         *,
-        xid_wait_ms: int = 100,
+        xid_wait_ms: int = 500,  # an XID ends the wait at once; the timeout only paces stopping
         clock: Callable[[], float] = time.monotonic,
     ):
         if check_interval_s <= 0:

@@ -187,7 +187,7 @@ class RegionCache:
         regions: Callable[[], Iterable[RegionHandle]],
         max_age_s: float = 5.0,
         lead_s: float = 1.0,
-        tick_s: float = 0.25,
+        tick_s: float = 0.5,  # how often it asks whether a round is due: idle wake-ups
         clock: Callable[[], float] = time.monotonic,
     ):
         self.regions = regions

@@ -5,10 +5,12 @@ to regions on host evidence (`identity.Attributor`: a process's mount table show
 `control`; what the shim's slots claim is only checked, never believed; a cgroup sibling of a
 proven process is the fallback), tokens spent,
 launches and time waited from the header of each region's `state` (the lean read: one pread,
-no slot decoded); `control.control_step` turns these into rates, written with `set_rate` where
-they changed. The slots (what the container claims runs in it) are read only when a sample names
-a process the controller cannot yet place, at most once a second per GPU. A failing region or
-GPU is logged and counted; the loop goes on.
+no slot decoded); the law turns these into rates, written with `set_rate` where they changed.
+The law is `fastlaw.control_step_gpu`, all containers of a GPU in one call; it decides exactly as
+the reference `control.control_step` (which `law=` can select, as the tests do). The slots
+(what the container claims runs in it) are read only when a sample names a process the
+controller cannot yet place, at most once a second per GPU. A failing region or GPU is logged
+and counted; the loop goes on.
 
 What a tick costs, and how often it runs:
 
@@ -50,9 +52,14 @@ from vgpu_agent.throttle.control import (
     Decision,
     LoopState,
     Observation,
-    control_step,
 )
+from vgpu_agent.throttle.fastlaw import control_step_gpu
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
+
+# One tick of the law for one GPU's containers: `control.control_step`'s signature.
+Law = Callable[
+    [list[Observation], Mapping[str, LoopState], float, ControlParams], dict[str, Decision]
+]
 
 log = structlog.get_logger(__name__)
 
@@ -206,6 +213,7 @@ class ThrottleController:
         max_tick_s: float | None = None,
         calm_ticks: int = 10,
         inline_read_s: float = 0.001,
+        law: Law = control_step_gpu,
         evidence: HostEvidence | None = None,
         container_region_dir: str = "/run/vgpu",
     ):
@@ -233,6 +241,7 @@ class ThrottleController:
         )
         self._sampled_pids: set[int] = set()
         self.params = params or ControlParams()
+        self.law = law
         self.clock = clock
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
@@ -651,7 +660,7 @@ class ThrottleController:
                 continue
             observations.append(obs)
             steered.append((device, written))
-        decisions = control_step(observations, self._states.get(uuid, {}), dt_s, self.params)
+        decisions = self.law(observations, self._states.get(uuid, {}), dt_s, self.params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
         for obs, (device, written) in zip(observations, steered, strict=True):
