@@ -16,7 +16,12 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
-from vgpu_agent.kube.node import SERVICE_ACCOUNT_DIR, KubeConfigError
+from vgpu_agent.kube.node import (  # describe and status_of: the callers import them from here
+    SERVICE_ACCOUNT_DIR,
+    KubeConfigError,
+    describe,
+    status_of,
+)
 
 __all__ = [
     "SERVICE_ACCOUNT_DIR",
@@ -91,22 +96,3 @@ async def call_json(
         raise error
     result: dict[str, Any] = json.loads(body) if body else {}
     return result
-
-
-def status_of(exc: BaseException) -> int | None:
-    return exc.status if isinstance(exc, ApiException) else None
-
-
-def describe(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        return f"HTTP {exc.status} {exc.reason}: {_message(exc.body)}"
-    if isinstance(exc, TimeoutError):
-        return "request timed out"
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _message(body: Any) -> str:
-    try:
-        return str(json.loads(body).get("message", body))
-    except (TypeError, ValueError, AttributeError):
-        return str(body)[:200]

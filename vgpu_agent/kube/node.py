@@ -304,9 +304,9 @@ class NodeIntegration:
                 try:
                     await self._sync_labels(desired)
                 except Exception as exc:
-                    status = _status(exc)
+                    status = status_of(exc)
                     if status in _REJECTED:
-                        log.error("node_labels_rejected", node=self.node_name, error=_describe(exc))
+                        log.error("node_labels_rejected", node=self.node_name, error=describe(exc))
                     elif status == _CONFLICT and conflicts < _FREE_CONFLICT_RETRIES:
                         conflicts += 1
                         log.info("node_labels_conflict_retrying", node=self.node_name)
@@ -353,13 +353,13 @@ class NodeIntegration:
                 try:
                     await self._send_event(item)
                 except Exception as exc:
-                    status = _status(exc)
+                    status = status_of(exc)
                     if status == _CONFLICT:
                         # Same name: an earlier try was created but its answer was lost.
                         log.info("gpu_health_event_already_sent", uuid=item.change.uuid)
                     elif status in _REJECTED:
                         log.error(
-                            "gpu_health_event_rejected", uuid=item.change.uuid, error=_describe(exc)
+                            "gpu_health_event_rejected", uuid=item.change.uuid, error=describe(exc)
                         )
                     else:
                         await self._retry_later("gpu_health_event", exc, backoff)
@@ -385,12 +385,12 @@ class NodeIntegration:
                 try:
                     await self._send_pod_notice(item)
                 except Exception as exc:
-                    status = _status(exc)
+                    status = status_of(exc)
                     if status == 404:
                         log.info("pod_notice_pod_gone", namespace=item.namespace, pod=item.pod)
                     elif status == _CONFLICT or status in _REJECTED:
                         log.error("pod_notice_rejected", namespace=item.namespace, pod=item.pod,
-                                  error=_describe(exc))
+                                  error=describe(exc))
                     else:
                         await self._retry_later("pod_notice", exc, backoff)
                         continue
@@ -407,7 +407,7 @@ class NodeIntegration:
         try:
             await self._call(self._api.create_namespaced_event, item.namespace, body)
         except Exception as exc:
-            if _status(exc) != _CONFLICT:  # a 409: sent before, its answer lost
+            if status_of(exc) != _CONFLICT:  # a 409: sent before, its answer lost
                 raise
         log.info("pod_notice_sent", namespace=item.namespace, pod=item.pod,
                  container=item.container, evict=item.evict)
@@ -423,7 +423,7 @@ class NodeIntegration:
         try:
             await self._call(self._api.create_namespaced_event, item.namespace, body)
         except Exception as exc:  # the eviction is done; its note is best effort
-            log.warning("pod_eviction_event_failed", pod=item.pod, error=_describe(exc))
+            log.warning("pod_eviction_event_failed", pod=item.pod, error=describe(exc))
 
     async def _send_event(self, item: _QueuedEvent) -> None:
         assert self._api is not None
@@ -462,7 +462,7 @@ class NodeIntegration:
             "kube_api_retry",
             operation=operation,
             node=self.node_name,
-            error=_describe(exc),
+            error=describe(exc),
             attempt=backoff.failures,
             retry_in_s=round(delay, 3),
         )
@@ -489,11 +489,13 @@ class NodeIntegration:
         return text or "default"
 
 
-def _status(exc: Exception) -> int | None:
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status of an API error, None for any other failure."""
     return exc.status if isinstance(exc, ApiException) else None
 
 
-def _describe(exc: Exception) -> str:
+def describe(exc: BaseException) -> str:
+    """An API failure in one line: the status and the server's message, or what went wrong."""
     if isinstance(exc, ApiException):
         return f"HTTP {exc.status} {exc.reason}: {_message(exc.body)}"
     if isinstance(exc, TimeoutError):
