@@ -1,5 +1,5 @@
 """The metrics endpoint served over HTTP, with the real pynvml path (fake libnvidia-ml), real
-region files and the real PodResources client, through the faults the issue lists."""
+region files and the real PodResources client, through the faults a node sees."""
 
 from __future__ import annotations
 
