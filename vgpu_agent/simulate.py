@@ -158,24 +158,10 @@ async def simulate(config: Config, duration: float = 0.0, view: bool = False) ->
             ),
             name="demo-workloads",
         )
-        log.info("metrics_url", url=agent.metrics.url)
-        print(f"metrics: {agent.metrics.url}  (Ctrl-C to stop)", flush=True)
-        if log_file is not None:
-            print(f"log: {log_file.name}", flush=True)
-            view_task = asyncio.create_task(_live_view(agent), name="live-view")
-        if duration > 0:
-            await asyncio.wait({agent_task}, timeout=duration)
-        else:
-            await agent_task
+        view_task = _announce(agent, log_file)
+        await _run_for(agent_task, duration)
     finally:
-        for task in (view_task, demo):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        agent.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent_task
+        await _stop(agent, agent_task, view_task, demo)
         await kubelet.stop()
         _remove_own_root(config)
         if log_file is not None:
@@ -211,6 +197,39 @@ async def _live_view(agent: Agent, interval_s: float = 1.0) -> None:
             else:
                 live.update(render(status), refresh=True)
             await asyncio.sleep(interval_s)
+
+
+def _announce(agent: Agent, log_file: TextIO | None) -> asyncio.Task[None] | None:
+    """Say where the metrics (and the log) are; with a log file, start the live view."""
+    log.info("metrics_url", url=agent.metrics.url)
+    print(f"metrics: {agent.metrics.url}  (Ctrl-C to stop)", flush=True)
+    if log_file is None:
+        return None
+    print(f"log: {log_file.name}", flush=True)
+    return asyncio.create_task(_live_view(agent), name="live-view")
+
+
+async def _run_for(agent_task: asyncio.Task[None], duration: float) -> None:
+    if duration > 0:
+        await asyncio.wait({agent_task}, timeout=duration)
+    else:
+        await agent_task
+
+
+async def _stop(
+    agent: Agent,
+    agent_task: asyncio.Task[None],
+    *tasks: asyncio.Task[Any] | None,
+) -> None:
+    """Cancel the demo's own tasks, then stop the agent and wait for it."""
+    for task in tasks:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    agent.stop()
+    with contextlib.suppress(asyncio.CancelledError):
+        await agent_task
 
 
 def _remove_own_root(config: Config) -> None:
@@ -352,24 +371,10 @@ async def simulate_dra(config: Config, duration: float = 0.0, view: bool = False
             ),
             name="demo-workloads",
         )
-        log.info("metrics_url", url=agent.metrics.url)
-        print(f"metrics: {agent.metrics.url}  (Ctrl-C to stop)", flush=True)
-        if log_file is not None:
-            print(f"log: {log_file.name}", flush=True)
-            view_task = asyncio.create_task(_live_view(agent), name="live-view")
-        if duration > 0:
-            await asyncio.wait({agent_task}, timeout=duration)
-        else:
-            await agent_task
+        view_task = _announce(agent, log_file)
+        await _run_for(agent_task, duration)
     finally:
-        for task in (view_task, demo):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        agent.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await agent_task
+        await _stop(agent, agent_task, view_task, demo)
         await dra.stop()
         await kubelet.stop()
         await api.stop()

@@ -7,18 +7,18 @@ kubernetes_asyncio's model objects (building them costs milliseconds on the shar
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
-from vgpu_agent.kube.node import (  # describe and status_of: the callers import them from here
+from vgpu_agent.kube.node import (  # call_json, describe, status_of: callers import them here
     SERVICE_ACCOUNT_DIR,
     KubeConfigError,
+    call_json,
     describe,
     status_of,
 )
@@ -79,20 +79,3 @@ async def load_configuration(
     return configuration
 
 
-async def call_json(
-    method: Callable[..., Awaitable[Any]], *args: Any, request_timeout: float, **kwargs: Any
-) -> dict[str, Any]:
-    """Call an API method and return the JSON body; ApiException on a non-2xx answer."""
-    response = await method(
-        *args, _preload_content=False, _request_timeout=request_timeout, **kwargs
-    )
-    try:
-        body = await response.read()
-    finally:
-        response.release()
-    if not 200 <= response.status <= 299:
-        error = ApiException(status=response.status, reason=response.reason)
-        error.body = body.decode(errors="replace")
-        raise error
-    result: dict[str, Any] = json.loads(body) if body else {}
-    return result

@@ -441,20 +441,7 @@ class NodeIntegration:
         )
 
     async def _call(self, method: Callable[..., Awaitable[Any]], *args: Any) -> dict[str, Any]:
-        """Call an API method and return the JSON body, without building the client's model
-        objects: a Node with its image list takes milliseconds to turn into models, on the
-        event loop the device plugin shares."""
-        response = await method(*args, _preload_content=False, _request_timeout=self._timeout)
-        try:
-            body = await response.read()
-        finally:
-            response.release()
-        if not 200 <= response.status <= 299:
-            error = ApiException(status=response.status, reason=response.reason)
-            error.body = body.decode(errors="replace")
-            raise error
-        result: dict[str, Any] = json.loads(body) if body else {}
-        return result
+        return await call_json(method, *args, request_timeout=self._timeout)
 
     async def _retry_later(self, operation: str, exc: Exception, backoff: Backoff) -> None:
         delay = backoff.next_delay()
@@ -487,6 +474,27 @@ class NodeIntegration:
         except OSError:
             text = ""
         return text or "default"
+
+
+async def call_json(
+    method: Callable[..., Awaitable[Any]], *args: Any, request_timeout: float, **kwargs: Any
+) -> dict[str, Any]:
+    """Call an API method and return the JSON body, without building the client's model
+    objects (a Node with its image list takes milliseconds to turn into models, on the event
+    loop the device plugin shares); ApiException on a non-2xx answer."""
+    response = await method(
+        *args, _preload_content=False, _request_timeout=request_timeout, **kwargs
+    )
+    try:
+        body = await response.read()
+    finally:
+        response.release()
+    if not 200 <= response.status <= 299:
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = body.decode(errors="replace")
+        raise error
+    result: dict[str, Any] = json.loads(body) if body else {}
+    return result
 
 
 def status_of(exc: BaseException) -> int | None:

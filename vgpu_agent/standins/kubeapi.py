@@ -43,7 +43,7 @@ from aiohttp import web
 
 from vgpu_agent.gpu.model import MIB, GpuInfo
 from vgpu_agent.kube.node import NodeIntegration
-from vgpu_agent.standins.resourceapi import ResourceStore, add_routes
+from vgpu_agent.standins.resourceapi import ResourceStore, add_routes, json_patch, merge_patch
 
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
@@ -618,45 +618,6 @@ def status(code: int, reason: str, message: str) -> web.Response:
 
 def not_found(resource: str, name: str) -> web.Response:
     return status(404, "NotFound", f'{resource} "{name}" not found')
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def json_patch(target: Any, ops: list[dict[str, Any]]) -> Any:
-    """RFC 6902 JSON patch: add, remove, replace, test."""
-    doc = copy.deepcopy(target)
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        parent = doc
-        for part in parts[:-1]:
-            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last = parts[-1]
-        kind = op["op"]
-        if kind == "add":
-            parent[last] = copy.deepcopy(op["value"])
-        elif kind == "remove":
-            del parent[last]
-        elif kind == "replace":
-            if last not in parent:
-                raise KeyError(op["path"])
-            parent[last] = copy.deepcopy(op["value"])
-        elif kind == "test":
-            if parent.get(last) != op["value"]:
-                raise ValueError(f"test failed at {op['path']}")
-        else:
-            raise ValueError(f"unsupported op {kind!r}")
-    return doc
 
 
 def label_problems(labels: dict[str, Any]) -> list[str]:
