@@ -199,7 +199,11 @@ class Region:
             for d in control.devices
         )
         self._priority = control.priority  # changed only by set_policy
+        # both at once, replaced whole, for `controls` (a reader in another thread sees a pair)
+        self._in_force: tuple[tuple[CorePolicy, ...], int] = (self._policies, self._priority)
         self._state_fd: int | None = None
+        self._state_path = str(path / STATE_FILE)  # stat'd at every read: built once
+        self._state_inode: tuple[int, int] | None = None  # (st_dev, st_ino) of `_state_fd`
         # st_dev of `control`: a process proves it is the container's when its own mount table
         # shows this region's `control` from this device (`throttle.attribution`)
         self.control_dev: int | None = None
@@ -290,6 +294,21 @@ class Region:
         first = dev * _DEVICE_WORDS
         return words[_RATE_WORD + first], words[_BURST_WORD + first]
 
+    def controls(self) -> tuple[tuple[int, ...], tuple[CorePolicy, ...], int]:
+        """What the controller reads of `control` every tick, in one call: per device (rate,
+        burst) flattened as (rate0, burst0, rate1, ...), live from the file, then the policies
+        and the priority in force. The same values as `rate`, `policy` and `priority`."""
+        words = self._words
+        if words is None:
+            raise RegionError(f"region {self._alloc_id} is closed")
+        policies, priority = self._in_force
+        if len(policies) == 1:
+            return (words[_RATE_WORD], words[_BURST_WORD]), policies, priority
+        rates: list[int] = []
+        for first in range(0, len(policies) * _DEVICE_WORDS, _DEVICE_WORDS):
+            rates += (words[_RATE_WORD + first], words[_BURST_WORD + first])
+        return tuple(rates), policies, priority
+
     def set_rate(self, dev: int, rate: int, burst: int) -> None:
         self._device(dev)
         layout.set_rate(self._live(), dev, rate, burst)
@@ -307,6 +326,7 @@ class Region:
         layout.set_policy(self._live(), [_POLICY_CODES[policy]] * count, priority)
         self._policies = policies
         self._priority = priority
+        self._in_force = (policies, priority)
         return True
 
     def beat(self, now_ns: int) -> None:
@@ -447,22 +467,23 @@ class Region:
         self._reads += 1
         fd = self._state_fd
         if fd is not None:
+            # One stat a read: the file at the path is the one held (its inode was noted when it
+            # was opened), and then its size is the held file's; fstat only when the path is gone.
             try:
-                at_path = os.stat(self.path / STATE_FILE, follow_symlinks=False)
+                at_path = os.stat(self._state_path, follow_symlinks=False)
             except OSError:
                 at_path = None
-            held = os.fstat(fd)
-            if at_path is not None and (at_path.st_dev, at_path.st_ino) != (
-                held.st_dev, held.st_ino
-            ):
-                self._state_fd = None
+            if at_path is not None and (at_path.st_dev, at_path.st_ino) != self._state_inode:
+                self._state_fd = self._state_inode = None
                 os.close(fd)
                 self.state_replaced += 1
                 reopened = self._open_state()
                 log.warning("region_state_replaced", alloc_id=self._alloc_id,
-                            path=str(self.path / STATE_FILE), reopened=reopened)
-            elif held.st_size > layout.STATE_SIZE:
-                self._cut(self.path / STATE_FILE, layout.STATE_SIZE, held.st_size)
+                            path=self._state_path, reopened=reopened)
+            else:
+                size = at_path.st_size if at_path is not None else os.fstat(fd).st_size
+                if size > layout.STATE_SIZE:
+                    self._cut(self.path / STATE_FILE, layout.STATE_SIZE, size)
         if self._reads % _POLICE_EVERY == 1:
             self._sweep()
             cache = self.path / HAMI_CACHE_FILE
@@ -517,13 +538,14 @@ class Region:
     def _open_state(self) -> bool:
         # O_NONBLOCK: a FIFO put in place of the file must not hang the agent in open().
         try:
-            fd = os.open(self.path / STATE_FILE, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+            fd = os.open(self._state_path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
         except OSError:
             return False
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             return False
-        self._state_fd = fd
+        self._state_fd, self._state_inode = fd, (info.st_dev, info.st_ino)
         return True
 
     def _read_usage(self) -> RegionUsage:

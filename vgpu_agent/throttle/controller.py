@@ -63,6 +63,10 @@ Law = Callable[
 
 log = structlog.get_logger(__name__)
 
+# Observations are built as the plain tuples they are (see `_steer_gpu`): without the checks
+# `Observation.__new__` makes of values that come from elsewhere.
+_new = tuple.__new__
+
 NVML_ERROR_NOT_SUPPORTED = 3  # pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
@@ -184,16 +188,20 @@ class _Device:
         self.key = f"{alloc_id}/{dev}"
         self.alloc_id = alloc_id
         self.uuid = uuid
-        self.limits: tuple[float, CorePolicy, int] | None = None  # limit, policy, priority
+        # limit, policy in force, and the policy and priority it was found from in `control`
+        self.limits: tuple[float, CorePolicy, str, int] | None = None
         self.previous = previous  # tokens spent, launches, wait ns (cumulative)
         # the last decision, kept raw: `DeviceStatus` is built only when someone asks
         self.last: tuple[Observation, Decision, bool] | None = None
         self.seen = 0  # the tick that last read the device
 
 
-# Per GPU: the devices on it with their region's counters (tokens spent, launches, ns waited per
-# device, flattened), in region order.
-_Entries = list[tuple[_Device, tuple[int, ...]]]
+# What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
+# device, flattened), and of `control` the (rate, burst) per device (flattened), the policies and
+# the priority in force.
+_RegionReading = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...], int]
+# Per GPU: the devices on it with their region's reading, in region order.
+_Entries = list[tuple[_Device, _RegionReading]]
 # What the worker thread read: entries per GPU, and per GPU the samples or what prevented them.
 _Reading = tuple[dict[str, _Entries], dict[str, list[ProcessSample] | BaseException]]
 
@@ -353,17 +361,21 @@ class ThrottleController:
             else:
                 self.hops += 1
                 by_gpu, sampled = await asyncio.to_thread(self._read, regions)
-            # A region collected while the worker read it is closed now: skipped, not an error.
-            regions = [r for r in regions if not getattr(r, "closed", False)]
         else:
             by_gpu, sampled = {}, {}
-        for uuid, entries in by_gpu.items():
+        for n, (uuid, entries) in enumerate(by_gpu.items()):
+            if n:
+                # One GPU at a time on the loop: Allocate and scrapes wait for one GPU's
+                # steering at most, not for the whole tick's.
+                await asyncio.sleep(0)
+            # A region collected meanwhile is closed now: skipped, not an error.
             entries[:] = [e for e in entries if not getattr(e[0].region, "closed", False)]
             samples = self._samples(uuid, sampled[uuid])
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
             except Exception:
                 self._failed("gpu", "throttle_gpu_failed", uuid=uuid)
+        regions = [r for r in regions if not getattr(r, "closed", False)]
         if self._last_beat_ns is None or now_ns - self._last_beat_ns >= self.heartbeat_ns:
             self._last_beat_ns = now_ns
             for region in regions:
@@ -420,9 +432,15 @@ class ThrottleController:
             if counters is None:
                 self.errors["region_corrupt"] += 1
                 continue
+            try:
+                reading = (counters, *_controls(region, len(devices)))
+            except Exception:
+                self._failed("region_read", "throttle_region_read_failed",
+                             alloc_id=_alloc_id(region))
+                continue
             for device in devices:
                 device.seen = tick
-                by_gpu[device.uuid].append((device, counters))
+                by_gpu[device.uuid].append((device, reading))
         return by_gpu
 
     def _devices_of(self, region: RegionHandle) -> list[_Device]:
@@ -593,100 +611,96 @@ class ThrottleController:
             out.append((region, RegionUsage(processes=cached[1])))
         return out
 
-    def _limits(self, device: _Device) -> tuple[float, CorePolicy, int]:
-        """(limit, policy, priority) of a device. The limit is read from its region the first
-        time (it never changes); policy and priority every tick, since the agent rewrites them
-        in `control` when the pod's annotations change (see `throttle/regionpolicy.py`)."""
-        region, dev = device.region, device.dev
-        policy, priority = region.policy(dev), region.priority
+    def _limits(self, device: _Device, policy: str, priority: int) -> tuple[float, CorePolicy]:
+        """(limit, policy) of a device, given the policy and priority found in `control`. The
+        limit is read from its region the first time (it never changes); the policy may change
+        any tick, since the agent rewrites it when the pod's annotations change (see
+        `throttle/regionpolicy.py`)."""
         limits = device.limits
-        if limits is None or limits[2] != priority or limits[1] != policy:
-            if policy not in CORE_POLICIES:
-                policy = self.default_policy
-            limit = (
-                limits[0] if limits is not None
-                else min(100.0, max(1e-6, float(region.core_limit(dev))))
-            )
-            limits = device.limits = (limit, policy, priority)
-        return limits
-
-    def _observe(
-        self, device: _Device, counters: tuple[int, ...], util: float | None,
-        span_s: float = 0.0, count: int = 1,
-    ) -> tuple[Observation, tuple[int, int]]:
-        """The device's tick for the law, and the (rate, burst) found written in its region."""
-        at = 3 * device.dev
-        now = counters[at : at + 3]
-        if len(now) < 3:
-            now = (0, 0, 0)
-        previous = device.previous
-        device.previous = now  # type: ignore[assignment]
-        if previous is None:  # first sight (or agent restart): only a baseline
-            spent = launches = wait = 0
-        else:
-            # Totals drop when the shim reclaims a dead process's slot: count nothing then.
-            spent = max(0, now[0] - previous[0])
-            launches = max(0, now[1] - previous[1])
-            wait = max(0, now[2] - previous[2])
-        # Read once: it is the rate in force for the law, and what the write compares with (a
-        # rate changed behind the agent's back, or left by its previous run, is seen and fixed).
-        written = device.region.rate(device.dev)
-        rate, burst = written
-        if rate == 0 and burst == 0:
-            rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
-        limit, policy, priority = self._limits(device)
-        obs = Observation(
-            device.key, limit, policy, priority, spent, launches, wait / 1e9, util, rate, burst,
-            span_s, count,
+        if limits is not None and limits[2] == policy and limits[3] == priority:
+            return limits[0], limits[1]
+        checked: CorePolicy = policy if policy in CORE_POLICIES else self.default_policy  # type: ignore[assignment]
+        limit = (
+            limits[0] if limits is not None
+            else min(100.0, max(1e-6, float(device.region.core_limit(device.dev))))
         )
-        return obs, written
+        device.limits = (limit, checked, policy, priority)
+        return limit, checked
 
     def _steer_gpu(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None, dt_s: float
     ) -> None:
+        """One GPU's tick: observations from what was read, the law, the rates written.
+
+        The observations are built without `Observation`'s checks: every field is made valid
+        here (counters from `state`, which a container may fake, only as differences clamped at
+        0 of values `layout.state_counters` bounds; limits and policies from `control`, which
+        only the agent writes, the policy checked against the allowed names).
+        """
         measured = self._utilization(uuid, entries, samples)
         utils, span_s, count = measured if measured is not None else (None, 0.0, 1)
         observations: list[Observation] = []
-        steered: list[tuple[_Device, tuple[int, int]]] = []
-        for device, counters in entries:
-            try:
-                obs, written = self._observe(
-                    device, counters, None if utils is None else utils[device.alloc_id], span_s,
-                    count,
-                )
-            except Exception:
-                self._failed("region_read", "throttle_region_read_failed",
-                             alloc_id=device.alloc_id, dev=device.dev)
-                continue
-            observations.append(obs)
-            steered.append((device, written))
+        steered: list[tuple[_Device, int, int]] = []
+        for device, (counters, rates, policies, priority) in entries:
+            dev = device.dev
+            at = 3 * dev
+            now = counters[at : at + 3]
+            if len(now) < 3:
+                now = (0, 0, 0)
+            previous = device.previous
+            device.previous = now  # type: ignore[assignment]
+            if previous is None:  # first sight (or agent restart): only a baseline
+                spent = launches = wait = 0
+            else:
+                # Totals drop when the shim reclaims a dead process's slot: count nothing then.
+                spent = max(0, now[0] - previous[0])
+                launches = max(0, now[1] - previous[1])
+                wait = max(0, now[2] - previous[2])
+            # The rate in force for the law, and what the write compares with (a rate changed
+            # behind the agent's back, or left by its previous run, is seen and fixed).
+            written_rate, written_burst = rates[2 * dev], rates[2 * dev + 1]
+            rate, burst = written_rate, written_burst
+            if rate == 0 and burst == 0:
+                rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
+            limits = device.limits
+            if limits is not None and limits[2] == policies[dev] and limits[3] == priority:
+                limit, policy = limits[0], limits[1]
+            else:
+                try:
+                    limit, policy = self._limits(device, policies[dev], priority)
+                except Exception:
+                    self._failed("region_read", "throttle_region_read_failed",
+                                 alloc_id=device.alloc_id, dev=dev)
+                    continue
+            observations.append(_new(Observation, (
+                device.key, limit, policy, priority, spent, launches, wait / 1e9,
+                None if utils is None else utils[device.alloc_id], rate, burst, span_s, count)))
+            steered.append((device, written_rate, written_burst))
         decisions = self.law(observations, self._states.get(uuid, {}), dt_s, self.params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
-        for obs, (device, written) in zip(observations, steered, strict=True):
-            decision = decisions[obs.key]
-            if not self._changed and self._is_change(device, written, decision):
-                self._changed = True
-            self._apply(device, written, decision)
+        changed = self._changed
+        calm_points, calm_fraction = self.calm_target_points, self.calm_rate_fraction
+        for obs, (device, written_rate, written_burst) in zip(observations, steered, strict=True):
+            decision = decisions[obs[0]]
+            rate, burst = decision[0], decision[1]
+            if not changed:
+                # news enough to keep the tick fast (see the module note)?
+                last = device.last
+                changed = (
+                    last is None
+                    or last[1].hungry != decision.hungry
+                    or abs(last[1].target - decision.target) > calm_points
+                    or abs(rate - written_rate) > calm_fraction * written_rate
+                )
+            if rate != written_rate or burst != written_burst:
+                self._apply(device, rate, burst)
             device.last = (obs, decision, open_loop)
+        self._changed = changed
 
-    def _is_change(self, device: _Device, written: tuple[int, int], decision: Decision) -> bool:
-        """Whether this decision is news enough to keep the tick fast (see the module note)."""
-        last = device.last
-        if last is None:
-            return True
-        before = last[1]
-        return (
-            before.hungry != decision.hungry
-            or abs(before.target - decision.target) > self.calm_target_points
-            or abs(decision.rate - written[0]) > self.calm_rate_fraction * written[0]
-        )
-
-    def _apply(self, device: _Device, written: tuple[int, int], decision: Decision) -> None:
-        if written[0] == decision.rate and written[1] == decision.burst:
-            return
+    def _apply(self, device: _Device, rate: int, burst: int) -> None:
         try:
-            device.region.set_rate(device.dev, decision.rate, decision.burst)
+            device.region.set_rate(device.dev, rate, burst)
         except Exception:
             self._failed("set_rate", "throttle_set_rate_failed", alloc_id=device.alloc_id,
                          dev=device.dev)
@@ -735,6 +749,26 @@ def _counters(region: RegionHandle) -> tuple[int, ...] | None:
             sum(p.wait_ns[dev] for p in usage.processes if dev < len(p.wait_ns)),
         )
     return tuple(out)
+
+
+def _controls(
+    region: RegionHandle, devices: int
+) -> tuple[tuple[int, ...], tuple[str, ...], int]:
+    """What the controller needs of `control`: per device (rate, burst) flattened, the
+    policies, the priority. One call where the region has the lean read; otherwise asked
+    device by device, and checked (a rate is a count of tokens)."""
+    lean = getattr(region, "controls", None)
+    if lean is not None:
+        found: tuple[tuple[int, ...], tuple[str, ...], int] = lean()
+        return found
+    rates: list[int] = []
+    for dev in range(devices):
+        rate, burst = region.rate(dev)
+        if not (type(rate) is int and type(burst) is int and rate >= 0 and burst >= 0):
+            raise ValueError(f"rate and burst of device {dev} of {region.alloc_id!r} must be "
+                             f"integers >= 0, got {rate!r}, {burst!r}")
+        rates += (rate, burst)
+    return tuple(rates), tuple(region.policy(dev) for dev in range(devices)), region.priority
 
 
 def _alloc_id(region: RegionHandle) -> str:
