@@ -17,12 +17,19 @@ What a tick costs, and how often it runs:
 - The reads go to a worker thread only while they are slow (the last tick's took over
   `inline_read_s`): reading a few headers and one NVML call cost less than the hop.
 - Every region's heartbeat is refreshed every `heartbeat_s`, not every tick.
-- The tick slows down while nothing changes: after `calm_ticks` calm ticks in a row the interval
-  grows by one `tick_s` per further `calm_ticks`, up to `max_tick_s`; the first tick that sees a
-  change goes back to `tick_s`. A tick is calm when no container came or went, none changed
-  between waiting for tokens and not, no target moved by more than `calm_target_points`, and no
-  rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little).
+- The tick slows down while nothing changes: after `calm_ticks` * `tick_s` seconds of calm
+  ticks in a row the interval grows by one `tick_s`, and by one more per further such span, up
+  to `max_tick_s` (counted in time, not ticks: with the defaults 0.1 s, 0.2 s after 1 s of calm,
+  0.4 s after 3 s); the first tick that sees a change goes back to `tick_s`. A tick is calm
+  when no container came or went, none changed between waiting for tokens and not, no target
+  moved by more than `calm_target_points`, and no rate by more than `calm_rate_fraction` (noisy
+  NVML samples keep nudging the rates a little).
 - Without regions a tick reads nothing and asks NVML nothing.
+- On the loop, the tick holds it for one GPU's steering at a time (it yields between GPUs), so
+  an Allocate or a scrape waits for a fraction of a tick, not for all of it.
+- Per device, the law's input is built from one read per region of `state`'s header
+  (`Region.counters`) and one of `control` (`Region.controls`: rates, policies, priority),
+  without re-checking values that are valid by construction (see `_steer_gpu`).
 
 Where a GPU cannot report per-process utilization (NVML_ERROR_NOT_SUPPORTED) the law runs open
 loop: it sees no utilization, so rates stay at the bound derived from what each container spent
@@ -271,7 +278,7 @@ class ThrottleController:
         self.max_tick_s, self.calm_ticks, self.inline_read_s = max_tick_s, calm_ticks, inline_read_s
         self.calm_target_points, self.calm_rate_fraction = 0.5, 0.02
         self.interval_s = tick_s  # until the next tick: tick_s, longer while all is calm
-        self._calm = 0  # calm ticks in a row
+        self._calm_s = 0.0  # seconds of calm ticks in a row (their planned intervals)
         self._changed = False  # this tick saw a change
         self._inline = False  # whether the last reads were cheap enough to do on the loop
         self.hops = 0  # ticks whose reads went to a worker thread
@@ -397,8 +404,9 @@ class ThrottleController:
 
     def _pace(self) -> None:
         """The interval to the next tick (see the module note)."""
-        self._calm = 0 if self._changed else self._calm + 1
-        steps = self._calm // self.calm_ticks
+        self._calm_s = 0.0 if self._changed else self._calm_s + self.interval_s
+        # a hair under the span, so that float sums of intervals reach it on time
+        steps = int(self._calm_s / (self.calm_ticks * self.tick_s) + 1e-9)
         self.interval_s = min(self.max_tick_s, self.tick_s * (1 + steps))
 
     def _read(self, regions: list[RegionHandle]) -> _Reading:

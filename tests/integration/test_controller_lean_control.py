@@ -1,0 +1,317 @@
+"""The controller's lean reads and trusted observations: `control` read once per region and tick
+(agreeing with the per-device readers), observations that are what the checked constructor would
+make of the same values, whatever a container writes into `state`, and one region's lies that
+reach no other GPU's decisions."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.shimstate import DeviceSpec, make_region
+from vgpu_agent.gpu.model import ProcessSample
+from vgpu_agent.shm import layout
+from vgpu_agent.shm.regions import Region, RegionError, format_alloc_id
+from vgpu_agent.throttle.control import UNLIMITED_RATE, Decision, Observation
+from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.fastlaw import control_step_gpu
+
+UUIDS = tuple(f"GPU-dddddddd-0000-0000-0000-00000000000{n}" for n in range(4))
+POLICIES = ("strict", "work-conserving", "off")
+
+
+def file_region(root: Path, seq: int, uuids: tuple[str, ...], percents: tuple[float, ...],
+                policy: str = "strict") -> Region:
+    ids = [f"{uuid}::{seq}" for uuid in uuids]
+    alloc_id = format_alloc_id(seq, ids, 1)
+    make_region(root, alloc_id,
+                [DeviceSpec(u, 1 << 30, p, policy) for u, p in zip(uuids, percents, strict=True)],
+                ids, seq=seq)
+    return Region.open(root / alloc_id)
+
+
+def put_totals(region: Region, dev: int, spent: int, launches: int, waited: int) -> None:
+    with open(region.path / "state", "r+b") as f:
+        base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+        for name, value in (("tokens_spent", spent), ("launches", launches), ("wait_ns", waited)):
+            f.seek(base + layout.STATE_DEVICE_OFFSETS[name])
+            f.write(struct.pack("<Q", value))
+
+
+def slow_controls(region: Region) -> tuple[tuple[int, ...], tuple[str, ...], int]:
+    rates: list[int] = []
+    for dev in range(region.device_count):
+        rates += region.rate(dev)
+    return (tuple(rates), tuple(region.policy(d) for d in range(region.device_count)),
+            region.priority)
+
+
+def test_the_lean_control_read_agrees_with_the_per_device_readers(tmp_path):
+    rng = random.Random(7)
+    for seq in range(1, 41):
+        count = rng.randint(1, 4)
+        region = file_region(tmp_path, seq, UUIDS[:count],
+                             tuple(rng.choice((5.0, 12.5, 50.0, 100.0)) for _ in range(count)),
+                             rng.choice(POLICIES))
+        try:
+            assert region.controls() == slow_controls(region)
+            for _ in range(5):
+                dev = rng.randrange(count)
+                region.set_rate(dev, rng.randrange(0, UNLIMITED_RATE + 1),
+                                rng.randrange(0, UNLIMITED_RATE + 1))
+                if rng.random() < 0.5:
+                    region.set_policy(rng.choice(POLICIES), rng.randint(-5, 5))
+                assert region.controls() == slow_controls(region)
+            # written behind the object's back (straight into the file): read live by both
+            with open(region.path / "control", "r+b") as f:
+                f.seek(layout.control_device_offset(count - 1, "rate"))
+                f.write(struct.pack("<Q", 4242))
+            assert region.controls()[0][2 * (count - 1)] == 4242
+            assert region.controls() == slow_controls(region)
+        finally:
+            region.close()
+
+
+def test_a_closed_region_refuses_the_lean_control_read(tmp_path):
+    region = file_region(tmp_path, 1, UUIDS[:1], (25.0,))
+    region.close()
+    with pytest.raises(RegionError, match="closed"):
+        region.controls()
+
+
+class Samples:
+    """Per GPU, the same utilization for every process, a new sample at every call."""
+
+    def __init__(self, pids: dict[str, list[int]], util: int = 20):
+        self.pids, self.util, self.now_us = pids, util, 1_000
+
+    def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+        self.now_us += 50_000
+        return [ProcessSample(pid, self.now_us, self.util) for pid in self.pids.get(uuid, [])]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 10**12
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+class Recorder:
+    """The fast law, with every observation it was given and every decision it made kept."""
+
+    def __init__(self) -> None:
+        self.seen: list[Observation] = []
+        self.decided: dict[str, list[Decision]] = {}
+
+    def __call__(self, observations, states, dt_s, params):  # type: ignore[no-untyped-def]
+        self.seen.extend(observations)
+        decisions = control_step_gpu(observations, states, dt_s, params)
+        for key, decision in decisions.items():
+            self.decided.setdefault(key, []).append(decision)
+        return decisions
+
+
+def controller(regions: list[Region], law: Recorder, clock: Clock) -> ThrottleController:
+    run = ThrottleController(Samples({}), lambda: regions, clock=clock, law=law,
+                             proc_root="/nonexistent")
+    run.inline_read_s = 10.0  # on the loop: the test steps it tick by tick
+    return run
+
+
+def hostile_totals(rng: random.Random, before: tuple[int, int, int]) -> tuple[int, int, int]:
+    """What a lying shim might leave in the header: totals that jump, drop, or sit at the top
+    of what is plausible."""
+    choice = rng.random()
+    if choice < 0.3:
+        return tuple(max(0, v - rng.randrange(0, 10**9)) for v in before)  # type: ignore[return-value]
+    if choice < 0.4:
+        return (layout.PLAUSIBLE_COUNTER,) * 3
+    return tuple(  # type: ignore[return-value]
+        min(layout.PLAUSIBLE_COUNTER, v + rng.randrange(0, 10**12)) for v in before)
+
+
+async def test_observations_are_what_the_checked_constructor_makes_whatever_state_says(tmp_path):
+    rng = random.Random(11)
+    regions = [
+        file_region(tmp_path, 1, UUIDS[:2], (30.0, 60.0)),
+        file_region(tmp_path, 2, (UUIDS[1], UUIDS[0]), (20.0, 10.0), "work-conserving"),
+        file_region(tmp_path, 3, UUIDS[:1], (50.0,), "off"),
+    ]
+    law, clock = Recorder(), Clock()
+    run = controller(regions, law, clock)
+    totals = {(r.alloc_id, d): (0, 0, 0) for r in regions for d in range(r.device_count)}
+    try:
+        for tick in range(60):
+            expected: dict[str, tuple[int, int, int, tuple[int, int], str, int]] = {}
+            for region in regions:
+                for dev in range(region.device_count):
+                    key = (region.alloc_id, dev)
+                    before, now = totals[key], hostile_totals(rng, totals[key])
+                    put_totals(region, dev, *now)
+                    totals[key] = now
+                    moved = tuple(max(0, b - a) for a, b in zip(before, now, strict=True))
+                    expected[f"{region.alloc_id}/{dev}"] = (
+                        *(moved if tick else (0, 0, 0)), region.rate(dev),
+                        region.policy(dev), region.priority)
+            if tick % 7 == 3:  # the pod's annotations change the policy and priority
+                regions[1].set_policy(rng.choice(("strict", "work-conserving")),
+                                      rng.randint(0, 3))
+                for dev in range(regions[1].device_count):
+                    key = f"{regions[1].alloc_id}/{dev}"
+                    expected[key] = (*expected[key][:4], regions[1].policy(dev),
+                                     regions[1].priority)
+            law.seen.clear()
+            clock.ns += 100_000_000
+            await run.tick()
+            assert len(law.seen) == 5
+            for obs in law.seen:
+                assert Observation(*obs) == obs  # the checks pass: nothing invalid slipped by
+                spent, launches, waited, written, policy, priority = expected[obs.key]
+                assert (obs.spent, obs.launches, obs.waited_s) == (spent, launches, waited / 1e9)
+                rate = written if written != (0, 0) else (UNLIMITED_RATE, UNLIMITED_RATE)
+                assert (obs.rate, obs.burst) == rate
+                assert (obs.policy, obs.priority) == (policy, priority)
+                region = next(r for r in regions if obs.key.startswith(r.alloc_id))
+                assert obs.limit == region.core_limit(int(obs.key.rsplit("/", 1)[1]))
+        assert not run.error_counts
+    finally:
+        for region in regions:
+            region.close()
+
+
+async def run_pair(root: Path, hostile: bool) -> Recorder:
+    """A region on GPU 0 and 1 (lying or not) and a neighbour on GPU 1, sharing nothing but the
+    controller; a victim alone on GPU 2 and 3 (two devices)."""
+    rng = random.Random(3)
+    liar = file_region(root, 1, UUIDS[:2], (40.0, 40.0), "work-conserving")
+    victim = file_region(root, 2, UUIDS[2:], (30.0, 70.0))
+    regions = [liar, victim]
+    law, clock = Recorder(), Clock()
+    run = controller(regions, law, clock)
+    spent = 0
+    liar_totals = [(0, 0, 0), (0, 0, 0)]
+    try:
+        for _ in range(80):
+            spent += 1_000_000
+            for dev in range(2):
+                put_totals(victim, dev, spent * (dev + 1), spent // 1000, 0)
+                liar_totals[dev] = (hostile_totals(rng, liar_totals[dev]) if hostile
+                                    else (spent, spent // 1000, 0))
+                put_totals(liar, dev, *liar_totals[dev])
+            if hostile and rng.random() < 0.2:
+                with open(liar.path / "state", "r+b") as f:  # a header that is not one
+                    f.write(b"\xff" * 16)
+            elif hostile:
+                with open(liar.path / "state", "r+b") as f:
+                    f.write(layout.encode_state(2)[:32])
+            clock.ns += 100_000_000
+            await run.tick()
+    finally:
+        liar.close()
+        victim.close()
+    return law
+
+
+async def test_a_lying_region_changes_no_decision_on_another_gpu(tmp_path):
+    honest = await run_pair(tmp_path / "honest", hostile=False)
+    lied = await run_pair(tmp_path / "hostile", hostile=True)
+    victims = [key for key in honest.decided if key.startswith("000000000002")]
+    assert len(victims) == 2
+    for key in victims:
+        assert lied.decided[key] == honest.decided[key]
+    liars = [key for key in honest.decided if key.startswith("000000000001")]
+    assert any(lied.decided.get(key) != honest.decided[key] for key in liars)  # it did lie
+
+
+async def test_the_tick_yields_to_the_loop_between_gpus(tmp_path):
+    regions = [file_region(tmp_path, seq, (UUIDS[seq - 1],), (25.0,)) for seq in range(1, 5)]
+    events: list[str] = []
+
+    def law(observations, states, dt_s, params):  # type: ignore[no-untyped-def]
+        events.append("law")
+        return control_step_gpu(observations, states, dt_s, params)
+
+    clock = Clock()
+    run = ThrottleController(Samples({}), lambda: regions, clock=clock, law=law,
+                             proc_root="/nonexistent")
+    run.inline_read_s = 10.0
+
+    async def neighbour() -> None:
+        while True:
+            events.append("other")
+            if events.count("law") == 2 and not regions[3].closed:
+                regions[3].close()  # collected while the tick is half done
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(neighbour())
+    try:
+        await asyncio.sleep(0)
+        for _ in range(3):
+            events.clear()
+            clock.ns += 100_000_000
+            await run.tick()
+            laws = [n for n, e in enumerate(events) if e == "law"]
+            # something else ran between every two GPUs' steering
+            assert all("other" in events[a:b] for a, b in itertools.pairwise(laws))
+        # the region closed mid-tick was skipped (no rate written to it, no beat), not an error
+        assert events.count("law") == 3
+        assert not run.error_counts
+    finally:
+        other.cancel()
+        for region in regions:
+            region.close()
+
+
+@pytest.mark.parametrize("generation", [0, 7, 2**64 - 1, 2**64 - 2])
+def test_rates_are_stored_as_the_layout_stores_them(tmp_path, generation):
+    """The same bytes as `layout.set_rate` on a copy, a generation left odd by a writer that
+    died mid-update (and one about to wrap) included; values the layout refuses still raise."""
+    region = file_region(tmp_path, 1, UUIDS[:3], (10.0, 20.0, 30.0))
+    try:
+        with open(region.path / "control", "r+b") as f:
+            f.seek(layout.CONTROL_OFFSETS["generation"])
+            f.write(struct.pack("<Q", generation))
+        rng = random.Random(generation)
+        for _ in range(20):
+            dev = rng.randrange(3)
+            rate, burst = rng.randrange(layout.TOKEN_MAX + 1), rng.randrange(layout.TOKEN_MAX + 1)
+            expected = bytearray((region.path / "control").read_bytes())
+            layout.set_rate(expected, dev, rate, burst)
+            region.set_rate(dev, rate, burst)
+            assert (region.path / "control").read_bytes() == bytes(expected)
+        for bad in (-1, layout.TOKEN_MAX + 1, 1.5, True):
+            with pytest.raises(layout.RegionFormatError):
+                region.set_rate(0, bad, 1)  # type: ignore[arg-type]
+        with pytest.raises(IndexError):
+            region.set_rate(3, 1, 1)
+    finally:
+        region.close()
+    with pytest.raises(RegionError, match="closed"):
+        region.set_rate(0, 1, 1)
+
+
+@pytest.mark.parametrize(("tick_s", "calm_ticks", "max_tick_s"), [(0.1, 10, 0.4), (0.05, 4, 0.5)])
+async def test_the_tick_slows_down_by_calm_time_not_calm_ticks(tick_s, calm_ticks, max_tick_s):
+    """One more `tick_s` per `calm_ticks` * `tick_s` seconds of calm: longer ticks do not make
+    the slowing down itself slower."""
+    run = ThrottleController(Samples({}), list, tick_s=tick_s, calm_ticks=calm_ticks,
+                             max_tick_s=max_tick_s)
+    span = calm_ticks * tick_s
+    elapsed, seen = 0.0, []
+    while run.interval_s < max_tick_s - 1e-9:
+        elapsed += run.interval_s
+        await run.tick()
+        seen.append((elapsed, run.interval_s))
+        assert elapsed < 20
+    for at, interval in seen:
+        expected = min(max_tick_s, tick_s * (1 + int(at / span + 1e-9)))
+        assert interval == pytest.approx(expected)
+    steps = round((max_tick_s - tick_s) / tick_s)
+    assert seen[-1][0] == pytest.approx(steps * span, abs=max_tick_s)  # not sum of k * span
