@@ -17,7 +17,7 @@ from tests.fakes.shimstate import DeviceSpec, make_region
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region, RegionError, format_alloc_id
-from vgpu_agent.throttle.control import UNLIMITED_RATE, Decision, Observation
+from vgpu_agent.throttle.control import UNLIMITED_RATE, Decision, LoopState, Observation
 from vgpu_agent.throttle.controller import ThrottleController
 from vgpu_agent.throttle.fastlaw import control_step_gpu
 
@@ -315,3 +315,46 @@ async def test_the_tick_slows_down_by_calm_time_not_calm_ticks(tick_s, calm_tick
         assert interval == pytest.approx(expected)
     steps = round((max_tick_s - tick_s) / tick_s)
     assert seen[-1][0] == pytest.approx(steps * span, abs=max_tick_s)  # not sum of k * span
+
+
+class Scripted:
+    """A law deciding what the test says: the same rate and target every tick, the hungry flag
+    flipping, and the target moved by `moves[tick]` points where given."""
+
+    def __init__(self, moves: dict[int, float]):
+        self.moves, self.calls = moves, 0
+
+    def __call__(self, observations, states, dt_s, params):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        target = 30.0 + self.moves.get(self.calls, 0.0)
+        return {o.key: Decision(1_000_000, 20_000, target, self.calls % 2 == 0, 10.0,
+                                LoopState()) for o in observations}
+
+
+@pytest.mark.parametrize(("moves", "fast_at"), [({}, set()), ({40: 0.4}, set()),
+                                                ({40: 2.0}, {40, 41})])
+async def test_calm_is_judged_by_what_the_law_decides(tmp_path, moves, fast_at):
+    """A container flipping between waiting for tokens and not, at the same target and rate,
+    lets the tick slow down; a target that moves past `calm_target_points` (and back) does not."""
+    region = file_region(tmp_path, 1, UUIDS[:1], (30.0,))
+    law, clock = Scripted(moves), Clock()
+    run = ThrottleController(Samples({}), lambda: [region], clock=clock, law=law,
+                             proc_root="/nonexistent")
+    run.inline_read_s = 10.0
+    try:
+        intervals = []
+        for _ in range(50):
+            clock.ns += round(run.interval_s * 1e9)
+            await run.tick()
+            intervals.append(run.interval_s)
+        # the documented rule, with changes at the first tick (a new container) and `fast_at`
+        expected, calm, interval = [], 0.0, 0.1
+        for tick in range(1, 51):
+            calm = 0.0 if tick == 1 or tick in fast_at else calm + interval
+            interval = min(0.4, 0.1 * (1 + int(calm / 1.0 + 1e-9)))
+            expected.append(interval)
+        assert intervals == pytest.approx(expected)
+        assert max(intervals[:39]) == pytest.approx(0.4)  # flips alone: slowed down all the way
+        assert region.rate(0) == (1_000_000, 20_000)
+    finally:
+        region.close()

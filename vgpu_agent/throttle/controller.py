@@ -21,9 +21,11 @@ What a tick costs, and how often it runs:
   ticks in a row the interval grows by one `tick_s`, and by one more per further such span, up
   to `max_tick_s` (counted in time, not ticks: with the defaults 0.1 s, 0.2 s after 1 s of calm,
   0.4 s after 3 s); the first tick that sees a change goes back to `tick_s`. A tick is calm
-  when no container came or went, none changed between waiting for tokens and not, no target
-  moved by more than `calm_target_points`, and no rate by more than `calm_rate_fraction` (noisy
-  NVML samples keep nudging the rates a little).
+  when no container came or went, no target moved by more than `calm_target_points`, and no
+  rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little).
+  What counts is what the law decides, not why: a container that spends about its rate flips
+  between waiting for tokens and not from tick to tick, which moves its target only where the
+  allocation depends on it (lending), and then the target says so.
 - Without regions a tick reads nothing and asks NVML nothing.
 - On the loop, the tick holds it for one GPU's steering at a time (it yields between GPUs), so
   an Allocate or a scrape waits for a fraction of a tick, not for all of it.
@@ -697,7 +699,6 @@ class ThrottleController:
                 last = device.last
                 changed = (
                     last is None
-                    or last[1].hungry != decision.hungry
                     or abs(last[1].target - decision.target) > calm_points
                     or abs(rate - written_rate) > calm_fraction * written_rate
                 )
