@@ -123,6 +123,7 @@ def _word_index(offset: int) -> int:
 # The live words of `control`, as indexes of 64-bit words: the controller reads every rate and
 # writes the heartbeat every tick, so these loads and stores skip the offset arithmetic.
 _HEARTBEAT_WORD = _word_index(layout.CONTROL_OFFSETS["heartbeat_ns"])
+_GENERATION_WORD = _word_index(layout.CONTROL_OFFSETS["generation"])
 _RATE_WORD = _word_index(layout.control_device_offset(0, "rate"))
 _BURST_WORD = _word_index(layout.control_device_offset(0, "burst"))
 _DEVICE_WORDS = _word_index(layout.CONTROL_DEVICE_SIZE)
@@ -311,8 +312,21 @@ class Region:
         return tuple(rates), policies, priority
 
     def set_rate(self, dev: int, rate: int, burst: int) -> None:
+        """`layout.set_rate`'s stores, in its order, straight to the words of `control`: the
+        controller writes dozens of rates a tick while shares move."""
         self._device(dev)
-        layout.set_rate(self._live(), dev, rate, burst)
+        words = self._words
+        if (words is not None and type(rate) is int and type(burst) is int
+                and 0 <= rate <= layout.TOKEN_MAX and 0 <= burst <= layout.TOKEN_MAX):
+            generation = words[_GENERATION_WORD]
+            opening = generation if generation % 2 else generation + 1  # closes a dead writer's
+            words[_GENERATION_WORD] = opening & layout.U64_MAX
+            first = dev * _DEVICE_WORDS
+            words[_RATE_WORD + first] = rate
+            words[_BURST_WORD + first] = burst
+            words[_GENERATION_WORD] = (opening + 1) & layout.U64_MAX
+        else:  # closed, or a value the layout refuses: its error says which
+            layout.set_rate(self._live(), dev, rate, burst)
 
     def set_policy(self, policy: CorePolicy, priority: int) -> bool:
         """Store `policy` for every device and the region's `priority` in `control` (one
