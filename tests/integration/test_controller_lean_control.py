@@ -358,3 +358,32 @@ async def test_calm_is_judged_by_what_the_law_decides(tmp_path, moves, fast_at):
         assert region.rate(0) == (1_000_000, 20_000)
     finally:
         region.close()
+
+
+async def test_a_region_closed_between_its_two_reads_is_skipped_quietly(tmp_path):
+    """Collected on the loop while the worker thread read its `state` and then its `control`:
+    skipped, not counted; a `control` that cannot be read otherwise is counted."""
+    kept = file_region(tmp_path, 1, UUIDS[:1], (30.0,))
+    victim = file_region(tmp_path, 2, UUIDS[:1], (30.0,))
+    broken = file_region(tmp_path, 3, UUIDS[:1], (30.0,))
+    read_controls = victim.controls
+
+    def close_first() -> tuple[tuple[int, ...], tuple[str, ...], int]:
+        victim.close()
+        return read_controls()
+
+    def fail() -> tuple[tuple[int, ...], tuple[str, ...], int]:
+        raise OSError("control unreadable")
+
+    victim.controls = close_first  # type: ignore[method-assign]
+    broken.controls = fail  # type: ignore[method-assign]
+    law, clock = Recorder(), Clock()
+    run = controller([kept, victim, broken], law, clock)
+    try:
+        clock.ns += 100_000_000
+        await run.tick()
+        assert [o.key for o in law.seen] == [f"{kept.alloc_id}/0"]
+        assert run.error_counts == {"region_read": 1}
+    finally:
+        for region in (kept, victim, broken):
+            region.close()

@@ -439,15 +439,17 @@ class ThrottleController:
                     "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
                 )
                 continue
+            try:
+                rates, policies, priority = _controls(region, len(devices))
+            except Exception:
+                if not getattr(region, "closed", False):  # collected meanwhile: not an error
+                    self._failed("region_read", "throttle_region_read_failed",
+                                 alloc_id=_alloc_id(region))
+                continue
             if counters is None:
                 self.errors["region_corrupt"] += 1
                 continue
-            try:
-                reading = (counters, *_controls(region, len(devices)))
-            except Exception:
-                self._failed("region_read", "throttle_region_read_failed",
-                             alloc_id=_alloc_id(region))
-                continue
+            reading = (counters, rates, policies, priority)
             for device in devices:
                 device.seen = tick
                 by_gpu[device.uuid].append((device, reading))
