@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import gc
 import importlib
@@ -29,7 +30,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -58,6 +59,7 @@ from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.podpolicy import PodPolicyRules
 from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
 from vgpu_agent.throttle.watch import BackstopWatch
+from vgpu_agent.timerslack import slack_deadline
 
 if TYPE_CHECKING:  # kubernetes_asyncio is imported only when something needs the API
     from vgpu_agent.dra.claims import ClaimReader
@@ -712,6 +714,26 @@ class DraFrontDoor:
 
 class _Shutdown(Exception):
     pass
+
+
+class SlackEventLoop(asyncio.SelectorEventLoop):
+    """The agent process's event loop: timers due far ahead fire on a shared grid, so that the
+    periodic tasks of an idle agent share their wake-ups (`vgpu_agent.timerslack`)."""
+
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        return super().call_at(slack_deadline(self.time(), when), callback, *args, context=context)
+
+
+def run_process(agent: Agent) -> None:
+    """Run `agent` as the process's whole life, on a `SlackEventLoop`."""
+    with asyncio.Runner(loop_factory=SlackEventLoop) as runner:
+        runner.run(agent.run())
 
 
 def raise_open_files_limit() -> None:
