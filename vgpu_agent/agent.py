@@ -672,7 +672,9 @@ class DraFrontDoor:
         regions: RegionStore,
         on_prepared: Callable[[], None],
     ):
-        # The DRA parts need the Kubernetes client: imported here, in DRA mode only.
+        # The DRA parts need the Kubernetes client: imported here, in DRA mode only (the lean
+        # client registered first, by the kube package).
+        from vgpu_agent import kube  # noqa: F401
         from vgpu_agent.dra.checkpoint import Checkpoint
         from vgpu_agent.dra.claims import ClaimReader
         from vgpu_agent.dra.driver import DraDriver
