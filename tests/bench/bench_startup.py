@@ -3,9 +3,9 @@
     python tests/bench/bench_startup.py [--runs 5] [--idle 20]
 
 Each run starts `vgpu-agent run` as its own process (8 simulated GPUs x K=16, NODE_NAME set and
-no API server reachable, so the node integration starts and fails quietly as on a node whose
-API server is away) against the kubelet stand-in, and times process start to the stand-in
-receiving `Register`. The last run then stays registered with no containers for `--idle`
+a kubeconfig whose API server does not answer, so the node integration loads its client and
+retries as on a node whose API server is away) against the kubelet stand-in, and times process
+start to the stand-in receiving `Register`. The last run then stays registered with no containers for `--idle`
 seconds: its CPU (percent of one core, from /proc) and RSS are read at the end. A bare
 `python -c pass` start is timed alongside, so the figure can be read against what the
 interpreter alone costs on the same machine at the same moment.
@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import os
 import platform
+import socket
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,23 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def kubeconfig_away(root: Path) -> str:
+    """A kubeconfig naming an API server that does not answer (a closed local port): the node
+    integration loads it, builds its clients and retries with backoff, as on a node whose API
+    server is away."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the agent dials it
+    path = root / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: away\n"
+        f"clusters:\n- name: away\n  cluster:\n    server: http://127.0.0.1:{port}\n"
+        "users:\n- name: away\n  user:\n    token: not-a-real-token\n"
+        "contexts:\n- name: away\n  context:\n    cluster: away\n    user: away\n"
+    )
+    return str(path)
+
+
 async def one_run(root: Path, idle_s: float, tree: Path = ROOT
                   ) -> tuple[float, float, float | None, float | None]:
     plugin_dir = root / "dp"
@@ -50,7 +68,7 @@ async def one_run(root: Path, idle_s: float, tree: Path = ROOT
     kubelet = KubeletStandIn(str(plugin_dir), str(root / "pr.sock"))
     await kubelet.start()
     env = {**os.environ, "PYTHONPATH": str(tree), "NODE_NAME": "bench-node",
-           "KUBERNETES_SERVICE_HOST": "", "KUBECONFIG": str(root / "no-such-kubeconfig")}
+           "KUBERNETES_SERVICE_HOST": "", "VGPU_AGENT_KUBECONFIG": kubeconfig_away(root)}
     started = time.perf_counter()
     agent = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "vgpu_agent.cli", "run", "--backend", "sim",
