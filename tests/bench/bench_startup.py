@@ -5,8 +5,9 @@
 Each run starts `vgpu-agent run` as its own process (8 simulated GPUs x K=16, NODE_NAME set and
 a kubeconfig whose API server does not answer, so the node integration loads its client and
 retries as on a node whose API server is away) against the kubelet stand-in, and times process
-start to the stand-in receiving `Register`. The last run then stays registered with no containers for `--idle`
-seconds: its CPU (percent of one core, from /proc) and RSS are read at the end. A bare
+start to the stand-in receiving `Register`. The last run (of each tree, with `--baseline`) then stays registered
+with no containers for `--idle` seconds: its CPU (percent of one core, from /proc) and RSS are
+read at the end. A bare
 `python -c pass` start is timed alongside, so the figure can be read against what the
 interpreter alone costs on the same machine at the same moment.
 
@@ -115,6 +116,7 @@ async def main() -> None:
     load = os.getloadavg()[0]
     starts, bares, base_starts, cpus, base_cpus = [], [], [], [], []
     cpu = rss = None
+    base_idle: tuple[float | None, float | None] = (None, None)
     for n in range(args.runs):
         bares.append(await bare_start())
         with tempfile.TemporaryDirectory(prefix="bench-start-", dir="/tmp") as tmp:
@@ -126,9 +128,12 @@ async def main() -> None:
             cpu, rss = cpu_now, rss_now
         if args.baseline:
             with tempfile.TemporaryDirectory(prefix="bench-start-", dir="/tmp") as tmp:
-                base = await one_run(Path(tmp), 0, args.baseline)
+                idle = args.idle if n == args.runs - 1 else 0
+                base = await one_run(Path(tmp), idle, args.baseline)
                 base_starts.append(base[0])
                 base_cpus.append(base[1])
+                if base[2] is not None:
+                    base_idle = base[2], base[3]
     print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"load average {load:.1f} before / {os.getloadavg()[0]:.1f} after")
     print(f"start -> Register: median {statistics.median(starts):.2f} s "
@@ -145,6 +150,9 @@ async def main() -> None:
     if cpu is not None and rss is not None:
         print(f"idle, registered, no containers ({args.idle:g} s): CPU {cpu:.2f} % of a core "
               f"(goal <= 0.3), RSS {rss:.1f} MB (goal <= 70)")
+    if base_idle[0] is not None and base_idle[1] is not None:
+        print(f"baseline idle, same conditions: CPU {base_idle[0]:.2f} % of a core, "
+              f"RSS {base_idle[1]:.1f} MB")
 
 
 if __name__ == "__main__":
