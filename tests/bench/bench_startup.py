@@ -5,9 +5,9 @@
 Each run starts `vgpu-agent run` as its own process (8 simulated GPUs x K=16, NODE_NAME set and
 a kubeconfig whose API server does not answer, so the node integration loads its client and
 retries as on a node whose API server is away) against the kubelet stand-in, and times process
-start to the stand-in receiving `Register`. The last run (of each tree, with `--baseline`) then stays registered
-with no containers for `--idle` seconds: its CPU (percent of one core, from /proc) and RSS are
-read at the end. A bare
+start to the stand-in receiving `Register`, and the agent's CPU time until then. The last run
+(of each tree, with `--baseline`) then stays registered with no containers for `--idle`
+seconds: its CPU (percent of one core, from /proc) and RSS are read at the end. A bare
 `python -c pass` start is timed alongside, so the figure can be read against what the
 interpreter alone costs on the same machine at the same moment.
 
