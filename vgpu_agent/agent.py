@@ -278,8 +278,11 @@ class Agent:
         """Import and start the metrics endpoint once registered (at the latest after
         `METRICS_START_LATEST_S`); the import runs in a worker thread so that the kubelet's
         first calls after `Register` are answered meanwhile."""
+        # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation (a stop)
+        # that arrives as the event is set, and this task would go on starting things
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._front_door_up.wait(), METRICS_START_LATEST_S)
+            async with asyncio.timeout(METRICS_START_LATEST_S):
+                await self._front_door_up.wait()
         http = await asyncio.to_thread(importlib.import_module, "vgpu_agent.metrics.http")
         host, port = self.config.metrics_host_port()
         metrics: MetricsService = http.MetricsService(

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import structlog.testing
 
 from tests.integration.plugin_harness import config_for, short_dir
 from vgpu_agent import agent as agent_module
@@ -166,5 +167,28 @@ async def test_a_taken_metrics_port_stops_the_agent_before_it_registers(root):
         assert proc.returncode == 1
         assert f"cannot serve metrics on 127.0.0.1:{port}" in stderr.decode()
         assert kubelet.registrations == []
+    finally:
+        await kubelet.stop()
+
+
+async def test_a_stop_right_at_register_shuts_down_cleanly(root):
+    # the stop and the start of the metrics endpoint are due in the same moment: nothing may
+    # go on starting tasks in a task group that is shutting down
+    os.makedirs(root / "dp")
+    kubelet = KubeletStandIn(str(root / "dp"), str(root / "pr" / "kubelet.sock"))
+    await kubelet.start()
+    try:
+        for _ in range(3):
+            agent = Agent(config_for(root))
+            with structlog.testing.capture_logs() as logs:
+                task = asyncio.create_task(agent.run())
+                async with asyncio.timeout(20):
+                    while agent.runner is None:
+                        await asyncio.sleep(0.001)
+                agent.runner.status.listeners.append(agent.stop)  # after the agent's own
+                await asyncio.wait_for(task, 20)
+            failed = [e for e in logs if e["log_level"] == "error"]
+            assert failed == [], failed
+            assert agent.runner.status.registrations == 1
     finally:
         await kubelet.stop()
