@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 LATER = ["aiohttp", "prometheus_client", "kubernetes_asyncio", "yaml", "vgpu_agent.metrics.http",
-         "vgpu_agent.kube.pods", "vgpu_agent.kube.node", "vgpu_agent.kube.events"]
+         "vgpu_agent.kube.pods", "vgpu_agent.kube.node", "vgpu_agent.kube.events",
+         "vgpu_agent.dra.grant"]
 
 
 def loaded_after(code: str) -> set[str]:
