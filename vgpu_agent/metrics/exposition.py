@@ -84,6 +84,10 @@ class LabelSets:
     def __len__(self) -> int:
         return len(self._used)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether `(names, values)` is held (used in this scrape or the one before)."""
+        return key in self._used or key in self._kept
+
     def get(self, names: tuple[str, ...], values: tuple[str, ...]) -> Labels:
         key = (names, values)
         found = self._used.get(key)
