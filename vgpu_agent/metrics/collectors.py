@@ -20,6 +20,7 @@ import platform
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import InfoMetricFamily, Metric
@@ -29,7 +30,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from vgpu_agent import __version__
-from vgpu_agent.deviceplugin.ids import DeviceIdError, parse_device_id
+from vgpu_agent.deviceplugin.ids import DeviceIdError, SliceId, parse_device_id
 from vgpu_agent.gpu.model import GpuInfo
 from vgpu_agent.metrics.exposition import Family, Labels, LabelSets, encode
 from vgpu_agent.metrics.poller import GpuSample, RegionSample
@@ -110,6 +111,16 @@ class Snapshot:
 _UNLIMITED_RATE = 1 << 52
 
 
+@lru_cache(maxsize=4096)
+def _slice_of(device_id: str) -> SliceId | None:
+    """The slice a device-plugin ID names; None for other IDs (DRA's). Cached: a region's IDs
+    never change, and every scrape looks at all of them."""
+    try:
+        return parse_device_id(device_id)
+    except DeviceIdError:
+        return None
+
+
 def _at(values: Sequence[int], dev: int) -> int:
     return values[dev] if dev < len(values) else 0
 
@@ -132,13 +143,19 @@ def container_devices(
     seen: set[str] = set()
     usage = region.usage
     known = usage is not None and not usage.corrupt
+    processes = usage.processes if usage is not None else ()
     for dev, limits in enumerate(region.devices):
         uuid = limits.uuid
         if uuid in seen:  # a region names each GPU once; never emit a series twice
             continue
         seen.add(uuid)
         status = throttle.get((region.alloc_id, dev))
-        procs = [p for p in usage.processes if dev < len(p.launches)] if usage else []
+        launches = wait_ns = last_launch_ns = 0
+        for p in processes:
+            if dev < len(p.launches):
+                launches += p.launches[dev]
+                wait_ns += p.wait_ns[dev]
+                last_launch_ns = max(last_launch_ns, p.last_launch_ns[dev])
         out.append(
             ContainerDevice(
                 identity=identity,
@@ -158,9 +175,9 @@ def container_devices(
                 memory_pool=_at(usage.memory_pool if usage else (), dev),
                 memory_spilled=_at(usage.memory_spilled if usage else (), dev),
                 graphs_unpriced=_at(usage.graphs_unpriced if usage else (), dev),
-                launches=sum(p.launches[dev] for p in procs),
-                wait_ns=sum(p.wait_ns[dev] for p in procs),
-                last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
+                launches=launches,
+                wait_ns=wait_ns,
+                last_launch_ns=last_launch_ns,
                 utilization=status.measured_util if status is not None else None,
                 open_loop=status.open_loop if status is not None else None,
                 priority=region.priority,
@@ -215,11 +232,9 @@ def gather_snapshot(
     states = {"active": 0, "corrupt": 0, "unreadable": 0, "unidentified": 0}
     for region in regions:
         for device_id in region.device_ids:
-            try:
-                slice_id = parse_device_id(device_id)
-            except DeviceIdError:
-                continue
-            slices.setdefault(slice_id.uuid, set()).add(slice_id.number)
+            slice_id = _slice_of(device_id)
+            if slice_id is not None:
+                slices.setdefault(slice_id.uuid, set()).add(slice_id.number)
         if region.usage is None:
             states["unreadable"] += 1
         elif region.usage.corrupt:
