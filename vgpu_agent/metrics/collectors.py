@@ -706,13 +706,20 @@ def render_exposition(
     encoder: Callable[[Collector], bytes],
     openmetrics: bool,
     labels: LabelSets | None = None,
+    between: Callable[[], object] | None = None,
 ) -> bytes:
     """The body of one scrape: the snapshot's families with the lean encoder, then the
     instruments (histogram, process figures) with prometheus_client's `encoder`, which for
-    OpenMetrics also writes the closing `# EOF`. `labels`: label sets kept across scrapes."""
+    OpenMetrics also writes the closing `# EOF`. `labels`: label sets kept across scrapes;
+    `between` is called between the steps (see `http._render_body`)."""
     if labels is not None:
         labels.rotate()
-    body = encode(build_families(snap, hami, labels), openmetrics)
+    built = build_families(snap, hami, labels)
+    if between is not None:
+        between()
+    body = encode(built, openmetrics)
+    if between is not None:
+        between()
     return body + encoder(instruments.registry)
 
 

@@ -33,7 +33,7 @@ from vgpu_agent.metrics.collectors import (
 )
 from vgpu_agent.metrics.connections import ConnectionGuard
 from vgpu_agent.metrics.exposition import LabelSets
-from vgpu_agent.metrics.poller import GpuPoller, RegionCache
+from vgpu_agent.metrics.poller import GpuPoller, RegionCache, step_aside
 from vgpu_agent.metrics.probes import liveness, readiness
 from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.metrics.status import build_status
@@ -291,7 +291,10 @@ def _render_body(
     gzipped: bool,
     labels: LabelSets | None = None,
 ) -> bytes:
-    body = render_exposition(pending.complete(), instruments, hami, encoder, openmetrics, labels)
+    snap = pending.complete()
+    step_aside()
+    body = render_exposition(snap, instruments, hami, encoder, openmetrics, labels, step_aside)
+    step_aside()
     # level 1: about a sixth of the CPU of level 6, and the text still shrinks some 15x
     return gzip.compress(body, compresslevel=1) if gzipped else body
 
