@@ -606,8 +606,9 @@ def guess_newcomers(
     """A first guess of `k` for work-conserving containers that just ran their unthrottled tick
     with no NVML sample to tell their share (the cold-start bound assumes 100 %, so their
     first rates would buy a fraction of their targets until a sample comes, a second later on
-    some GPUs). Together they used at most what the GPU's other containers left, and at least
-    their equal part of it: each is given an equal share of that. A `strict` container keeps
+    some GPUs). Together they used about what the GPU's other containers left (judged by their
+    spending / k), and never taken as less than half their equal part among the containers that
+    spent (the others' k may be off): each is given an equal share of that. A `strict` keeps
     the bound, which never lets it above its limit. Updates the lists in place; True when
     anything changed. Both laws call this one function.
     """
@@ -627,7 +628,7 @@ def guess_newcomers(
             spending += 1
             if i not in fresh and learned[0] > 0:
                 others += history[-1] / learned[0]
-    left = max(FULL_SHARE - others, FULL_SHARE * len(new) / max(spending, len(new)))
+    left = max(FULL_SHARE - others, FULL_SHARE * len(new) / max(spending, len(new)) / 2)
     share = left / len(new)
     for i in new:
         if observations[i].policy != "work-conserving":
