@@ -39,17 +39,34 @@ Kalman filter over the model `util = b * spend`:
 - Each fresh measurement is paired with the spending over the time it describes: the samples'
   span (the NVML sample period, told by the controller from the samples' timestamps, or
   `nvml_period_s`) ending half a tick ago, taken from the per-tick spending history with
-  fractional weights for the ticks at its edges.
-- Its weight is what it says: the measurement variance is the NVML noise (estimated online
-  from the filter's own innovations, never below the integer resolution's 1/12 point^2)
-  divided by the number of samples averaged, plus the error one tick of misalignment would
-  make (large right after a rate change, nil when spending is steady). Transients thus count
-  little without being thrown away, and nothing has to agree with anything: this replaces the
-  old gate that learned only when two samples agreed.
-- Between measurements `b` may drift (`drift_per_s`, relative): the filter never stops
-  listening, and a workload that changes kernels is followed. An innovation far outside what
-  the filter expects (`surprise_sigmas`) is a change of workload, not noise: the estimate's
-  variance is widened so that it re-learns within a few samples.
+  fractional weights for the ticks at its edges. A window that reaches a little
+  (`partial_window`) before the history, as a container's first sample does when samples come
+  once a second, is still used: the oldest tick's spending stands in for the part before it
+  (that tick ran unthrottled, as the container did before it was followed, or under a rate
+  found written), and that part counts as possible misalignment. A sample a second late would
+  otherwise cost a second of learning.
+- Its weight is what it says: the measurement variance is the NVML noise divided by the number
+  of samples averaged, plus the error one tick of misalignment would make (large right after a
+  rate change, nil when spending is steady). Transients thus count little without being thrown
+  away, and nothing has to agree with anything: this replaces the old gate that learned only
+  when two samples agreed.
+- NVML's noise is that of a sampled proportion (the driver sees a process busy or not at
+  instants): largest at 50 % use, shrinking towards 0 and 100 % as `4 p (1 - p)` (never below
+  `noise_tail` of it, never below the integer resolution's 1/12 point^2). The law keeps its
+  estimate as at 50 % use (`noise_prior` until measured) and scales it to the share expected
+  now, so that noise learned at 100 % use (where samples barely scatter) does not make the
+  filter trust every sample once the container drops to 30 %. It is measured from two
+  measurements in a row at the same spending: their difference is the noise of both,
+  whatever the estimate of k.
+- A reading of 0 for a container that spent enough for more than `missing_above` percent is a
+  sample NVML missed (its processes were absent from the batch), not evidence of an idle GPU:
+  taken as evidence it would make `k` unbounded and the container unthrottled.
+- Between measurements `b` may drift (`drift_per_s`, relative, 0.3 %/s): the filter never
+  stops listening, and a workload that changes slowly is followed; a lower drift keeps the
+  steady estimate averaging more samples (NVML's noise at 1 sample/s and sigma 8 needs dozens).
+  An innovation far outside what the filter expects (`surprise_sigmas`) is a change of
+  workload, not noise: the estimate's variance is widened so that it re-learns within a few
+  samples.
 - Anti-windup: nothing integrates an error; the estimate only moves by evidence, and a
   container that spends nothing (idle, or held off) gives no evidence.
 - Because the estimate is of the ratio at the operating point, a workload whose SM time is not
@@ -57,7 +74,12 @@ Kalman filter over the model `util = b * spend`:
   converges to its target.
 - Cold start: a container with no model runs unthrottled for one tick; its spending then bounds
   `b` from above (its share was at most 100%, or a little above what NVML's first sample says),
-  so the first limited rate stays under the limit. Until `cold_samples` measurements are in,
+  so the first limited rate stays under the limit. Without a sample in that tick the bound
+  alone would hold a `work-conserving` newcomer at a fraction of its target until NVML reports
+  (a second later on GPUs that sample once a second; a tenth of its target when ten start at
+  once), so those start from a guess instead (`guess_newcomers`): together the newcomers had
+  what the other containers left, each an equal part of it; the first samples then correct
+  it. A `strict` newcomer keeps the bound. Until `cold_samples` measurements are in,
   a `strict` container's rate uses `b` plus `cold_sigmas` standard deviations of the estimate,
   so that a noisy first sample cannot push it above its limit; the margin fades as evidence
   accumulates. A rate found already in force (the agent restarted) is kept until `k` is

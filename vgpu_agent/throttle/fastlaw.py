@@ -8,7 +8,8 @@ the same law, decision for decision, arranged for speed over a GPU's containers:
   of a sixth of a second covers two or three ticks of a history kept for 2.5 s, so the sums
   run over those ticks only, not the whole history.
 - The per-container update (`control._observe`) is inlined, and a container's new state is
-  built once, with its target.
+  built once, with its target. The one step across containers of that update, the first guess
+  for work-conserving newcomers, is the reference's own function (`control.guess_newcomers`).
 - The guarantees of the share allocation depend only on the containers' priorities and limits
   and on the capacity, which rarely change: they are computed once and remembered.
 
