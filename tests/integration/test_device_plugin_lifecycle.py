@@ -99,6 +99,36 @@ async def test_kubelet_restart_is_followed_by_registration_within_a_second(root)
         assert run.agent.runner.status.kubelet_restarts == 1
 
 
+async def test_a_new_kubelet_socket_that_reuses_the_inode_number_is_still_a_restart(
+    root, monkeypatch
+):
+    """Filesystems hand a freed inode number to the next file at once: a kubelet whose new
+    socket got the old number (and that left ours in place) is still seen to have restarted."""
+    from vgpu_agent.kubelet.standin import KubeletStandIn
+
+    async with running_agent(config_for(root)) as run:
+        kubelet_sock = run.kubelet.kubelet_socket
+        old = os.stat(kubelet_sock)
+        real_stat = os.stat
+
+        def stat(path, *args, **kwargs):
+            st = real_stat(path, *args, **kwargs)
+            if path != kubelet_sock:
+                return st
+            fields = list(st)
+            fields[1], fields[2] = old.st_ino, old.st_dev  # same device and inode number
+            return os.stat_result(fields, {"st_ctime_ns": st.st_ctime_ns})
+
+        monkeypatch.setattr(os, "stat", stat)
+        monkeypatch.setattr(KubeletStandIn, "_wipe_sockets",
+                            lambda self: os.unlink(self.kubelet_socket)
+                            if os.path.exists(self.kubelet_socket) else None)
+        await asyncio.sleep(0.01)  # a change time of its own for the new socket
+        await run.kubelet.restart()
+        await run.kubelet.wait_for(lambda: len(run.kubelet.registrations) == 2, limit_s=5)
+        assert run.agent.runner.status.kubelet_restarts == 1
+
+
 async def test_own_socket_deleted_means_register_again(root):
     config = config_for(root)
     async with running_agent(config) as run:

@@ -498,3 +498,29 @@ async def test_kinds_are_served_only_at_their_scope(api: Api) -> None:
         with pytest.raises(ApiException) as caught:
             await api.raw(api.client.call_api, path, "GET", auth_settings=["BearerToken"])
         assert caught.value.status == 404, path
+
+
+async def test_a_stopped_server_refuses_connections_and_keeps_its_port_for_the_restart():
+    """While stopped, the port is bound but not listening: a client is refused (not answered
+    by whichever other server the machine handed the port to), and the restart gets it back."""
+    import socket
+
+    api = FakeKubeAPI()
+    await api.start()
+    port = api.port
+    await api.stop()
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", port)
+        other = socket.socket()
+        with pytest.raises(OSError):  # nobody else may listen there meanwhile
+            other.bind(("127.0.0.1", port))
+            other.listen()
+        other.close()
+        await api.start()
+        assert api.port == port
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        await api.stop()

@@ -352,3 +352,44 @@ async def test_spare_directories_take_the_block_reservation_off_later_allocates(
     os.mkdir(root / ".new-spare-999-0")
     RegionStore(str(tmp_path)).adopt()
     assert not (root / ".new-spare-999-0").exists()
+
+
+async def test_closing_while_a_spare_is_being_written_leaves_no_directory_behind(
+    tmp_path, monkeypatch
+):
+    """`close` cannot wait for the worker thread writing a spare: whatever that thread
+    finishes after the close is deleted by the thread itself, and nothing new is started."""
+    import threading
+
+    from vgpu_agent.deviceplugin.allocation import Split, grant
+    from vgpu_agent.gpu.sim import build_inventory
+
+    gpus = {g.uuid: g for g in build_inventory("1xA100-80GB")}
+    one = grant([f"{next(iter(gpus))}::0"], gpus, Split(4))
+    store = RegionStore(str(tmp_path))
+    root = tmp_path / "regions"
+    writing, release = threading.Event(), threading.Event()
+    write_state = store._write_state
+
+    def slow_write(path, device_count):
+        if path.parent.name.startswith(".new-spare-"):
+            writing.set()
+            assert release.wait(5)
+        write_state(path, device_count)
+
+    monkeypatch.setattr(store, "_write_state", slow_write)
+    await store.on_grant(one)  # starts spares in worker threads
+    assert await asyncio.to_thread(writing.wait, 5)
+    with capture_logs() as logs:
+        store.close()  # while a spare's state file is half-written
+        release.set()
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if not [e for e in os.listdir(root) if e.startswith(".new-spare-")]:
+                break
+    assert not [e for e in os.listdir(root) if e.startswith(".new-spare-")]
+    assert not [e for e in logs if e["event"] == "region_spare_failed"]
+    # a closed store makes no more spares
+    with pytest.raises(OSError, match="closed"):
+        store._make_spare(1)
+    assert not [e for e in os.listdir(root) if e.startswith(".new-spare-")]

@@ -53,12 +53,17 @@ def check_plugin_dir(plugin_dir: str) -> None:
         ) from err
 
 
-def _inode(path: str) -> tuple[int, int] | None:
+_FileId = tuple[int, int, int]  # device, inode, change time
+
+
+def _inode(path: str) -> _FileId | None:
+    """Which file `path` is: a socket removed and made again may reuse the inode number at
+    once (ext4 and tmpfs do), so its change time tells the new one apart too."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class PluginRunner:
@@ -143,7 +148,7 @@ class PluginRunner:
         self._server = server
         log.info("plugin_serving", socket=self.socket_path)
 
-    async def _register_with_backoff(self, kubelet: tuple[int, int]) -> None:
+    async def _register_with_backoff(self, kubelet: _FileId) -> None:
         backoff = Backoff(initial=0.1, cap=self._backoff_max_s, jitter=0)
         while True:
             try:
@@ -186,7 +191,7 @@ class PluginRunner:
         for listener in self.status.listeners:
             listener()
 
-    async def _watch(self, kubelet: tuple[int, int]) -> None:
+    async def _watch(self, kubelet: _FileId) -> None:
         """Return when the kubelet restarted: its socket changed, or ours was deleted."""
         while True:
             await asyncio.sleep(self._watch_s)

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import itertools
 import math
@@ -791,6 +792,12 @@ class RegionStore:
         self._spares_pending: dict[int, int] = {}
         self._spare_tasks: set[asyncio.Task[None]] = set()
         self._spare_names = itertools.count()
+        # Spares made in a worker thread and not yet taken, and whether the store is closed:
+        # `close` cannot wait for the threads, so it deletes what they handed in, and a thread
+        # that finds the store closed deletes what it made.
+        self._spares_made: set[Path] = set()
+        self._spare_lock = threading.Lock()
+        self._closed = False
         self._retired_corrupt_reads = 0
         self._retired_skipped_records = 0
         self._retired_tampering = {"state_replaced": 0, "files_truncated": 0, "foreign_removed": 0}
@@ -912,6 +919,8 @@ class RegionStore:
         try:
             path = await asyncio.to_thread(self._make_spare, device_count)
         except OSError as err:
+            if self._closed:
+                return
             log.warning("region_spare_failed", path=str(self.root), error=str(err))
             self._create_error = f"{self.root}: {err.strerror or err}"
             return
@@ -922,19 +931,30 @@ class RegionStore:
 
     def _make_spare(self, device_count: int) -> Path:
         path = self.root / f"{_NEW_PREFIX}spare-{os.getpid()}-{next(self._spare_names)}"
+        if self._closed:
+            raise OSError(errno.ESHUTDOWN, "region store closed", str(path))
         self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         os.mkdir(path, DIR_MODE)
         try:
             os.chmod(path, DIR_MODE)
             self._write_state(path / STATE_FILE, device_count)
+            with self._spare_lock:  # held for the bookkeeping only, never for the writes
+                if not self._closed:
+                    self._spares_made.add(path)
+                    return path
+            raise OSError(errno.ESHUTDOWN, "region store closed", str(path))
         except OSError:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        return path
 
     def _take_spare(self, device_count: int) -> Path | None:
         spares = self._spares.get(device_count)
-        return spares.pop() if spares else None
+        if not spares:
+            return None
+        path = spares.pop()
+        with self._spare_lock:
+            self._spares_made.discard(path)
+        return path
 
     def create(
         self,
@@ -1310,9 +1330,13 @@ class RegionStore:
         self._regions.clear()
         for task in self._spare_tasks:
             task.cancel()
-        for spares in self._spares.values():
-            for path in spares:
-                shutil.rmtree(path, ignore_errors=True)
+        # A spare still being made finishes first; one made but not handed over (its task was
+        # cancelled) is deleted with the rest.
+        with self._spare_lock:
+            self._closed = True
+            made, self._spares_made = self._spares_made, set()
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
         self._spares.clear()
 
 

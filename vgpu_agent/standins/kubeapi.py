@@ -31,9 +31,11 @@ import contextlib
 import copy
 import json
 import re
+import socket
 import ssl
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +93,7 @@ class FakeKubeAPI:
     _rv: int = 100
     _faults: list[_Fault] = field(default_factory=list)
     _runner: web.AppRunner | None = None
+    _held_port: socket.socket | None = None  # keeps the port while stopped (see `stop`)
     _changed: asyncio.Condition | None = None
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> Pod (see _PodsRoutes)
     _pod_history: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
@@ -116,6 +119,9 @@ class FakeKubeAPI:
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict_pod)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
+        if self._held_port is not None:
+            self._held_port.close()
+            self._held_port = None
         site = web.TCPSite(
             self._runner, "127.0.0.1", self.port, reuse_address=True, ssl_context=self.ssl_context
         )
@@ -130,12 +136,24 @@ class FakeKubeAPI:
             self._pod_changed = asyncio.Condition()
 
     async def stop(self) -> None:
-        """Close the port: clients now get 'connection refused'."""
+        """Close the port: clients now get 'connection refused'.
+
+        The port stays bound, not listening (a connection to it is refused), so that no other
+        server on the machine is handed it meanwhile and answers in this one's place."""
         self.resources.close_watches()
         await self.end_pod_watches()  # open watches end, as when the server goes away
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                held.bind(("127.0.0.1", self.port))
+            except OSError:
+                held.close()  # taken already: nothing to hold
+            else:
+                self._held_port = held
+                weakref.finalize(self, held.close)  # closed with the server at the latest
 
     @property
     def url(self) -> str:
