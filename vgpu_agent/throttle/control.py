@@ -507,11 +507,14 @@ def _state(learned: _Learned, target: float) -> LoopState:
 
 
 def rate_for(k: float, target: float, obs: Observation, state_spread: float, learned: int,
-             params: ControlParams) -> float:
-    """Tokens/s buying `target` percent; for a strict container still learning, less."""
+             params: ControlParams, k_floor: float = 0.0) -> float:
+    """Tokens/s buying `target` percent; for a strict container still learning, less, though
+    never less than the cold-start bound `k_floor` buys (that bound is proven, so a rate at it
+    cannot exceed the limit; a weak first sample would otherwise pull the rate below it)."""
     if obs.policy == "strict" and 0 < learned < params.cold_samples and params.cold_sigmas:
         fade = 1 - learned / params.cold_samples
         k /= 1 + params.cold_sigmas * fade * math.sqrt(state_spread)
+        k = max(k, k_floor)
     return k * target
 
 
@@ -602,7 +605,7 @@ def control_step(
                                         _state(learned, prev.target))
             continue
         # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
-        rate = _clamp_tokens(rate_for(k, target, o, learned[5], learned[10], params),
+        rate = _clamp_tokens(rate_for(k, target, o, learned[5], learned[10], params, learned[9]),
                              params.min_rate)
         if o.rate < UNLIMITED_RATE and abs(rate - o.rate) <= params.rate_deadband * o.rate:
             # Noisy samples nudge k a little every time: a nudge is not worth a write (and

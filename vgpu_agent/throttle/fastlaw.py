@@ -298,6 +298,7 @@ def control_step_gpu(
         if o.policy == "strict" and 0 < count < cold_samples and cold_sigmas:
             fade = 1 - count / cold_samples
             k_rate /= 1 + cold_sigmas * fade * math.sqrt(spread)
+            k_rate = max(k_rate, k_floor)
         # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
         rate = _clamp_tokens(k_rate * target, min_rate)
         state = _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
