@@ -168,3 +168,19 @@ def test_bad_new_params_are_refused(field):
     if field == "partial_window":
         with pytest.raises(ValueError, match=field):
             ControlParams(partial_window=1.0)
+
+
+@pytest.mark.parametrize("law", [control_step, control_step_gpu])
+def test_a_strict_containers_cold_margin_stops_at_the_proven_bound(law):
+    # One uncertain measurement in (spread 0.5^2): the margin alone would cut the rate by a
+    # third, below what the cold-start bound (it ran alone, unthrottled: 100 %) proves safe.
+    floor = K  # the bound is exact here: it had the whole GPU
+    state = LoopState(tokens_per_pct=1.05 * K, spend_history=(30 * K,) * 30, learned=1,
+                      spread=0.25, k_floor=floor, target=30.0, last_pair=(30 * K, 29.0))
+    obs = Observation("s", 30, "strict", spent=int(30 * K * TICK), launches=10,
+                      rate=int(30 * K), burst=int(30 * K))
+    decision = law([obs], {"s": state}, TICK)["s"]
+    assert decision.rate == round(floor * 30)
+    # without the bound the margin applies as before
+    no_floor = law([obs], {"s": state._replace(k_floor=0.0)}, TICK)["s"]
+    assert no_floor.rate < 0.8 * floor * 30
