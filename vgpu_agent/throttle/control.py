@@ -83,8 +83,8 @@ Kalman filter over the model `util = b * spend`:
   a `strict` container's rate uses `b` plus `cold_sigmas` standard deviations of the estimate,
   so that a noisy first sample cannot push it above its limit; the margin fades as evidence
   accumulates, and never takes the rate below what the cold-start bound buys (that bound is
-  proven; a container alone on the GPU is exactly at it). A rate found already in force (the agent restarted) is kept until `k` is
-  learned from it.
+  proven; a container alone on the GPU is exactly at it). A rate found already in force (the
+  agent restarted) is kept until `k` is learned from it.
 
 Kernel length does not matter: long kernels make spending lumpy within a tick, which the burst
 (at least two of the largest launches) absorbs and the sample span averages out.
