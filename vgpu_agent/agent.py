@@ -1,8 +1,12 @@
 """Composition: builds every adapter from the `Config` and runs them as named, supervised tasks.
 
 Start-up order: GPU backend (retried with backoff until it starts) -> inventory -> device state
--> device plugin (serving, then registered) -> health monitor. Shutdown (SIGTERM/SIGINT or
-`stop()`): the task group is cancelled; the plugin runner removes its socket on the way out.
+-> device plugin (serving, then registered) -> health monitor. What the kubelet does not wait for
+is imported and started after `Register`: the metrics endpoint (aiohttp and prometheus_client,
+a third of the start-up's imports; its port is checked at once, it serves at the latest
+`METRICS_START_LATEST_S` after start, and at once when the GPU backend fails to start), then the
+Kubernetes client. Shutdown (SIGTERM/SIGINT or `stop()`): the task group is cancelled; the plugin
+runner removes its socket on the way out.
 
 `mode` picks the kubelet-facing front door: the device plugin, or the DRA driver (claims read
 from the API, registration through the plugin watcher). Never both: a node must not serve the
@@ -14,17 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import gc
 import importlib
 import os
 import resource
 import signal
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -41,10 +47,7 @@ from vgpu_agent.deviceplugin.registration import PluginRunner, check_plugin_dir
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState, Extras
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend, GpuError, GpuInfo, Inventory
-from vgpu_agent.kube.events import SpilledDevice
-from vgpu_agent.kube.pods import NodePods
 from vgpu_agent.kubelet.podresources import ContainerRef, PodResourcesClient
-from vgpu_agent.metrics.http import MetricsService
 from vgpu_agent.metrics.sources import MetricsSources, RegistrationView
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region, RegionStore
@@ -56,6 +59,7 @@ from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.podpolicy import PodPolicyRules
 from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
 from vgpu_agent.throttle.watch import BackstopWatch
+from vgpu_agent.timerslack import slack_deadline
 
 if TYPE_CHECKING:  # kubernetes_asyncio is imported only when something needs the API
     from vgpu_agent.dra.claims import ClaimReader
@@ -63,13 +67,18 @@ if TYPE_CHECKING:  # kubernetes_asyncio is imported only when something needs th
     from vgpu_agent.dra.server import DraPluginRunner
     from vgpu_agent.gpu.health import HealthChange
     from vgpu_agent.kube.node import NodeIntegration
+    from vgpu_agent.kube.pods import NodePods
     from vgpu_agent.kube.resourceslices import ResourceSlicePublisher
+    from vgpu_agent.metrics.http import MetricsService
 
 log = structlog.get_logger(__name__)
 
 SPILL_CHECK_S = 5.0  # how often regions are read for spilled memory (only with spilling on)
 # A stopped agent exits within this many seconds whatever hangs (the kubelet's SIGKILL comes later)
 SHUTDOWN_DEADLINE_S = 4.5
+# The metrics endpoint waits for `Register` (the kubelet's probes start seconds later), but no
+# longer than this after `run()` starts: a kubelet that is not there must not keep probes off.
+METRICS_START_LATEST_S = 1.0
 
 
 def make_backend(config: Config) -> GpuBackend:
@@ -177,7 +186,7 @@ class Agent:
         )
         # Pods' own core policy and priority (annotations); `pods` stands in for the API's pods
         # (the simulation), else the node integration's pod watch provides them.
-        self.pods: NodePods | None = None
+        self.pods: NodePods | None = None  # kube.pods is imported with the node integration
         self.pod_policies = RegionPolicies(
             self._pod_policy_regions,
             self.regions.identity,
@@ -185,17 +194,19 @@ class Agent:
             pods=pods,
         )
         self.tasks = TaskHealth()
-        host, port = config.metrics_host_port()
-        self.metrics = MetricsService(
-            self._metrics_sources(),
-            host=host,
-            port=port,
-            backend=self.backend,
-            poll_s=config.nvml_poll_seconds,
-            hami=config.hami_metrics,
-        )
+        self._metrics: MetricsService | None = None  # built once the kubelet has us (`serving`)
+        self._early_results: list[tuple[str, float]] = []  # Allocate results before /metrics
+        self._front_door_up = asyncio.Event()  # registered with the kubelet (or DRA serving)
+        self.serving = asyncio.Event()  # set once /metrics, /healthz and /readyz answer
         self.ready = asyncio.Event()  # set once the plugin is serving and the inventory is known
         self._stop = asyncio.Event()
+
+    @property
+    def metrics(self) -> MetricsService:
+        """The metrics endpoint; it exists once `serving` is set."""
+        if self._metrics is None:
+            raise RuntimeError("the metrics endpoint is not started yet: wait for `serving`")
+        return self._metrics
 
     def stop(self) -> None:
         self._stop.set()
@@ -214,10 +225,11 @@ class Agent:
         with _signals(self.stop):
             try:
                 async with asyncio.TaskGroup() as group:
-                    # Probes answer from the start, also while the GPU backend is retried.
-                    await self.metrics.start()
-                    # Allocate needs both directories: find out now, not at the first Allocate.
+                    # Allocate needs both directories, probes the metrics port: find out now,
+                    # not at the first Allocate or once registered.
                     await asyncio.to_thread(self._check_directories)
+                    await asyncio.to_thread(self._check_metrics_port)
+                    group.create_task(self._serve_metrics(group), name="metrics-start")
                     group.create_task(self._main(group), name="main")
                     group.create_task(self._heartbeat(), name="loop-heartbeat")
                     await self._stop.wait()
@@ -230,7 +242,7 @@ class Agent:
                 for err in failed.exceptions:
                     log.error("shutdown_step_failed", step="tasks", error=repr(err))
         for step, action in (
-            ("metrics", self.metrics.stop),
+            ("metrics", self._stop_metrics),
             ("pod-resources", self.pod_resources.close),
             ("dra", self._close_dra),
             ("regions", lambda: _completed(self.regions.close)),
@@ -257,6 +269,49 @@ class Agent:
         """Raise OSError naming the path if the state dir or the plugin dir is unusable."""
         self.regions.check_usable()
         check_plugin_dir(self.config.device_plugin_dir)
+
+    def _check_metrics_port(self) -> None:
+        """Raise OSError naming the address if the metrics port cannot be bound (it is taken)."""
+        check_port_bindable(*self.config.metrics_host_port())
+
+    async def _serve_metrics(self, group: asyncio.TaskGroup) -> None:
+        """Import and start the metrics endpoint once registered (at the latest after
+        `METRICS_START_LATEST_S`); the import runs in a worker thread so that the kubelet's
+        first calls after `Register` are answered meanwhile."""
+        # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation (a stop)
+        # that arrives as the event is set, and this task would go on starting things
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(METRICS_START_LATEST_S):
+                await self._front_door_up.wait()
+        http = await asyncio.to_thread(importlib.import_module, "vgpu_agent.metrics.http")
+        host, port = self.config.metrics_host_port()
+        metrics: MetricsService = http.MetricsService(
+            self._metrics_sources(),
+            host=host,
+            port=port,
+            backend=self.backend,
+            poll_s=self.config.nvml_poll_seconds,
+            hami=self.config.hami_metrics,
+        )
+        await metrics.start()
+        self._metrics = metrics
+        for result, seconds in self._early_results:
+            metrics.instruments.on_result(result, seconds)
+        self._early_results.clear()
+        self._supervise(group, "metrics-caches", self._refresh_metrics)
+        gc.freeze()  # what the endpoint built lives as long as the agent (see `_main`)
+        self.serving.set()
+
+    async def _stop_metrics(self) -> None:
+        if self._metrics is not None:
+            await self._metrics.stop()
+
+    def _on_result(self, result: str, seconds: float) -> None:
+        """Allocate's outcome for the metrics; kept until the endpoint exists."""
+        if self._metrics is not None:
+            self._metrics.instruments.on_result(result, seconds)
+        elif len(self._early_results) < 1024:
+            self._early_results.append((result, seconds))
 
     async def _main(self, group: asyncio.TaskGroup) -> None:
         self.inventory = await self._start_backend()
@@ -289,6 +344,7 @@ class Agent:
             self.dra.driver.restore()
             self.regions.prepare_spares(1)
             self._supervise(group, "dra-plugin", self.dra.runner.run)
+            self._front_door_up.set()  # the DRA front door imported its Kubernetes client already
         else:
             self.regions.prepare_spares(1)  # most containers ask for slices of one GPU
             servicer = DevicePluginServicer(
@@ -297,7 +353,7 @@ class Agent:
                 strategy=self.config.device_list_strategy,
                 cdi_vendor_class=self.config.cdi_vendor_class,
                 on_grant=self._on_grant,
-                on_result=self.metrics.instruments.on_result,
+                on_result=self._on_result,
             )
             self.runner = PluginRunner(
                 servicer,
@@ -305,6 +361,7 @@ class Agent:
                 endpoint=self.config.endpoint_name,
                 resource_name=self.config.resource_name,
             )
+            self.runner.status.listeners.append(self._front_door_up.set)
         self.health = HealthMonitor(
             self.backend,
             gpus,
@@ -334,7 +391,6 @@ class Agent:
         self._supervise(group, "pod-policies", self.pod_policies.run)
         self._supervise(group, "throttle", self.controller.run)
         self._supervise(group, "backstop", self.backstop.run)
-        self._supervise(group, "metrics-caches", self._refresh_metrics)
         if spilling:
             self._supervise(group, "spill-events", self._watch_spills)
         self._start_node_integration(group, gpus)
@@ -386,6 +442,8 @@ class Agent:
         return notices
 
     def _report_spill(self, notice: SpillNotice) -> None:
+        from vgpu_agent.kube.events import SpilledDevice
+
         namespace, pod_name, container = notice.container
         index = {g.uuid: g.index for g in self.inventory.gpus} if self.inventory else {}
         devices = [
@@ -420,10 +478,12 @@ class Agent:
     async def _node_integration(
         self, group: asyncio.TaskGroup, gpus: list[GpuInfo], early: list[HealthChange]
     ) -> None:
-        # kubernetes_asyncio takes about a second to import: a worker thread does it, so that
-        # registering with the kubelet and the first control ticks do not wait for it.
+        # kubernetes_asyncio takes about a second to import: a worker thread does it, and only
+        # once registered and serving metrics, so that neither waits for it (the GIL is shared).
+        await self.serving.wait()
         try:
             kube_node = await asyncio.to_thread(importlib.import_module, "vgpu_agent.kube.node")
+            kube_pods = await asyncio.to_thread(importlib.import_module, "vgpu_agent.kube.pods")
         except Exception:
             log.exception("kube_import_failed", detail="node labels and events are off")
             return
@@ -436,7 +496,7 @@ class Agent:
         self.node = node
         self._supervise(group, "kube", node.run)
         if self.pod_policies.pods is None:
-            pods = NodePods(
+            pods = kube_pods.NodePods(
                 self.config.node_name, node.api_configuration, on_change=self.pod_policies.poke
             )
             self.pods = pods
@@ -448,6 +508,7 @@ class Agent:
             await node.publish_labels(gpus, self.config.split_count, __version__)
 
         group.create_task(publish(), name="kube-labels")
+        gc.freeze()
 
     async def _refresh_metrics(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -553,6 +614,7 @@ class Agent:
                 return inventory
             except GpuError as err:
                 self.backend_error = str(err)
+                self._front_door_up.set()  # no Register soon: probes answer now, saying why
                 delay = backoff.next_delay()
                 log.error(
                     "gpu_backend_start_failed", error=str(err), call=err.call, retry_in_s=delay
@@ -613,7 +675,9 @@ class DraFrontDoor:
         regions: RegionStore,
         on_prepared: Callable[[], None],
     ):
-        # The DRA parts need the Kubernetes client: imported here, in DRA mode only.
+        # The DRA parts need the Kubernetes client: imported here, in DRA mode only (the lean
+        # client registered first, by the kube package).
+        from vgpu_agent import kube  # noqa: F401
         from vgpu_agent.dra.checkpoint import Checkpoint
         from vgpu_agent.dra.claims import ClaimReader
         from vgpu_agent.dra.driver import DraDriver
@@ -657,6 +721,26 @@ class _Shutdown(Exception):
     pass
 
 
+class SlackEventLoop(asyncio.SelectorEventLoop):
+    """The agent process's event loop: timers due far ahead fire on a shared grid, so that the
+    periodic tasks of an idle agent share their wake-ups (`vgpu_agent.timerslack`)."""
+
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        return super().call_at(slack_deadline(self.time(), when), callback, *args, context=context)
+
+
+def run_process(agent: Agent) -> None:
+    """Run `agent` as the process's whole life, on a `SlackEventLoop`."""
+    with asyncio.Runner(loop_factory=SlackEventLoop) as runner:
+        runner.run(agent.run())
+
+
 def raise_open_files_limit() -> None:
     """Soft RLIMIT_NOFILE up to the hard limit: containers often start with a soft 1024, and
     the agent's descriptors (regions, gRPC, metrics clients) must not be what runs out first."""
@@ -671,6 +755,25 @@ def raise_open_files_limit() -> None:
         log.warning("open_files_limit_unchanged", error=str(err))
         return
     log.info("open_files_limit", soft_before=soft, soft=raised, hard=hard)
+
+
+def check_port_bindable(host: str, port: int) -> None:
+    """Raise OSError naming the address if (host, port) cannot be bound; port 0 always can.
+
+    Bound and released at once, the way the metrics server will bind it (SO_REUSEADDR): a port
+    another process listens on fails here, before the agent registers, not after."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise OSError(err.errno, f"cannot serve metrics on {host}:{port}: {reason}") from err
 
 
 def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:

@@ -233,10 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"vgpu-agent: mode {config.mode} needs {'; and '.join(missing)}", file=sys.stderr)
         return EXIT_CONFIG
-    from vgpu_agent.agent import SHUTDOWN_DEADLINE_S, Agent
+    from vgpu_agent.agent import SHUTDOWN_DEADLINE_S, Agent, run_process
 
     agent = Agent(config, exit_process_after_s=SHUTDOWN_DEADLINE_S)
-    return _run_reporting_os_errors(lambda: asyncio.run(agent.run()))
+    return _run_reporting_os_errors(lambda: run_process(agent))
 
 
 def _run_reporting_os_errors(run: Callable[[], object]) -> int:

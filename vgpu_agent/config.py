@@ -10,14 +10,13 @@ names the key, the value, where it came from and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import yaml
 
 ENV_PREFIX = "VGPU_AGENT_"
 DEFAULT_XID_IGNORE = (13, 31, 43, 45, 68, 109)
@@ -489,8 +488,10 @@ class ConfigSources:
 def _parse_file(text: str, name: str) -> dict[str, object]:
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError("config", name, f"must be at most {MAX_CONFIG_BYTES} bytes")
+    import yaml  # only with a config file: `run` from flags and env alone never needs it
+
     try:
-        data = yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader
+        data = yaml.load(text, Loader=_bounded_loader())  # a SafeLoader
     except yaml.YAMLError as err:
         raise ConfigError("config", name, f"must be valid YAML: {shown(str(err))}") from None
     except (ValueError, OverflowError, RecursionError) as err:  # 5,000 digits; deep nesting
@@ -509,27 +510,32 @@ def _parse_file(text: str, name: str) -> dict[str, object]:
     return {str(k): v for k, v in data.items()}
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, bounded: flow collections nest at most `MAX_YAML_DEPTH` deep (the
-    scanner's work grows with the square of the depth), and an integer too long to be a
-    setting stays a string: `int()` of thousands of digits raises (or takes long); kept as
-    text, the key's own check rejects it and the error names the key.
-    """
+@functools.cache
+def _bounded_loader() -> type:
+    """The loader class, built (and yaml imported) the first time a file is parsed."""
+    import yaml
 
-    def fetch_flow_collection_start(self, TokenClass: type) -> None:
-        if self.flow_level >= MAX_YAML_DEPTH:
-            raise yaml.scanner.ScannerError(
-                None, None, f"collections nested deeper than {MAX_YAML_DEPTH}", self.get_mark()
-            )
-        super().fetch_flow_collection_start(TokenClass)
+    class _BoundedLoader(yaml.SafeLoader):
+        """PyYAML's safe loader, bounded: flow collections nest at most `MAX_YAML_DEPTH` deep
+        (the scanner's work grows with the square of the depth), and an integer too long to be
+        a setting stays a string: `int()` of thousands of digits raises (or takes long); kept
+        as text, the key's own check rejects it and the error names the key.
+        """
 
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> object:  # type: ignore[override]
-        if isinstance(node.value, str) and len(node.value) > 32:
-            return node.value
-        return super().construct_yaml_int(node)
+        def fetch_flow_collection_start(self, TokenClass: type) -> None:
+            if self.flow_level >= MAX_YAML_DEPTH:
+                raise yaml.scanner.ScannerError(
+                    None, None, f"collections nested deeper than {MAX_YAML_DEPTH}", self.get_mark()
+                )
+            super().fetch_flow_collection_start(TokenClass)
 
+        def construct_yaml_int(self, node: yaml.ScalarNode) -> object:  # type: ignore[override]
+            if isinstance(node.value, str) and len(node.value) > 32:
+                return node.value
+            return super().construct_yaml_int(node)
 
-_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+    _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+    return _BoundedLoader
 
 
 def _nodes(data: object, budget: int) -> int:

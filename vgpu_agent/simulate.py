@@ -158,6 +158,7 @@ async def simulate(config: Config, duration: float = 0.0, view: bool = False) ->
             ),
             name="demo-workloads",
         )
+        await agent.serving.wait()
         view_task = _announce(agent, log_file)
         await _run_for(agent_task, duration)
     finally:
@@ -371,6 +372,7 @@ async def simulate_dra(config: Config, duration: float = 0.0, view: bool = False
             ),
             name="demo-workloads",
         )
+        await agent.serving.wait()
         view_task = _announce(agent, log_file)
         await _run_for(agent_task, duration)
     finally:

@@ -1,6 +1,7 @@
 """Scrape and control cost on a busy node, at 16, 64, 144 and 256 busy container-devices.
 
     python tests/bench/bench_scrape.py [--gpus 8] [--sizes 16,64,144,256] [--seconds 30]
+                                       [--allocates 600]
 
 The agent side runs in a child process (simulated GPUs, real region files opened with the
 agent's own region reader, the metrics service with NVML poll 1 s, and, in the second
@@ -13,6 +14,14 @@ every 100 ms) and Prometheus (scrapes). Both configurations are measured in the 
   over `--seconds` with a scrape every `--interval` s;
 - scrape latency: `--scrapes` back-to-back scrapes with Prometheus's headers (OpenMetrics
   preferred, gzip), p50 and p99 (ms), agent CPU per scrape, exposition sizes;
+- Allocate latency: the agent side also serves the device plugin's gRPC `Allocate` (the agent's
+  own servicer and region store: every call creates a real region, and the oldest of them are
+  removed as GC would, so the node keeps its size); `--allocates` calls alternate with calls to a
+  bare grpc.aio server answering the same RPC with an empty response in its own process on the
+  same kind of unix socket (bench_plugin.py's "bare call"), so both see the same machine noise.
+  They run while the controller ticks, the containers' counters move and a scraper thread
+  scrapes every `--allocate-scrape-s` s (more often than Prometheus would, so that scrapes and
+  calls meet within the window); p50/p99 of each and the p99 ratio, goal <= 2;
 - RSS (and peak RSS) of the agent at the end.
 
 Three configurations per size: metrics only; + controller with steady shares (every container's
@@ -20,8 +29,8 @@ NVML utilization constant); + controller while shares change (each container's u
 flips between 5 and 10 % every 2 s, out of step with half the others, so estimates, targets and
 rates keep moving and the tick never slows down).
 
-Goals: scrape p99 <= 50 ms, agent CPU <= 2 % of one core steady and <= 5 % while shares change
-(at 144 container-devices), RSS <= 150 MB.
+Goals: scrape p99 <= 50 ms, agent CPU <= 2 % of one core steady and <= 5 % while shares change,
+Allocate p99 <= 2x a bare call (at 144 container-devices), RSS <= 150 MB.
 """
 
 from __future__ import annotations
@@ -31,12 +40,14 @@ import asyncio
 import json
 import mmap
 import os
+import random
 import signal
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -52,6 +63,9 @@ GOAL_CPU_PERCENT = 2.0
 GOAL_CHANGING_CPU_PERCENT = 5.0
 SHIM_STEP_S = 0.05  # the containers' counters move this often (a real shim's move continuously)
 GOAL_RSS_MB = 150.0
+GOAL_ALLOCATE_RATIO = 2.0
+ALLOCATE_WARMUP = 20  # calls of each kind left out of the figures
+ALLOCATED_REGIONS_KEPT = 16  # Allocate's regions beyond these are removed, oldest first
 
 
 # ------------------------------------------------------------------ the node's region files
@@ -125,8 +139,49 @@ class ShimSide:
 # ------------------------------------------------------------------ the agent side (child)
 
 
+async def serve_allocate(socket: Path, state_dir: Path, gpus: int, on_result) -> object:
+    """The device plugin's Allocate as the agent serves it: its servicer, its region store."""
+    import grpc
+
+    from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
+    from vgpu_agent.deviceplugin.allocation import Split
+    from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState
+    from vgpu_agent.gpu.sim import build_inventory
+    from vgpu_agent.shm.regions import PRELOAD_FILE, SHIM_DIR, SHIM_FILE, RegionStore
+
+    store = RegionStore(state_dir, gc_grace_s=0)
+    store.check_usable()
+    shim_dir = state_dir / SHIM_DIR
+    shim_dir.mkdir(parents=True, exist_ok=True)
+    (shim_dir / SHIM_FILE).write_bytes(b"\x7fELF")  # only mounted, never loaded here
+    (shim_dir / PRELOAD_FILE).write_text("/usr/local/vgpu/libvgpu.so\n")
+    store.prepare_spares(1)
+    store.prepare_spares(2)
+    made: list[str] = []
+    removals: set[asyncio.Task] = set()
+
+    async def on_grant(grant):
+        extras = await store.on_grant(grant)
+        made.append(store.regions()[-1].alloc_id)
+        while len(made) > ALLOCATED_REGIONS_KEPT:  # what region GC does for unheld regions
+            task = asyncio.create_task(store.remove(made.pop(0), "benchmark"))
+            removals.add(task)
+            task.add_done_callback(removals.discard)
+        return extras
+
+    state = DeviceState(build_inventory(f"{gpus}xA100-80GB"), Split(SPLIT))
+    servicer = DevicePluginServicer(state, policy="spread", strategy="envvar",
+                                    on_grant=on_grant, on_result=on_result)
+    server = grpc.aio.server()
+    api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix:{socket}")
+    await server.start()
+    return server
+
+
 async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
-                changing: bool = False, reference_law: bool = False) -> None:
+                changing: bool = False, reference_law: bool = False,
+                plugin_socket: Path | None = None) -> None:
     import structlog
 
     from vgpu_agent.gpu.model import ProcessSample
@@ -183,6 +238,10 @@ async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
                                       law=control_step if reference_law else control_step_gpu)
         sources.throttle_status = lambda: throttle.status
     service = MetricsService(sources, host="127.0.0.1", port=0, backend=backend, poll_s=1.0)
+    plugin = None
+    if plugin_socket is not None:
+        plugin = await serve_allocate(plugin_socket, root / f"{plugin_socket.stem}-state", gpus,
+                                      service.instruments.on_result)
     tasks = [asyncio.create_task(service.run())]
     if throttle is not None:
         tasks.append(asyncio.create_task(throttle.run()))
@@ -195,6 +254,8 @@ async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if plugin is not None:
+        await plugin.stop(None)
 
 
 # ------------------------------------------------------------------ measuring (parent)
@@ -233,6 +294,66 @@ def scrape(port: int, accept: str = "", gzipped: bool = False) -> tuple[float, b
     return (time.perf_counter() - started) * 1000, body
 
 
+def pct(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def measure_allocate(args: argparse.Namespace, shim: ShimSide, port: int, plugin: Path,
+                     bare: Path) -> dict:
+    """Allocate against the agent side and the bare server, alternating, with scrapes."""
+    import grpc
+
+    from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+    from vgpu_agent.gpu.sim import build_inventory
+
+    ids = [f"{gpu.uuid}::{n}" for gpu in build_inventory(f"{args.gpus}xA100-80GB")
+           for n in range(SPLIT)]
+    rng = random.Random(7)
+    stop = threading.Event()
+    scrapes = [0]
+
+    def scraper() -> None:
+        while not stop.wait(args.allocate_scrape_s):
+            scrape(port, PROMETHEUS_ACCEPT, gzipped=True)
+            scrapes[0] += 1
+
+    agent_ms: list[float] = []
+    bare_ms: list[float] = []
+    with grpc.insecure_channel(f"unix:{plugin}") as agent_channel, \
+            grpc.insecure_channel(f"unix:{bare}") as bare_channel:
+        calls = [(api_pb2_grpc.DevicePluginStub(agent_channel).Allocate, agent_ms),
+                 (api_pb2_grpc.DevicePluginStub(bare_channel).Allocate, bare_ms)]
+        thread = threading.Thread(target=scraper, daemon=True)
+        thread.start()
+        next_tick = time.monotonic()
+        try:
+            for i in range(args.allocates + ALLOCATE_WARMUP):
+                if time.monotonic() >= next_tick:  # the containers' counters keep moving
+                    shim.tick()
+                    next_tick = time.monotonic() + SHIM_STEP_S
+                request = api_pb2.AllocateRequest(container_requests=[
+                    api_pb2.ContainerAllocateRequest(devices_ids=rng.sample(ids, rng.choice((1, 2))))
+                ])
+                for call, sink in (calls if i % 2 else calls[::-1]):
+                    started = time.perf_counter()
+                    call(request, timeout=10)
+                    if i >= ALLOCATE_WARMUP:
+                        sink.append((time.perf_counter() - started) * 1000)
+        finally:
+            stop.set()
+            thread.join()
+    agent_ms.sort()
+    bare_ms.sort()
+    return {
+        "alloc_p50_ms": statistics.median(agent_ms),
+        "alloc_p99_ms": pct(agent_ms, 0.99),
+        "bare_p50_ms": statistics.median(bare_ms),
+        "bare_p99_ms": pct(bare_ms, 0.99),
+        "alloc_p99_ratio": pct(agent_ms, 0.99) / pct(bare_ms, 0.99),
+        "alloc_scrapes": scrapes[0],
+    }
+
+
 def pause_with_shim(shim: ShimSide, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -241,12 +362,16 @@ def pause_with_shim(shim: ShimSide, seconds: float) -> None:
 
 
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bool,
-            changing: bool = False, reference_law: bool = False) -> dict:
-    port_file = root / f"port-{int(controller)}-{int(changing)}-{int(reference_law)}"
+            changing: bool = False, reference_law: bool = False,
+            bare: Path | None = None) -> dict:
+    config = f"{int(controller)}-{int(changing)}-{int(reference_law)}"
+    port_file = root / f"port-{config}"
+    plugin = root / f"plugin-{config}.sock" if bare is not None else None
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve", "--root", str(root), "--gpus", str(args.gpus),
          *(["--controller"] if controller else []), *(["--changing"] if changing else []),
          *(["--reference-law"] if reference_law else []),
+         *(["--plugin-socket", str(plugin)] if plugin is not None else []),
          "--port-file", str(port_file)],
         cwd=REPO,
     )
@@ -278,11 +403,15 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bo
             took, packed = scrape(port, PROMETHEUS_ACCEPT, gzipped=True)
             latencies.append(took)
         cpu_per_scrape_ms = (cpu_seconds(child.pid) - before) / args.scrapes * 1000
+        allocate = {}
+        if plugin is not None and bare is not None:
+            allocate = measure_allocate(args, shim, port, plugin, bare)
         _, body = scrape(port)
         _, om_body = scrape(port, "application/openmetrics-text; version=1.0.0")
         rss, peak = rss_mb(child.pid)
         latencies.sort()
         return {
+            **allocate,
             "idle_cpu_s_per_min": idle_cpu,
             "scraped_cpu_s_per_min": scraped_cpu,
             "p50_ms": statistics.median(latencies),
@@ -315,6 +444,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="each steady-state window")
     parser.add_argument("--interval", type=float, default=5.0, help="scrape interval, s")
     parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--allocates", type=int, default=600,
+                        help="Allocate calls (and as many bare calls) per configuration; 0: none")
+    parser.add_argument("--allocate-scrape-s", type=float, default=0.5,
+                        help="scrape interval while Allocate is measured, s")
+    parser.add_argument("--plugin-socket", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--controller", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
@@ -325,50 +459,90 @@ def main() -> int:
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(args.root, args.gpus, args.controller, args.port_file, args.changing,
-                          args.reference_law))
+                          args.reference_law, args.plugin_socket))
         return 0
 
     load_before = os.getloadavg()[0]
     print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.gpus} GPUs, "
-          f"windows {args.seconds:g} s, {args.scrapes} scrapes")
+          f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls")
     configs: tuple[tuple[str, bool, bool, bool], ...] = (
         ("metrics only", False, False, False), ("+ controller", True, False, False),
         ("+ ctl, changing", True, True, False))
     if args.reference_law:  # the same, with the reference law, side by side
         configs += (("ref law", True, False, True), ("ref, changing", True, True, True))
-    for size in (int(v) for v in args.sizes.split(",")):
-        with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp:
-            root = Path(tmp)
-            rows = build_regions(root, args.gpus, containers_for(size))
-            shim = ShimSide(root, rows)
-            results = {name: measure(args, root, shim, controller, changing, reference)
-                       for name, controller, changing, reference in configs}
-        devices = sum(int(r["devices"]) for r in rows)
-        print(f"\n{len(rows)} containers, {devices} container-devices; load average "
-              f"{os.getloadavg()[0]:.1f}")
-        print(f"{'':40}" + "".join(f"{name:>16}" for name in results))
-        rows_out = [
-            ("scrape p50 (ms)", "p50_ms", "{:.1f}"),
-            ("scrape p99 (ms)", "p99_ms", "{:.1f}"),
-            ("agent CPU per scrape (ms)", "cpu_per_scrape_ms", "{:.1f}"),
-            ("exposition (bytes, as scraped: OM+gzip)", "gzip_bytes", "{:,}"),
-            ("samples per scrape", "series", "{:,}"),
-            ("agent CPU % of a core, no scrapes", "idle_cpu_s_per_min", "{:.2f}"),
-            (f"agent CPU % of a core, scrape/{args.interval:g}s", "scraped_cpu_s_per_min",
-             "{:.2f}"),
-            ("agent RSS (MB)", "rss_mb", "{:.1f}"),
-        ]
-        for label, key, fmt in rows_out:
-            scale = 100 / 60 if key.endswith("s_per_min") else 1
-            print(f"{label:40}" + "".join(f"{fmt.format(r[key] * scale):>16}"
-                                          for r in results.values()))
-        steady, changing = results["+ controller"], results["+ ctl, changing"]
-        print(f"  goals: steady CPU {steady['scraped_cpu_s_per_min'] / 60 * 100:.2f} % "
-              f"(<= {GOAL_CPU_PERCENT}), changing {changing['scraped_cpu_s_per_min'] / 60 * 100:.2f}"
-              f" % (<= {GOAL_CHANGING_CPU_PERCENT}), scrape p99 "
-              f"{max(r['p99_ms'] for r in results.values()):.1f} ms (<= {GOAL_P99_MS:g})")
+    with tempfile.TemporaryDirectory(prefix="bench-bare-") as bare_dir:
+        bare = start_bare(Path(bare_dir)) if args.allocates > 0 else None
+        try:
+            for size in (int(v) for v in args.sizes.split(",")):
+                report_size(args, configs, size, bare[1] if bare is not None else None)
+        finally:
+            if bare is not None:
+                bare[0].terminate()
+                bare[0].wait()
     print(f"\nload average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after")
     return 0
+
+
+def start_bare(directory: Path) -> tuple[subprocess.Popen, Path]:
+    """bench_plugin.py's bare server: the same RPC answered empty, in its own process."""
+    from tests.bench.bench_plugin import BARE_SERVER
+
+    socket = directory / "bare.sock"
+    proc = subprocess.Popen([sys.executable, "-c", BARE_SERVER, str(socket)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 30
+    while not socket.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the bare gRPC server did not start")
+        time.sleep(0.05)
+    return proc, socket
+
+
+def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool, bool], ...],
+                size: int, bare: Path | None) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp:
+        root = Path(tmp)
+        rows = build_regions(root, args.gpus, containers_for(size))
+        shim = ShimSide(root, rows)
+        results = {name: measure(args, root, shim, controller, changing, reference, bare)
+                   for name, controller, changing, reference in configs}
+    devices = sum(int(r["devices"]) for r in rows)
+    print(f"\n{len(rows)} containers, {devices} container-devices; load average "
+          f"{os.getloadavg()[0]:.1f}")
+    print(f"{'':40}" + "".join(f"{name:>16}" for name in results))
+    rows_out = [
+        ("scrape p50 (ms)", "p50_ms", "{:.1f}"),
+        ("scrape p99 (ms)", "p99_ms", "{:.1f}"),
+        ("agent CPU per scrape (ms)", "cpu_per_scrape_ms", "{:.1f}"),
+        ("exposition (bytes, as scraped: OM+gzip)", "gzip_bytes", "{:,}"),
+        ("samples per scrape", "series", "{:,}"),
+        ("agent CPU % of a core, no scrapes", "idle_cpu_s_per_min", "{:.2f}"),
+        (f"agent CPU % of a core, scrape/{args.interval:g}s", "scraped_cpu_s_per_min",
+         "{:.2f}"),
+        ("agent RSS (MB)", "rss_mb", "{:.1f}"),
+    ]
+    if bare is not None:
+        rows_out += [
+            ("Allocate p50 (ms)", "alloc_p50_ms", "{:.2f}"),
+            ("Allocate p99 (ms)", "alloc_p99_ms", "{:.2f}"),
+            ("bare call p50 (ms)", "bare_p50_ms", "{:.2f}"),
+            ("bare call p99 (ms)", "bare_p99_ms", "{:.2f}"),
+            ("Allocate p99 / bare p99", "alloc_p99_ratio", "x{:.2f}"),
+            ("scrapes during the Allocate calls", "alloc_scrapes", "{:d}"),
+        ]
+    for label, key, fmt in rows_out:
+        scale = 100 / 60 if key.endswith("s_per_min") else 1
+        print(f"{label:40}" + "".join(
+            f"{fmt.format(r[key] * scale if scale != 1 else r[key]):>16}"
+            for r in results.values()))
+    steady, changing = results["+ controller"], results["+ ctl, changing"]
+    print(f"  goals: steady CPU {steady['scraped_cpu_s_per_min'] / 60 * 100:.2f} % "
+          f"(<= {GOAL_CPU_PERCENT}), changing {changing['scraped_cpu_s_per_min'] / 60 * 100:.2f}"
+          f" % (<= {GOAL_CHANGING_CPU_PERCENT}), scrape p99 "
+          f"{max(r['p99_ms'] for r in results.values()):.1f} ms (<= {GOAL_P99_MS:g})"
+          + (f", Allocate p99 x{steady['alloc_p99_ratio']:.2f} steady, "
+             f"x{changing['alloc_p99_ratio']:.2f} changing (<= x{GOAL_ALLOCATE_RATIO:g})"
+             if bare is not None else ""))
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ async def running_agent(config: Config, **agent_args: object) -> AsyncIterator[R
     running = Running(agent, kubelet, task)
     try:
         await kubelet.wait_for(lambda: bool(running.devices()), limit_s=20)
+        await asyncio.wait_for(agent.serving.wait(), 20)  # the metrics endpoint comes after
         yield running
     finally:
         agent.stop()

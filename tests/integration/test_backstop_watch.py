@@ -4,6 +4,8 @@ share far above its limit, is found through NVML and the host's /proc, and only 
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,5 +131,32 @@ async def test_unknown_per_process_memory_is_no_breach(tmp_path):
     node.nvml.procs = [(9_001, None), (9_001, 50 * GIB)]
     try:
         assert await node.watch.check() == []
+    finally:
+        node.close()
+
+
+class CountingExecutor(concurrent.futures.ThreadPoolExecutor):
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.submitted = 0
+
+    def submit(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.submitted += 1
+        return super().submit(*args, **kwargs)
+
+
+async def test_with_no_containers_a_round_wakes_no_worker_thread(tmp_path):
+    node = Node(tmp_path)
+    executor = CountingExecutor()
+    asyncio.get_running_loop().set_default_executor(executor)
+    try:
+        for _ in range(3):
+            assert await node.watch.check() == []
+        assert executor.submitted == 0
+        region = node.container("a", 1, GIB)  # a container: NVML is read in the worker again
+        node.host.container_process(9_001, region.path)
+        node.nvml.procs = [(9_001, 50 * GIB)]
+        assert len(await node.watch.check()) == 1
+        assert executor.submitted == 1
     finally:
         node.close()

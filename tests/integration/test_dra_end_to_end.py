@@ -91,6 +91,7 @@ async def cluster() -> AsyncIterator[Cluster]:
         task = asyncio.create_task(agent.run())
         try:
             await dra.wait_registered(DRIVER, limit_s=20)
+            await asyncio.wait_for(agent.serving.wait(), 20)
             for _ in range(400):
                 if api.resources.slices(NODE, DRIVER):
                     break

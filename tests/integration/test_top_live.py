@@ -59,10 +59,12 @@ def test_status_of_a_running_agent_agrees_with_its_metrics(simulated_agent: int)
         status = json.loads(_get(base + "/status"))
         named = [a for a in status["allocations"] if a["pod"] is not None]
         # then the pair's annotations are applied, and the region cache reads them again
+        # (each pod's at its own moment: wait for both the inference pod's and batch's)
         chosen = [a for a in named if a["policy_source"] == "pod" and a["pod"] != "batch"]
-        if (len(named), [a["priority"] for a in chosen]) == (4, [50]) or (
-            time.monotonic() > deadline
-        ):
+        batch = [a["devices"][0]["policy"] for a in named if a["pod"] == "batch"]
+        if (len(named), [a["priority"] for a in chosen], batch) == (
+            4, [50], ["work-conserving"]
+        ) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     metrics = _get(base + "/metrics").decode()

@@ -96,6 +96,19 @@ def test_a_state_with_a_short_history_and_a_long_span_is_read_the_same():
     assert reference["a"].state.learned == 4
 
 
+@pytest.mark.parametrize("policy", ["strict", "work-conserving"])
+def test_a_window_reaching_a_little_before_the_history_is_read_the_same(policy):
+    # 1 s ending half a tick ago over 9 ticks of history: 0.15 of it lies before, which the
+    # oldest tick stands in for; both laws learn from it, and alike
+    states = {"a": LoopState(tokens_per_pct=1e5, lower_bound=True, k_floor=5e4,
+                             spend_history=(4e6, *(2e6,) * 7), spread=1.0)}
+    obs = [Observation("a", 50, policy, spent=200_000, util=23.0, rate=2_000_000,
+                       burst=40_000, util_span_s=1.0)]
+    reference = control_step(obs, states, 0.1)
+    assert_same(control_step_gpu(obs, states, 0.1), reference)
+    assert reference["a"].state.learned == 1
+
+
 @pytest.mark.parametrize("law", [control_step, control_step_gpu])
 def test_bad_input_is_refused_alike(law):
     obs = Observation("a", 50, "strict")

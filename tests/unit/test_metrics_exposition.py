@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_lates
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
-from vgpu_agent.metrics.exposition import encode, format_value
+from vgpu_agent.metrics.exposition import Family, LabelSets, encode, format_value
 
 
 class View:
@@ -96,3 +96,30 @@ def test_other_types_are_refused_by_name() -> None:
 )
 def test_values(value: float, text: str) -> None:
     assert format_value(value) == text
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(label_text, numbers), max_size=6, unique_by=lambda t: t[0]), label_text)
+def test_lean_families_write_what_their_prometheus_form_writes(
+    values: list[tuple[str, float]], doc: str
+) -> None:
+    sets = LabelSets()
+    gauge = Family("gauge", "vgpu_test_gauge", doc, ("namespace", "pod"))
+    counter = Family("counter", "vgpu_test_events", doc, ("pod",))
+    for n, (label, value) in enumerate(values):
+        gauge.points.append((sets.get(gauge.label_names, (label, str(n))), value))
+        counter.points.append(
+            (sets.get(counter.label_names, (f"{label}-{n}",)),
+             abs(value) if not math.isnan(value) else 0)
+        )
+    lean = [gauge, counter]
+    reference = [family.metric() for family in lean]
+    assert _parsed(encode(lean).decode(), False) == _parsed(
+        text_latest(View(reference)).decode(), False)
+    ours_om = encode(lean, openmetrics=True).decode() + "# EOF\n"
+    assert _parsed(ours_om, True) == _parsed(om_latest(View(reference)).decode(), True)
+
+
+def test_a_lean_family_is_a_gauge_or_a_counter() -> None:
+    with pytest.raises(ValueError, match="vgpu_i has type 'info'"):
+        Family("info", "vgpu_i", "i", ())

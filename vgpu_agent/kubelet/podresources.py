@@ -23,7 +23,6 @@ import structlog
 
 from vgpu_agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
 from vgpu_agent.dra.cdi import claim_uid_of
-from vgpu_agent.dra.grant import region_device_id
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +64,8 @@ def assignments_from(
     included under the IDs their regions carry (`<claim uid>-<device>`); the claim's UID is
     read from the claim's CDI device name, the only place PodResources shows it.
     """
+    if dra_driver is not None:  # DRA only: the device plugin registers without dra.grant
+        from vgpu_agent.dra.grant import region_device_id
     found: Assignments = {}
     for pod in response.pod_resources:
         for container in pod.containers:

@@ -1,9 +1,14 @@
 """The metric families, built from a `Snapshot` of the caches and the agent's counters.
 
-A scrape has two halves: `take_snapshot` runs on the event loop and only copies what the caches
-and the other parts of the agent already hold; `families` turns the snapshot into metric
-families and runs in a worker thread together with the text encoding, so neither the formatting
-nor a slow client holds up the loop.
+A scrape has two halves: `gather_snapshot` runs on the event loop and only takes what the caches
+and the other parts of the agent already hold (references, identities, the controller's last
+decisions); `PendingSnapshot.complete` works out the per-container devices from that, and
+`build_families` turns the snapshot into metric families; both run in a worker thread together
+with the text encoding, so neither the formatting nor a slow client holds up the loop.
+
+The families a scrape encodes are the lean `exposition.Family` (points, no per-sample objects)
+with label sets kept across scrapes by `exposition.LabelSets`; `families` gives the same in
+prometheus_client's form.
 
 Names follow Prometheus conventions (base units, `_bytes`, `_seconds_total`, `_ratio`), all with
 the `vgpu_` prefix. With `hami=True` the names HAMi's dashboards query are emitted as well.
@@ -14,25 +19,20 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client.core import InfoMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
 from vgpu_agent import __version__
-from vgpu_agent.deviceplugin.ids import DeviceIdError, parse_device_id
+from vgpu_agent.deviceplugin.ids import DeviceIdError, SliceId, parse_device_id
 from vgpu_agent.gpu.model import GpuInfo
-from vgpu_agent.metrics.exposition import encode
+from vgpu_agent.metrics.exposition import Family, Labels, LabelSets, encode
 from vgpu_agent.metrics.poller import GpuSample, RegionSample
 from vgpu_agent.metrics.sources import Identity, MetricsSources, ThrottleStatus
 
@@ -50,9 +50,12 @@ ALLOCATE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 # ---------------------------------------------------------------------------------- snapshot
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ContainerDevice:
-    """One device of one identified container, with everything its series need."""
+    """One device of one identified container, with everything its series need.
+
+    Read-only by convention, not frozen: a scrape builds one per container device, and a
+    frozen dataclass's `__init__` costs four times as much."""
 
     identity: Identity
     alloc_id: str
@@ -108,6 +111,16 @@ class Snapshot:
 _UNLIMITED_RATE = 1 << 52
 
 
+@lru_cache(maxsize=4096)
+def _slice_of(device_id: str) -> SliceId | None:
+    """The slice a device-plugin ID names; None for other IDs (DRA's). Cached: a region's IDs
+    never change, and every scrape looks at all of them."""
+    try:
+        return parse_device_id(device_id)
+    except DeviceIdError:
+        return None
+
+
 def _at(values: Sequence[int], dev: int) -> int:
     return values[dev] if dev < len(values) else 0
 
@@ -128,15 +141,21 @@ def container_devices(
 ) -> list[ContainerDevice]:
     out: list[ContainerDevice] = []
     seen: set[str] = set()
+    usage = region.usage
+    known = usage is not None and not usage.corrupt
+    processes = usage.processes if usage is not None else ()
     for dev, limits in enumerate(region.devices):
         uuid = limits.uuid
         if uuid in seen:  # a region names each GPU once; never emit a series twice
             continue
         seen.add(uuid)
         status = throttle.get((region.alloc_id, dev))
-        usage = region.usage
-        known = usage is not None and not usage.corrupt
-        procs = [p for p in usage.processes if dev < len(p.launches)] if usage else []
+        launches = wait_ns = last_launch_ns = 0
+        for p in processes:
+            if dev < len(p.launches):
+                launches += p.launches[dev]
+                wait_ns += p.wait_ns[dev]
+                last_launch_ns = max(last_launch_ns, p.last_launch_ns[dev])
         out.append(
             ContainerDevice(
                 identity=identity,
@@ -156,9 +175,9 @@ def container_devices(
                 memory_pool=_at(usage.memory_pool if usage else (), dev),
                 memory_spilled=_at(usage.memory_spilled if usage else (), dev),
                 graphs_unpriced=_at(usage.graphs_unpriced if usage else (), dev),
-                launches=sum(p.launches[dev] for p in procs),
-                wait_ns=sum(p.wait_ns[dev] for p in procs),
-                last_launch_ns=max((p.last_launch_ns[dev] for p in procs), default=0),
+                launches=launches,
+                wait_ns=wait_ns,
+                last_launch_ns=last_launch_ns,
                 utilization=status.measured_util if status is not None else None,
                 open_loop=status.open_loop if status is not None else None,
                 priority=region.priority,
@@ -168,6 +187,23 @@ def container_devices(
     return out
 
 
+@dataclass(frozen=True)
+class PendingSnapshot:
+    """What `gather_snapshot` took on the loop; `complete()` (pure, for a worker thread) works
+    out the container devices from it. Everything here is immutable or a private copy."""
+
+    snapshot: Snapshot  # every field but `containers`
+    chosen: tuple[tuple[Identity, RegionSample, str], ...]  # (identity, region, policy source)
+    throttle: Mapping[tuple[str, int], ThrottleStatus]
+
+    def complete(self) -> Snapshot:
+        by_uuid = {gpu.uuid: gpu for gpu in self.snapshot.gpus}
+        containers: list[ContainerDevice] = []
+        for identity, region, source in self.chosen:
+            containers += container_devices(identity, region, by_uuid, self.throttle, source)
+        return replace(self.snapshot, containers=tuple(containers))
+
+
 def take_snapshot(
     sources: MetricsSources,
     gpu_samples: Mapping[str, GpuSample],
@@ -175,20 +211,30 @@ def take_snapshot(
     region_read_errors: int = 0,
     now_ns: int | None = None,
 ) -> Snapshot:
-    """Copy what a scrape needs. Runs on the loop; reads only memory the agent already holds."""
+    """Copy what a scrape needs and work it out, all at once (`gather_snapshot` and
+    `complete`)."""
+    return gather_snapshot(sources, gpu_samples, regions, region_read_errors, now_ns).complete()
+
+
+def gather_snapshot(
+    sources: MetricsSources,
+    gpu_samples: Mapping[str, GpuSample],
+    regions: Sequence[RegionSample],
+    region_read_errors: int = 0,
+    now_ns: int | None = None,
+) -> PendingSnapshot:
+    """Take what a scrape needs. Runs on the loop; reads only memory the agent already holds
+    and calls every source there (they are not for worker threads)."""
     gpus = tuple(sources.gpus())
-    by_uuid = {gpu.uuid: gpu for gpu in gpus}
     throttle = dict(sources.throttle_status()) if sources.throttle_status else {}
     slices: dict[str, set[int]] = {}
     chosen: dict[Identity, RegionSample] = {}
     states = {"active": 0, "corrupt": 0, "unreadable": 0, "unidentified": 0}
     for region in regions:
         for device_id in region.device_ids:
-            try:
-                slice_id = parse_device_id(device_id)
-            except DeviceIdError:
-                continue
-            slices.setdefault(slice_id.uuid, set()).add(slice_id.number)
+            slice_id = _slice_of(device_id)
+            if slice_id is not None:
+                slices.setdefault(slice_id.uuid, set()).add(slice_id.number)
         if region.usage is None:
             states["unreadable"] += 1
         elif region.usage.corrupt:
@@ -204,11 +250,11 @@ def take_snapshot(
         if identity not in chosen or chosen[identity].seq < region.seq:
             chosen[identity] = region
 
-    containers = []
     source_of = sources.policy_source
-    for identity, region in chosen.items():
-        source = source_of(region.alloc_id) if source_of is not None else ""
-        containers += container_devices(identity, region, by_uuid, throttle, source)
+    picked = tuple(
+        (identity, region, source_of(region.alloc_id) if source_of is not None else "")
+        for identity, region in chosen.items()
+    )
     claim_of = dict(sources.claims()) if sources.claims else {}
     claims = tuple(
         (identity, claim_of[region.alloc_id])
@@ -216,10 +262,9 @@ def take_snapshot(
         if region.alloc_id in claim_of
     )
 
-
     registration = sources.registration() if sources.registration else None
     tasks = sources.tasks() if sources.tasks else None
-    return Snapshot(
+    snapshot = Snapshot(
         node=sources.node,
         gpus=gpus,
         gpu_samples=gpu_samples,
@@ -227,7 +272,7 @@ def take_snapshot(
         xid_counts=dict(sources.xid_counts()) if sources.xid_counts else None,
         slices_per_gpu=sources.slices_per_gpu,
         slices_allocated={uuid: len(ids) for uuid, ids in slices.items()},
-        containers=tuple(containers),
+        containers=(),
         regions_by_state=states,
         region_events=dict(sources.region_events()),
         region_read_errors=region_read_errors,
@@ -242,45 +287,60 @@ def take_snapshot(
         now_ns=time.monotonic_ns() if now_ns is None else now_ns,
         claims=claims,
     )
+    return PendingSnapshot(snapshot, picked, throttle)
 
 
 # ---------------------------------------------------------------------------------- families
 
 
-def _gauge(name: str, doc: str, labels: Sequence[str], unit: str = "") -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=list(labels), unit=unit)
+def _gauge(name: str, doc: str, labels: Sequence[str]) -> Family:
+    return Family("gauge", name, doc, labels)
 
 
-def _counter(name: str, doc: str, labels: Sequence[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(name, doc, labels=list(labels))
+def _counter(name: str, doc: str, labels: Sequence[str]) -> Family:
+    return Family("counter", name, doc, labels)
 
 
-def _put(family: Metric, labels: dict[str, str], value: float) -> None:
-    """Add a sample whose label dict is shared with the entity's other families: built once
-    per GPU or container, and escaped once per scrape by the encoder."""
-    suffix = "_total" if family.type == "counter" else ""
-    family.samples.append(Sample(family.name + suffix, labels, value))
+def _put(family: Family, labels: Labels, value: float) -> None:
+    """Add a point whose label set is shared with the entity's other families (and, through
+    `LabelSets`, kept from scrape to scrape)."""
+    family.points.append((labels, value))
+
+
+def build_families(
+    snap: Snapshot, hami: bool = False, labels: LabelSets | None = None
+) -> list[Family | Metric]:
+    """Every family of the agent's own metrics for one scrape, lean (what `encode` takes).
+    `labels` keeps label sets across scrapes; without it every set is built anew. Pure apart
+    from that memo, whose entries depend only on their keys."""
+    sets = labels if labels is not None else LabelSets()
+    groups: list[Iterator[Family | Metric]] = [
+        _gpu_families(snap, sets),
+        _container_families(snap, sets),
+        _claim_families(snap),
+        _agent_families(snap, sets),
+    ]
+    if hami:
+        groups.append(_hami_families(snap, sets))
+    # a family without samples is left out: it would only add HELP/TYPE lines
+    return [
+        family
+        for group in groups
+        for family in group
+        if (family.points if isinstance(family, Family) else family.samples)
+    ]
 
 
 def families(snap: Snapshot, hami: bool = False) -> list[Metric]:
-    """Every family of the agent's own metrics for one scrape. Pure."""
-    groups = [
-        _gpu_families(snap),
-        _container_families(snap),
-        _claim_families(snap),
-        _agent_families(snap),
-    ]
-    if hami:
-        groups.append(_hami_families(snap))
-    # a family without samples is left out: it would only add HELP/TYPE lines
-    return [family for group in groups for family in group if family.samples]
+    """The same families in prometheus_client's form. Pure."""
+    return [f.metric() if isinstance(f, Family) else f for f in build_families(snap, hami)]
 
 
-def _gpu_labels(snap: Snapshot, gpu: GpuInfo) -> dict[str, str]:
-    return dict(zip(GPU_LABELS, (snap.node, gpu.uuid, str(gpu.index), gpu.name), strict=True))
+def _gpu_labels(sets: LabelSets, snap: Snapshot, gpu: GpuInfo) -> Labels:
+    return sets.get(GPU_LABELS, (snap.node, gpu.uuid, str(gpu.index), gpu.name))
 
 
-def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
+def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
     mem_total = _gauge("vgpu_gpu_memory_total_bytes", "GPU memory in total.", GPU_LABELS)
     mem_used = _gauge("vgpu_gpu_memory_used_bytes", "GPU memory in use (NVML).", GPU_LABELS)
     util = _gauge(
@@ -305,7 +365,7 @@ def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
         "vgpu_gpu_slices_allocated", "Slices of the GPU held by allocations.", GPU_LABELS
     )
     for gpu in snap.gpus:
-        labels = _gpu_labels(snap, gpu)
+        labels = _gpu_labels(sets, snap, gpu)
         _put(mem_total, labels, gpu.memory_total)
         _put(slices_total, labels, snap.slices_per_gpu)
         _put(slices_alloc, labels, snap.slices_allocated.get(gpu.uuid, 0))
@@ -333,9 +393,14 @@ def _gpu_families(snap: Snapshot) -> Iterator[Metric]:
     yield from (slices_total, slices_alloc)
 
 
-def _container_labels(entry: ContainerDevice) -> dict[str, str]:
+_KIND_LABELS = (*CONTAINER_LABELS, "kind")
+_POLICY_LABELS = (*CONTAINER_LABELS, "policy", "policy_source")
+_PRIORITY_LABELS = (*CONTAINER_LABELS, "policy_source")
+
+
+def _container_values(entry: ContainerDevice) -> tuple[str, ...]:
     index = str(entry.gpu.index) if entry.gpu is not None else ""
-    return dict(zip(CONTAINER_LABELS, (*entry.identity, entry.uuid, index), strict=True))
+    return (*entry.identity, entry.uuid, index)
 
 
 def _launch_age_s(snap: Snapshot, entry: ContainerDevice) -> float | None:
@@ -344,7 +409,7 @@ def _launch_age_s(snap: Snapshot, entry: ContainerDevice) -> float | None:
     return max(0.0, (snap.now_ns - entry.last_launch_ns) / 1e9)
 
 
-def _container_families(snap: Snapshot) -> Iterator[Metric]:
+def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
     L = CONTAINER_LABELS
     mem_limit = _gauge(
         "vgpu_container_memory_limit_bytes", "GPU memory the container may use (0: no limit).", L
@@ -353,7 +418,7 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         "vgpu_container_memory_used_bytes",
         "GPU memory the container holds (shim's account), by kind: data (allocations), context "
         "(contexts, device heap and stack), module (loaded code), pool (held by memory pools).",
-        [*L, "kind"],
+        _KIND_LABELS,
     )
     mem_spilled = _gauge(
         "vgpu_container_memory_spilled_bytes",
@@ -398,19 +463,20 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
     policy_info = _gauge(
         "vgpu_container_core_policy_info",
         "1 for the core policy in force; policy_source: pod (its annotations) or default (node).",
-        (*L, "policy", "policy_source"),
+        _POLICY_LABELS,
     )
     priority = _gauge(
         "vgpu_container_priority",
         "Priority in force when the GPU is oversubscribed (larger first); policy_source as above.",
-        (*L, "policy_source"),
+        _PRIORITY_LABELS,
     )
     for entry in snap.containers:
-        labels = _container_labels(entry)
+        values = _container_values(entry)
+        labels = sets.get(L, values)
         if entry.policy_source:
-            _put(policy_info, {**labels, "policy": entry.policy,
-                               "policy_source": entry.policy_source}, 1)
-            _put(priority, {**labels, "policy_source": entry.policy_source}, entry.priority)
+            source = entry.policy_source
+            _put(policy_info, sets.get(_POLICY_LABELS, (*values, entry.policy, source)), 1)
+            _put(priority, sets.get(_PRIORITY_LABELS, (*values, source)), entry.priority)
         _put(mem_limit, labels, entry.memory_limit)
         _put(core_limit, labels, entry.core_limit / 100.0)
         if 0 < entry.rate < _UNLIMITED_RATE:
@@ -422,7 +488,7 @@ def _container_families(snap: Snapshot) -> Iterator[Metric]:
         if not entry.usage_known:
             continue
         for kind, used in memory_by_kind(entry).items():
-            _put(mem_used, {**labels, "kind": kind}, used)
+            _put(mem_used, sets.get(_KIND_LABELS, (*values, kind)), used)
         _put(mem_spilled, labels, entry.memory_spilled)
         _put(waited, labels, entry.wait_ns / 1e9)
         _put(launches, labels, entry.launches)
@@ -450,13 +516,15 @@ def _claim_families(snap: Snapshot) -> Iterator[Metric]:
     yield info
 
 
-def _node_family(kind: str, name: str, doc: str, value: float, node: str) -> Metric:
+def _node_family(
+    kind: str, name: str, doc: str, value: float, node: str, sets: LabelSets
+) -> Family:
     family = (_counter if kind == "counter" else _gauge)(name, doc, ["node"])
-    family.add_metric([node], value)
+    _put(family, sets.get(("node",), (node,)), value)
     return family
 
 
-def _agent_families(snap: Snapshot) -> Iterator[Metric]:
+def _agent_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family | Metric]:
     """The agent's own state; every series carries `node` so one dashboard covers a cluster."""
     node = snap.node
     build = InfoMetricFamily("vgpu_build", "The agent's version.", labels=["node"])
@@ -469,6 +537,7 @@ def _agent_families(snap: Snapshot) -> Iterator[Metric]:
             "1 while the device plugin is registered with the kubelet.",
             1 if snap.registered else 0,
             node,
+            sets,
         )
     if snap.registrations is not None:
         yield _node_family(
@@ -477,6 +546,7 @@ def _agent_families(snap: Snapshot) -> Iterator[Metric]:
             "Successful registrations with the kubelet.",
             snap.registrations,
             node,
+            sets,
         )
     if snap.kubelet_restarts is not None:
         yield _node_family(
@@ -485,6 +555,7 @@ def _agent_families(snap: Snapshot) -> Iterator[Metric]:
             "Kubelet restarts the agent noticed.",
             snap.kubelet_restarts,
             node,
+            sets,
         )
     if snap.pod_resources_failures is not None:
         yield _node_family(
@@ -493,6 +564,7 @@ def _agent_families(snap: Snapshot) -> Iterator[Metric]:
             "Failed PodResources List calls (container labels then keep their last known values).",
             snap.pod_resources_failures,
             node,
+            sets,
         )
     yield _node_family(
         "counter",
@@ -500,6 +572,7 @@ def _agent_families(snap: Snapshot) -> Iterator[Metric]:
         "Regions whose control file could not be read by the metrics.",
         snap.region_read_errors,
         node,
+        sets,
     )
     by_key: list[tuple[str, str, str, str, Mapping[str, int]]] = [
         ("vgpu_nvml_errors", "NVML calls that failed, by call.", "call", "counter",
@@ -516,12 +589,13 @@ def _agent_families(snap: Snapshot) -> Iterator[Metric]:
     ]
     for name, doc, key, kind, counts in by_key:
         family = (_counter if kind == "counter" else _gauge)(name, doc, ["node", key])
+        names = ("node", key)
         for item, count in sorted(counts.items()):
-            family.add_metric([node, item], count)
+            _put(family, sets.get(names, (node, item)), count)
         yield family
 
 
-def _hami_families(snap: Snapshot) -> Iterator[Metric]:
+def _hami_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
     """The names and labels HAMi's exporter uses, current (v2.9+) and legacy."""
     host_mem = _gauge(
         "hami_host_gpu_memory_used_bytes", "GPU memory in use (HAMi name).", HAMI_HOST_LABELS
@@ -537,13 +611,15 @@ def _hami_families(snap: Snapshot) -> Iterator[Metric]:
         sample = snap.gpu_samples.get(gpu.uuid)
         if sample is None or sample.stale or sample.readings is None:
             continue
-        labels = [snap.node, str(gpu.index), gpu.uuid, gpu.name]
+        values = (snap.node, str(gpu.index), gpu.uuid, gpu.name)
+        labels = sets.get(HAMI_HOST_LABELS, values)
+        old = sets.get(HAMI_LEGACY_HOST_LABELS, values)
         if sample.readings.memory_used is not None:
-            host_mem.add_metric(labels, sample.readings.memory_used)
-            old_mem.add_metric(labels, sample.readings.memory_used)
+            _put(host_mem, labels, sample.readings.memory_used)
+            _put(old_mem, old, sample.readings.memory_used)
         if sample.readings.utilization is not None:
-            host_util.add_metric(labels, sample.readings.utilization)
-            old_util.add_metric(labels, sample.readings.utilization * 100.0)
+            _put(host_util, labels, sample.readings.utilization)
+            _put(old_util, old, sample.readings.utilization * 100.0)
     yield from (host_mem, host_util, old_mem, old_util)
 
     C, OC = HAMI_CONTAINER_LABELS, HAMI_LEGACY_CONTAINER_LABELS
@@ -566,21 +642,23 @@ def _hami_families(snap: Snapshot) -> Iterator[Metric]:
         "Device_utilization_desc_of_container", "Container GPU utilization, percent (legacy).", OC
     )
     for entry in snap.containers:
-        labels = [*entry.identity, str(entry.dev), entry.uuid]
-        vmem_limit.add_metric(labels, entry.memory_limit)
-        old_limit.add_metric(labels, entry.memory_limit)
+        hami_values = (*entry.identity, str(entry.dev), entry.uuid)
+        labels = sets.get(C, hami_values)
+        old = sets.get(OC, hami_values)
+        _put(vmem_limit, labels, entry.memory_limit)
+        _put(old_limit, old, entry.memory_limit)
         if entry.utilization is not None:
             percent = max(0.0, min(100.0, entry.utilization))
-            dev_util.add_metric(labels, percent / 100.0)
-            old_cutil.add_metric(labels, percent)
+            _put(dev_util, labels, percent / 100.0)
+            _put(old_cutil, old, percent)
         if not entry.usage_known:
             continue
-        vmem_used.add_metric(labels, entry.memory_used)
-        dev_mem.add_metric(labels, entry.memory_used)
-        old_used.add_metric(labels, entry.memory_used)
+        _put(vmem_used, labels, entry.memory_used)
+        _put(dev_mem, labels, entry.memory_used)
+        _put(old_used, old, entry.memory_used)
         launch_age = _launch_age_s(snap, entry)
         if launch_age is not None:
-            last_kernel.add_metric(labels, launch_age)
+            _put(last_kernel, labels, launch_age)
     yield from (vmem_used, vmem_limit, dev_mem, dev_util, last_kernel, old_used, old_limit)
     yield old_cutil
 
@@ -627,11 +705,22 @@ def render_exposition(
     hami: bool,
     encoder: Callable[[Collector], bytes],
     openmetrics: bool,
+    labels: LabelSets | None = None,
+    between: Callable[[], object] | None = None,
 ) -> bytes:
     """The body of one scrape: the snapshot's families with the lean encoder, then the
     instruments (histogram, process figures) with prometheus_client's `encoder`, which for
-    OpenMetrics also writes the closing `# EOF`."""
-    return encode(families(snap, hami), openmetrics) + encoder(instruments.registry)
+    OpenMetrics also writes the closing `# EOF`. `labels`: label sets kept across scrapes;
+    `between` is called between the steps (see `http._render_body`)."""
+    if labels is not None:
+        labels.rotate()
+    built = build_families(snap, hami, labels)
+    if between is not None:
+        between()
+    body = encode(built, openmetrics)
+    if between is not None:
+        between()
+    return body + encoder(instruments.registry)
 
 
 class ScrapeView:

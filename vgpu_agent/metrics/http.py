@@ -2,8 +2,9 @@
 
 `MetricsService.run()` serves and keeps the two caches fresh until cancelled: NVML readings
 every `poll_s`, region files once per scrape, read just before it is due (see `RegionCache`).
-A scrape copies the caches on the loop, then builds, encodes and (for Prometheus) gzips the
-exposition in a worker thread; at most two scrapes encode at once, later ones wait their turn.
+A scrape takes what it needs from the caches on the loop, then works out the containers,
+builds, encodes and (for Prometheus) gzips the exposition in a worker thread; at most two
+scrapes encode at once, later ones wait their turn.
 A scrape never calls NVML or the kubelet. `/status` (the JSON document `vgpu-agent top` shows,
 see `metrics/status.py`) is built from the same caches, the same way.
 """
@@ -25,12 +26,14 @@ from prometheus_client.registry import Collector
 from vgpu_agent.gpu.model import GpuBackend
 from vgpu_agent.metrics.collectors import (
     AgentInstruments,
-    Snapshot,
+    PendingSnapshot,
+    gather_snapshot,
     render_exposition,
     take_snapshot,
 )
 from vgpu_agent.metrics.connections import ConnectionGuard
-from vgpu_agent.metrics.poller import GpuPoller, RegionCache
+from vgpu_agent.metrics.exposition import LabelSets
+from vgpu_agent.metrics.poller import GpuPoller, RegionCache, step_aside
 from vgpu_agent.metrics.probes import liveness, readiness
 from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.metrics.status import build_status
@@ -119,6 +122,7 @@ class MetricsService:
         self.scrapes = 0
         self.scrape_errors = 0
         self._renders = asyncio.Semaphore(MAX_CONCURRENT_RENDERS)
+        self.label_sets = LabelSets()  # escaped label text, kept from scrape to scrape
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
         self.connections = ConnectionGuard(
@@ -215,7 +219,7 @@ class MetricsService:
         """The exposition a scrape with this `Accept` header gets, and its content type;
         gzip-compressed when `gzipped` (Prometheus always accepts gzip: 25x fewer bytes)."""
         regions = await self.regions.fresh()
-        snap = take_snapshot(
+        pending = gather_snapshot(
             self.sources,
             self.poller.samples if self.poller is not None else {},
             regions,
@@ -225,7 +229,8 @@ class MetricsService:
         openmetrics = content_type.startswith("application/openmetrics-text")
         async with self._renders:
             body = await asyncio.to_thread(
-                _render_body, snap, self.instruments, self.hami, encoder, openmetrics, gzipped
+                _render_body, pending, self.instruments, self.hami, encoder, openmetrics, gzipped,
+                self.label_sets,
             )
         return body, content_type
 
@@ -278,14 +283,18 @@ class MetricsService:
 
 
 def _render_body(
-    snap: Snapshot,
+    pending: PendingSnapshot,
     instruments: AgentInstruments,
     hami: bool,
     encoder: Callable[[Collector], bytes],
     openmetrics: bool,
     gzipped: bool,
+    labels: LabelSets | None = None,
 ) -> bytes:
-    body = render_exposition(snap, instruments, hami, encoder, openmetrics)
+    snap = pending.complete()
+    step_aside()
+    body = render_exposition(snap, instruments, hami, encoder, openmetrics, labels, step_aside)
+    step_aside()
     # level 1: about a sixth of the CPU of level 6, and the text still shrinks some 15x
     return gzip.compress(body, compresslevel=1) if gzipped else body
 

@@ -21,6 +21,20 @@ from vgpu_agent.shm.api import CorePolicy, RegionHandle, RegionUsage
 log = structlog.get_logger(__name__)
 
 
+STEP_ASIDE_S = 0.0002  # long enough for a thread waiting for the GIL to take it
+STEP_ASIDE_EVERY = 16  # regions read between two pauses (about 1-2 ms of reading)
+
+
+def step_aside() -> None:
+    """Let the event loop have the GIL, from a worker thread between two steps of its work.
+
+    A thread that wants the GIL waits up to the switch interval (5 ms) before it may take it
+    from a busy one; a region round or a render is several such slices, and an Allocate or a
+    controller tick on the loop would wait for each. A short sleep releases the GIL at once, so
+    the loop waits at most for one step (a millisecond or two at 144 container-devices)."""
+    time.sleep(STEP_ASIDE_S)
+
+
 def _check_interval(interval_s: float) -> float:
     if not interval_s > 0:
         raise ValueError(f"poll interval {interval_s!r} s is not allowed: it must be > 0")
@@ -266,7 +280,9 @@ class RegionCache:
     def _read_all(handles: list[RegionHandle]) -> tuple[tuple[RegionSample, ...], int]:
         samples: list[RegionSample] = []
         failed = 0
-        for handle in handles:
+        for n, handle in enumerate(handles, 1):
+            if n % STEP_ASIDE_EVERY == 0:
+                step_aside()
             try:
                 samples.append(read_region(handle))
             except Exception as err:  # removed or unmapped while we read: skip this round

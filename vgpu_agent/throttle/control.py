@@ -39,17 +39,34 @@ Kalman filter over the model `util = b * spend`:
 - Each fresh measurement is paired with the spending over the time it describes: the samples'
   span (the NVML sample period, told by the controller from the samples' timestamps, or
   `nvml_period_s`) ending half a tick ago, taken from the per-tick spending history with
-  fractional weights for the ticks at its edges.
-- Its weight is what it says: the measurement variance is the NVML noise (estimated online
-  from the filter's own innovations, never below the integer resolution's 1/12 point^2)
-  divided by the number of samples averaged, plus the error one tick of misalignment would
-  make (large right after a rate change, nil when spending is steady). Transients thus count
-  little without being thrown away, and nothing has to agree with anything: this replaces the
-  old gate that learned only when two samples agreed.
-- Between measurements `b` may drift (`drift_per_s`, relative): the filter never stops
-  listening, and a workload that changes kernels is followed. An innovation far outside what
-  the filter expects (`surprise_sigmas`) is a change of workload, not noise: the estimate's
-  variance is widened so that it re-learns within a few samples.
+  fractional weights for the ticks at its edges. A window that reaches a little
+  (`partial_window`) before the history, as a container's first sample does when samples come
+  once a second, is still used: the oldest tick's spending stands in for the part before it
+  (that tick ran unthrottled, as the container did before it was followed, or under a rate
+  found written), and that part counts as possible misalignment. A sample a second late would
+  otherwise cost a second of learning.
+- Its weight is what it says: the measurement variance is the NVML noise divided by the number
+  of samples averaged, plus the error one tick of misalignment would make (large right after a
+  rate change, nil when spending is steady). Transients thus count little without being thrown
+  away, and nothing has to agree with anything: this replaces the old gate that learned only
+  when two samples agreed.
+- NVML's noise is that of a sampled proportion (the driver sees a process busy or not at
+  instants): largest at 50 % use, shrinking towards 0 and 100 % as `4 p (1 - p)` (never below
+  `noise_tail` of it, never below the integer resolution's 1/12 point^2). The law keeps its
+  estimate as at 50 % use (`noise_prior` until measured) and scales it to the share expected
+  now, so that noise learned at 100 % use (where samples barely scatter) does not make the
+  filter trust every sample once the container drops to 30 %. It is measured from two
+  measurements in a row at the same spending: their difference is the noise of both,
+  whatever the estimate of k.
+- A reading of 0 for a container that spent enough for more than `missing_above` percent is a
+  sample NVML missed (its processes were absent from the batch), not evidence of an idle GPU:
+  taken as evidence it would make `k` unbounded and the container unthrottled.
+- Between measurements `b` may drift (`drift_per_s`, relative, 0.3 %/s): the filter never
+  stops listening, and a workload that changes slowly is followed; a lower drift keeps the
+  steady estimate averaging more samples (NVML's noise at 1 sample/s and sigma 8 needs dozens).
+  An innovation far outside what the filter expects (`surprise_sigmas`) is a change of
+  workload, not noise: the estimate's variance is widened so that it re-learns within a few
+  samples.
 - Anti-windup: nothing integrates an error; the estimate only moves by evidence, and a
   container that spends nothing (idle, or held off) gives no evidence.
 - Because the estimate is of the ratio at the operating point, a workload whose SM time is not
@@ -57,11 +74,17 @@ Kalman filter over the model `util = b * spend`:
   converges to its target.
 - Cold start: a container with no model runs unthrottled for one tick; its spending then bounds
   `b` from above (its share was at most 100%, or a little above what NVML's first sample says),
-  so the first limited rate stays under the limit. Until `cold_samples` measurements are in,
+  so the first limited rate stays under the limit. Without a sample in that tick the bound
+  alone would hold a `work-conserving` newcomer at a fraction of its target until NVML reports
+  (a second later on GPUs that sample once a second; a tenth of its target when ten start at
+  once), so those start from a guess instead (`guess_newcomers`): together the newcomers had
+  what the other containers left, each an equal part of it; the first samples then correct
+  it. A `strict` newcomer keeps the bound. Until `cold_samples` measurements are in,
   a `strict` container's rate uses `b` plus `cold_sigmas` standard deviations of the estimate,
   so that a noisy first sample cannot push it above its limit; the margin fades as evidence
-  accumulates. A rate found already in force (the agent restarted) is kept until `k` is
-  learned from it.
+  accumulates, and never takes the rate below what the cold-start bound buys (that bound is
+  proven; a container alone on the GPU is exactly at it). A rate found already in force (the
+  agent restarted) is kept until `k` is learned from it.
 
 Kernel length does not matter: long kernels make spending lumpy within a tick, which the burst
 (at least two of the largest launches) absorbs and the sample span averages out.
@@ -92,11 +115,11 @@ class ControlParams:
 
     nvml_period_s: float = 1 / 6  # span of a measurement when the controller cannot tell it
     history_s: float = 2.5  # spending kept per container: the longest span plus a tick
-    noise_prior: float = 16.0  # points^2 of NVML noise assumed before any is measured
+    noise_prior: float = 36.0  # points^2 of NVML noise at 50 % use assumed before measured
     noise_memory: float = 0.05  # weight of one pair of measurements in the noise estimate
     held_tolerance: float = 0.05  # spending this close in two measurements counts as held
     resolution: float = 1.0  # NVML reports whole percents: a floor of resolution^2 / 12
-    drift_per_s: float = 0.01  # relative drift of the workload's cost a second may bring
+    drift_per_s: float = 0.003  # relative drift of the workload's cost a second may bring
     surprise_sigmas: float = 4.0  # an innovation this far out is a changed workload
     initial_spread: float = 1.0  # relative standard deviation of the cold-start bound
     cold_samples: int = 3  # measurements before a strict container drops the margin
@@ -112,16 +135,22 @@ class ControlParams:
     burst_launches: float = 2.0  # and never less than this many of the largest launches
     min_rate: int = 1  # tokens/s; zero would starve a squeezed-out container forever
     rate_deadband: float = 0.01  # a new rate this close to the one in force is not written
+    noise_tail: float = 0.2  # NVML noise at 0 % or 100 % use, relative to that at 50 %
+    missing_above: float = 5.0  # a zero reading where this much use was expected is a miss
+    partial_window: float = 0.3  # a window this much before the history is still used
 
     def __post_init__(self) -> None:
         for name in ("nvml_period_s", "history_s", "noise_prior", "noise_memory", "resolution",
-                     "initial_spread", "surprise_sigmas", "burst_s"):
+                     "initial_spread", "surprise_sigmas", "burst_s", "noise_tail"):
             value = getattr(self, name)
             if not value > 0:
                 raise ValueError(f"ControlParams.{name} must be > 0, got {value!r}")
         if not 0 < self.noise_memory <= 1:
             raise ValueError(
                 f"ControlParams.noise_memory must be in (0, 1], got {self.noise_memory!r}")
+        if not 0 <= self.partial_window < 1:
+            raise ValueError("ControlParams.partial_window must be in [0, 1), got "
+                             f"{self.partial_window!r}")
         if self.drift_per_s < 0 or self.cold_sigmas < 0 or self.cold_samples < 0:
             raise ValueError("ControlParams.drift_per_s, cold_sigmas and cold_samples must be "
                              f">= 0, got {self.drift_per_s!r}, {self.cold_sigmas!r}, "
@@ -316,18 +345,28 @@ def span_weights(span_s: float, dt_s: float, ticks: int) -> tuple[float, ...]:
     return tuple(weights)
 
 
-def _matched_spend(history: Sequence[float], weights: Sequence[float]) -> tuple[float, float]:
-    """(spending over the measurement's window, its change were the window one tick later).
+def _matched_spend(
+    history: Sequence[float], weights: Sequence[float], partial: float = 0.0
+) -> tuple[float, float]:
+    """(spending over the measurement's window, how far off that may be).
 
-    (0, 0) when the window reaches back before the history: what the container spent then is
-    unknown (it was not yet followed, or it had no model), so the measurement says nothing.
+    The error bound is the change were the window one tick later and, when the window reaches
+    back before the history, the part it does not know. Up to `partial` of the window may lie
+    there: the oldest tick's spending stands in for it (the container's first tick ran
+    unthrottled, or under the rate found written, as before it was followed). Beyond that,
+    (0, 0): the measurement says nothing.
     """
     n = len(weights)
+    unknown = 0.0
     if len(history) < n:
-        if sum(weights[: n - len(history)]) > _EPS:
+        unknown = sum(weights[: n - len(history)])
+        if unknown > partial or not history:
             return 0.0, 0.0
-        weights = weights[n - len(history) :]
-        n = len(history)
+        if unknown > _EPS:
+            history = (history[0],) * (n - len(history)) + tuple(history)
+        else:
+            weights = weights[n - len(history) :]
+            n = len(history)
     hist = history[-n:]
     total = sum(weights)
     if total <= _EPS:
@@ -337,7 +376,10 @@ def _matched_spend(history: Sequence[float], weights: Sequence[float]) -> tuple[
     later = sum([h * w for h, w in zip(hist[1:], weights[:-1], strict=True)])
     later_total = sum(weights[:-1])
     shifted = later / later_total if later_total > _EPS else matched
-    return matched, abs(shifted - matched)
+    off = abs(shifted - matched)
+    if unknown > _EPS:
+        off = max(off, unknown * hist[0])
+    return matched, off
 
 
 # What `_observe` learned about one container, in `LoopState`'s field order less `target`,
@@ -399,28 +441,36 @@ def _observe(
         history = ()
     if util is not None and k <= 0 and weights is not None and util >= params.resolution:
         # Held at a rate it found written (the agent restarted): its first measurement.
-        x, _ = _matched_spend(history, weights)
+        x, _ = _matched_spend(history, weights, params.partial_window)
         if x > 0:
             # as uncertain as one measurement: the rate it ran under was presumably right
-            spread = max(noise, params.resolution**2 / 12) / obs.util_samples / util**2
+            spread = max(noise * _noise_shape(util, params.noise_tail),
+                         params.resolution**2 / 12) / obs.util_samples / util**2
             k, last_pair, adopted = x / util, (x, util), True
             learned += 1
     elif util is not None and k > 0 and weights is not None:
-        x, misaligned = _matched_spend(history, weights)
+        x, misaligned = _matched_spend(history, weights, params.partial_window)
+        if x > 0 and util < params.resolution and x / k > params.missing_above:
+            # Nothing seen of a container that spent for several percent: NVML missed its
+            # processes (a reading of no use at all is not noise around such a share).
+            x = 0.0
         if x > 0:
             floor = params.resolution**2 / 12
+            b = 1 / k
+            # NVML's noise is a sampled proportion's: largest at 50 % use, less towards 0 and
+            # 100 %. It is kept as at 50 % and scaled to the use expected now.
+            shape = _noise_shape(b * x, params.noise_tail)
             # NVML's noise, from two measurements in a row at the same spending: their
             # difference is the noise of both, whatever the estimate of k.
             held_x, held_y = last_pair
             if held_x > 0 and abs(x - held_x) <= params.held_tolerance * max(x, held_x):
-                seen = (util - held_y * x / held_x) ** 2 / 2 * obs.util_samples
+                seen = (util - held_y * x / held_x) ** 2 / 2 * obs.util_samples / shape
                 weight = max(params.noise_memory, 1 / (noise_pairs + 2))
                 noise = max(floor, (1 - weight) * noise + weight * seen)
                 noise_pairs += 1
             last_pair = (x, util)
-            b = 1 / k
             alignment = (b * misaligned) ** 2
-            r = max(noise, floor) / obs.util_samples + alignment
+            r = max(noise * shape, floor) / obs.util_samples + alignment
             p = spread * b * b
             innovation = util - b * x
             if innovation * innovation > params.surprise_sigmas**2 * (x * x * p + r):
@@ -444,6 +494,12 @@ def _observe(
     return learned_now, hungry, demand
 
 
+def _noise_shape(share: float, tail: float) -> float:
+    """NVML's noise variance at `share` percent use, relative to that at 50 %."""
+    p = min(1.0, max(0.0, share / FULL_SHARE))
+    return max(tail, 4 * p * (1 - p))
+
+
 def _state(learned: _Learned, target: float) -> LoopState:
     (k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor, count, adopted,
      hungry) = learned
@@ -452,11 +508,14 @@ def _state(learned: _Learned, target: float) -> LoopState:
 
 
 def rate_for(k: float, target: float, obs: Observation, state_spread: float, learned: int,
-             params: ControlParams) -> float:
-    """Tokens/s buying `target` percent; for a strict container still learning, less."""
+             params: ControlParams, k_floor: float = 0.0) -> float:
+    """Tokens/s buying `target` percent; for a strict container still learning, less, though
+    never less than the cold-start bound `k_floor` buys (that bound is proven, so a rate at it
+    cannot exceed the limit; a weak first sample would otherwise pull the rate below it)."""
     if obs.policy == "strict" and 0 < learned < params.cold_samples and params.cold_sigmas:
         fade = 1 - learned / params.cold_samples
         k /= 1 + params.cold_sigmas * fade * math.sqrt(state_spread)
+        k = max(k, k_floor)
     return k * target
 
 
@@ -498,6 +557,11 @@ def control_step(
             if weights is None:
                 weights = weights_by_span[span] = span_weights(span, dt_s, history_len)
         updated.append(_observe(o, prev, dt_s, history_len, weights, params))
+    learned_all = [learned for learned, _, _ in updated]
+    demands = [demand for _, _, demand in updated]
+    if guess_newcomers(observations, previous, learned_all, demands, params):
+        updated = [(learned, hungry, demand) for learned, (_, hungry, _), demand
+                   in zip(learned_all, updated, demands, strict=True)]
     # what `off` containers use, by their last measurement
     off_use = sum(
         (learned[4] or 0.0)
@@ -542,7 +606,7 @@ def control_step(
                                         _state(learned, prev.target))
             continue
         # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
-        rate = _clamp_tokens(rate_for(k, target, o, learned[5], learned[10], params),
+        rate = _clamp_tokens(rate_for(k, target, o, learned[5], learned[10], params, learned[9]),
                              params.min_rate)
         if o.rate < UNLIMITED_RATE and abs(rate - o.rate) <= params.rate_deadband * o.rate:
             # Noisy samples nudge k a little every time: a nudge is not worth a write (and
@@ -556,6 +620,51 @@ def control_step(
         )
         decisions[o.key] = Decision(rate, burst, target, hungry, demand, _state(learned, target))
     return decisions
+
+
+def guess_newcomers(
+    observations: Sequence[Observation],
+    previous: Sequence[LoopState],
+    learned_all: list[_Learned],
+    demands: list[float],
+    params: ControlParams,
+) -> bool:
+    """A first guess of `k` for work-conserving containers that just ran their unthrottled tick
+    with no NVML sample to tell their share (the cold-start bound assumes 100 %, so their
+    first rates would buy a fraction of their targets until a sample comes, a second later on
+    some GPUs). Together they used about what the GPU's other containers left (judged by their
+    spending / k), and never taken as less than half their equal part among the containers that
+    spent (the others' k may be off): each is given an equal share of that. A `strict` keeps
+    the bound, which never lets it above its limit. Updates the lists in place; True when
+    anything changed. Both laws call this one function.
+    """
+    new = [
+        i for i, (prev, learned) in enumerate(zip(previous, learned_all, strict=True))
+        if prev.tokens_per_pct <= 0 and learned[1] and learned[0] == learned[9] > 0
+        and learned[10] == 0
+    ]
+    if not any(observations[i].policy == "work-conserving" for i in new):
+        return False
+    fresh = set(new)
+    others = 0.0
+    spending = 0
+    for i, learned in enumerate(learned_all):
+        history = learned[2]
+        if history and history[-1] > 0:
+            spending += 1
+            if i not in fresh and learned[0] > 0:
+                others += history[-1] / learned[0]
+    left = max(FULL_SHARE - others, FULL_SHARE * len(new) / max(spending, len(new)) / 2)
+    share = left / len(new)
+    for i in new:
+        if observations[i].policy != "work-conserving":
+            continue
+        learned = learned_all[i]
+        k = learned[9] * FULL_SHARE / share
+        learned_all[i] = (k, *learned[1:])
+        demands[i] = max(learned[2][-params.demand_ticks :], default=0.0) / k \
+            + params.demand_margin
+    return True
 
 
 def forget(states: Mapping[str, LoopState], keep: set[str]) -> dict[str, LoopState]:

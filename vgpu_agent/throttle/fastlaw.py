@@ -8,7 +8,8 @@ the same law, decision for decision, arranged for speed over a GPU's containers:
   of a sixth of a second covers two or three ticks of a history kept for 2.5 s, so the sums
   run over those ticks only, not the whole history.
 - The per-container update (`control._observe`) is inlined, and a container's new state is
-  built once, with its target.
+  built once, with its target. The one step across containers of that update, the first guess
+  for work-conserving newcomers, is the reference's own function (`control.guess_newcomers`).
 - The guarantees of the share allocation depend only on the containers' priorities and limits
   and on the capacity, which rarely change: they are computed once and remembered.
 
@@ -38,7 +39,9 @@ from vgpu_agent.throttle.control import (
     _by_priority,
     _clamp_tokens,
     _Learned,
+    _noise_shape,
     _water_fill,
+    guess_newcomers,
     span_weights,
 )
 
@@ -60,21 +63,28 @@ def _window(span_s: float, dt_s: float, history_len: int) -> _Window:
     return weights, first, sum(weights), sum(weights[:-1])
 
 
-def _matched(history: tuple[float, ...], window: _Window) -> tuple[float, float]:
+def _matched(history: tuple[float, ...], window: _Window, partial: float
+             ) -> tuple[float, float]:
     """`control._matched_spend`, summing over the covered ticks only."""
     weights, first, total, later_total = window
     n = len(weights)
     h_len = len(history)
+    unknown = 0.0
     if h_len < n:
         cut = n - h_len
-        if sum(weights[:cut]) > _EPS:
+        unknown = sum(weights[:cut])
+        if unknown > partial or not history:
             return 0.0, 0.0
-        weights = weights[cut:]
-        n = h_len
-        first = max(0, first - cut)
-        total = sum(weights)
-        later_total = sum(weights[:-1])
-        hist = history
+        if unknown > _EPS:
+            # the oldest tick stands in for the ticks before the history, as in the reference
+            hist = (history[0],) * cut + history
+        else:
+            weights = weights[cut:]
+            n = h_len
+            first = max(0, first - cut)
+            total = sum(weights)
+            later_total = sum(weights[:-1])
+            hist = history
     else:
         hist = history[-n:] if h_len > n else history
     if total <= _EPS:
@@ -84,7 +94,10 @@ def _matched(history: tuple[float, ...], window: _Window) -> tuple[float, float]
     matched = sum([h * w for h, w in zip(covered_h, covered_w, strict=True)]) / total
     later = sum([h * w for h, w in zip(covered_h[1:], covered_w[:-1], strict=True)])
     shifted = later / later_total if later_total > _EPS else matched
-    return matched, abs(shifted - matched)
+    off = abs(shifted - matched)
+    if unknown > _EPS:
+        off = max(off, unknown * hist[0])
+    return matched, off
 
 
 # (priorities, limits, capacity) -> the guarantees and their order, as `control._by_priority`
@@ -149,6 +162,7 @@ def control_step_gpu(
     noise_prior, noise_memory, held_tolerance = p.noise_prior, p.noise_memory, p.held_tolerance
     floor = resolution**2 / 12
     surprise2 = p.surprise_sigmas**2
+    noise_tail, missing_above, partial = p.noise_tail, p.missing_above, p.partial_window
 
     windows: dict[float, _Window] = {}
     previous: list[LoopState] = []
@@ -158,7 +172,6 @@ def control_step_gpu(
     hungers: list[bool] = []
     demands: list[float] = []
     off_use = 0.0
-    in_use = 0.0
     for o in observations:
         prev = states.get(o.key, _BLANK)
         previous.append(prev)
@@ -197,24 +210,28 @@ def control_step_gpu(
                 window = windows[span] = _window(span, dt_s, history_len)
             if k <= 0:
                 if util >= resolution:
-                    x, _ = _matched(history, window)
+                    x, _ = _matched(history, window, partial)
                     if x > 0:
-                        spread = max(noise, floor) / o.util_samples / util**2
+                        spread = max(noise * _noise_shape(util, noise_tail), floor) \
+                            / o.util_samples / util**2
                         k, last_pair, adopted = x / util, (x, util), True
                         learned += 1
             elif k > 0:  # not NaN: a NaN learns nothing, as in the reference
-                x, misaligned = _matched(history, window)
+                x, misaligned = _matched(history, window, partial)
+                if x > 0 and util < resolution and x / k > missing_above:
+                    x = 0.0  # NVML missed its processes
                 if x > 0:
+                    b = 1 / k
+                    shape = _noise_shape(b * x, noise_tail)
                     held_x, held_y = last_pair
                     if held_x > 0 and abs(x - held_x) <= held_tolerance * max(x, held_x):
-                        seen = (util - held_y * x / held_x) ** 2 / 2 * o.util_samples
+                        seen = (util - held_y * x / held_x) ** 2 / 2 * o.util_samples / shape
                         weight = max(noise_memory, 1 / (noise_pairs + 2))
                         noise = max(floor, (1 - weight) * noise + weight * seen)
                         noise_pairs += 1
                     last_pair = (x, util)
-                    b = 1 / k
                     alignment = (b * misaligned) ** 2
-                    r = max(noise, floor) / o.util_samples + alignment
+                    r = max(noise * shape, floor) / o.util_samples + alignment
                     pv = spread * b * b
                     innovation = util - b * x
                     if innovation * innovation > surprise2 * (x * x * pv + r):
@@ -233,9 +250,13 @@ def control_step_gpu(
         demands.append(demand)
         if o.policy == "off":
             off_use += last_util or 0.0
-        if k > 0 and history:
-            in_use += history[-1] / k
 
+    guess_newcomers(observations, previous, learned_all, demands, p)
+    in_use = 0.0
+    for lrn in learned_all:
+        k, spends = lrn[0], lrn[2]
+        if k > 0 and spends:
+            in_use += spends[-1] / k
     full = in_use >= FULL_SHARE - p.saturation_margin
     claims = [
         Claim(o.key, o.limit, o.policy, o.priority,
@@ -277,6 +298,7 @@ def control_step_gpu(
         if o.policy == "strict" and 0 < count < cold_samples and cold_sigmas:
             fade = 1 - count / cold_samples
             k_rate /= 1 + cold_sigmas * fade * math.sqrt(spread)
+            k_rate = max(k_rate, k_floor)
         # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
         rate = _clamp_tokens(k_rate * target, min_rate)
         state = _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,

@@ -78,7 +78,12 @@ class BackstopWatch:
 
     async def check(self) -> list[Breach]:
         regions = list(self.regions())
-        memory = await asyncio.to_thread(self._memory, regions)
+        # no containers, no NVML to read: an idle agent does not wake a worker thread each round
+        if regions:
+            memory = await asyncio.to_thread(self._memory, regions)
+        else:
+            memory = {}
+            self.attributor.forget_except(set(), ())  # what `_memory` would have forgotten
         found: list[Breach] = []
         keys: list[Key] = []
         for region in regions:
