@@ -1,0 +1,152 @@
+"""What one controller tick costs at 144 busy container-devices, by part, in one process.
+
+    python tests/bench/bench_tick.py [--devices 144] [--ticks 150] [--rounds 4] [--baseline DIR]
+
+`bench_scrape.py`'s node (8 simulated GPUs, real region files, a shim-like writer moving every
+region's counters, NVML samples every 1/6 s, steady or flipping between 5 and 10 % every 2 s),
+with the controller ticked directly every 100 ms of its clock and its reads kept on the loop,
+so that each part can be timed: the law, the reads (`state` headers, `control`, NVML) and the
+steering glue (everything else of a GPU's steering: observations, change test, rate writes).
+CPU time per tick for the whole tick, wall time per part. With `--baseline DIR` the same runs
+are made with the code in DIR (another checkout), alternating, and the medians are printed side
+by side with their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PARTS = ("tick_cpu", "law", "reads", "glue")
+
+
+def measure(devices: int, ticks: int, changing: bool) -> dict[str, float]:
+    import structlog
+
+    from tests.bench import bench_scrape as node
+    from tests.fakes.hostproc import FakeHostProc
+    from vgpu_agent.gpu.model import ProcessSample
+    from vgpu_agent.gpu.sim import SimBackend
+    from vgpu_agent.shm.regions import Region
+    from vgpu_agent.throttle.controller import ThrottleController
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    with tempfile.TemporaryDirectory(prefix="bench-tick-") as tmp:
+        root = Path(tmp)
+        rows = node.build_regions(root, 8, node.containers_for(devices))
+        shim = node.ShimSide(root, rows)
+        regions = [Region.open(root / str(row["alloc_id"])) for row in rows]
+        backend = SimBackend("8xA100-80GB")
+        backend.start()
+        pids: dict[str, list[int]] = {}
+        for region, row in zip(regions, rows, strict=True):
+            for uuid in region.device_uuids:
+                pids.setdefault(uuid, []).append(int(row["host_pid"]))
+        clock = [0]
+
+        def samples(uuid: str, since_us: int) -> list[ProcessSample]:
+            now_us = clock[0] // 1000 + 10**9
+            if since_us and now_us - since_us < 166_000:
+                return []
+            flip = now_us // 2_000_000
+            return [ProcessSample(pid, now_us, 5 + 5 * ((flip + pid) % 2) if changing else 5)
+                    for pid in pids.get(uuid, [])]
+
+        backend.set_sample_source(samples)
+        host = FakeHostProc(root / "proc")
+        for row in rows:
+            host.container_process(int(row["host_pid"]), root / str(row["alloc_id"]))
+        controller = ThrottleController(backend, lambda: regions, tick_s=0.1,
+                                        proc_root=host.path, clock=lambda: clock[0])
+        controller.inline_read_s = 10.0  # reads on the loop: timed here, not in a thread
+        spent = dict.fromkeys(PARTS, 0.0)
+        counting = [False]
+
+        def timed(name: str, call):  # type: ignore[no-untyped-def]
+            def wrapper(*args):  # type: ignore[no-untyped-def]
+                started = time.perf_counter()
+                try:
+                    return call(*args)
+                finally:
+                    if counting[0]:
+                        spent[name] += time.perf_counter() - started
+            return wrapper
+
+        law, steer = controller.law, controller._steer_gpu
+        controller.law = timed("law", law)
+        controller._read = timed("reads", controller._read)  # type: ignore[method-assign]
+        controller._steer_gpu = timed("glue", steer)  # type: ignore[method-assign]
+
+        async def run() -> None:
+            for n in range(ticks + 50):
+                clock[0] += 100_000_000
+                shim.started_ns -= 100_000_000  # the counters move by 100 ms of spending
+                shim.tick()
+                counting[0] = n >= 50
+                started = time.process_time()
+                await controller.tick()
+                if counting[0]:
+                    spent["tick_cpu"] += time.process_time() - started
+
+        asyncio.run(run())
+        for region in regions:
+            region.close()
+    spent["glue"] -= spent["law"]  # the law runs inside a GPU's steering
+    return {name: value / ticks * 1e3 for name, value in spent.items()}
+
+
+def run_tree(tree: Path, args: argparse.Namespace, changing: bool) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--devices", str(args.devices), "--ticks",
+         str(args.ticks), *(["--changing"] if changing else [])],
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+        check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=144)
+    parser.add_argument("--ticks", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--baseline", type=Path, help="another checkout to compare with")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.devices, args.ticks, args.changing)))
+        return 0
+    trees = {"this tree": REPO, **({"baseline": args.baseline} if args.baseline else {})}
+    print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.devices} "
+          f"container-devices, {args.ticks} ticks, {args.rounds} rounds, load average "
+          f"{os.getloadavg()[0]:.1f}")
+    for changing in (False, True):
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        for _ in range(args.rounds):
+            for name, tree in trees.items():  # alternating: the machine's load hits both
+                runs[name].append(run_tree(tree, args, changing))
+        print(f"\n{'shares changing' if changing else 'steady'}: ms per tick, median (min)")
+        print(f"{'':12}" + "".join(f"{name:>22}" for name in trees)
+              + ("     ratio" if args.baseline else ""))
+        for part in PARTS:
+            cells = {name: [r[part] for r in rs] for name, rs in runs.items()}
+            line = f"{part:12}" + "".join(
+                f"{statistics.median(v):>14.2f} ({min(v):5.2f})" for v in cells.values())
+            if args.baseline:
+                line += f"     x{statistics.median(cells['this tree']) / statistics.median(cells['baseline']):.2f}"
+            print(line)
+    print(f"\nload average {os.getloadavg()[0]:.1f} after")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
