@@ -26,7 +26,9 @@ def test_a_far_timer_fires_on_the_grid_within_its_bounds(now, delay):
 
 @given(now=times, delay=st.floats(min_value=-10.0, max_value=MIN_DELAY_S, exclude_max=True))
 def test_a_near_or_past_timer_is_kept(now, delay):
-    assert slack_deadline(now, now + delay) == now + delay
+    when = now + delay
+    assume(when - now < MIN_DELAY_S)  # as the rule sees it, after rounding
+    assert slack_deadline(now, when) == when
 
 
 def test_never_and_nan_are_kept():
