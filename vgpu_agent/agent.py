@@ -169,6 +169,7 @@ class Agent:
             # a simulated node proves its simulated processes itself; a real one through /proc
             evidence=_simulated_host(self.backend),
         )
+        self.regions.on_added = self.controller.wake  # it sleeps while there are no regions
         self.node: NodeIntegration | None = None
         # The agent's own limit check, on an attributor of its own (the controller's keeps
         # per-tick state); what it finds goes to the pod (`_on_breach`).

@@ -201,4 +201,61 @@ def test_bad_pacing_settings_are_refused():
         ThrottleController(SimBackend([]), list, tick_s=0.5, max_tick_s=0.1)
     with pytest.raises(ValueError, match="heartbeat_s"):
         ThrottleController(SimBackend([]), list, heartbeat_s=0)
+    for idle in (0.1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="idle tick"):
+            ThrottleController(SimBackend([]), list, tick_s=0.1, max_tick_s=0.4, idle_tick_s=idle)
+
+
+async def test_without_regions_the_loop_sleeps_until_a_region_is_added():
+    """An idle controller ticks once, then sleeps: `wake` (from any thread, as the region
+    store calls it) brings the next tick at once, and it then ticks at its own pace."""
+    import asyncio
+    import threading
+
+    gpu = SimGpu(SIM_UUID)
+    regions: list[SimRegion] = []
+    controller = ThrottleController(SimBackend([gpu]), lambda: list(regions), tick_s=0.02,
+                                    max_tick_s=0.05, idle_tick_s=30.0)
+    controller.wake()  # not running yet: nothing to wake, no error
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert controller.ticks == 1  # 15 ticks' worth of time asleep
+        regions.append(SimRegion("a", (SIM_UUID,), (30.0,), ("strict",)))
+        threading.Thread(target=controller.wake).start()
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if controller.ticks > 1:
+                break
+        assert controller.ticks == 2  # woken within a tick, not after idle_tick_s
+        await asyncio.sleep(0.3)
+        assert controller.ticks >= 7  # regions: ticking at 0.02-0.05 s again
+        regions.clear()  # the last region gone: one tick forgets it, then asleep again
+        await asyncio.sleep(0.1)
+        asleep = controller.ticks
+        await asyncio.sleep(0.3)
+        assert controller.ticks == asleep
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    controller.wake()  # stopped: a late wake is harmless
+
+
+async def test_an_idle_controller_still_ticks_every_idle_tick_without_a_wake():
+    """A region that appears without a wake (missed) is seen within `idle_tick_s`."""
+    import asyncio
+
+    gpu = SimGpu(SIM_UUID)
+    regions: list[SimRegion] = []
+    controller = ThrottleController(SimBackend([gpu]), lambda: list(regions), tick_s=0.02,
+                                    max_tick_s=0.05, idle_tick_s=0.15)
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.sleep(0.5)
+        assert 3 <= controller.ticks <= 5
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 

@@ -393,3 +393,26 @@ async def test_closing_while_a_spare_is_being_written_leaves_no_directory_behind
     with pytest.raises(OSError, match="closed"):
         store._make_spare(1)
     assert not [e for e in os.listdir(root) if e.startswith(".new-spare-")]
+
+
+async def test_the_store_tells_of_every_region_added_created_or_adopted(tmp_path):
+    """The throttle controller sleeps while there are no regions: every way a region comes to
+    exist (Allocate, DRA's create, adoption after a restart) must tell it."""
+    from vgpu_agent.deviceplugin.allocation import Split, grant
+    from vgpu_agent.gpu.sim import build_inventory
+
+    gpus = {g.uuid: g for g in build_inventory("1xA100-80GB")}
+    uuid = next(iter(gpus))
+    store = RegionStore(str(tmp_path))
+    added: list[int] = []
+    store.on_added = lambda: added.append(len(store.regions()))
+    await store.on_grant(grant([f"{uuid}::0"], gpus, Split(4)))
+    store.create(grant([f"{uuid}::1"], gpus, Split(4)))
+    assert added == [1, 2]  # told after the region is listed, so a tick woken by it sees it
+    store.close()
+    again = RegionStore(str(tmp_path))
+    adopted: list[int] = []
+    again.on_added = lambda: adopted.append(len(again.regions()))
+    assert len(again.adopt()) == 2
+    assert adopted == [1, 2]
+    again.close()

@@ -824,6 +824,8 @@ class RegionStore:
         # what the containers of new regions may change about their shim (off: nothing)
         self.control_flags = control_flags
         self.counters = RegionCounters()
+        # told of every region added (created or adopted), from whichever thread added it
+        self.on_added: Callable[[], None] | None = None
         self._spares: dict[int, list[Path]] = {}
         self._spares_pending: dict[int, int] = {}
         self._spare_tasks: set[asyncio.Task[None]] = set()
@@ -1192,6 +1194,8 @@ class RegionStore:
 
     def _add(self, region: Region) -> None:
         self._regions[region.alloc_id] = region
+        if self.on_added is not None:
+            self.on_added()
 
     # --- adoption -----------------------------------------------------------------------------
 

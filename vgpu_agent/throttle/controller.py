@@ -26,7 +26,9 @@ What a tick costs, and how often it runs:
   What counts is what the law decides, not why: a container that spends about its rate flips
   between waiting for tokens and not from tick to tick, which moves its target only where the
   allocation depends on it (lending), and then the target says so.
-- Without regions a tick reads nothing and asks NVML nothing.
+- Without regions a tick reads nothing and asks NVML nothing, and the loop then sleeps until a
+  region is added (`wake`, which the agent calls from the region store) or `idle_tick_s` passed:
+  an idle agent's controller wakes once in `idle_tick_s`, not ten times a second.
 - On the loop, the tick holds it for one GPU's steering at a time (it yields between GPUs), so
   an Allocate or a scrape waits for a fraction of a tick, not for all of it.
 - Per device, the law's input is built from one read per region of `state`'s header
@@ -42,7 +44,9 @@ exposed in `open_loop_gpus`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import math
 import os
 import time
 from collections import defaultdict
@@ -233,6 +237,7 @@ class ThrottleController:
         law: Law = control_step_gpu,
         evidence: HostEvidence | None = None,
         container_region_dir: str = "/run/vgpu",
+        idle_tick_s: float | None = None,
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -241,6 +246,10 @@ class ThrottleController:
             raise ValueError(
                 f"need tick_s <= max_tick_s, heartbeat_s > 0 and calm_ticks >= 1, got "
                 f"{tick_s!r}, {max_tick_s!r}, {heartbeat_s!r}, {calm_ticks!r}")
+        idle_tick_s = max(2.0, max_tick_s) if idle_tick_s is None else idle_tick_s
+        if not max_tick_s <= idle_tick_s < math.inf:
+            raise ValueError(f"idle tick must be finite and >= max_tick_s ({max_tick_s!r} s), "
+                             f"got {idle_tick_s!r}")
         if default_policy not in CORE_POLICIES:
             raise ValueError(f"default core policy must be one of {CORE_POLICIES}, got "
                              f"{default_policy!r}")
@@ -284,6 +293,10 @@ class ThrottleController:
         self._changed = False  # this tick saw a change
         self._inline = False  # whether the last reads were cheap enough to do on the loop
         self.hops = 0  # ticks whose reads went to a worker thread
+        self.idle_tick_s = idle_tick_s
+        self._idle = False  # the last tick found no region: sleep until `wake` or idle_tick_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._woken: asyncio.Event | None = None
         # id(region) -> (region, its processes as last read): read when a sample needs them
         self._procs: dict[int, tuple[RegionHandle, tuple[ProcessUsage, ...]]] = {}
         self._procs_read_ns: dict[str, int] = {}  # per GPU: when its slots were last read
@@ -339,17 +352,45 @@ class ThrottleController:
             log.warning(event, failures=self.errors[kind], **context)
 
     # -- the loop -----------------------------------------------------------------------------
+    def wake(self) -> None:
+        """A region was added: tick now if the loop sleeps for want of regions. Safe from
+        any thread (regions may be built in a worker thread)."""
+        loop, woken = self._loop, self._woken
+        if loop is None or woken is None:
+            return  # not running yet: the first tick comes at once anyway
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            woken.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(woken.set)
+
     async def run(self) -> None:
-        """Tick until cancelled; a slow tick shortens the next sleep rather than drifting."""
-        loop = asyncio.get_running_loop()
+        """Tick until cancelled; a slow tick shortens the next sleep rather than drifting.
+        Without regions it sleeps until `wake` (or `idle_tick_s`, should a wake be missed)."""
+        loop = self._loop = asyncio.get_running_loop()
+        woken = self._woken = asyncio.Event()
         next_at = loop.time()
-        while True:
-            try:
-                await self.tick()
-            except Exception:  # the loop must survive anything one tick throws
-                self._failed("tick", "throttle_tick_failed")
-            next_at = max(next_at + self.interval_s, loop.time())
-            await asyncio.sleep(next_at - loop.time())
+        try:
+            while True:
+                woken.clear()  # a region added during the tick ends the idle sleep at once
+                try:
+                    await self.tick()
+                except Exception:  # the loop must survive anything one tick throws
+                    self._failed("tick", "throttle_tick_failed")
+                if self._idle:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.idle_tick_s):
+                            await woken.wait()
+                    next_at = loop.time()
+                    continue
+                next_at = max(next_at + self.interval_s, loop.time())
+                await asyncio.sleep(next_at - loop.time())
+        finally:
+            self._loop = self._woken = None
 
     async def tick(self) -> None:
         now_ns = self._now_ns = self.clock()
@@ -361,6 +402,7 @@ class ThrottleController:
         except Exception:
             self._failed("list_regions", "throttle_list_regions_failed")
             return
+        self._idle = not regions
         self._changed = False
         if regions:
             # Reading headers and NVML blocks: in a worker thread while that is slow, inline
