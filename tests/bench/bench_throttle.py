@@ -167,6 +167,9 @@ def main() -> int:
     parser.add_argument("--only", help="run the scenarios whose name contains this")
     parser.add_argument("--plant", help="run only the plants whose name contains this")
     parser.add_argument("--duration", type=float, default=60.0, help="simulated seconds each")
+    parser.add_argument("--paced", action="store_true",
+                        help="tick at the controller's own pace (slower while calm), as the "
+                             "agent does; by default every 0.1 s")
     parser.add_argument("--seeds", type=int, default=1,
                         help="plant seeds per noisy cell (medians printed; the ideal plant has "
                              "no randomness and runs once)")
@@ -199,7 +202,7 @@ def main() -> int:
             for seed in seeds:
                 spec = replace(plant.spec, seed=seed)
                 seeded = attainable(sc, spec)
-                ours_run = asyncio.run(run_controlled(seeded, plant=spec))
+                ours_run = asyncio.run(run_controlled(seeded, plant=spec, paced=args.paced))
                 cpu_s += ours_run.cpu_s
                 ours_runs.append(evaluate(ours_run))
                 peer_runs.append(evaluate(run_peer(seeded, plant=spec)))

@@ -41,6 +41,19 @@ async def test_steers_containers_to_their_limits_and_beats_every_tick():
     assert run.controller.error_counts == {}
 
 
+async def test_a_paced_run_ticks_at_the_controllers_own_pace():
+    """`paced` steps the plant by the controller's `interval_s`, as the agent's loop sleeps:
+    fast while it settles, up to four times slower once calm; unpaced, every tick_s."""
+    specs = (ContainerSpec("solo", 40, BUSY, policy="strict"),)
+    fixed, paced = ControlledRun(specs), ControlledRun(specs, paced=True)
+    for run in (fixed, paced):
+        await run.advance(20)
+    assert fixed.controller.ticks == 200
+    assert 50 <= paced.controller.ticks < 120  # 0.1 s at first, then mostly 0.4 s
+    assert paced.controller.interval_s > paced.tick_s
+    assert share(paced, "solo") == pytest.approx(40, abs=3)
+
+
 async def test_rates_are_written_only_when_they_change():
     run = ControlledRun((ContainerSpec("solo", 40, BUSY, policy="strict"),))
     await run.advance(5)

@@ -94,8 +94,11 @@ class ControlledRun:
 
     def __init__(self, containers: tuple[ContainerSpec, ...], *, tick_s: float = 0.1,
                  params: ControlParams | None = None, per_process_samples: bool = True,
-                 uuid: str = SIM_UUID, plant: PlantSpec | None = None):
+                 uuid: str = SIM_UUID, plant: PlantSpec | None = None, paced: bool = False):
         self.gpu = (plant or PlantSpec()).gpu(uuid, per_process_samples)
+        # paced: tick at the controller's own pace (`interval_s`: tick_s, up to four times
+        # slower while all is calm), as the agent's loop does; otherwise every tick_s
+        self.paced = paced
         self.regions: dict[str, SimRegion] = {}
         self.procs: dict[str, list[SimProcess]] = {}
         for seq, spec in enumerate(containers):
@@ -115,15 +118,17 @@ class ControlledRun:
     async def advance(self, seconds: float) -> None:
         end = self.gpu.elapsed_s + seconds
         while self.gpu.elapsed_s < end - 1e-9:
-            self.gpu.advance(min(self.tick_s, end - self.gpu.elapsed_s))
+            step = self.controller.interval_s if self.paced else self.tick_s
+            self.gpu.advance(min(step, end - self.gpu.elapsed_s))
             await self.controller.tick()
 
 
 async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: float = 0.5,
-                         params: ControlParams | None = None, plant: PlantSpec | None = None
-                         ) -> RunResult:
+                         params: ControlParams | None = None, plant: PlantSpec | None = None,
+                         paced: bool = False) -> RunResult:
     started = time.process_time()
-    run = ControlledRun(scenario.containers, tick_s=tick_s, params=params, plant=plant)
+    run = ControlledRun(scenario.containers, tick_s=tick_s, params=params, plant=plant,
+                        paced=paced)
     await run.advance(scenario.duration_s)
     return RunResult(scenario, _series(run.gpu, run.procs, window_s),
                      time.process_time() - started, window_s)
