@@ -73,6 +73,9 @@ def test_an_alias_bomb_spread_over_keys_is_rejected_too():
         ("region_gc_grace_seconds: .inf\n", "region_gc_grace_seconds"),
         ("health_recovery_seconds: -.inf\n", "health_recovery_seconds"),
         ("throttle_tick_seconds: .nan\n", "throttle_tick_seconds"),
+        ("throttle_calm_slowdown: 0\n", "throttle_calm_slowdown"),
+        ("throttle_calm_slowdown: 11\n", "throttle_calm_slowdown"),
+        ("throttle_calm_slowdown: 2.5\n", "throttle_calm_slowdown"),
         ("memory_scaling: 1e999\nallow_memory_oversubscription: true\n", "memory_scaling"),
         ("health_check_seconds: 1e308\n", "health_check_seconds"),
         ("pod_resources_refresh_seconds: 0\n", "pod_resources_refresh_seconds"),
@@ -107,6 +110,7 @@ def test_huge_infinite_and_out_of_range_values_name_their_key(text, key):
         ("VGPU_AGENT_HEALTH_RECOVERY_SECONDS", "1" + "0" * 400),
         ("VGPU_AGENT_NVML_POLL_SECONDS", "1" * 100_000),
         ("VGPU_AGENT_ENDPOINT_NAME", "../../etc/evil.sock"),
+        ("VGPU_AGENT_THROTTLE_CALM_SLOWDOWN", "-1"),
     ],
 )
 def test_environment_values_are_bounded_too(variable, value):
@@ -139,3 +143,15 @@ def test_bounds_that_are_allowed_still_load():
     assert config.split_count == MAX_SPLIT_COUNT
     assert config.plugin_socket.endswith("/vgpu-agent-2.sock")
     assert config.memory_scaling == 10.0
+
+
+def test_the_calm_slowdown_sets_how_slow_the_settled_controller_ticks():
+    """1 keeps the controller at its tick; the default lets it grow to four times that."""
+    from vgpu_agent.agent import Agent
+
+    assert build_config(ConfigSources()).throttle_calm_slowdown == 4
+    for raw, expected in (("1", 0.2), ("3", 0.6)):
+        config = build_config(ConfigSources(env={
+            "VGPU_AGENT_THROTTLE_CALM_SLOWDOWN": raw, "VGPU_AGENT_THROTTLE_TICK_SECONDS": "0.2",
+            "VGPU_AGENT_BACKEND": "sim"}))
+        assert Agent(config).controller.max_tick_s == pytest.approx(expected)
