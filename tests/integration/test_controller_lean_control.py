@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.shimstate import DeviceSpec, make_region
+from tests.fakes.shimstate import DeviceSpec, make_region, put_totals
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region, RegionError, format_alloc_id
@@ -33,14 +33,6 @@ def file_region(root: Path, seq: int, uuids: tuple[str, ...], percents: tuple[fl
                 [DeviceSpec(u, 1 << 30, p, policy) for u, p in zip(uuids, percents, strict=True)],
                 ids, seq=seq)
     return Region.open(root / alloc_id)
-
-
-def put_totals(region: Region, dev: int, spent: int, launches: int, waited: int) -> None:
-    with open(region.path / "state", "r+b") as f:
-        base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
-        for name, value in (("tokens_spent", spent), ("launches", launches), ("wait_ns", waited)):
-            f.seek(base + layout.STATE_DEVICE_OFFSETS[name])
-            f.write(struct.pack("<Q", value))
 
 
 def slow_controls(region: Region) -> tuple[tuple[int, ...], tuple[str, ...], int]:

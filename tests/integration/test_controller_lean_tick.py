@@ -4,12 +4,11 @@ the heartbeat at its own rate, a tick that slows down while all is calm, nothing
 from __future__ import annotations
 
 import itertools
-import struct
 from pathlib import Path
 
 import pytest
 
-from tests.fakes.shimstate import DeviceSpec, ShimWriter, make_region
+from tests.fakes.shimstate import DeviceSpec, ShimWriter, make_region, put_totals
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import RegionUsage
@@ -29,14 +28,6 @@ def file_region(root: Path, seq: int = 1, devices: int = 1) -> Region:
     make_region(root, alloc_id, [DeviceSpec(u, 1 << 30, 30.0, "strict") for u in uuids], ids,
                 seq=seq)
     return Region.open(root / alloc_id)
-
-
-def put_totals(region: Region, dev: int, spent: int, launches: int, waited: int) -> None:
-    with open(region.path / "state", "r+b") as f:
-        base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
-        for name, value in (("tokens_spent", spent), ("launches", launches), ("wait_ns", waited)):
-            f.seek(base + layout.STATE_DEVICE_OFFSETS[name])
-            f.write(struct.pack("<Q", value))
 
 
 def test_counters_come_from_the_header_alone(tmp_path):
