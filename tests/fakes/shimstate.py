@@ -180,9 +180,9 @@ class FileRegion:
         raise NotImplementedError("read-only stand-in")
 
 
-def put_totals(region: object, dev: int, spent: int, launches: int, waited: int) -> None:
+def put_totals(region_dir: Path, dev: int, spent: int, launches: int, waited: int) -> None:
     """Write one device's header totals into a region's `state`, as the shim keeps them."""
-    with open(region.path / "state", "r+b") as f:  # type: ignore[attr-defined]
+    with open(region_dir / "state", "r+b") as f:
         base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
         for name, value in (("tokens_spent", spent), ("launches", launches), ("wait_ns", waited)):
             f.seek(base + layout.STATE_DEVICE_OFFSETS[name])

@@ -146,7 +146,7 @@ async def test_observations_are_what_the_checked_constructor_makes_whatever_stat
                 for dev in range(region.device_count):
                     key = (region.alloc_id, dev)
                     before, now = totals[key], hostile_totals(rng, totals[key])
-                    put_totals(region, dev, *now)
+                    put_totals(region.path, dev, *now)
                     totals[key] = now
                     moved = tuple(max(0, b - a) for a, b in zip(before, now, strict=True))
                     expected[f"{region.alloc_id}/{dev}"] = (
@@ -193,10 +193,10 @@ async def run_pair(root: Path, hostile: bool) -> Recorder:
         for _ in range(80):
             spent += 1_000_000
             for dev in range(2):
-                put_totals(victim, dev, spent * (dev + 1), spent // 1000, 0)
+                put_totals(victim.path, dev, spent * (dev + 1), spent // 1000, 0)
                 liar_totals[dev] = (hostile_totals(rng, liar_totals[dev]) if hostile
                                     else (spent, spent // 1000, 0))
-                put_totals(liar, dev, *liar_totals[dev])
+                put_totals(liar.path, dev, *liar_totals[dev])
             if hostile and rng.random() < 0.2:
                 with open(liar.path / "state", "r+b") as f:  # a header that is not one
                     f.write(b"\xff" * 16)

@@ -33,8 +33,8 @@ def file_region(root: Path, seq: int = 1, devices: int = 1) -> Region:
 def test_counters_come_from_the_header_alone(tmp_path):
     region = file_region(tmp_path, devices=2)
     try:
-        put_totals(region, 0, 1_000, 10, 5_000)
-        put_totals(region, 1, 2_000, 20, 0)
+        put_totals(region.path, 0, 1_000, 10, 5_000)
+        put_totals(region.path, 1, 2_000, 20, 0)
         # slots the lean read must not need: a process with other figures
         shim = ShimWriter(region.path)
         shim.process(0, 100, 4_000, 0, tokens=999_999, launches=7)
@@ -64,7 +64,7 @@ def test_a_header_of_another_kind_is_unreadable_not_misread(tmp_path, field, val
 def test_a_later_minor_version_with_a_larger_header_is_read(tmp_path):
     region = file_region(tmp_path)
     try:
-        put_totals(region, 0, 123, 4, 5)
+        put_totals(region.path, 0, 123, 4, 5)
         with open(region.path / "state", "r+b") as f:
             f.seek(layout.STATE_OFFSETS["abi_minor"])
             f.write((7).to_bytes(4, "little"))
@@ -80,7 +80,7 @@ def test_a_later_minor_version_with_a_larger_header_is_read(tmp_path):
 def test_implausible_counters_and_a_short_file_are_unreadable(tmp_path):
     region = file_region(tmp_path)
     try:
-        put_totals(region, 0, 1 << 63, 1, 1)
+        put_totals(region.path, 0, 1 << 63, 1, 1)
         assert region.counters() is None
         (region.path / "state").write_bytes(b"\x00" * 64)  # truncated by the container
         assert region.counters() is None
