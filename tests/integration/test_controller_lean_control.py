@@ -331,7 +331,7 @@ async def test_calm_is_judged_by_what_the_law_decides(tmp_path, moves, fast_at):
     region = file_region(tmp_path, 1, UUIDS[:1], (30.0,))
     law, clock = Scripted(moves), Clock()
     run = ThrottleController(Samples({}), lambda: [region], clock=clock, law=law,
-                             proc_root="/nonexistent")
+                             proc_root="/nonexistent", unlent_tick_s=0.4)
     run.inline_read_s = 10.0
     try:
         intervals = []

@@ -149,19 +149,22 @@ async def test_the_heartbeat_goes_out_at_its_own_rate():
 
 
 async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
+    """Nothing lent (a strict container at its limit): up to `unlent_tick_s`; a new
+    allocation brings the tick back to `tick_s` at once."""
     gpu = SimGpu(SIM_UUID)
     regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",))]
     gpu.shim_process("a", BUSY, regions[0])
     controller = ThrottleController(SimBackend([gpu]), lambda: list(regions),
                                     clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
                                     calm_ticks=5, evidence=SimHostEvidence([gpu]))
+    assert controller.unlent_tick_s == 1.0  # the heartbeat's period
     intervals = []
     for _ in range(120):
         gpu.advance(controller.interval_s)
         await controller.tick()
         intervals.append(controller.interval_s)
     assert intervals[0] == 0.1  # a new container is a change
-    assert max(intervals) == pytest.approx(0.4)  # settled: four times slower at most
+    assert max(intervals) == pytest.approx(1.0)  # settled, nothing lent: ten times slower
     assert gpu.shares(gpu.processes[0], 5)[-1][1] == pytest.approx(30, abs=2)  # still held
 
     regions.append(SimRegion("b", (SIM_UUID,), (50.0,), ("strict",)))  # a new allocation
@@ -169,6 +172,45 @@ async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
     gpu.advance(controller.interval_s)
     await controller.tick()
     assert controller.interval_s == 0.1
+
+
+@pytest.mark.parametrize(("limits", "policies", "busy"), [
+    ((30.0,), ("work-conserving",), (True,)),  # lent the idle rest of the GPU
+    ((30.0, 20.0), ("strict", "off"), (True, True)),  # `off` may grow into the others' share
+    ((60.0, 60.0), ("strict", "strict"), (True, True)),  # limits that do not fit
+    ((30.0, 20.0), ("strict", "strict"), (True, False)),  # one never spent: no rate yet
+])
+async def test_while_anything_is_lent_the_calm_tick_grows_to_max_tick_only(
+        limits, policies, busy):
+    """Where a waking container might need another's rate lowered, the tick is kept at
+    `max_tick_s` at most, however long all is calm."""
+    gpu = SimGpu(SIM_UUID)
+    regions = []
+    for n, (limit, policy, spends) in enumerate(zip(limits, policies, busy, strict=True)):
+        region = SimRegion(f"c{n}", (SIM_UUID,), (limit,), (policy,))
+        regions.append(region)
+        if spends:
+            gpu.shim_process(f"c{n}", BUSY, region)
+    controller = ThrottleController(SimBackend([gpu]), lambda: list(regions),
+                                    clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
+                                    calm_ticks=5, evidence=SimHostEvidence([gpu]))
+    intervals = []
+    for _ in range(150):
+        gpu.advance(controller.interval_s)
+        await controller.tick()
+        intervals.append(controller.interval_s)
+    assert max(intervals) == pytest.approx(0.4)  # it did calm down, only not further
+
+
+def test_a_tick_kept_fast_stays_fast_and_bad_unlent_ticks_are_refused():
+    kept = ThrottleController(SimBackend([]), list, tick_s=0.1, max_tick_s=0.1)
+    assert kept.unlent_tick_s == 0.1
+    assert ThrottleController(SimBackend([]), list, tick_s=0.2, max_tick_s=2.0,
+                              heartbeat_s=1.0).unlent_tick_s == 2.0
+    for bad in (0.2, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="unlent tick"):
+            ThrottleController(SimBackend([]), list, tick_s=0.1, max_tick_s=0.4,
+                               unlent_tick_s=bad)
 
 
 async def test_without_regions_a_tick_asks_nothing():

@@ -96,8 +96,8 @@ class ControlledRun:
                  params: ControlParams | None = None, per_process_samples: bool = True,
                  uuid: str = SIM_UUID, plant: PlantSpec | None = None, paced: bool = False):
         self.gpu = (plant or PlantSpec()).gpu(uuid, per_process_samples)
-        # paced: tick at the controller's own pace (`interval_s`: tick_s, up to four times
-        # slower while all is calm), as the agent's loop does; otherwise every tick_s
+        # paced: tick at the controller's own pace (`interval_s`: tick_s, slower while all is
+        # calm), as the agent's loop does; otherwise every tick_s
         self.paced = paced
         self.regions: dict[str, SimRegion] = {}
         self.procs: dict[str, list[SimProcess]] = {}

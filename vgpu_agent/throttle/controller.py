@@ -23,6 +23,12 @@ What a tick costs, and how often it runs:
   0.4 s after 3 s); the first tick that sees a change goes back to `tick_s`. A tick is calm
   when no container came or went, no target moved by more than `calm_target_points`, and no
   rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little).
+  Where nothing is lent, the calm tick may grow further, to `unlent_tick_s` (by default the
+  heartbeat's second): on every GPU no container runs above its limit, the limits fit in the
+  GPU, none is `off` (its use could grow into the others' at any moment) and each has a rate
+  (a container not yet throttled may start spending at any moment). Then a container that
+  wakes needs nobody's rate lowered: its own rate already allows its share, so the slower tick
+  costs only how soon spare share is lent, never a guarantee.
   What counts is what the law decides, not why: a container that spends about its rate flips
   between waiting for tokens and not from tick to tick, which moves its target only where the
   allocation depends on it (lending), and then the target says so.
@@ -60,6 +66,7 @@ from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.control import (
+    FULL_SHARE,
     UNLIMITED_RATE,
     ControlParams,
     Decision,
@@ -79,6 +86,7 @@ log = structlog.get_logger(__name__)
 # Observations are built as the plain tuples they are (see `_steer_gpu`): without the checks
 # `Observation.__new__` makes of values that come from elsewhere.
 _new = tuple.__new__
+_SHARE_EPS = 1e-6  # percent: a target this close to its limit is at it, not above
 
 NVML_ERROR_NOT_SUPPORTED = 3  # pynvml.NVML_ERROR_NOT_SUPPORTED
 
@@ -238,6 +246,7 @@ class ThrottleController:
         evidence: HostEvidence | None = None,
         container_region_dir: str = "/run/vgpu",
         idle_tick_s: float | None = None,
+        unlent_tick_s: float | None = None,
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -246,7 +255,12 @@ class ThrottleController:
             raise ValueError(
                 f"need tick_s <= max_tick_s, heartbeat_s > 0 and calm_ticks >= 1, got "
                 f"{tick_s!r}, {max_tick_s!r}, {heartbeat_s!r}, {calm_ticks!r}")
-        idle_tick_s = max(2.0, max_tick_s) if idle_tick_s is None else idle_tick_s
+        if unlent_tick_s is None:  # a tick kept fast on purpose stays fast
+            unlent_tick_s = max(max_tick_s, heartbeat_s) if max_tick_s > tick_s else tick_s
+        if not max_tick_s <= unlent_tick_s < math.inf:
+            raise ValueError(f"unlent tick must be finite and >= max_tick_s ({max_tick_s!r} s), "
+                             f"got {unlent_tick_s!r}")
+        idle_tick_s = max(2.0, unlent_tick_s) if idle_tick_s is None else idle_tick_s
         if not max_tick_s <= idle_tick_s < math.inf:
             raise ValueError(f"idle tick must be finite and >= max_tick_s ({max_tick_s!r} s), "
                              f"got {idle_tick_s!r}")
@@ -288,7 +302,9 @@ class ThrottleController:
         self._last_beat_ns: int | None = None
         self.max_tick_s, self.calm_ticks, self.inline_read_s = max_tick_s, calm_ticks, inline_read_s
         self.calm_target_points, self.calm_rate_fraction = 0.5, 0.02
+        self.unlent_tick_s = unlent_tick_s
         self.interval_s = tick_s  # until the next tick: tick_s, longer while all is calm
+        self._lent = False  # this tick, some GPU lends (or may have to reclaim): see the note
         self._calm_s = 0.0  # seconds of calm ticks in a row (their planned intervals)
         self._changed = False  # this tick saw a change
         self._inline = False  # whether the last reads were cheap enough to do on the loop
@@ -403,7 +419,7 @@ class ThrottleController:
             self._failed("list_regions", "throttle_list_regions_failed")
             return
         self._idle = not regions
-        self._changed = False
+        self._changed = self._lent = False
         if regions:
             # Reading headers and NVML blocks: in a worker thread while that is slow, inline
             # while it costs less than the hop.
@@ -425,6 +441,7 @@ class ThrottleController:
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
             except Exception:
+                self._lent = True  # not known: watched as closely as a lending GPU
                 self._failed("gpu", "throttle_gpu_failed", uuid=uuid)
         regions = [r for r in regions if not getattr(r, "closed", False)]
         if self._last_beat_ns is None or now_ns - self._last_beat_ns >= self.heartbeat_ns:
@@ -451,7 +468,8 @@ class ThrottleController:
         self._calm_s = 0.0 if self._changed else self._calm_s + self.interval_s
         # a hair under the span, so that float sums of intervals reach it on time
         steps = int(self._calm_s / (self.calm_ticks * self.tick_s) + 1e-9)
-        self.interval_s = min(self.max_tick_s, self.tick_s * (1 + steps))
+        ceiling = self.max_tick_s if self._lent else self.unlent_tick_s
+        self.interval_s = min(ceiling, self.tick_s * (1 + steps))
 
     def _read(self, regions: list[RegionHandle]) -> _Reading:
         """Every region's counters, then every GPU's new samples (in a worker thread when slow)."""
@@ -735,9 +753,15 @@ class ThrottleController:
         open_loop = uuid in self._open_loop
         changed = self._changed
         calm_points, calm_fraction = self.calm_target_points, self.calm_rate_fraction
+        # lent, or a reclaim may be needed at any moment (see the module note)
+        lent = self._lent or len(observations) < len(entries) \
+            or sum([obs[1] for obs in observations]) > FULL_SHARE + _SHARE_EPS
         for obs, (device, written_rate, written_burst) in zip(observations, steered, strict=True):
             decision = decisions[obs[0]]
             rate, burst = decision[0], decision[1]
+            if not lent:
+                lent = (obs[2] == "off" or decision[2] > obs[1] + _SHARE_EPS
+                        or rate >= UNLIMITED_RATE)
             if not changed:
                 # news enough to keep the tick fast (see the module note)?
                 last = device.last
@@ -749,7 +773,7 @@ class ThrottleController:
             if rate != written_rate or burst != written_burst:
                 self._apply(device, rate, burst)
             device.last = (obs, decision, open_loop)
-        self._changed = changed
+        self._changed, self._lent = changed, lent
 
     def _apply(self, device: _Device, rate: int, burst: int) -> None:
         try:
