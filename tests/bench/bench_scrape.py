@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import mmap
 import os
 import random
@@ -315,7 +316,8 @@ def scrape(port: int, accept: str = "", gzipped: bool = False) -> tuple[float, b
 
 
 def pct(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+    """The nearest-rank percentile of sorted values (of 100, the 99th is the second largest)."""
+    return ordered[max(0, min(len(ordered), math.ceil(len(ordered) * q - 1e-9)) - 1)]
 
 
 def measure_allocate(args: argparse.Namespace, shim: ShimSide, port: int, plugin: Path,
@@ -436,7 +438,7 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bo
             "idle_cpu_s_per_min": idle_cpu,
             "scraped_cpu_s_per_min": scraped_cpu,
             "p50_ms": statistics.median(latencies),
-            "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+            "p99_ms": pct(latencies, 0.99),
             "cpu_per_scrape_ms": cpu_per_scrape_ms,
             "bytes": len(body),
             "gzip_bytes": len(packed),
