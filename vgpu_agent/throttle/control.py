@@ -39,12 +39,14 @@ Kalman filter over the model `util = b * spend`:
 - Each fresh measurement is paired with the spending over the time it describes: the samples'
   span (the NVML sample period, told by the controller from the samples' timestamps, or
   `nvml_period_s`) ending half a tick ago, taken from the per-tick spending history with
-  fractional weights for the ticks at its edges. A window that reaches a little
-  (`partial_window`) before the history, as a container's first sample does when samples come
-  once a second, is still used: the oldest tick's spending stands in for the part before it
-  (that tick ran unthrottled, as the container did before it was followed, or under a rate
-  found written), and that part counts as possible misalignment. A sample a second late would
-  otherwise cost a second of learning.
+  fractional weights for the ticks at its edges. Each entry of the history keeps how long its
+  tick lasted (the agent's tick slows to 1 s while all is calm and comes back to 0.1 s on a
+  change), so the window is placed on the time the ticks really covered. A window that
+  reaches a little (`partial_window`) before the history, as a container's first sample does
+  when samples come once a second, is still used: the oldest tick's spending stands in for the
+  part before it (that tick ran unthrottled, as the container did before it was followed, or
+  under a rate found written), and that part counts as possible misalignment. A sample a
+  second late would otherwise cost a second of learning.
 - Its weight is what it says: the measurement variance is the NVML noise divided by the number
   of samples averaged, plus the error one tick of misalignment would make (large right after a
   rate change, nil when spending is steady). Transients thus count little without being thrown
@@ -230,6 +232,9 @@ class LoopState(NamedTuple):
     learned: int = 0  # how many measurements `k` has been learned from
     adopted: bool = False  # k was first learned under a rate found written (agent restart)
     hungry: bool = False  # it was rate-limited the tick before
+    # seconds each `spend_history` entry lasted, newest last (the tick slows while all is calm);
+    # entries without one (a state from before they were kept) are taken as the current tick
+    tick_lengths: tuple[float, ...] = ()
 
 
 _BLANK = LoopState()
@@ -329,20 +334,41 @@ def allocate(claims: Sequence[Claim], capacity: float = FULL_SHARE) -> Shares:
     )
 
 
-def span_weights(span_s: float, dt_s: float, ticks: int) -> tuple[float, ...]:
-    """Weights of the last `ticks` ticks (newest last) in the window a measurement describes.
+def span_weights(span_s: float, lengths: Sequence[float]) -> tuple[float, ...]:
+    """Weights of the ticks that lasted `lengths` seconds (newest last, the current tick's
+    included) in the window a measurement describes.
 
-    The window is `span_s` long and ends half a tick ago (samples are read when they are
-    finished, some time within the tick); each tick counts by how much of it lies inside, so
-    the weights add up to one (fewer when the history is shorter than the window).
+    The window is `span_s` long and ends half the current tick ago (samples are read when they
+    are finished, some time within the tick); each tick counts by how much of it lies inside,
+    so the weights add up to one (fewer when the history is shorter than the window). Ticks
+    are placed by their own lengths: the agent's tick grows while all is calm and shrinks on
+    a change, and a measurement right after a change describes the slow ticks before it.
     """
-    end = dt_s / 2
+    end = lengths[-1] / 2
     start = end + span_s
     weights = []
-    for age in range(ticks - 1, -1, -1):  # tick `age` covers [age * dt, (age + 1) * dt) ago
-        lo, hi = age * dt_s, (age + 1) * dt_s
+    hi = 0.0
+    for length in reversed(lengths):  # newest first: it covers [0, its length) ago
+        lo, hi = hi, hi + length
         weights.append(max(0.0, min(hi, start) - max(lo, end)) / span_s)
+    weights.reverse()
     return tuple(weights)
+
+
+def tick_lengths(prev: LoopState, dt_s: float, history_len: int) -> tuple[float, ...]:
+    """The lengths of the container's history entries after this tick, newest (`dt_s`) last;
+    entries the state has no length for are taken as `dt_s`."""
+    if prev is _BLANK:
+        return ()
+    kept = len(prev.spend_history)
+    known = prev.tick_lengths[-kept:] if kept else ()
+    return ((dt_s,) * (kept - len(known)) + known + (dt_s,))[-history_len:]
+
+
+def window_lengths(lengths: tuple[float, ...], dt_s: float, history_len: int
+                   ) -> tuple[float, ...]:
+    """`history_len` lengths for placing a window: before the history, ticks of `dt_s`."""
+    return (dt_s,) * (history_len - len(lengths)) + lengths
 
 
 def _matched_spend(
@@ -386,7 +412,7 @@ def _matched_spend(
 # which the allocation decides afterwards: the state is built once, with its target.
 _Learned = tuple[
     float, bool, tuple[float, ...], float, float | None, float, float, int,
-    tuple[float, float], float, int, bool, bool,
+    tuple[float, float], float, int, bool, bool, tuple[float, ...],
 ]
 
 
@@ -395,16 +421,20 @@ def _observe(
     prev: LoopState,
     dt_s: float,
     history_len: int,
-    weights: Sequence[float] | None,
+    span: float,
     params: ControlParams,
 ) -> tuple[_Learned, bool, float]:
     """Update the container's model from one tick; returns (learned, hungry, demand).
 
-    `weights` place the measurement's window on the spending history (None: no measurement).
+    `span` is the time the measurement describes (used only with one: `obs.util`).
     """
     spent, rate_in_force, util = obs.spent, obs.rate, obs.util
     spend_rate = spent / dt_s
     history = (*prev.spend_history, spend_rate)[-history_len:]
+    lengths = tick_lengths(prev, dt_s, history_len)
+    weights = None
+    if util is not None:
+        weights = span_weights(span, window_lengths(lengths, dt_s, history_len))
     cost = prev.cost_per_launch * 0.99  # forget slowly, so one odd launch does not stick
     if obs.launches:
         cost = max(cost, spent / obs.launches)
@@ -490,7 +520,7 @@ def _observe(
         if k > 0 else 0.0
     last_util = prev.util if util is None else util
     learned_now = (k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
-                   last_pair, k_floor, learned, adopted, hungry)
+                   last_pair, k_floor, learned, adopted, hungry, lengths)
     return learned_now, hungry, demand
 
 
@@ -502,9 +532,9 @@ def _noise_shape(share: float, tail: float) -> float:
 
 def _state(learned: _Learned, target: float) -> LoopState:
     (k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor, count, adopted,
-     hungry) = learned
+     hungry, lengths) = learned
     return LoopState(k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor,
-                     target, count, adopted, hungry)
+                     target, count, adopted, hungry, lengths)
 
 
 def rate_for(k: float, target: float, obs: Observation, state_spread: float, learned: int,
@@ -546,17 +576,10 @@ def control_step(
     history_len = max(params.demand_ticks, math.ceil(params.history_s / dt_s) + 1)
 
     previous = [states.get(o.key, _BLANK) for o in observations]
-    # The containers of one GPU share their samples' span: place it on the history once.
-    weights_by_span: dict[float, tuple[float, ...]] = {}
-    updated = []
-    for o, prev in zip(observations, previous, strict=True):
-        weights = None
-        if o.util is not None:
-            span = o.util_span_s or params.nvml_period_s
-            weights = weights_by_span.get(span)
-            if weights is None:
-                weights = weights_by_span[span] = span_weights(span, dt_s, history_len)
-        updated.append(_observe(o, prev, dt_s, history_len, weights, params))
+    updated = [
+        _observe(o, prev, dt_s, history_len, o.util_span_s or params.nvml_period_s, params)
+        for o, prev in zip(observations, previous, strict=True)
+    ]
     learned_all = [learned for learned, _, _ in updated]
     demands = [demand for _, _, demand in updated]
     if guess_newcomers(observations, previous, learned_all, demands, params):

@@ -4,9 +4,10 @@
 the same law, decision for decision, arranged for speed over a GPU's containers:
 
 - What does not depend on the container is worked out once per call: the tuning read into
-  locals, and for each measurement span the part of the spending history it covers. A span
-  of a sixth of a second covers two or three ticks of a history kept for 2.5 s, so the sums
-  run over those ticks only, not the whole history.
+  locals, and for each measurement span and history of tick lengths (the containers of a GPU
+  share theirs, ticked together) the part of the spending history it covers. A span of a
+  sixth of a second covers two or three ticks of a history kept for 2.5 s, so the sums run
+  over those ticks only, not the whole history.
 - The per-container update (`control._observe`) is inlined, and a container's new state is
   built once, with its target. The one step across containers of that update, the first guess
   for work-conserving newcomers, is the reference's own function (`control.guess_newcomers`).
@@ -43,6 +44,8 @@ from vgpu_agent.throttle.control import (
     _water_fill,
     guess_newcomers,
     span_weights,
+    tick_lengths,
+    window_lengths,
 )
 
 _DEFAULT_PARAMS = ControlParams()
@@ -55,8 +58,8 @@ _new = tuple.__new__
 _Window = tuple[tuple[float, ...], int, float, float]
 
 
-def _window(span_s: float, dt_s: float, history_len: int) -> _Window:
-    weights = span_weights(span_s, dt_s, history_len)
+def _window(span_s: float, lengths: tuple[float, ...]) -> _Window:
+    weights = span_weights(span_s, lengths)
     first = 0
     while first < len(weights) and weights[first] == 0.0:
         first += 1
@@ -164,7 +167,7 @@ def control_step_gpu(
     surprise2 = p.surprise_sigmas**2
     noise_tail, missing_above, partial = p.noise_tail, p.missing_above, p.partial_window
 
-    windows: dict[float, _Window] = {}
+    windows: dict[tuple[float, tuple[float, ...]], _Window] = {}
     previous: list[LoopState] = []
     # per container: (k, lower_bound, history, cost, util, spread, noise, pairs, pair, k_floor,
     # learned, adopted, hungry), as `control._Learned`
@@ -178,6 +181,7 @@ def control_step_gpu(
         spent, rate_in_force, util = o.spent, o.rate, o.util
         spend_rate = spent / dt_s
         history = (*prev.spend_history, spend_rate)[-history_len:]
+        lengths = tick_lengths(prev, dt_s, history_len)
         cost = prev.cost_per_launch * 0.99
         if o.launches:
             cost = max(cost, spent / o.launches)
@@ -204,10 +208,11 @@ def control_step_gpu(
         if prev is _BLANK:
             history = ()
         if util is not None:
-            span = o.util_span_s or nvml_period_s
-            window = windows.get(span)
+            placed = (o.util_span_s or nvml_period_s,
+                      window_lengths(lengths, dt_s, history_len))
+            window = windows.get(placed)
             if window is None:
-                window = windows[span] = _window(span, dt_s, history_len)
+                window = windows[placed] = _window(*placed)
             if k <= 0:
                 if util >= resolution:
                     x, _ = _matched(history, window, partial)
@@ -245,7 +250,7 @@ def control_step_gpu(
         demand = max(history[-demand_ticks:], default=0.0) / k + demand_margin if k > 0 else 0.0
         last_util = prev.util if util is None else util
         learned_all.append((k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
-                            last_pair, k_floor, learned, adopted, hungry))
+                            last_pair, k_floor, learned, adopted, hungry, lengths))
         hungers.append(hungry)
         demands.append(demand)
         if o.policy == "off":
@@ -273,7 +278,7 @@ def control_step_gpu(
     for o, prev, lrn, hungry, demand in zip(observations, previous, learned_all, hungers,
                                             demands, strict=True):
         (k, lower_bound, spends, cost, util, spread, noise, pairs, pair, k_floor, count,
-         adopted, _) = lrn
+         adopted, _, lengths) = lrn
         key = o.key
         if o.policy != "off" and not math.isfinite(k):
             k = 0.0  # nothing sane was learned: start over from no model
@@ -281,7 +286,7 @@ def control_step_gpu(
             decisions[key] = _new(Decision, (
                 UNLIMITED_RATE, UNLIMITED_RATE, FULL_SHARE, hungry, demand,
                 _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                                 k_floor, prev.target, count, adopted, hungry))))
+                                 k_floor, prev.target, count, adopted, hungry, lengths))))
             continue
         target = targets[key]
         rate_in_force = o.rate
@@ -292,7 +297,7 @@ def control_step_gpu(
             decisions[key] = _new(Decision, (
                 kept_rate, kept_burst, target, hungry, demand,
                 _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                                 k_floor, prev.target, count, adopted, hungry))))
+                                 k_floor, prev.target, count, adopted, hungry, lengths))))
             continue
         k_rate = k
         if o.policy == "strict" and 0 < count < cold_samples and cold_sigmas:
@@ -302,7 +307,7 @@ def control_step_gpu(
         # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
         rate = _clamp_tokens(k_rate * target, min_rate)
         state = _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                                 k_floor, target, count, adopted, hungry))
+                                 k_floor, target, count, adopted, hungry, lengths))
         if rate_in_force < UNLIMITED_RATE and abs(rate - rate_in_force) <= deadband * rate_in_force:
             decisions[key] = _new(Decision, (rate_in_force, o.burst, target, hungry, demand, state))
             continue
