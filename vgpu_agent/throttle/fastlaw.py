@@ -167,7 +167,11 @@ def control_step_gpu(
     surprise2 = p.surprise_sigmas**2
     noise_tail, missing_above, partial = p.noise_tail, p.missing_above, p.partial_window
 
-    windows: dict[tuple[float, tuple[float, ...]], _Window] = {}
+    windows: dict[tuple[float, int], _Window] = {}  # (span, id of the window's lengths)
+    # The containers of a GPU are ticked together, so their histories of tick lengths are
+    # equal: each new one is made once and shared, found by the identity of the one before
+    # (held by its state meanwhile) and the history's length, without hashing floats.
+    shared: dict[tuple[int, int], tuple[tuple[float, ...], tuple[float, ...]]] = {}
     previous: list[LoopState] = []
     # per container: (k, lower_bound, history, cost, util, spread, noise, pairs, pair, k_floor,
     # learned, adopted, hungry), as `control._Learned`
@@ -181,7 +185,14 @@ def control_step_gpu(
         spent, rate_in_force, util = o.spent, o.rate, o.util
         spend_rate = spent / dt_s
         history = (*prev.spend_history, spend_rate)[-history_len:]
-        lengths = tick_lengths(prev, dt_s, history_len)
+        made = (id(prev.tick_lengths), len(prev.spend_history)) if prev is not _BLANK else None
+        known = shared.get(made) if made is not None else None
+        if known is None:
+            lengths = tick_lengths(prev, dt_s, history_len)
+            known = (lengths, window_lengths(lengths, dt_s, history_len))
+            if made is not None:
+                shared[made] = known
+        lengths = known[0]
         cost = prev.cost_per_launch * 0.99
         if o.launches:
             cost = max(cost, spent / o.launches)
@@ -208,11 +219,11 @@ def control_step_gpu(
         if prev is _BLANK:
             history = ()
         if util is not None:
-            placed = (o.util_span_s or nvml_period_s,
-                      window_lengths(lengths, dt_s, history_len))
+            span = o.util_span_s or nvml_period_s
+            placed = (span, id(known[1]))
             window = windows.get(placed)
             if window is None:
-                window = windows[placed] = _window(*placed)
+                window = windows[placed] = _window(span, known[1])
             if k <= 0:
                 if util >= resolution:
                     x, _ = _matched(history, window, partial)
