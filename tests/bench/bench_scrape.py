@@ -11,7 +11,8 @@ own. This process plays the containers (a shim-like writer updating every region
 every 100 ms) and Prometheus (scrapes). Both configurations are measured in the same run:
 
 - steady state: CPU seconds per minute of the agent over `--seconds` without scrapes, then
-  over `--seconds` with a scrape every `--interval` s;
+  over `--seconds` with a scrape every `--interval` s (after two scrapes at that interval, so
+  that the agent reads its regions once per scrape, just before it, as it does in the long run);
 - scrape latency: `--scrapes` back-to-back scrapes with Prometheus's headers (OpenMetrics
   preferred, gzip), p50 and p99 (ms), agent CPU per scrape, exposition sizes;
 - Allocate latency: the agent side also serves the device plugin's gRPC `Allocate` (the agent's
@@ -412,6 +413,12 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bo
         pause_with_shim(shim, args.seconds)
         idle_cpu = (cpu_seconds(child.pid) - before) / args.seconds * 60
 
+        # Two scrapes first, so that the agent has learned the rhythm (its region round comes
+        # just before each scrape) and the window holds one round per scrape, as under a
+        # Prometheus that has been scraping for a while.
+        for _ in range(2):
+            scrape(port)
+            pause_with_shim(shim, args.interval)
         before = cpu_seconds(child.pid)
         started = time.monotonic()
         while time.monotonic() - started < args.seconds:
