@@ -169,9 +169,9 @@ def control_step_gpu(
 
     windows: dict[tuple[float, int], _Window] = {}  # (span, id of the window's lengths)
     # The containers of a GPU are ticked together, so their histories of tick lengths are
-    # equal: each new one is made once and shared, found by the identity of the one before
-    # (held by its state meanwhile) and the history's length, without hashing floats.
-    shared: dict[tuple[int, int], tuple[tuple[float, ...], tuple[float, ...]]] = {}
+    # equal: each new one is made once and shared (found by the one before and the history's
+    # length; shared tuples compare by identity, element by element).
+    shared: dict[tuple[tuple[float, ...], int], tuple[tuple[float, ...], tuple[float, ...]]] = {}
     previous: list[LoopState] = []
     # per container: (k, lower_bound, history, cost, util, spread, noise, pairs, pair, k_floor,
     # learned, adopted, hungry), as `control._Learned`
@@ -185,7 +185,7 @@ def control_step_gpu(
         spent, rate_in_force, util = o.spent, o.rate, o.util
         spend_rate = spent / dt_s
         history = (*prev.spend_history, spend_rate)[-history_len:]
-        made = (id(prev.tick_lengths), len(prev.spend_history)) if prev is not _BLANK else None
+        made = (prev.tick_lengths, len(prev.spend_history)) if prev is not _BLANK else None
         known = shared.get(made) if made is not None else None
         if known is None:
             lengths = tick_lengths(prev, dt_s, history_len)
