@@ -1,0 +1,37 @@
+"""The node `bench_scrape.py` (and `bench_tick.py`) measure is one a device plugin could have
+made: every GPU full, its limits adding up to 100 %, each slice held once. An over-committed
+node keeps the law moving for reasons no real node has, and its figures would say nothing."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import pytest
+
+from tests.bench.bench_scrape import build_regions, containers_for
+from vgpu_agent.shm.regions import Region
+
+
+@pytest.mark.parametrize(("devices", "per_gpu"), [(16, None), (144, 18), (256, None)])
+def test_the_benchmark_node_is_a_valid_full_allocation(tmp_path, devices, per_gpu):
+    rows = build_regions(tmp_path, 8, containers_for(devices))
+    limits: dict[str, float] = defaultdict(float)
+    slices: Counter[str] = Counter()
+    held = 0
+    for row in rows:
+        region = Region.open(tmp_path / str(row["alloc_id"]))
+        try:
+            assert len(region.device_uuids) == row["devices"]
+            for dev, uuid in enumerate(region.device_uuids):
+                limits[uuid] += region.core_limit(dev)
+                held += 1
+            slices.update(region.device_ids)
+        finally:
+            region.close()
+    assert held == devices
+    # every GPU full, whatever it holds (the other sizes spread less evenly)
+    assert len(limits) == 8 and all(v == pytest.approx(100.0, abs=0.01) for v in limits.values())
+    per_gpu_held = Counter(slice_id.split("::")[0] for slice_id in slices)
+    if per_gpu is not None:  # 128 containers: as many container-devices on every GPU
+        assert set(per_gpu_held.values()) == {per_gpu}
+    assert max(slices.values()) == 1  # no slice held twice
