@@ -202,6 +202,38 @@ async def test_while_anything_is_lent_the_calm_tick_grows_to_max_tick_only(
     assert 0.1 < max(intervals) <= 0.4 + 1e-9  # it did calm down, only not further
 
 
+@pytest.mark.parametrize("fault", ["raises", "corrupt"])
+async def test_a_region_that_cannot_be_read_keeps_the_tick_at_max_tick(fault):
+    """What an unreadable region's container does is not known: however calm the rest, the
+    tick grows to `max_tick_s` only, as where something is lent."""
+
+    class Unreadable(SimRegion):
+        def counters(self) -> tuple[int, ...] | None:  # type: ignore[override]
+            if fault == "raises":
+                raise OSError("state is gone")
+            return None  # what a corrupt header reads as
+
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",)),
+               Unreadable("b", (SIM_UUID,), (20.0,), ("strict",))]
+    gpu.shim_process("a", BUSY, regions[0])
+    controller = ThrottleController(SimBackend([gpu]), lambda: list(regions),
+                                    clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
+                                    calm_ticks=5, evidence=SimHostEvidence([gpu]))
+    intervals = []
+    for _ in range(120):
+        gpu.advance(controller.interval_s)
+        await controller.tick()
+        intervals.append(controller.interval_s)
+    assert max(intervals) == pytest.approx(0.4)
+    assert controller.error_counts.get("region_usage" if fault == "raises" else "region_corrupt")
+    regions.pop()  # gone: nothing unknown is left, and the tick may slow down further
+    for _ in range(40):
+        gpu.advance(controller.interval_s)
+        await controller.tick()
+    assert controller.interval_s == pytest.approx(1.0)
+
+
 def test_a_tick_kept_fast_stays_fast_and_bad_unlent_ticks_are_refused():
     kept = ThrottleController(SimBackend([]), list, tick_s=0.1, max_tick_s=0.1)
     assert kept.unlent_tick_s == 0.1

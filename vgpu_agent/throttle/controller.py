@@ -28,7 +28,9 @@ What a tick costs, and how often it runs:
   GPU, none is `off` (its use could grow into the others' at any moment) and each has a rate
   (a container not yet throttled may start spending at any moment). Then a container that
   wakes needs nobody's rate lowered: its own rate already allows its share, so the slower tick
-  costs only how soon spare share is lent, never a guarantee.
+  costs only how soon spare share is lent, never a guarantee. A region that cannot be read is
+  not known to be any of that: while one fails, the tick grows to `max_tick_s` at most (and a
+  header corrupt for good is not a change every tick: its devices are followed once it reads).
   What counts is what the law decides, not why: a container that spends about its rate flips
   between waiting for tokens and not from tick to tick, which moves its target only where the
   allocation depends on it (lending), and then the target says so.
@@ -491,10 +493,18 @@ class ThrottleController:
         for region in regions:
             if getattr(region, "closed", False):
                 continue
+            # A region that cannot be read is not steered this tick, and what it does is not
+            # known: the tick is kept as short as where something is lent. Its devices are
+            # followed only once it reads: a header corrupt for good is no change every tick.
             try:
                 counters = _counters(region)
+                if counters is None:
+                    self._lent = True
+                    self.errors["region_corrupt"] += 1
+                    continue
                 devices = self._devices_of(region)
             except Exception:
+                self._lent = True
                 self._failed(
                     "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
                 )
@@ -503,11 +513,9 @@ class ThrottleController:
                 rates, policies, priority = _controls(region, len(devices))
             except Exception:
                 if not getattr(region, "closed", False):  # collected meanwhile: not an error
+                    self._lent = True
                     self._failed("region_read", "throttle_region_read_failed",
                                  alloc_id=_alloc_id(region))
-                continue
-            if counters is None:
-                self.errors["region_corrupt"] += 1
                 continue
             reading = (counters, rates, policies, priority)
             for device in devices:
