@@ -21,8 +21,12 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import structlog
+
+# this tree's code, not whichever checkout is installed (comparisons run older trees)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
 from vgpu_agent.kube.pods import NodePods

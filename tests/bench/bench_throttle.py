@@ -27,6 +27,10 @@ import platform
 import statistics
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
+
+# this tree's code, not whichever checkout is installed (comparisons run older trees)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from vgpu_agent.simulation.gpu import Workload
 from vgpu_agent.simulation.imperfections import IDEAL, REAL
