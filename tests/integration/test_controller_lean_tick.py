@@ -148,21 +148,33 @@ async def test_the_heartbeat_goes_out_at_its_own_rate():
     assert all(b - a == 500_000_000 for a, b in itertools.pairwise(beats))
 
 
+def paced_controller(gpu: SimGpu, regions: list[SimRegion]) -> ThrottleController:
+    """A controller on `gpu` ticking every 0.1 s, slowing to 0.4 s (1 s where nothing is lent)
+    after 0.5 s of calm; `regions` is read afresh every tick."""
+    return ThrottleController(SimBackend([gpu]), lambda: list(regions),
+                              clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
+                              calm_ticks=5, evidence=SimHostEvidence([gpu]))
+
+
+async def pace(controller: ThrottleController, gpu: SimGpu, ticks: int) -> list[float]:
+    """Tick at the controller's own pace, as the agent's loop does; the intervals it chose."""
+    intervals = []
+    for _ in range(ticks):
+        gpu.advance(controller.interval_s)
+        await controller.tick()
+        intervals.append(controller.interval_s)
+    return intervals
+
+
 async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
     """Nothing lent (a strict container at its limit): up to `unlent_tick_s`; a new
     allocation brings the tick back to `tick_s` at once."""
     gpu = SimGpu(SIM_UUID)
     regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",))]
     gpu.shim_process("a", BUSY, regions[0])
-    controller = ThrottleController(SimBackend([gpu]), lambda: list(regions),
-                                    clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
-                                    calm_ticks=5, evidence=SimHostEvidence([gpu]))
+    controller = paced_controller(gpu, regions)
     assert controller.unlent_tick_s == 1.0  # the heartbeat's period
-    intervals = []
-    for _ in range(120):
-        gpu.advance(controller.interval_s)
-        await controller.tick()
-        intervals.append(controller.interval_s)
+    intervals = await pace(controller, gpu, 120)
     assert intervals[0] == 0.1  # a new container is a change
     assert max(intervals) == pytest.approx(1.0)  # settled, nothing lent: ten times slower
     assert gpu.shares(gpu.processes[0], 5)[-1][1] == pytest.approx(30, abs=2)  # still held
@@ -191,14 +203,8 @@ async def test_while_anything_is_lent_the_calm_tick_grows_to_max_tick_only(
         regions.append(region)
         if spends:
             gpu.shim_process(f"c{n}", BUSY, region)
-    controller = ThrottleController(SimBackend([gpu]), lambda: list(regions),
-                                    clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
-                                    calm_ticks=5, evidence=SimHostEvidence([gpu]))
-    intervals = []
-    for _ in range(150):
-        gpu.advance(controller.interval_s)
-        await controller.tick()
-        intervals.append(controller.interval_s)
+    controller = paced_controller(gpu, regions)
+    intervals = await pace(controller, gpu, 150)
     assert 0.1 < max(intervals) <= 0.4 + 1e-9  # it did calm down, only not further
 
 
@@ -217,20 +223,12 @@ async def test_a_region_that_cannot_be_read_keeps_the_tick_at_max_tick(fault):
     regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",)),
                Unreadable("b", (SIM_UUID,), (20.0,), ("strict",))]
     gpu.shim_process("a", BUSY, regions[0])
-    controller = ThrottleController(SimBackend([gpu]), lambda: list(regions),
-                                    clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
-                                    calm_ticks=5, evidence=SimHostEvidence([gpu]))
-    intervals = []
-    for _ in range(120):
-        gpu.advance(controller.interval_s)
-        await controller.tick()
-        intervals.append(controller.interval_s)
+    controller = paced_controller(gpu, regions)
+    intervals = await pace(controller, gpu, 120)
     assert max(intervals) == pytest.approx(0.4)
     assert controller.error_counts.get("region_usage" if fault == "raises" else "region_corrupt")
     regions.pop()  # gone: nothing unknown is left, and the tick may slow down further
-    for _ in range(40):
-        gpu.advance(controller.interval_s)
-        await controller.tick()
+    await pace(controller, gpu, 40)
     assert controller.interval_s == pytest.approx(1.0)
 
 

@@ -692,13 +692,12 @@ class ThrottleController:
         return out
 
     def _limits(self, device: _Device, policy: str, priority: int) -> tuple[float, CorePolicy]:
-        """(limit, policy) of a device, given the policy and priority found in `control`. The
+        """(limit, policy) of a device, given the policy and priority found in `control`, and
+        remembered with them (`_steer_gpu` uses what is remembered while they stand). The
         limit is read from its region the first time (it never changes); the policy may change
         any tick, since the agent rewrites it when the pod's annotations change (see
         `throttle/regionpolicy.py`)."""
         limits = device.limits
-        if limits is not None and limits[2] == policy and limits[3] == priority:
-            return limits[0], limits[1]
         checked: CorePolicy = policy if policy in CORE_POLICIES else self.default_policy  # type: ignore[assignment]
         limit = (
             limits[0] if limits is not None
