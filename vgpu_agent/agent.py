@@ -387,7 +387,9 @@ class Agent:
             group,
             "pod-resources",
             lambda: self.pod_resources.run(
-                self.config.pod_resources_refresh_seconds, self._reconcile
+                self.config.pod_resources_refresh_seconds,
+                self._reconcile,
+                idle=lambda: not self.regions.regions(),  # nothing to bind or collect
             ),
         )
         self._supervise(group, "pod-policies", self.pod_policies.run)

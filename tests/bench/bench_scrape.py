@@ -3,32 +3,36 @@
     python tests/bench/bench_scrape.py [--gpus 8] [--sizes 16,64,144,256] [--seconds 30]
                                        [--allocates 600]
 
-The agent side runs in a child process (simulated GPUs, real region files opened with the
-agent's own region reader, the metrics service with NVML poll 1 s, and, in the second
-configuration, the throttle controller ticking every 100 ms, slower while settled; with `--reference-law` also with the
-reference law, `control.control_step`, in place of the fast one), so its CPU time and RSS are its
-own. This process plays the containers (a shim-like writer updating every region's `state`
-every 100 ms) and Prometheus (scrapes). Both configurations are measured in the same run:
+The agent is the whole agent, as `vgpu-agent run` composes it (`Agent` on the agent's own
+event loop: device plugin, PodResources, health checks, NVML poll, controller, backstop,
+metrics), in a child process of its own on simulated GPUs, so that its CPU time and RSS are its
+own. The kubelet stand-in runs in a second child: the agent registers with it, and its
+PodResources lists the bench's containers, which the agent adopted from their region files at
+start (as after an agent restart) and binds to their pods. This process plays the containers (a
+shim-like writer updating every region's `state` every 50 ms; the simulated GPUs report each
+container's process in their per-process samples) and Prometheus (scrapes). Every figure is
+checked to come from an agent doing its job: each pod must be named in the scrape with its
+utilization. Measured:
 
 - steady state: CPU seconds per minute of the agent over `--seconds` without scrapes, then
   over `--seconds` with a scrape every `--interval` s (after two scrapes at that interval, so
   that the agent reads its regions once per scrape, just before it, as it does in the long run);
 - scrape latency: `--scrapes` back-to-back scrapes with Prometheus's headers (OpenMetrics
   preferred, gzip), p50 and p99 (ms), agent CPU per scrape, exposition sizes;
-- Allocate latency: the agent side also serves the device plugin's gRPC `Allocate` (the agent's
-  own servicer and region store: every call creates a real region, and the oldest of them are
-  removed as GC would, so the node keeps its size); `--allocates` calls alternate with calls to a
-  bare grpc.aio server answering the same RPC with an empty response in its own process on the
-  same kind of unix socket (bench_plugin.py's "bare call"), so both see the same machine noise.
+- Allocate latency: `Allocate` on the agent's own plugin socket, as the kubelet calls it (every
+  call creates a real region, which the agent collects at its next PodResources answer since no
+  container holds it, so the node keeps about its size; a pair of calls every 40 ms);
+  `--allocates` calls alternate with calls to a bare grpc.aio server answering the same RPC
+  with an empty response in its own process on the same kind of unix socket (bench_plugin.py's
+  "bare call"), so both see the same machine noise.
   They run while the controller ticks, the containers' counters move and a scraper thread
   scrapes every `--allocate-scrape-s` s (more often than Prometheus would, so that scrapes and
   calls meet within the window); p50/p99 of each and the p99 ratio, goal <= 2;
 - RSS (and peak RSS) of the agent at the end.
 
-Three configurations per size: metrics only; + controller with steady shares (every container's
-NVML utilization constant), measured once the controller has settled and slowed down
-(`--settle` s after start: where nothing is lent it ticks once a second); + controller while
-shares change (each container's utilization flips between 5 and 10 % every 2 s, out of step with
+Two configurations per size: steady shares (every container's NVML utilization constant),
+measured once the controller has settled and slowed down (`--settle` s after start: where
+nothing is lent it ticks once a second); and shares that change (each container's utilization flips between 5 and 10 % every 2 s, out of step with
 half the others, so estimates, targets and rates move, and the tick is held at 100 ms, as if
 something changed every tick: the law learns flips this regular as NVML noise after some
 seconds and would otherwise calm down, so this is the cost of a controller that never does).
@@ -43,11 +47,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import mmap
 import os
 import random
+import re
 import signal
 import statistics
 import struct
@@ -58,6 +64,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,16 +80,21 @@ SHIM_STEP_S = 0.05  # the containers' counters move this often (a real shim's mo
 GOAL_RSS_MB = 150.0
 GOAL_ALLOCATE_RATIO = 2.0
 ALLOCATE_WARMUP = 20  # calls of each kind left out of the figures
-ALLOCATED_REGIONS_KEPT = 16  # Allocate's regions beyond these are removed, oldest first
+# A pair of calls (the agent's, the bare one) this often: each Allocate makes a region that
+# lives until the next PodResources answer, and a faster storm would grow the node far past its
+# size (a kubelet admits a few containers a second, not hundreds).
+ALLOCATE_PAIR_S = 0.04
 
 
 # ------------------------------------------------------------------ the node's region files
 
 
-def build_regions(root: Path, gpus: int, containers: int) -> list[dict[str, object]]:
-    """Region directories as Allocate leaves them on a full node: each GPU split into as many
-    equal slices as it holds container-devices (its limits add up to 100 %); two containers in
-    every `gpus` x `gpus` have a second GPU, the next one, so every GPU holds as many."""
+def build_regions(root: Path, gpus: int, containers: int,
+                  regions_dir: Path | None = None) -> list[dict[str, object]]:
+    """Region directories (in `regions_dir`, else `root`) as Allocate leaves them on a full
+    node: each GPU split into as many equal slices as it holds container-devices (its limits add
+    up to 100 %); two containers in every `gpus` x `gpus` have a second GPU, the next one, so
+    every GPU holds as many. The layout goes to `root/layout.json`."""
     from collections import defaultdict
 
     from tests.fakes.shimstate import DeviceSpec, make_region
@@ -106,9 +118,10 @@ def build_regions(root: Path, gpus: int, containers: int) -> list[dict[str, obje
             next_slice[d] += 1
         seq = n + 1
         alloc_id = format_alloc_id(seq, ids, 1_000 + n)
-        make_region(root, alloc_id, specs, ids, seq=seq)
+        make_region(regions_dir or root, alloc_id, specs, ids, seq=seq)
         layout_rows.append(
-            {"alloc_id": alloc_id, "devices": len(devices), "host_pid": HOST_PID_BASE + n,
+            {"alloc_id": alloc_id, "devices": len(devices), "device_ids": ids,
+             "host_pid": HOST_PID_BASE + n,
              "identity": ["bench", f"pod-{n // 2}", f"ctr-{n % 2}"]}
         )
     (root / "layout.json").write_text(json.dumps(layout_rows))
@@ -129,6 +142,7 @@ class ShimSide:
             os.close(fd)
         self.step = 0
         self.started_ns = time.monotonic_ns()
+        self.pods = {str(row["identity"][1]) for row in rows}  # type: ignore[index]
 
     def tick(self) -> None:
         layout = self.layout
@@ -159,70 +173,47 @@ class ShimSide:
 # ------------------------------------------------------------------ the agent side (child)
 
 
-async def serve_allocate(socket: Path, state_dir: Path, gpus: int, on_result) -> object:
-    """The device plugin's Allocate as the agent serves it: its servicer, its region store."""
-    import grpc
+def agent_config(root: Path, gpus: int, changing: bool) -> object:
+    """The agent's configuration on the bench node: its defaults but for the paths, the
+    simulated GPUs and, while shares change, a tick held at 100 ms."""
+    from vgpu_agent.config import Config
 
-    from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2_grpc
-    from vgpu_agent.deviceplugin.allocation import Split
-    from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState
-    from vgpu_agent.gpu.sim import build_inventory
-    from vgpu_agent.shm.regions import PRELOAD_FILE, SHIM_DIR, SHIM_FILE, RegionStore
-
-    store = RegionStore(state_dir, gc_grace_s=0)
-    store.check_usable()
-    shim_dir = state_dir / SHIM_DIR
-    shim_dir.mkdir(parents=True, exist_ok=True)
-    (shim_dir / SHIM_FILE).write_bytes(b"\x7fELF")  # only mounted, never loaded here
-    (shim_dir / PRELOAD_FILE).write_text("/usr/local/vgpu/libvgpu.so\n")
-    store.prepare_spares(1)
-    store.prepare_spares(2)
-    made: list[str] = []
-    removals: set[asyncio.Task] = set()
-
-    async def on_grant(grant):
-        extras = await store.on_grant(grant)
-        made.append(store.regions()[-1].alloc_id)
-        while len(made) > ALLOCATED_REGIONS_KEPT:  # what region GC does for unheld regions
-            task = asyncio.create_task(store.remove(made.pop(0), "benchmark"))
-            removals.add(task)
-            task.add_done_callback(removals.discard)
-        return extras
-
-    state = DeviceState(build_inventory(f"{gpus}xA100-80GB"), Split(SPLIT))
-    servicer = DevicePluginServicer(state, policy="spread", strategy="envvar",
-                                    on_grant=on_grant, on_result=on_result)
-    server = grpc.aio.server()
-    api_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)
-    server.add_insecure_port(f"unix:{socket}")
-    await server.start()
-    return server
+    return Config(
+        backend="sim",
+        sim_gpus=f"{gpus}xA100-80GB",
+        split_count=SPLIT,
+        device_plugin_dir=str(root / "dp"),
+        pod_resources_socket=str(root / "pr" / "kubelet.sock"),
+        state_dir=str(root / "state"),
+        host_proc_dir=str(root / "proc"),
+        metrics_address="127.0.0.1:0",
+        # Allocate's regions (nobody holds them) go at the next PodResources answer, as GC
+        # does after its grace, so that the node keeps its size while Allocate is measured
+        region_gc_grace_seconds=0,
+        # as if something changed every tick: the cost of a controller that never calms down
+        throttle_calm_slowdown=1 if changing else 4,
+    )
 
 
-async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
-                changing: bool = False, reference_law: bool = False,
-                plugin_socket: Path | None = None) -> None:
+async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
+                reference_law: bool = False) -> None:
+    """The whole agent, as `vgpu-agent run` composes it (`Agent` on its own event loop), on
+    simulated GPUs whose per-process samples are the containers' and whose processes belong to
+    their containers (what /proc proves on a real node)."""
     import structlog
 
+    from vgpu_agent.agent import Agent
     from vgpu_agent.gpu.model import ProcessSample
-    from vgpu_agent.gpu.sim import SimBackend, build_inventory
-    from vgpu_agent.metrics.http import MetricsService
-    from vgpu_agent.metrics.sources import MetricsSources
-    from vgpu_agent.shm.regions import Region
+    from vgpu_agent.gpu.sim import SimBackend
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     rows = json.loads((root / "layout.json").read_text())
-    regions = [Region.open(root / row["alloc_id"]) for row in rows]
-    identities = {row["alloc_id"]: tuple(row["identity"]) for row in rows}
-    spec = f"{gpus}xA100-80GB"
-    inventory = build_inventory(spec)
-    backend = SimBackend(spec)
-    backend.start()
+    backend = SimBackend(f"{gpus}xA100-80GB")
     pids_by_gpu: dict[str, list[int]] = {}
-    per_gpu = Counter(uuid for region in regions for uuid in region.device_uuids)
-    for region, row in zip(regions, rows, strict=True):
-        for uuid in region.device_uuids:
-            pids_by_gpu.setdefault(uuid, []).append(row["host_pid"])
+    owner = {int(row["host_pid"]): str(row["alloc_id"]) for row in rows}
+    for row in rows:
+        for device_id in row["device_ids"]:
+            pids_by_gpu.setdefault(device_id.split("::")[0], []).append(int(row["host_pid"]))
 
     def samples(uuid: str, since_us: int) -> list[ProcessSample]:
         now_us = time.time_ns() // 1000
@@ -233,51 +224,44 @@ async def serve(root: Path, gpus: int, controller: bool, port_file: Path,
                 for pid in pids_by_gpu.get(uuid, [])]
 
     backend.set_sample_source(samples)
-    sources = MetricsSources(
-        node="bench-node",
-        gpus=lambda: inventory,
-        slices_per_gpu=max(per_gpu.values()),
-        regions=lambda: regions,
-        identity=identities.get,
-        healthy=lambda: {g.uuid: True for g in inventory},
-        xid_counts=lambda: {},
-    )
-    throttle = None
-    if controller:
-        # the host's /proc as the controller sees it: each container's process proven by its
-        # mount table, so the controller attributes the samples as on a real node
-        from tests.fakes.hostproc import FakeHostProc
+    backend.set_process_owner(owner.get)
+    agent = Agent(agent_config(root, gpus, changing), backend=backend)  # type: ignore[arg-type]
+    if reference_law:
         from vgpu_agent.throttle.control import control_step
-        from vgpu_agent.throttle.controller import ThrottleController
-        from vgpu_agent.throttle.fastlaw import control_step_gpu
 
-        host = FakeHostProc(root / "proc")
-        for row in rows:
-            host.container_process(row["host_pid"], root / row["alloc_id"])
-        throttle = ThrottleController(backend, lambda: regions, tick_s=0.1,
-                                      max_tick_s=0.1 if changing else None,
-                                      proc_root=host.path,
-                                      law=control_step if reference_law else control_step_gpu)
-        sources.throttle_status = lambda: throttle.status
-    service = MetricsService(sources, host="127.0.0.1", port=0, backend=backend, poll_s=1.0)
-    plugin = None
-    if plugin_socket is not None:
-        plugin = await serve_allocate(plugin_socket, root / f"{plugin_socket.stem}-state", gpus,
-                                      service.instruments.on_result)
-    tasks = [asyncio.create_task(service.run())]
-    if throttle is not None:
-        tasks.append(asyncio.create_task(throttle.run()))
-    while not service.port:
-        await asyncio.sleep(0.01)
-    port_file.write_text(str(service.port))
+        agent.controller.law = control_step
+    run = asyncio.create_task(agent.run())
+    serving = asyncio.create_task(agent.serving.wait())
+    await asyncio.wait([run, serving], return_when=asyncio.FIRST_COMPLETED)
+    if run.done():
+        run.result()  # the agent failed to start: say why
+        raise SystemExit("the agent stopped before serving")
+    assert agent._metrics is not None
+    port_file.write_text(str(agent._metrics.port))
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, agent.stop)
+    await run
+
+
+async def kubelet_side(root: Path, ready_file: Path) -> None:
+    """The kubelet, in its own process: the agent registers with it, and its PodResources
+    lists the bench's containers (admitted before the agent started, as after an agent
+    restart), so that the agent binds each region to its container and collects the rest."""
+    from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2
+    from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
+
+    (root / "dp").mkdir(exist_ok=True)
+    kubelet = KubeletStandIn(str(root / "dp"), str(root / "pr" / "kubelet.sock"))
+    for row in json.loads((root / "layout.json").read_text()):
+        namespace, pod, container = row["identity"]
+        kubelet.admissions.append(Admission(namespace, pod, container, "nvidia.com/gpu",
+                                            list(row["device_ids"]),
+                                            api_pb2.ContainerAllocateResponse()))
+    await kubelet.start()
+    ready_file.write_text("ready")
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    if plugin is not None:
-        await plugin.stop(None)
+    await kubelet.stop()
 
 
 # ------------------------------------------------------------------ measuring (parent)
@@ -314,6 +298,16 @@ def scrape(port: int, accept: str = "", gzipped: bool = False) -> tuple[float, b
     with urllib.request.urlopen(request, timeout=10) as response:
         body = response.read()
     return (time.perf_counter() - started) * 1000, body
+
+
+def check_bound(body: bytes, pods: set[str]) -> None:
+    """Figures of an agent that is not doing its job say nothing: every container's pod must be
+    named (PodResources bound its region) with its utilization (its samples attributed)."""
+    named = {m.decode() for m in re.findall(
+        rb'vgpu_container_core_utilization_ratio\{[^}]*pod="([^"]+)"', body)}
+    if named != pods:
+        raise SystemExit(f"the agent names {len(named)} of {len(pods)} pods with their "
+                         f"utilization; missing e.g. {sorted(pods - named)[:3]}")
 
 
 def pct(ordered: list[float], q: float) -> float:
@@ -362,6 +356,7 @@ def measure_allocate(args: argparse.Namespace, shim: ShimSide, port: int, plugin
                     call(request, timeout=10)
                     if i >= ALLOCATE_WARMUP:
                         sink.append((time.perf_counter() - started) * 1000)
+                time.sleep(ALLOCATE_PAIR_S)
         finally:
             stop.set()
             thread.join()
@@ -384,82 +379,109 @@ def pause_with_shim(shim: ShimSide, seconds: float) -> None:
         time.sleep(SHIM_STEP_S)
 
 
-def measure(args: argparse.Namespace, root: Path, shim: ShimSide, controller: bool,
-            changing: bool = False, reference_law: bool = False,
-            bare: Path | None = None) -> dict:
-    config = f"{int(controller)}-{int(changing)}-{int(reference_law)}"
-    port_file = root / f"port-{config}"
-    plugin = root / f"plugin-{config}.sock" if bare is not None else None
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "--root", str(root), "--gpus", str(args.gpus),
-         *(["--controller"] if controller else []), *(["--changing"] if changing else []),
-         *(["--reference-law"] if reference_law else []),
-         *(["--plugin-socket", str(plugin)] if plugin is not None else []),
-         "--port-file", str(port_file)],
-        cwd=REPO,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if child.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the agent side did not start")
-            time.sleep(0.05)
-        port = int(port_file.read_text())
-        # caches filled, imports done; a steady controller settled and slowed down
-        pause_with_shim(shim, args.settle if controller and not changing else 3.0)
-        scrape(port)
-
-        before = cpu_seconds(child.pid)
-        pause_with_shim(shim, args.seconds)
-        idle_cpu = (cpu_seconds(child.pid) - before) / args.seconds * 60
-
-        # Two scrapes first, so that the agent has learned the rhythm (its region round comes
-        # just before each scrape) and the window holds one round per scrape, as under a
-        # Prometheus that has been scraping for a while.
-        for _ in range(2):
-            scrape(port)
-            pause_with_shim(shim, args.interval)
-        before = cpu_seconds(child.pid)
-        started = time.monotonic()
-        while time.monotonic() - started < args.seconds:
-            scrape(port)
-            pause_with_shim(shim, args.interval)
-        scraped_cpu = (cpu_seconds(child.pid) - before) / (time.monotonic() - started) * 60
-
-        latencies, body = [], b""
-        before = cpu_seconds(child.pid)
-        for _ in range(args.scrapes):
-            shim.tick()
-            took, packed = scrape(port, PROMETHEUS_ACCEPT, gzipped=True)
-            latencies.append(took)
-        cpu_per_scrape_ms = (cpu_seconds(child.pid) - before) / args.scrapes * 1000
-        allocate = {}
-        if plugin is not None and bare is not None:
-            allocate = measure_allocate(args, shim, port, plugin, bare)
-        _, body = scrape(port)
-        _, om_body = scrape(port, "application/openmetrics-text; version=1.0.0")
-        rss, peak = rss_mb(child.pid)
-        latencies.sort()
-        return {
-            **allocate,
-            "idle_cpu_s_per_min": idle_cpu,
-            "scraped_cpu_s_per_min": scraped_cpu,
-            "p50_ms": statistics.median(latencies),
-            "p99_ms": pct(latencies, 0.99),
-            "cpu_per_scrape_ms": cpu_per_scrape_ms,
-            "bytes": len(body),
-            "gzip_bytes": len(packed),
-            "om_bytes": len(om_body),
-            "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#")),
-            "rss_mb": rss,
-            "peak_rss_mb": peak,
-        }
-    finally:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(10)
-        except subprocess.TimeoutExpired:
+def start_child(args: list[str], ready: Path, what: str) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, __file__, *args], cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and ready.read_text().strip()):
+        if child.poll() is not None or time.monotonic() > deadline:
             child.kill()
+            raise SystemExit(f"{what} did not start")
+        time.sleep(0.05)
+    return child
+
+
+def stop_child(child: subprocess.Popen) -> None:
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(15)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+@contextlib.contextmanager
+def running_node(root: Path, gpus: int, changing: bool = False,
+                 reference_law: bool = False) -> Iterator[tuple[subprocess.Popen, int]]:
+    """The kubelet stand-in and the whole agent, each in its own process, on the node built in
+    `root`: yields the agent's process and its metrics port once it serves."""
+    config = f"{int(changing)}-{int(reference_law)}"
+    port_file = root / f"port-{config}"
+    kubelet_ready = root / f"kubelet-{config}"
+    kubelet = start_child(["--kubelet", "--root", str(root), "--port-file", str(kubelet_ready)],
+                          kubelet_ready, "the kubelet stand-in")
+    try:
+        child = start_child(
+            ["--serve", "--root", str(root), "--gpus", str(gpus),
+             *(["--changing"] if changing else []),
+             *(["--reference-law"] if reference_law else []), "--port-file", str(port_file)],
+            port_file, "the agent")
+        try:
+            yield child, int(port_file.read_text())
+        finally:
+            stop_child(child)
+    finally:
+        stop_child(kubelet)
+
+
+def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool = False,
+            reference_law: bool = False, bare: Path | None = None) -> dict:
+    with running_node(root, args.gpus, changing, reference_law) as (child, port):
+        return measure_agent(args, shim, child, port, root / "dp" / "vgpu-agent.sock",
+                             changing, bare)
+
+
+def measure_agent(args: argparse.Namespace, shim: ShimSide, child: subprocess.Popen, port: int,
+                  plugin: Path, changing: bool, bare: Path | None) -> dict:
+    # caches filled, imports done; a steady controller settled and slowed down
+    pause_with_shim(shim, args.settle if not changing else 3.0)
+    scrape(port)
+
+    before = cpu_seconds(child.pid)
+    pause_with_shim(shim, args.seconds)
+    idle_cpu = (cpu_seconds(child.pid) - before) / args.seconds * 60
+
+    # Two scrapes first, so that the agent has learned the rhythm (its region round comes
+    # just before each scrape) and the window holds one round per scrape, as under a
+    # Prometheus that has been scraping for a while.
+    for _ in range(2):
+        scrape(port)
+        pause_with_shim(shim, args.interval)
+    before = cpu_seconds(child.pid)
+    started = time.monotonic()
+    while time.monotonic() - started < args.seconds:
+        scrape(port)
+        pause_with_shim(shim, args.interval)
+    scraped_cpu = (cpu_seconds(child.pid) - before) / (time.monotonic() - started) * 60
+
+    latencies, body = [], b""
+    before = cpu_seconds(child.pid)
+    for _ in range(args.scrapes):
+        shim.tick()
+        took, packed = scrape(port, PROMETHEUS_ACCEPT, gzipped=True)
+        latencies.append(took)
+    cpu_per_scrape_ms = (cpu_seconds(child.pid) - before) / args.scrapes * 1000
+    allocate = {}
+    if bare is not None:
+        allocate = measure_allocate(args, shim, port, plugin, bare)
+    _, body = scrape(port)
+    check_bound(body, shim.pods)
+    _, om_body = scrape(port, "application/openmetrics-text; version=1.0.0")
+    rss, peak = rss_mb(child.pid)
+    latencies.sort()
+    return {
+        **allocate,
+        "idle_cpu_s_per_min": idle_cpu,
+        "scraped_cpu_s_per_min": scraped_cpu,
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": pct(latencies, 0.99),
+        "cpu_per_scrape_ms": cpu_per_scrape_ms,
+        "bytes": len(body),
+        "gzip_bytes": len(packed),
+        "om_bytes": len(om_body),
+        "series": sum(1 for line in body.splitlines() if line and not line.startswith(b"#")),
+        "rss_mb": rss,
+        "peak_rss_mb": peak,
+    }
 
 
 def containers_for(devices: int) -> int:
@@ -480,9 +502,8 @@ def main() -> int:
                         help="Allocate calls (and as many bare calls) per configuration; 0: none")
     parser.add_argument("--allocate-scrape-s", type=float, default=0.5,
                         help="scrape interval while Allocate is measured, s")
-    parser.add_argument("--plugin-socket", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--controller", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kubelet", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--reference-law", action="store_true",
                         help="also measure the controller running the reference law")
@@ -490,18 +511,23 @@ def main() -> int:
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(serve(args.root, args.gpus, args.controller, args.port_file, args.changing,
-                          args.reference_law, args.plugin_socket))
+        from vgpu_agent.agent import SlackEventLoop  # the loop `vgpu-agent run` runs on
+
+        with asyncio.Runner(loop_factory=SlackEventLoop) as runner:
+            runner.run(serve(args.root, args.gpus, args.port_file, args.changing,
+                             args.reference_law))
+        return 0
+    if args.kubelet:
+        asyncio.run(kubelet_side(args.root, args.port_file))
         return 0
 
     load_before = os.getloadavg()[0]
     print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.gpus} GPUs, "
           f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls")
-    configs: tuple[tuple[str, bool, bool, bool], ...] = (
-        ("metrics only", False, False, False), ("+ controller", True, False, False),
-        ("+ ctl, changing", True, True, False))
+    configs: tuple[tuple[str, bool, bool], ...] = (("steady", False, False),
+                                                   ("changing", True, False))
     if args.reference_law:  # the same, with the reference law, side by side
-        configs += (("ref law", True, False, True), ("ref, changing", True, True, True))
+        configs += (("ref law", False, True), ("ref, changing", True, True))
     with tempfile.TemporaryDirectory(prefix="bench-bare-") as bare_dir:
         bare = start_bare(Path(bare_dir)) if args.allocates > 0 else None
         try:
@@ -530,14 +556,19 @@ def start_bare(directory: Path) -> tuple[subprocess.Popen, Path]:
     return proc, socket
 
 
-def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool, bool], ...],
+def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool], ...],
                 size: int, bare: Path | None) -> None:
-    with tempfile.TemporaryDirectory(prefix="bench-scrape-") as tmp:
+    from vgpu_agent.shm.regions import REGIONS_DIR
+
+    # short: the agent's and the kubelet's unix sockets live under it
+    with tempfile.TemporaryDirectory(prefix="bs-", dir="/tmp") as tmp:
         root = Path(tmp)
-        rows = build_regions(root, args.gpus, containers_for(size))
-        shim = ShimSide(root, rows)
-        results = {name: measure(args, root, shim, controller, changing, reference, bare)
-                   for name, controller, changing, reference in configs}
+        regions = root / "state" / REGIONS_DIR
+        regions.mkdir(parents=True)
+        rows = build_regions(root, args.gpus, containers_for(size), regions)
+        shim = ShimSide(regions, rows)
+        results = {name: measure(args, root, shim, changing, reference, bare)
+                   for name, changing, reference in configs}
     devices = sum(int(r["devices"]) for r in rows)
     print(f"\n{len(rows)} containers, {devices} container-devices; load average "
           f"{os.getloadavg()[0]:.1f}")
@@ -567,7 +598,7 @@ def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool, 
         print(f"{label:40}" + "".join(
             f"{fmt.format(r[key] * scale if scale != 1 else r[key]):>16}"
             for r in results.values()))
-    steady, changing = results["+ controller"], results["+ ctl, changing"]
+    steady, changing = results["steady"], results["changing"]
     print(f"  goals: steady CPU {steady['scraped_cpu_s_per_min'] / 60 * 100:.2f} % "
           f"(<= {GOAL_CPU_PERCENT}), changing {changing['scraped_cpu_s_per_min'] / 60 * 100:.2f}"
           f" % (<= {GOAL_CHANGING_CPU_PERCENT}), scrape p99 "

@@ -2,8 +2,8 @@
 
     python tests/bench/bench_status.py [--gpus 8] [--containers 128] [--requests 200]
 
-The agent side is `bench_scrape.py`'s child process (simulated GPUs, real region files, the
-metrics service with the throttle controller ticking every 100 ms); this process plays the
+The agent is `bench_scrape.py`'s: the whole agent in its own process (simulated GPUs, real
+region files it adopted, a kubelet stand-in in a third process); this process plays the
 containers' shims and alternates the two requests one by one, so both see the same machine
 load. It prints p50/p99 latency of each, agent CPU per request, body sizes, and the ratios.
 `/status` is built from the same caches as a scrape, so it should cost about what a scrape does.
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +29,10 @@ from tests.bench.bench_scrape import (  # noqa: E402 - after the path set-up
     build_regions,
     cpu_seconds,
     pause_with_shim,
+    pct,
+    running_node,
 )
+from vgpu_agent.shm.regions import REGIONS_DIR  # noqa: E402
 
 
 def get(port: int, path: str, accept: str = "") -> tuple[float, int]:
@@ -46,8 +47,7 @@ def get(port: int, path: str, accept: str = "") -> tuple[float, int]:
 
 
 def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return pct(sorted(values), 0.99)
 
 
 def main() -> int:
@@ -58,23 +58,14 @@ def main() -> int:
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="bench-status-") as tmp:
+    # short: the agent's and the kubelet's unix sockets live under it
+    with tempfile.TemporaryDirectory(prefix="bst-", dir="/tmp") as tmp:
         root = Path(tmp)
-        rows = build_regions(root, args.gpus, args.containers)
-        shim = ShimSide(root, rows)
-        port_file = root / "port"
-        child = subprocess.Popen(
-            [sys.executable, str(REPO / "tests/bench/bench_scrape.py"), "--serve", "--root",
-             str(root), "--gpus", str(args.gpus), "--controller", "--port-file", str(port_file)],
-            cwd=REPO,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while not port_file.exists():
-                if child.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the agent side did not start")
-                time.sleep(0.05)
-            port = int(port_file.read_text())
+        regions = root / "state" / REGIONS_DIR
+        regions.mkdir(parents=True)
+        rows = build_regions(root, args.gpus, args.containers, regions)
+        shim = ShimSide(regions, rows)
+        with running_node(root, args.gpus) as (child, port):
             pause_with_shim(shim, 3.0)
             get(port, "/status")
             kinds = {"/metrics": PROMETHEUS_ACCEPT, "/status": ""}
@@ -89,12 +80,6 @@ def main() -> int:
                     took, size[path] = get(port, path, kinds[path])
                     cpu[path] += cpu_seconds(child.pid) - before
                     latency[path].append(took)
-        finally:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(10)
-            except subprocess.TimeoutExpired:
-                child.kill()
 
     print(f"\n{args.gpus} GPUs x {args.containers} containers "
           f"({sum(int(r['devices']) for r in rows)} container-devices), controller ticking; "

@@ -179,6 +179,27 @@ async def test_run_polls_on_its_interval(root: Path) -> None:
         assert client.successes >= 3
 
 
+async def test_run_polls_slowly_while_idle_and_at_its_interval_again_once_busy(
+    root: Path,
+) -> None:
+    async with kubelet_at(root) as kubelet:
+        client = PodResourcesClient(kubelet.pod_resources_socket or "", RESOURCE,
+                                    poke_delay_s=0.01)
+        busy = False
+        task = asyncio.create_task(client.run(refresh_s=0.05, idle=lambda: not busy))
+        try:
+            await asyncio.sleep(0.5)
+            assert client.successes == 1  # nothing needs the map: the next List is a minute on
+            busy = True  # a region came, and with it a poke (as after an Allocate)
+            client.poke()
+            await asyncio.sleep(0.5)
+            assert client.successes >= 4
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 async def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="timeout must be > 0 s, got 0"):
         PodResourcesClient("/x", RESOURCE, timeout_s=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -102,8 +103,6 @@ def test_bad_interval_is_named(interval: float) -> None:
         GpuPoller(SimBackend(SPEC), lambda: GPUS, interval)
     with pytest.raises(ValueError, match="must be > 0"):
         RegionCache(lambda: (), interval)
-    with pytest.raises(ValueError, match="must be > 0"):
-        RegionCache(lambda: (), tick_s=interval)
 
 
 async def test_region_cache_reads_limits_and_usage(tmp_path: Path) -> None:
@@ -143,14 +142,52 @@ def _one_region(tmp_path: Path) -> FileRegion:
 
 async def test_region_cache_reads_nothing_until_scraped(tmp_path: Path) -> None:
     region = _one_region(tmp_path)
-    cache = RegionCache(lambda: [region], tick_s=0.01)
+    cache = RegionCache(lambda: [region])
     runner = asyncio.create_task(cache.run())
     await asyncio.sleep(0.1)
     assert cache.rounds == 0
+    assert cache.due_in(time.monotonic()) is None  # nothing due: it sleeps until a scrape
     assert len(await cache.fresh()) == 1  # the first scrape waits for a round
     assert (cache.rounds, cache.waited_rounds) == (1, 1)
     runner.cancel()
     await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_region_cache_run_sleeps_until_the_round_is_due_then_until_a_scrape(
+    tmp_path: Path,
+) -> None:
+    region = _one_region(tmp_path)
+    cache = RegionCache(lambda: [region], max_age_s=5.0, lead_s=0.25)
+    waits: list[float | None] = []
+    due_in = cache.due_in
+
+    def recorded(now: float) -> float | None:
+        waits.append(due_in(now))
+        return waits[-1]
+
+    cache.due_in = recorded  # type: ignore[method-assign]
+    runner = asyncio.create_task(cache.run())
+    try:
+        await asyncio.sleep(0.05)
+        assert waits == [None]  # no scrape yet: no timer at all
+        await cache.fresh()
+        await asyncio.sleep(0.3)  # the second scrape sets a 0.3 s rhythm
+        await cache.fresh()
+        rounds = cache.rounds
+        await asyncio.sleep(0.02)
+        pending = waits[-1]
+        assert cache.scrape_gap is not None and cache.scrape_gap >= 0.3
+        # due lead_s before the next scrape: about 0.05 s after this one
+        assert pending is not None and 0.0 < pending <= cache.scrape_gap - 0.25
+        await asyncio.sleep(0.25)
+        assert cache.rounds == rounds + 1  # the round ran before the expected scrape
+        assert waits[-1] is None  # and then nothing until the scrape comes
+        woken = len(waits)
+        await asyncio.sleep(0.3)
+        assert len(waits) == woken  # no wake-ups while it waits
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
 
 
 async def test_region_cache_reads_once_per_scrape_just_before_it(tmp_path: Path) -> None:

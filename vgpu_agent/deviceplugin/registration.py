@@ -3,7 +3,10 @@
 The kubelet deletes every plugin socket when it starts and recreates `kubelet.sock`, so a kubelet
 restart shows up as a new `kubelet.sock` (another inode) or as our own socket vanishing. Either
 restarts the plugin as a whole: stop the gRPC server, bind a fresh socket, register again.
-Polling two `stat` calls every 100 ms keeps re-registration well under a second without inotify.
+Once registered, the directory is watched with inotify (`kubelet.dirwatch`): the two `stat` calls
+run when an entry of the directory changes, and every `BACKSTOP_S` should inotify miss one.
+Where inotify cannot be had they run every `watch_s` (0.5 s) instead; before registering, every
+`poll_s` (0.1 s) while the kubelet's socket is missing.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import structlog
 
 from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from vgpu_agent.backoff import Backoff
+from vgpu_agent.kubelet.dirwatch import DirWatch
 
 log = structlog.get_logger(__name__)
 
 API_VERSION = "v1beta1"
+BACKSTOP_S = 10.0  # sockets checked this often even with inotify watching the directory
 
 
 @dataclass
@@ -80,6 +85,7 @@ class PluginRunner:
         register_timeout_s: float = 15.0,
         backoff_max_s: float = 5.0,
         watch_s: float = 0.5,
+        dir_watch: Callable[[str], DirWatch | None] | None = DirWatch.open,
     ):
         self._servicer = servicer
         self._plugin_dir = plugin_dir
@@ -89,6 +95,7 @@ class PluginRunner:
         # Once registered, the sockets are checked less often: a kubelet restart takes seconds
         # anyway, and an idle agent should not wake ten times a second to stat two files.
         self._watch_s = max(poll_s, watch_s)
+        self._dir_watch = dir_watch  # None: poll every `watch_s`
         self._register_timeout_s = register_timeout_s
         self._backoff_max_s = backoff_max_s
         self._server: grpc.aio.Server | None = None
@@ -193,7 +200,22 @@ class PluginRunner:
 
     async def _watch(self, kubelet: _FileId) -> None:
         """Return when the kubelet restarted: its socket changed, or ours was deleted."""
-        while True:
-            await asyncio.sleep(self._watch_s)
-            if _inode(self.kubelet_socket) != kubelet or _inode(self.socket_path) is None:
-                return
+        # opened before each check: a change between the two is not missed
+        watch = self._open_watch()
+        try:
+            while True:
+                if watch is not None and not watch.alive:  # the directory went: a new watch
+                    watch.close()
+                    watch = self._open_watch()  # or, failing that, polling from now on
+                if _inode(self.kubelet_socket) != kubelet or _inode(self.socket_path) is None:
+                    return
+                if watch is not None:
+                    await watch.wait(BACKSTOP_S)
+                else:
+                    await asyncio.sleep(self._watch_s)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _open_watch(self) -> DirWatch | None:
+        return self._dir_watch(self._plugin_dir) if self._dir_watch is not None else None

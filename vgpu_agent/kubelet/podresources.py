@@ -4,6 +4,8 @@ Allocate does not say which pod it serves; PodResources does, after the fact. `P
 asks `List` on the kubelet's pod-resources socket and keeps, for our resource only, a map from
 device ID to namespace/pod/container. `run()` refreshes it every few seconds and right after an
 Allocate (`poke()`), and hands every good map to a callback (the region store's `reconcile`).
+While the agent holds no region there is nothing to bind or collect: it then asks once a minute
+(`IDLE_REFRESH_S`), and a new region pokes it as before.
 
 The socket may be missing (an old kubelet, a hostPath not mounted) or the kubelet may be
 restarting: the client then says once that it cannot map containers, counts every failure, keeps
@@ -30,6 +32,9 @@ DEFAULT_TIMEOUT_S = 5.0
 # After an Allocate the kubelet records the devices only once our answer reaches it, so a List
 # sent at once would not show them yet; a short pause lets several Allocates share one List.
 DEFAULT_POKE_DELAY_S = 0.5
+# The period while `idle()` says nothing needs the map (no region): each List costs the idle
+# agent about as much CPU as all its other periodic work together.
+IDLE_REFRESH_S = 60.0
 
 
 class ContainerRef(NamedTuple):
@@ -177,14 +182,20 @@ class PodResourcesClient:
         """Ask `run()` for a refresh soon (after an Allocate)."""
         self._poked.set()
 
-    async def run(self, refresh_s: float = 5.0, on_update: UpdateHook | None = None) -> None:
-        """Refresh every `refresh_s` seconds and shortly after each `poke()`, until cancelled."""
+    async def run(
+        self,
+        refresh_s: float = 5.0,
+        on_update: UpdateHook | None = None,
+        idle: Callable[[], bool] | None = None,
+    ) -> None:
+        """Refresh every `refresh_s` seconds (every `IDLE_REFRESH_S` at least while `idle()`)
+        and shortly after each `poke()`, until cancelled."""
         if not refresh_s > 0:
             raise ValueError(f"PodResources refresh interval must be > 0 s, got {refresh_s!r}")
         try:
             while True:
                 await self.refresh(on_update)
-                await self._wait(refresh_s)
+                await self._wait(max(refresh_s, IDLE_REFRESH_S) if idle and idle() else refresh_s)
         finally:
             await self.close()
 

@@ -9,6 +9,7 @@ at the end of a round, so a reader on the loop never sees half a round.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -193,21 +194,20 @@ class RegionCache:
     scrapes and reads all regions once, `lead_s` before the next scrape is due: one round per
     scrape, data about `lead_s` old when served. A scrape that finds the data older than
     `max_age_s` (the first scrape, an irregular scraper, after a pause) waits for a fresh round.
-    Without scrapes nothing is read.
+    Without scrapes nothing is read, and `run` sleeps until the next round is due or a scrape
+    comes: no wake-ups of its own on an idle node.
     """
 
     def __init__(
         self,
         regions: Callable[[], Iterable[RegionHandle]],
         max_age_s: float = 5.0,
-        lead_s: float = 1.0,
-        tick_s: float = 0.5,  # how often it asks whether a round is due: idle wake-ups
+        lead_s: float = 2.0,  # the loop's timer slack may fire a far timer up to 1 s late
         clock: Callable[[], float] = time.monotonic,
     ):
         self.regions = regions
         self.max_age_s = _check_interval(max_age_s)
         self.lead_s = lead_s
-        self.tick_s = _check_interval(tick_s)
         self.rounds = 0
         self.waited_rounds = 0  # rounds a scrape had to wait for
         self.read_errors = 0  # regions whose control could not be read, cumulative
@@ -217,23 +217,41 @@ class RegionCache:
         self._clock = clock
         self._samples: tuple[RegionSample, ...] = ()
         self._round: asyncio.Future[tuple[RegionSample, ...]] | None = None
+        self._scraped = asyncio.Event()  # a scrape came: the rhythm, and the next round, moved
 
     @property
     def samples(self) -> tuple[RegionSample, ...]:
         return self._samples
 
     async def run(self) -> None:
+        """Read each round when it is due, sleeping in between (`clock` must be the loop's)."""
         while True:
             await self.refresh_if_due()
-            await asyncio.sleep(self.tick_s)
+            self._scraped.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.due_in(self._clock())):
+                    await self._scraped.wait()
+
+    def _read_at(self) -> float | None:
+        """When the round for the next expected scrape is due; None with no rhythm yet."""
+        if self.scraped_at is None or self.scrape_gap is None:
+            return None
+        return self.scraped_at + self.scrape_gap - self.lead_s
 
     def due(self, now: float) -> bool:
         """True when the next scrape is expected within `lead_s` and no round has run since
         that point (so each expected scrape gets exactly one round)."""
-        if self.scraped_at is None or self.scrape_gap is None:
+        read_at = self._read_at()
+        if read_at is None:
             return False
-        read_at = self.scraped_at + self.scrape_gap - self.lead_s
         return now >= read_at and (self.refreshed_at is None or self.refreshed_at < read_at)
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until the next round is due; None when none is, until the next scrape."""
+        read_at = self._read_at()
+        if read_at is None or (self.refreshed_at is not None and self.refreshed_at >= read_at):
+            return None
+        return max(0.0, read_at - now)
 
     async def refresh_if_due(self) -> None:
         if self.due(self._clock()):
@@ -250,6 +268,7 @@ class RegionCache:
                 gap, self.scrape_gap * 1.25
             )
         self.scraped_at = now
+        self._scraped.set()
         if self.refreshed_at is None or now - self.refreshed_at > self.max_age_s:
             self.waited_rounds += 1
             return await self.refresh()
