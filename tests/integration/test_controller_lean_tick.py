@@ -128,6 +128,26 @@ async def test_slots_are_read_to_place_new_processes_not_every_tick():
     assert controller.status[("a", 0)].measured_util < 60
 
 
+async def test_status_is_built_once_per_tick_and_follows_each_tick():
+    """The backstop and every scrape ask for `status`; it changes only when a tick ends."""
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion("a", (SIM_UUID,), (40.0,), ("strict",))]
+    gpu.shim_process("a", BUSY, regions[0])
+    controller = paced_controller(gpu, regions)
+    await pace(controller, gpu, 5)
+    first = controller.status
+    assert controller.status is first  # no tick since: the same mapping
+    await pace(controller, gpu, 1)
+    assert controller.status is not first
+    regions.append(SimRegion("b", (SIM_UUID,), (30.0,), ("strict",)))
+    gpu.shim_process("b", BUSY, regions[1])
+    await pace(controller, gpu, 1)
+    assert set(controller.status) == {("a", 0), ("b", 0)}  # a new container shows at once
+    regions.pop()
+    await pace(controller, gpu, 1)
+    assert set(controller.status) == {("a", 0)}  # and one gone goes
+
+
 async def test_the_heartbeat_goes_out_at_its_own_rate():
     region = SimRegion("r", (SIM_UUID,), (30.0,), ("strict",))
     beats: list[int] = []

@@ -145,6 +145,41 @@ def test_a_replaced_state_file_is_opened_again_and_counted(store: RegionStore) -
         writer.close()
 
 
+def test_the_lean_read_checks_the_files_at_most_every_half_second(
+    store: RegionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's `counters` read, ten a second while shares move, checks the files at
+    most every `_LEAN_POLICE_NS`: a grown or replaced `state` is found within it."""
+    now = [10**12]
+    monkeypatch.setattr(regions_module.time, "monotonic_ns", lambda: now[0])
+    region = store.create(grant())
+    assert region.counters() is not None  # the first read checks
+    with open(region.path / "state", "r+b") as f:  # a tenant filling the disk through it
+        f.seek(layout.STATE_SIZE + GIB)
+        f.write(b"junk")
+    for _ in range(4):  # 100 ms ticks: not checked again yet
+        now[0] += 100_000_000
+        assert region.counters() is not None
+    assert region.files_truncated == 0
+    now[0] += 100_000_000  # half a second since the last check
+    assert region.counters() is not None
+    assert region.files_truncated == 1
+    assert (region.path / "state").stat().st_size == layout.STATE_SIZE
+    region.usage()  # a full read checks every time, whenever the last check was
+    assert region.files_truncated == 1
+
+    os.rename(region.path / "state", region.path / "state.old")
+    fd = os.open(region.path / "state", os.O_WRONLY | os.O_CREAT, 0o666)
+    os.write(fd, layout.encode_state(1))
+    os.close(fd)
+    now[0] += _HALF_SECOND_NS
+    region.counters()
+    assert region.state_replaced == 1  # the file at the path is the one read from now on
+
+
+_HALF_SECOND_NS = regions_module._LEAN_POLICE_NS
+
+
 def test_a_state_file_replaced_by_a_symlink_is_not_followed(store: RegionStore, tmp_path) -> None:
     region = store.create(grant())
     elsewhere = tmp_path / "elsewhere"

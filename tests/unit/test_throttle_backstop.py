@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vgpu_agent.throttle.backstop import Backstop, BackstopParams
 
@@ -58,3 +62,30 @@ def test_forgetting_a_container_ends_its_episodes():
 def test_bad_parameters_are_refused_by_name(kwargs, named):
     with pytest.raises(ValueError, match=named):
         BackstopParams(**kwargs)
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.floats(min_value=0.01, max_value=3.0),
+                  st.one_of(st.none(), st.floats(min_value=-5.0, max_value=120.0))),
+        min_size=1, max_size=200,
+    )
+)
+def test_the_kept_sum_judges_as_the_whole_window_would(steps):
+    """The window's sum is kept as samples come and go; the mean it judges is the window's."""
+    params = BackstopParams(window_s=10.0, sm_margin_pct=0.0, min_coverage=0.5)
+    kept = Backstop(params)
+    now, window = 0.0, []
+    for gap, util in steps:
+        now += gap
+        breach = kept.sm(("a", 0), now, util, 50.0, strict=True)
+        if util is not None:
+            window.append((now, min(100.0, max(0.0, util))))
+        window = [(t, u) for t, u in window if t >= now - params.window_s]
+        if breach is not None:
+            exact = math.fsum(u for _, u in window) / len(window)
+            assert breach.measured == pytest.approx(exact, rel=1e-9, abs=1e-9)
+        if window and now - window[0][0] >= params.window_s * params.min_coverage:
+            mean = kept._sm[("a", 0)].mean()
+            assert mean == pytest.approx(math.fsum(u for _, u in window) / len(window),
+                                         rel=1e-9, abs=1e-9)

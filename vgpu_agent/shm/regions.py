@@ -96,7 +96,11 @@ STATE_MODE = 0o666  # the container's processes write it, whatever their uid
 HAMI_CACHE_MODE = 0o666  # HAMi-core opens it read-write, whatever the container's uid
 # HAMi-core sizes its cache file itself (a few MiB); more than this is a tenant filling the disk.
 HAMI_CACHE_MAX_BYTES = 64 << 20
-_POLICE_EVERY = 16  # reads of `state` between checks of the cache file and the directory
+_POLICE_EVERY = 16  # checks of `state` between checks of the cache file and the directory
+# The controller's lean reads check the files at most this often (a path `stat` costs twice the
+# read): a replaced or grown `state` is found within this, never later than at the one read a
+# second of a settled node. Full reads (`usage`) check every time.
+_LEAN_POLICE_NS = 500_000_000
 _SWEEP_BATCH = 64  # foreign entries removed from a region directory per check
 _REGION_FILES = frozenset({"control", "state", "hami.cache"})
 DIR_MODE = 0o755
@@ -215,6 +219,7 @@ class Region:
         self.files_truncated = 0  # `state` or `hami.cache` grown past its size, cut back
         self.foreign_removed = 0  # entries a container created in its region directory, removed
         self._reads = 0
+        self._policed_ns: int | None = None  # when the files were last checked
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
         self.skipped_records = 0  # nonsense values skipped over all reads
         self._reported_corrupt = False
@@ -392,11 +397,13 @@ class Region:
         with self._fd_lock:
             if self._view is None:
                 return None
-            try:
-                self._police_files()
-            except OSError as err:
-                log.warning("region_state_check_failed", alloc_id=self._alloc_id,
-                            error=str(err))
+            policed = self._policed_ns
+            if policed is None or time.monotonic_ns() - policed >= _LEAN_POLICE_NS:
+                try:
+                    self._police_files()
+                except OSError as err:
+                    log.warning("region_state_check_failed", alloc_id=self._alloc_id,
+                                error=str(err))
             if self._state_fd is None and not self._open_state():
                 return None
             try:
@@ -480,6 +487,7 @@ class Region:
         """Keep the container's files what the agent made them: the `state` at the path is the
         one read (a replaced file is opened instead), and neither file outgrows its size."""
         self._reads += 1
+        self._policed_ns = time.monotonic_ns()
         fd = self._state_fd
         if fd is not None:
             # One stat a read: the file at the path is the one held (its inode was noted when it

@@ -289,6 +289,9 @@ class ThrottleController:
         self.errors: dict[str, int] = defaultdict(int)
         self._states: dict[str, dict[str, LoopState]] = {}  # uuid -> key -> state
         self._devices: dict[str, _Device] = {}  # key -> device followed
+        # `status` as built since the last tick: the backstop asks every second and each
+        # scrape asks too, and it only changes when a tick ends
+        self._status: Mapping[tuple[str, int], DeviceStatus] | None = None
         # id(region) -> (region, its devices): the region is held so that its id stays its own
         self._by_region: dict[int, tuple[RegionHandle, list[_Device]]] = {}
         self._since_us: dict[str, int] = {}
@@ -324,7 +327,13 @@ class ThrottleController:
     # -- read-only views for metrics ---------------------------------------------------------
     @property
     def status(self) -> Mapping[tuple[str, int], DeviceStatus]:
-        """Per (alloc_id, region device index): the last decision."""
+        """Per (alloc_id, region device index): the last decision (built once per tick; the
+        mapping is shared, not to be changed)."""
+        if self._status is None:
+            self._status = self._build_status()
+        return self._status
+
+    def _build_status(self) -> Mapping[tuple[str, int], DeviceStatus]:
         out: dict[tuple[str, int], DeviceStatus] = {}
         for d in list(self._devices.values()):
             if d.last is None:
@@ -399,6 +408,7 @@ class ThrottleController:
                     await self.tick()
                 except Exception:  # the loop must survive anything one tick throws
                     self._failed("tick", "throttle_tick_failed")
+                    self._status = None  # whatever the tick decided before it failed
                 if self._idle:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(self.idle_tick_s):
@@ -463,6 +473,7 @@ class ThrottleController:
                     placed[alloc_id] += 1
             self.attributor.end_tick(self._sampled_pids, regions, placed)
             self._sampled_pids = set()
+        self._status = None  # built afresh from this tick's decisions when next asked
         self._pace()
 
     def _pace(self) -> None:
