@@ -1,7 +1,8 @@
 """Runs the backstop (`backstop.py`): every `interval_s`, NVML's per-process memory and the
 controller's measured SM share of each container, judged against its limits.
 
-NVML's process list and the host evidence are read in a worker thread; processes are attributed
+NVML's process list and the host evidence are read, and every container judged, in a worker
+thread (the loop only reports what was found); processes are attributed
 by an `Attributor` of the watch's own (the controller's keeps per-tick state). A breach is
 counted, logged and handed to `on_breach` (the agent reports it on the pod, and may evict).
 """
@@ -78,12 +79,39 @@ class BackstopWatch:
 
     async def check(self) -> list[Breach]:
         regions = list(self.regions())
-        # no containers, no NVML to read: an idle agent does not wake a worker thread each round
+        status = self.status()  # taken on the loop, where the controller changes it
+        # NVML's process lists and the judgement of every container device run in a worker
+        # thread: on the loop they would hold Allocate and scrapes up for milliseconds at 144.
+        # No containers, no NVML to read: an idle agent does not wake a worker thread.
         if regions:
-            memory = await asyncio.to_thread(self._memory, regions)
+            found = await asyncio.to_thread(self._round, regions, status)
         else:
-            memory = {}
             self.attributor.forget_except(set(), ())  # what `_memory` would have forgotten
+            found = self._judge(regions, {}, status)
+        for breach in found:
+            self.breaches[breach.kind] += 1
+            log.warning("backstop_breach", alloc_id=breach.alloc_id, dev=breach.dev,
+                        kind=breach.kind, measured=round(breach.measured, 1),
+                        allowed=round(breach.allowed, 1), detail=breach.describe())
+            if self.on_breach is not None:
+                try:
+                    self.on_breach(breach)
+                except Exception:
+                    log.exception("backstop_breach_handler_failed", alloc_id=breach.alloc_id)
+        return found
+
+    def _round(
+        self, regions: list[RegionHandle], status: Mapping[tuple[str, int], StatusLike]
+    ) -> list[Breach]:
+        return self._judge(regions, self._memory(regions), status)
+
+    def _judge(
+        self,
+        regions: list[RegionHandle],
+        memory: _Memory,
+        status: Mapping[tuple[str, int], StatusLike],
+    ) -> list[Breach]:
+        """Every container device against its limits; only this watch's own round runs it."""
         found: list[Breach] = []
         keys: list[Key] = []
         for region in regions:
@@ -97,21 +125,11 @@ class BackstopWatch:
                     if breach is not None:
                         found.append(breach)
         now = self.clock()
-        for key, s in self.status().items():
+        for key, s in status.items():
             breach = self.backstop.sm(key, now, s.measured_util, s.limit, s.policy == "strict")
             if breach is not None:
                 found.append(breach)
         self.backstop.forget_except(keys)
-        for breach in found:
-            self.breaches[breach.kind] += 1
-            log.warning("backstop_breach", alloc_id=breach.alloc_id, dev=breach.dev,
-                        kind=breach.kind, measured=round(breach.measured, 1),
-                        allowed=round(breach.allowed, 1), detail=breach.describe())
-            if self.on_breach is not None:
-                try:
-                    self.on_breach(breach)
-                except Exception:
-                    log.exception("backstop_breach_handler_failed", alloc_id=breach.alloc_id)
         return found
 
     def _memory(self, regions: list[RegionHandle]) -> _Memory:
