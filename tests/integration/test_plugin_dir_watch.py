@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import os
 import socket
 import time
@@ -19,6 +21,7 @@ from vgpu_agent.deviceplugin.allocation import Split
 from vgpu_agent.deviceplugin.registration import PluginRunner
 from vgpu_agent.deviceplugin.server import DevicePluginServicer, DeviceState
 from vgpu_agent.gpu.model import GpuInfo
+from vgpu_agent.kubelet import dirwatch
 from vgpu_agent.kubelet.dirwatch import DirWatch
 from vgpu_agent.kubelet.standin import KubeletStandIn
 
@@ -73,6 +76,22 @@ async def test_no_watch_on_a_missing_directory_or_a_file(root: Path) -> None:
     assert DirWatch.open(str(root / "missing")) is None
     (root / "file").write_text("")
     assert DirWatch.open(str(root / "file")) is None
+
+
+def test_no_watch_without_inotify_in_the_c_library_or_with_its_instances_used_up(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dirwatch, "_libc", lambda: None)
+    assert DirWatch.open(str(root)) is None
+
+    class NoInstancesLeft:  # the per-user limit on inotify instances reached: EMFILE
+        @staticmethod
+        def inotify_init1(flags: int) -> int:
+            ctypes.set_errno(errno.EMFILE)
+            return -1
+
+    monkeypatch.setattr(dirwatch, "_libc", lambda: NoInstancesLeft())
+    assert DirWatch.open(str(root)) is None
 
 
 @contextlib.asynccontextmanager

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
+import functools
 import os
 import struct
 
@@ -40,9 +40,12 @@ _WATCH_OVER = IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
 _EVENT_HEADER = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library the interpreter runs on (the process's own symbols: no search for a file,
+    which would run `ldconfig`); None where it has no inotify."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         libc.inotify_init1.argtypes = [ctypes.c_int]
         libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     except (OSError, AttributeError):
