@@ -11,10 +11,13 @@ from hypothesis import strategies as st
 from vgpu_agent.throttle.control import (
     FULL_SHARE,
     UNLIMITED_RATE,
+    Claim,
     LoopState,
     Observation,
+    allocate,
     control_step,
 )
+from vgpu_agent.throttle.fastlaw import _allocate as fast_allocate
 
 TICK = 0.1
 
@@ -74,3 +77,11 @@ def test_random_ticks_keep_rates_targets_and_estimates_sane(containers, steps, s
                         or (d.rate, d.burst) == (obs.rate, obs.burst))
         limited = [decisions[o.key].target for o in observations if o.policy != "off"]
         assert sum(limited) <= FULL_SHARE * len(limited)
+
+
+def test_a_loan_never_takes_a_target_past_the_capacity_it_was_cut_from():
+    """2.67 % and a loan of the rest add up to a hair over 100 in floats: clamped."""
+    alone = [Claim("a", 2.6694732712918654, "work-conserving", 0, True, 100.0)]
+    shares = allocate(alone, FULL_SHARE)
+    assert shares.target["a"] == FULL_SHARE
+    assert fast_allocate(alone, FULL_SHARE)["a"] == FULL_SHARE

@@ -327,8 +327,10 @@ def allocate(claims: Sequence[Claim], capacity: float = FULL_SHARE) -> Shares:
     lent = _water_fill(spare, limits, lend_caps)
     return Shares(
         guarantee={c.key: g for c, g in zip(limited, guarantee, strict=True)},
+        # no target above what there is to divide: a share and its loan can add up to a hair
+        # more than the capacity they were cut from (2.67 + 97.33 > 100 in floats)
         target={
-            c.key: max(g, u + extra)
+            c.key: min(capacity, max(g, u + extra))
             for c, g, u, extra in zip(limited, guarantee, used, lent, strict=True)
         },
     )

@@ -134,7 +134,7 @@ def _allocate(claims: Sequence[Claim], capacity: float) -> dict[str, float]:
         lend_caps.append(max(0.0, ceiling - got))
     lent = _water_fill(spare, limits, lend_caps)
     return {
-        c.key: max(g, u + extra)
+        c.key: min(capacity, max(g, u + extra))
         for c, g, u, extra in zip(limited, guarantee, used, lent, strict=True)
     }
 
