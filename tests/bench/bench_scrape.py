@@ -236,8 +236,7 @@ async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
     if run.done():
         run.result()  # the agent failed to start: say why
         raise SystemExit("the agent stopped before serving")
-    assert agent._metrics is not None
-    port_file.write_text(str(agent._metrics.port))
+    port_file.write_text(str(agent.metrics.port))
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, agent.stop)
     await run
 

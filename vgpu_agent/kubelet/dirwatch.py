@@ -59,7 +59,6 @@ class DirWatch:
     def __init__(self, fd: int, path: str):
         self.path = path
         self.alive = True
-        self.events = 0  # inotify reads that woke the watch, for tests and logs
         self._fd: int | None = fd
         self._changed = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -100,7 +99,6 @@ class DirWatch:
                 break
             if not data:
                 break
-            self.events += 1
             # Any event, an overflow (events lost) included, has the caller check its sockets.
             if any(mask & _WATCH_OVER for mask in _masks(data)):
                 self._over()
