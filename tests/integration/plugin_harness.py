@@ -28,6 +28,13 @@ def short_dir():
         shutil.rmtree(path, ignore_errors=True)
 
 
+async def until(predicate, within: float = 10.0) -> None:
+    """Wait until `predicate()` holds; the agent's periodic work has its own pace, not the test's."""
+    async with asyncio.timeout(within):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
 def config_for(root: Path, **overrides: object) -> Config:
     values: dict[str, object] = {
         "backend": "sim",

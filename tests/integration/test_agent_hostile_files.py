@@ -4,14 +4,19 @@ the next pod's Allocate is answered."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
 
 from tests.fakes.shimstate import ShimWriter
-from tests.integration.plugin_harness import RESOURCE, config_for, running_agent, short_dir
-from tests.integration.test_agent_region_problems import scrape
+from tests.integration.plugin_harness import (
+    RESOURCE,
+    config_for,
+    running_agent,
+    short_dir,
+    until,
+)
+from tests.integration.test_agent_region_problems import scrape_until
 from vgpu_agent.shm import layout
 
 
@@ -32,15 +37,14 @@ async def test_a_grown_and_a_swapped_state_are_handled_and_allocate_goes_on(root
         with open(state, "r+b") as f:  # 256 MiB of junk past its end
             f.seek(layout.STATE_SIZE + (256 << 20))
             f.write(b"junk")
-        await asyncio.sleep(0.5)  # controller ticks read it
-        assert state.stat().st_size == layout.STATE_SIZE
+        # The controller's reads check the files every 0.5 s at most; the grid may add a tick.
+        await until(lambda: state.stat().st_size == layout.STATE_SIZE, within=5.0)
         os.rename(state, region.path / "state.old")  # a region of an older agent: swappable
         state.write_bytes(layout.encode_state(1))
         writer = ShimWriter(region.path)
         try:
             writer.process(0, pid=7, host_pid=0, dev=0)
-            await asyncio.sleep(0.5)
-            events = await asyncio.to_thread(scrape, run.agent.metrics.url)
+            events = await scrape_until(run.agent.metrics.url, "state_replaced")
             assert events["files_truncated"] >= 1 and events["state_replaced"] == 1
             assert events["identity_rejected"] == 0 and events["backstop_memory"] == 0
             assert [p.pid for p in region.usage().processes] == [7]

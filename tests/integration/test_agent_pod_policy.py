@@ -13,7 +13,13 @@ import pytest
 
 from tests.fakes.kubeapi import NODE, FakeKubeAPI
 from tests.fakes.promtext import series
-from tests.integration.plugin_harness import RESOURCE, config_for, running_agent, short_dir
+from tests.integration.plugin_harness import (
+    RESOURCE,
+    config_for,
+    running_agent,
+    short_dir,
+    until,
+)
 from vgpu_agent.shm import layout
 
 
@@ -26,12 +32,6 @@ def root():
 def metrics(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return response.read().decode()
-
-
-async def until(predicate, within: float = 10.0) -> None:
-    async with asyncio.timeout(within):
-        while not predicate():
-            await asyncio.sleep(0.05)
 
 
 async def test_the_agent_applies_pod_annotations_and_reports_their_source(root: Path) -> None:

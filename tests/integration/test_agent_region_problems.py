@@ -28,6 +28,14 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
+async def scrape_until(url: str, event: str, within: float = 5.0) -> dict[str, float]:
+    """Scrape until `event` has been counted: the agent reads regions at its own pace."""
+    async with asyncio.timeout(within):
+        while (events := await asyncio.to_thread(scrape, url)).get(event, 0) < 1:
+            await asyncio.sleep(0.1)
+    return events
+
+
 async def test_skipped_records_and_corrupt_reads_are_counted_while_the_agent_serves(root):
     config = config_for(root, metrics_address="127.0.0.1:0")
     async with running_agent(config) as run:
@@ -36,14 +44,10 @@ async def test_skipped_records_and_corrupt_reads_are_counted_while_the_agent_ser
         writer = ShimWriter(region.path)
         try:
             writer.process(0, pid=7, host_pid=0, dev=0, memory=1 << 62)  # absurd memory
-            await asyncio.sleep(0.5)  # controller ticks read it
-            events = await asyncio.to_thread(scrape, run.agent.metrics.url)
-            assert events["state_records_skipped"] >= 1
+            events = await scrape_until(run.agent.metrics.url, "state_records_skipped")
             assert events["created"] == 1
             writer.scribble_header()
-            await asyncio.sleep(0.5)
-            events = await asyncio.to_thread(scrape, run.agent.metrics.url)
-            assert events["state_read_corrupt"] >= 1
+            await scrape_until(run.agent.metrics.url, "state_read_corrupt")
         finally:
             writer.close()
         # the device plugin is unaffected
