@@ -12,10 +12,11 @@ share one, on the 2-vCPU machine in BENCHMARKS.md). The rule, like the kernel's 
   timer due less than `WIDE_FROM_S` ahead, every `WIDE_GRID_S` for one due later. So the tasks
   of a one-second period (health check, NVML poll, heartbeat, backstop) all wake on the same
   whole second, whatever their phase, and half-second tasks join them there. A timer fires at
-  most one grid step late, and at most `EARLY_SHARE` of its delay early, so that a task
-  re-arming its period just after a grid point (it woke there and did a little work, a thread
-  hop of NVML calls included) lands on the grid point one period on rather than one step later
-  each period.
+  most one grid step late, and at most `EARLY_SHARE` of its delay (and never more than
+  `MAX_EARLY_S`) early, so that a task re-arming its period just after a grid point (it woke
+  there and did a little work, a thread hop of NVML calls included) lands on the grid point one
+  period on rather than one step later each period. The cap keeps a long wait long: a minute's
+  sleep or timeout ends at most a tenth of a second before its time, not three seconds.
 
 Pure: no I/O, no asyncio (the event loop that applies it is built in `vgpu_agent.agent`).
 """
@@ -29,6 +30,7 @@ WIDE_GRID_S = 1.0
 WIDE_FROM_S = 0.95
 MIN_DELAY_S = 0.45
 EARLY_SHARE = 0.05
+MAX_EARLY_S = 0.1
 
 
 def grid_for(delay: float) -> float:
@@ -42,4 +44,4 @@ def slack_deadline(now: float, when: float) -> float:
     if not delay >= MIN_DELAY_S or math.isinf(when):  # near, NaN or never: as asked
         return when
     grid = grid_for(delay)
-    return math.ceil((when - EARLY_SHARE * delay) / grid) * grid
+    return math.ceil((when - min(EARLY_SHARE * delay, MAX_EARLY_S)) / grid) * grid

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from vgpu_agent.timerslack import (
     EARLY_SHARE,
     GRID_S,
+    MAX_EARLY_S,
     MIN_DELAY_S,
     WIDE_FROM_S,
     WIDE_GRID_S,
@@ -32,7 +33,14 @@ def test_a_far_timer_fires_on_the_grid_within_its_bounds(now, delay):
     assert grid_for(when - now) == grid
     steps = fired / grid
     assert math.isclose(steps, round(steps), abs_tol=1e-6)
-    assert when - EARLY_SHARE * (when - now) - 1e-6 <= fired <= when + grid
+    early = min(EARLY_SHARE * (when - now), MAX_EARLY_S)
+    assert when - early - 1e-6 <= fired <= when + grid
+
+
+def test_a_long_wait_ends_at_most_a_tenth_of_a_second_early():
+    # a minute's sleep due at 60.09 s would be moved back to 60 s (5 % would allow 57.09 s)
+    assert slack_deadline(0.09, 60.18) == 61.0
+    assert slack_deadline(0.0, 60.05) == 60.0  # within the cap: onto the grid point before
 
 
 def test_the_grids_are_nested_so_half_and_whole_seconds_meet():
