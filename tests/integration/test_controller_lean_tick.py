@@ -16,7 +16,7 @@ from vgpu_agent.shm.regions import Region, format_alloc_id
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID
-from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.controller import UNLENT_TICK_S, ThrottleController
 
 BUSY = Workload(kernel_s=0.002)
 
@@ -169,8 +169,8 @@ async def test_the_heartbeat_goes_out_at_its_own_rate():
 
 
 def paced_controller(gpu: SimGpu, regions: list[SimRegion]) -> ThrottleController:
-    """A controller on `gpu` ticking every 0.1 s, slowing to 0.4 s (1 s where nothing is lent)
-    after 0.5 s of calm; `regions` is read afresh every tick."""
+    """A controller on `gpu` ticking every 0.1 s, slowing to 0.4 s (2 s where nothing is lent)
+    by 0.1 s per 0.5 s of calm; `regions` is read afresh every tick."""
     return ThrottleController(SimBackend([gpu]), lambda: list(regions),
                               clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
                               calm_ticks=5, evidence=SimHostEvidence([gpu]))
@@ -193,11 +193,15 @@ async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
     regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",))]
     gpu.shim_process("a", BUSY, regions[0])
     controller = paced_controller(gpu, regions)
-    assert controller.unlent_tick_s == 1.0  # the heartbeat's period
+    assert controller.unlent_tick_s == UNLENT_TICK_S == 2.0
+    beats_before = regions[0].heartbeat_ns
     intervals = await pace(controller, gpu, 120)
     assert intervals[0] == 0.1  # a new container is a change
-    assert max(intervals) == pytest.approx(1.0)  # settled, nothing lent: ten times slower
+    assert max(intervals) == pytest.approx(2.0)  # settled, nothing lent: twenty times slower
     assert gpu.shares(gpu.processes[0], 5)[-1][1] == pytest.approx(30, abs=2)  # still held
+    # ticks two seconds apart still beat on each of them
+    region_beat = regions[0].heartbeat_ns
+    assert region_beat > beats_before and region_beat == gpu.now_ns
 
     regions.append(SimRegion("b", (SIM_UUID,), (50.0,), ("strict",)))  # a new allocation
     gpu.shim_process("b", BUSY, regions[1])
@@ -249,7 +253,7 @@ async def test_a_region_that_cannot_be_read_keeps_the_tick_at_max_tick(fault):
     assert controller.error_counts.get("region_usage" if fault == "raises" else "region_corrupt")
     regions.pop()  # gone: nothing unknown is left, and the tick may slow down further
     await pace(controller, gpu, 40)
-    assert controller.interval_s == pytest.approx(1.0)
+    assert controller.interval_s == pytest.approx(UNLENT_TICK_S)
 
 
 def test_a_tick_kept_fast_stays_fast_and_bad_unlent_ticks_are_refused():

@@ -60,7 +60,7 @@ class Breach:
 
 class _Window:
     """One device's SM samples over the window, with their sum kept as they come and go (the
-    watch judges every device every second: summing 30 samples each time was most of its cost).
+    watch judges every device every round: summing the window each time was most of its cost).
     The sum is made afresh once the window has turned over, so float rounding cannot build up."""
 
     __slots__ = ("dropped", "samples", "total")

@@ -16,17 +16,19 @@ What a tick costs, and how often it runs:
 
 - The reads go to a worker thread only while they are slow (the last tick's took over
   `inline_read_s`): reading a few headers and one NVML call cost less than the hop.
-- Every region's heartbeat is refreshed every `heartbeat_s`, not every tick.
+- Every region's heartbeat is refreshed every `heartbeat_s`, not every tick (and every tick
+  where ticks are further apart).
 - The tick slows down while nothing changes: after `calm_ticks` * `tick_s` seconds of calm
   ticks in a row the interval grows by one `tick_s`, and by one more per further such span, up
   to `max_tick_s` (counted in time, not ticks: with the defaults 0.1 s, 0.2 s after 1 s of calm,
   0.4 s after 3 s); the first tick that sees a change goes back to `tick_s`. A tick is calm
   when no container came or went, no target moved by more than `calm_target_points`, and no
   rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little).
-  Where nothing is lent, the calm tick may grow further, to `unlent_tick_s` (by default the
-  heartbeat's second): on every GPU no container runs above its limit, the limits fit in the
-  GPU, none is `off` (its use could grow into the others' at any moment) and each has a rate
-  (a container not yet throttled may start spending at any moment). Then a container that
+  Where nothing is lent, the calm tick may grow further, to `unlent_tick_s` (by default
+  `UNLENT_TICK_S`, 2 s, which the defaults reach after 19 s of calm): on every GPU no
+  container runs above its limit, the limits fit in the GPU, none is `off` (its use could grow
+  into the others' at any moment) and each has a rate (a container not yet throttled may start
+  spending at any moment). Then a container that
   wakes needs nobody's rate lowered: its own rate already allows its share, so the slower tick
   costs only how soon spare share is lent, never a guarantee. A region that cannot be read is
   not known to be any of that: while one fails, the tick grows to `max_tick_s` at most (and a
@@ -91,6 +93,10 @@ _new = tuple.__new__
 _SHARE_EPS = 1e-6  # percent: a target this close to its limit is at it, not above
 
 NVML_ERROR_NOT_SUPPORTED = 3  # pynvml.NVML_ERROR_NOT_SUPPORTED
+# The calm tick where nothing is lent (see the module note): only how soon spare share is lent
+# waits on it; at 144 busy devices 2 s rather than 1 s saves the settled agent half a point of
+# a core (BENCHMARKS.md).
+UNLENT_TICK_S = 2.0
 
 
 class UtilizationSource(Protocol):
@@ -258,7 +264,7 @@ class ThrottleController:
                 f"need tick_s <= max_tick_s, heartbeat_s > 0 and calm_ticks >= 1, got "
                 f"{tick_s!r}, {max_tick_s!r}, {heartbeat_s!r}, {calm_ticks!r}")
         if unlent_tick_s is None:  # a tick kept fast on purpose stays fast
-            unlent_tick_s = max(max_tick_s, heartbeat_s) if max_tick_s > tick_s else tick_s
+            unlent_tick_s = max(max_tick_s, UNLENT_TICK_S) if max_tick_s > tick_s else tick_s
         if not max_tick_s <= unlent_tick_s < math.inf:
             raise ValueError(f"unlent tick must be finite and >= max_tick_s ({max_tick_s!r} s), "
                              f"got {unlent_tick_s!r}")
