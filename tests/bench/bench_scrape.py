@@ -19,9 +19,10 @@ utilization. Measured:
   that the agent reads its regions once per scrape, just before it, as it does in the long run);
 - scrape latency: `--scrapes` back-to-back scrapes with Prometheus's headers (OpenMetrics
   preferred, gzip), p50 and p99 (ms), agent CPU per scrape, exposition sizes;
-- Allocate latency: `Allocate` on the agent's own plugin socket, as the kubelet calls it (every
-  call creates a real region, which the agent collects at its next PodResources answer since no
-  container holds it, so the node keeps about its size; a pair of calls every 40 ms);
+- Allocate latency: `Allocate` on the agent's own plugin socket, as the kubelet calls it (for
+  devices no container holds; every call creates a real region, which the agent collects at
+  its next PodResources answer since no container holds it, so the node keeps about its size;
+  a pair of calls every 40 ms);
   `--allocates` calls alternate with calls to a bare grpc.aio server answering the same RPC
   with an empty response in its own process on the same kind of unix socket (bench_plugin.py's
   "bare call"), so both see the same machine noise.
@@ -32,8 +33,9 @@ utilization. Measured:
 
 Two configurations per size: steady shares (every container's NVML utilization constant),
 measured once the controller has settled and slowed down (`--settle` s after start: where
-nothing is lent it ticks once a second); and shares that change (each container's utilization flips between 5 and 10 % every 2 s, out of step with
-half the others, so estimates, targets and rates move, and the tick is held at 100 ms, as if
+nothing is lent it ticks every 2 s once all has been calm for 19 s); and shares that change
+(each container's utilization flips between 5 and 10 % every 2 s, out of step with half the
+others, so estimates, targets and rates move, and the tick is held at 100 ms, as if
 something changed every tick: the law learns flips this regular as NVML noise after some
 seconds and would otherwise calm down, so this is the cost of a controller that never does).
 The node is full and valid: one container in eight has a second GPU (the next one), spread so
@@ -71,7 +73,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 GIB = 1 << 30
-SPLIT = 18  # slices per GPU for Allocate: 8 GPUs x 18 = 144 container-devices
+# Slices per GPU the agent advertises: more than the largest node's containers hold (32 per GPU
+# at 256), so that Allocate has free devices to be asked for, as a kubelet asks.
+SPLIT = 40
 HOST_PID_BASE = 200_000
 GOAL_P99_MS = 50.0
 GOAL_CPU_PERCENT = 2.0
@@ -143,6 +147,7 @@ class ShimSide:
         self.step = 0
         self.started_ns = time.monotonic_ns()
         self.pods = {str(row["identity"][1]) for row in rows}  # type: ignore[index]
+        self.device_ids = {str(i) for row in rows for i in row["device_ids"]}  # type: ignore[attr-defined]
 
     def tick(self) -> None:
         layout = self.layout
@@ -322,8 +327,11 @@ def measure_allocate(args: argparse.Namespace, shim: ShimSide, port: int, plugin
     from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
     from vgpu_agent.gpu.sim import build_inventory
 
+    # Only devices no container holds: a kubelet never asks for one in use, and a region made
+    # for a device a listed container holds is the newer allocation of it, so the agent would
+    # rightly bind that container's pod to it until it is collected.
     ids = [f"{gpu.uuid}::{n}" for gpu in build_inventory(f"{args.gpus}xA100-80GB")
-           for n in range(SPLIT)]
+           for n in range(SPLIT) if f"{gpu.uuid}::{n}" not in shim.device_ids]
     rng = random.Random(7)
     stop = threading.Event()
     scrapes = [0]
@@ -494,7 +502,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="16,64,144,256", help="container-devices, comma list")
     parser.add_argument("--seconds", type=float, default=30.0, help="each steady-state window")
     parser.add_argument("--interval", type=float, default=5.0, help="scrape interval, s")
-    parser.add_argument("--settle", type=float, default=15.0,
+    parser.add_argument("--settle", type=float, default=30.0,
                         help="steady controller: seconds from start to the first window")
     parser.add_argument("--scrapes", type=int, default=200)
     parser.add_argument("--allocates", type=int, default=600,
