@@ -160,7 +160,9 @@ async def test_with_inotify_an_idle_runner_checks_its_sockets_only_on_the_backst
         assert checks == before
         (root / "dp" / "other-plugin.sock").write_text("")  # another plugin's entry: one check
         await asyncio.sleep(0.2)
-        assert checks == before + 2  # kubelet.sock and ours, once
+        # kubelet.sock and ours, once per read of the watch: the file's creation and its write
+        # usually come in one read, on a loaded machine possibly in two
+        assert checks - before in (2, 4)
 
 
 async def test_a_plugin_directory_replaced_under_the_watch_is_watched_anew(root: Path) -> None:
