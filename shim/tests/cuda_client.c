@@ -28,6 +28,7 @@
  *   nvml INDEX TOTAL USED                    NVML memory info (v1 and v2) of device INDEX
  *   counter NAME VALUE                       the fake driver's counter NAME equals VALUE
  *   forkstress N                             forks N children while a thread allocates/launches
+ *   forkstress-launches N                    the same, the thread only launching (no malloc)
  *   rtldnext                                 dlsym(RTLD_NEXT, ...) answers as without the shim
  *   exec WAY COMMAND...                      replaces the process with a new client image
  * graphs, capture and legacy launches (slots: graphs G, executables E, nodes K, streams S are
@@ -398,22 +399,25 @@ static void pace(const char *kind, double seconds, unsigned grid, unsigned block
 
 static volatile int g_stop;
 
+static volatile int g_hammer_allocates;
+
 static void *hammer(void *ctx)
 {
     if (A.ctx_set((CUcontext)ctx) != CUDA_SUCCESS)
         return (void *)1;
     while (!__atomic_load_n(&g_stop, __ATOMIC_RELAXED)) {
         CUdeviceptr p;
-        if (A.alloc(&p, 4096) == CUDA_SUCCESS)
+        if (g_hammer_allocates && A.alloc(&p, 4096) == CUDA_SUCCESS)
             A.free_(p);
         A.launch(FUNC, 1, 1, 1, 32, 1, 1, 0, STREAM, NULL, NULL);
     }
     return NULL;
 }
 
-static void forkstress(int n, CUcontext ctx)
+static void forkstress(int n, CUcontext ctx, int allocates)
 {
     pthread_t t;
+    g_hammer_allocates = allocates;
     if (pthread_create(&t, NULL, hammer, ctx) != 0)
         fail("pthread_create");
     for (int i = 0; i < n; i++) {
@@ -1420,7 +1424,9 @@ int main(int argc, char **argv)
             if (fakeCudaCounter(name) != want)
                 fail("driver counter %s = %llu, expected %llu", name, fakeCudaCounter(name), want);
         } else if (strcmp(cmd, "forkstress") == 0) {
-            forkstress(atoi(ARG()), ctx);
+            forkstress(atoi(ARG()), ctx, 1);
+        } else if (strcmp(cmd, "forkstress-launches") == 0) {
+            forkstress(atoi(ARG()), ctx, 0);
         } else if (strcmp(cmd, "exec") == 0) {
             fflush(stdout);
             argv[i - 1] = argv[0];
