@@ -147,13 +147,14 @@ def test_bounds_that_are_allowed_still_load():
 
 def test_the_calm_slowdown_sets_how_slow_the_settled_controller_ticks():
     """1 keeps the controller at its tick, lent or not; the default lets it grow to four times
-    that, and where nothing is lent to the heartbeat's second (or the slowdown, if longer)."""
+    that, and where nothing is lent to 2 s (or the slowdown, if longer)."""
     from vgpu_agent.agent import Agent
 
     assert build_config(ConfigSources()).throttle_calm_slowdown == 4
-    for raw, expected, unlent in (("1", 0.2, 0.2), ("3", 0.6, 1.0), ("10", 2.0, 2.0)):
+    for raw, tick, expected, unlent in (("1", "0.2", 0.2, 0.2), ("3", "0.2", 0.6, 2.0),
+                                        ("10", "0.3", 3.0, 3.0)):
         config = build_config(ConfigSources(env={
-            "VGPU_AGENT_THROTTLE_CALM_SLOWDOWN": raw, "VGPU_AGENT_THROTTLE_TICK_SECONDS": "0.2",
+            "VGPU_AGENT_THROTTLE_CALM_SLOWDOWN": raw, "VGPU_AGENT_THROTTLE_TICK_SECONDS": tick,
             "VGPU_AGENT_BACKEND": "sim"}))
         controller = Agent(config).controller
         assert controller.max_tick_s == pytest.approx(expected)
