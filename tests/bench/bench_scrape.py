@@ -319,19 +319,25 @@ def pct(ordered: list[float], q: float) -> float:
     return ordered[max(0, min(len(ordered), math.ceil(len(ordered) * q - 1e-9)) - 1)]
 
 
+def free_device_ids(gpus: int, held: set[str]) -> list[str]:
+    """The slices the agent advertises that no container holds: what Allocate asks for. A
+    kubelet never asks for one in use, and a region made for a device a listed container holds
+    is the newer allocation of it, so the agent would rightly bind that container's pod to it
+    until it is collected."""
+    from vgpu_agent.gpu.sim import build_inventory
+
+    return [f"{gpu.uuid}::{n}" for gpu in build_inventory(f"{gpus}xA100-80GB")
+            for n in range(SPLIT) if f"{gpu.uuid}::{n}" not in held]
+
+
 def measure_allocate(args: argparse.Namespace, shim: ShimSide, port: int, plugin: Path,
                      bare: Path) -> dict:
     """Allocate against the agent side and the bare server, alternating, with scrapes."""
     import grpc
 
     from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-    from vgpu_agent.gpu.sim import build_inventory
 
-    # Only devices no container holds: a kubelet never asks for one in use, and a region made
-    # for a device a listed container holds is the newer allocation of it, so the agent would
-    # rightly bind that container's pod to it until it is collected.
-    ids = [f"{gpu.uuid}::{n}" for gpu in build_inventory(f"{args.gpus}xA100-80GB")
-           for n in range(SPLIT) if f"{gpu.uuid}::{n}" not in shim.device_ids]
+    ids = free_device_ids(args.gpus, shim.device_ids)
     rng = random.Random(7)
     stop = threading.Event()
     scrapes = [0]

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from tests.bench.bench_scrape import build_regions, containers_for
+from tests.bench.bench_scrape import build_regions, containers_for, free_device_ids
 from vgpu_agent.shm.regions import Region
 
 
@@ -35,3 +35,14 @@ def test_the_benchmark_node_is_a_valid_full_allocation(tmp_path, devices, per_gp
     if per_gpu is not None:  # 128 containers: as many container-devices on every GPU
         assert set(per_gpu_held.values()) == {per_gpu}
     assert max(slices.values()) == 1  # no slice held twice
+
+
+@pytest.mark.parametrize("devices", [16, 144, 256])
+def test_allocate_asks_only_for_slices_no_container_holds(tmp_path, devices):
+    rows = build_regions(tmp_path, 8, containers_for(devices))
+    held = {str(i) for row in rows for i in row["device_ids"]}
+    free = free_device_ids(8, held)
+    assert free and not held & set(free)
+    assert len(set(free)) == len(free)
+    # every GPU keeps some free slices to ask for, even on the largest node
+    assert len({slice_id.split("::")[0] for slice_id in free}) == 8
