@@ -10,8 +10,9 @@ share one, on the 2-vCPU machine in BENCHMARKS.md). The rule, like the kernel's 
   0.4 s), retries, timeouts that bound a latency;
 - a farther one is moved to the next point of a grid on the loop's clock: every `GRID_S` for a
   timer due less than `WIDE_FROM_S` ahead, every `WIDE_GRID_S` for one due later. So the tasks
-  of a one-second period (health check, NVML poll, heartbeat, backstop) all wake on the same
-  whole second, whatever their phase, and half-second tasks join them there. A timer fires at
+  of a one-second period (health check, NVML poll, heartbeat) all wake on the same whole
+  second, whatever their phase, the backstop's 2 s round and half-second tasks join them
+  there. A timer fires at
   most one grid step late, and at most `EARLY_SHARE` of its delay (and never more than
   `MAX_EARLY_S`) early, so that a task re-arming its period just after a grid point (it woke
   there and did a little work, a thread hop of NVML calls included) lands on the grid point one

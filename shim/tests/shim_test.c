@@ -706,10 +706,10 @@ static bool t_fork_under_load(void)
     struct dev_cfg cfg = {0, 1ull << 30, 500000, 1000000000ull, 100000000ull, VGPU_POLICY_STRICT, 0};
     make_region("fork", 1, &cfg);
     struct run r;
-    /* Under the sanitizers the other thread only launches: GCC 12's ASan runtime does not hold
-     * its allocator's locks across fork, so a child can hang in malloc on a lock that thread
-     * held, whatever the shim does (seen in about 1 run in 10; glibc's malloc is fork-safe, and
-     * the plain build keeps the thread allocating). */
+    /* Under the sanitizers the other thread only launches: with GCC 12's ASan runtime a child
+     * hung in about 1 run in 10 on the sanitizer allocator's own mutex, which the allocating
+     * thread held at the fork (that runtime evidently does not take its allocator's locks
+     * across fork; glibc's malloc does, and the plain build keeps the thread allocating). */
     const char *first = getenv("VGPU_TEST_PRELOAD_FIRST");
     char *mode = first != NULL && first[0] != '\0' ? "forkstress-launches" : "forkstress";
     run_client(&r, "fork", NOENV, ARGS("direct", "ctx", "0", mode, "20"));

@@ -172,12 +172,9 @@ def test_the_lean_read_checks_the_files_at_most_every_half_second(
     fd = os.open(region.path / "state", os.O_WRONLY | os.O_CREAT, 0o666)
     os.write(fd, layout.encode_state(1))
     os.close(fd)
-    now[0] += _HALF_SECOND_NS
+    now[0] += regions_module._LEAN_POLICE_NS
     region.counters()
     assert region.state_replaced == 1  # the file at the path is the one read from now on
-
-
-_HALF_SECOND_NS = regions_module._LEAN_POLICE_NS
 
 
 def test_a_state_file_replaced_by_a_symlink_is_not_followed(store: RegionStore, tmp_path) -> None:

@@ -38,7 +38,7 @@ def test_a_far_timer_fires_on_the_grid_within_its_bounds(now, delay):
 
 
 def test_a_long_wait_ends_at_most_a_tenth_of_a_second_early():
-    # a minute's sleep due at 60.09 s would be moved back to 60 s (5 % would allow 57.09 s)
+    # a 60.09 s wait from 0.09 s, due at 60.18 s: 5 % early would have let it fire on 58 s
     assert slack_deadline(0.09, 60.18) == 61.0
     assert slack_deadline(0.0, 60.05) == 60.0  # within the cap: onto the grid point before
 

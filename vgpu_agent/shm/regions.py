@@ -98,8 +98,8 @@ HAMI_CACHE_MODE = 0o666  # HAMi-core opens it read-write, whatever the container
 HAMI_CACHE_MAX_BYTES = 64 << 20
 _POLICE_EVERY = 16  # checks of `state` between checks of the cache file and the directory
 # The controller's lean reads check the files at most this often (a path `stat` costs twice the
-# read): a replaced or grown `state` is found within this, never later than at the one read a
-# second of a settled node. Full reads (`usage`) check every time.
+# read): a replaced or grown `state` is found at the first read after this (a settled node
+# reads every 2 s, so there at that read). Full reads (`usage`) check every time.
 _LEAN_POLICE_NS = 500_000_000
 _SWEEP_BATCH = 64  # foreign entries removed from a region directory per check
 _REGION_FILES = frozenset({"control", "state", "hami.cache"})

@@ -28,9 +28,9 @@ What a tick costs, and how often it runs:
   `UNLENT_TICK_S`, 2 s, which the defaults reach after 19 s of calm): on every GPU no
   container runs above its limit, the limits fit in the GPU, none is `off` (its use could grow
   into the others' at any moment) and each has a rate (a container not yet throttled may start
-  spending at any moment). Then a container that
-  wakes needs nobody's rate lowered: its own rate already allows its share, so the slower tick
-  costs only how soon spare share is lent, never a guarantee. A region that cannot be read is
+  spending at any moment). Then a container that wakes needs nobody's rate lowered: its own
+  rate already allows its share, so the slower tick costs only how soon spare share is lent,
+  never a guarantee. A region that cannot be read is
   not known to be any of that: while one fails, the tick grows to `max_tick_s` at most (and a
   header corrupt for good is not a change every tick: its devices are followed once it reads).
   What counts is what the law decides, not why: a container that spends about its rate flips
@@ -295,7 +295,7 @@ class ThrottleController:
         self.errors: dict[str, int] = defaultdict(int)
         self._states: dict[str, dict[str, LoopState]] = {}  # uuid -> key -> state
         self._devices: dict[str, _Device] = {}  # key -> device followed
-        # `status` as built since the last tick: the backstop asks every second and each
+        # `status` as built since the last tick: the backstop asks every round and each
         # scrape asks too, and it only changes when a tick ends
         self._status: Mapping[tuple[str, int], DeviceStatus] | None = None
         # id(region) -> (region, its devices): the region is held so that its id stays its own
