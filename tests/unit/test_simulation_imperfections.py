@@ -167,3 +167,33 @@ def test_bad_sample_periods_and_streams_are_refused():
         SimGpu(UUID, sample_period_s=0)
     with pytest.raises(ValueError, match="streams"):
         Workload(kernel_s=0.001, streams=0)
+
+
+def test_time_sliced_attribution_gives_each_period_whole_to_one_process():
+    # as measured on an H200: two processes taking turns, one sample per period, of the GPU
+    gpu = gpu_with(nvml_attribution="time-sliced")
+    a = gpu.shim_process("a", LAUNCH, region("a", TWENTY_PERCENT))
+    b = gpu.shim_process("b", LAUNCH, region("b", TWENTY_PERCENT))
+    seen = {}
+    for _ in range(30):
+        gpu.advance(1.0)
+        seen.update({(s.timestamp_us, s.pid): s for s in gpu.samples})
+    samples = list(seen.values())
+    stamps = [s.timestamp_us for s in samples]
+    assert len(stamps) == len(set(stamps)) > 150  # never two samples for one period
+    assert statistics.median(s.sm_util for s in samples) == pytest.approx(40, abs=2)
+    given = [s.pid for s in samples]
+    assert 0.35 < given.count(a.pid) / len(given) < 0.65  # equal work, about equal odds
+    assert given.count(a.pid) + given.count(b.pid) == len(given)
+
+
+def test_time_sliced_attribution_leaves_a_process_alone_its_own_use():
+    gpu = gpu_with(nvml_attribution="time-sliced")
+    gpu.shim_process("a", LAUNCH, region("a", TWENTY_PERCENT))
+    gpu.advance(5.0)
+    assert {s.sm_util for s in list(gpu.samples)[-20:]} == {20}
+
+
+def test_an_unknown_attribution_is_refused_by_name():
+    with pytest.raises(ValueError, match="nvml_attribution"):
+        Imperfections(nvml_attribution="per-gpu")

@@ -299,16 +299,27 @@ class SimGpu:
         period_s = self.sample_ns / tokens.NS_PER_S
         stamp_us = self._next_sample_ns // 1000
         rng = self.rng
+        ran = [(p, p.window_sm_s) for p in self.processes if p.window_sm_s > 0]
         for p in self.processes:
             recent = p.recent_sm_s
             recent.append(p.window_sm_s)
             if len(recent) > imp.window_periods:
                 recent.popleft()
             p.window_sm_s = 0.0
-            if imp.missed_samples and rng.random() < imp.missed_samples:
-                continue
-            value = 100 * sum(recent) / (len(recent) * period_s)
-            self.samples.append(ProcessSample(p.pid, stamp_us, imp.observe(value, rng)))
+        if imp.nvml_attribution == "time-sliced" and len(ran) > 1:
+            # one sample for the period, to one of those that ran, of the whole GPU's use
+            chosen = rng.choices([p for p, _ in ran], weights=[sm for _, sm in ran])[0]
+            if not (imp.missed_samples and rng.random() < imp.missed_samples):
+                busy = 100 * sum(sm for _, sm in ran) / period_s
+                self.samples.append(ProcessSample(chosen.pid, stamp_us,
+                                                  imp.observe(min(100.0, busy), rng)))
+        else:
+            for p in self.processes:
+                if imp.missed_samples and rng.random() < imp.missed_samples:
+                    continue
+                recent = p.recent_sm_s
+                value = 100 * sum(recent) / (len(recent) * period_s)
+                self.samples.append(ProcessSample(p.pid, stamp_us, imp.observe(value, rng)))
         self._next_sample_ns += self.sample_ns
         oldest_us = (self.now_ns - self._history_ns) // 1000
         while self.samples and self.samples[0].timestamp_us < oldest_us:

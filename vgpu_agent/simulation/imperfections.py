@@ -15,6 +15,14 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
 - `missed_samples` 2 %: a process that ran in a period does not always appear in that period's
   samples (the driver's buffer is per GPU and finite); the law must not read a missing sample
   as zero use.
+- `nvml_attribution` "per-process": every process that ran in a period gets a sample of its own
+  SM use. "time-sliced" is what an H200 (driver 580) was measured to do when the contexts of
+  two processes take turns without MPS: each period's single sample goes to one of the
+  processes that ran in it, and its value is the whole GPU's busy time in that period, not
+  the process's own (a process doing 5 % of the work beside a busy one read 99). The process
+  is drawn with odds in proportion to its SM time in the period. A process alone gets its own
+  use either way (measured: 50/20/5 % of the work read 50/20/5). Not yet the default: the
+  throttle figures in BENCHMARKS.md are for "per-process" unless they say otherwise.
 - `window_periods` 1: each sample averages SM use over this many sample periods ending at its
   timestamp. Drivers that report every 1/6 s average over their own period; some report a
   value averaged over a longer window than they sample, which is `window_periods` > 1.
@@ -50,6 +58,7 @@ class Imperfections:
     nvml_sigma: float = 3.0  # points, standard deviation of each per-process sample
     nvml_noise: str = "sampled"  # or "additive" (see the module note)
     missed_samples: float = 0.02  # probability that a process's sample is absent
+    nvml_attribution: str = "per-process"  # or "time-sliced" (see the module note)
     window_periods: int = 1  # sample periods each sample averages over
     kernel_jitter: float = 0.1  # relative standard deviation of a kernel's duration
     timeslice_s: float = 0.002
@@ -63,6 +72,7 @@ class Imperfections:
             "nvml_sigma": self.nvml_sigma >= 0,
             "nvml_noise": self.nvml_noise in ("sampled", "additive"),
             "missed_samples": 0 <= self.missed_samples < 1,
+            "nvml_attribution": self.nvml_attribution in ("per-process", "time-sliced"),
             "window_periods": self.window_periods >= 1,
             "kernel_jitter": 0 <= self.kernel_jitter <= 1,
             "timeslice_s": self.timeslice_s > 0,

@@ -303,6 +303,10 @@ class ThrottleController:
         self._since_us: dict[str, int] = {}
         self._newest_us: dict[str, int] = {}  # per GPU: the newest sample's stamp
         self._period_us: dict[str, int] = {}  # per GPU: NVML's sample period, as seen
+        # per GPU: the newest stamp that carried samples of two processes or more (else None:
+        # the driver gives each period to one process, see `_utilization`)
+        self._shared_us: dict[str, int] = {}
+        self._sliced: dict[str, _TimeSliced] = {}  # per time-sliced GPU (`_utilization`)
         self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
         self._now_ns = 0
         # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
@@ -621,19 +625,37 @@ class ThrottleController:
         """SM percent per alloc_id from this tick's samples, the seconds they describe and how
         many samples per process they average; None when nothing new arrived.
 
-        A process that had samples lately but none in this batch (NVML missed it) counts with
-        its last value: a missed sample is not an idle process. A process placed once stays
-        placed while it keeps appearing; only a new one makes the controller read slots.
+        Drivers attribute a sample period in one of two ways, told apart by what they send:
+        - per process: each process that ran gets a sample of its own use, all with the
+          period's stamp. A process that had samples lately but none in this batch (NVML
+          missed it) counts with its last value: a missed sample is not an idle process.
+        - time-sliced (seen on an H200, driver 580, two processes without MPS): each period's
+          one sample goes to one of the processes that ran, and its value is the whole GPU's
+          use in it, whoever did the work. See `_TimeSliced` for how that use is shared out.
+        The GPU is read as time-sliced until a stamp with two processes or more is seen, and
+        again SHARED_PERIODS periods after the last such stamp; with one process on the GPU
+        the two readings agree. A process placed once stays placed while it keeps appearing;
+        only a new one makes the controller read slots.
         """
         if not samples:
             return None
         util = {device.alloc_id: 0.0 for device, _ in entries}
         per_pid: dict[int, list[int]] = defaultdict(list)
+        at: dict[int, list[tuple[int, int]]] = defaultdict(list)  # stamp -> (pid, value)
         for s in samples:
             per_pid[s.pid].append(s.sm_util)
+            at[s.timestamp_us].append((s.pid, s.sm_util))
         self._sampled_pids.update(per_pid)
         span_s, count = self._span(uuid, samples)
         newest = self._newest_us[uuid]
+        period_us = self._period_us.get(uuid) or 1_000_000
+        shared = [stamp for stamp, seen in at.items() if len(seen) > 1]
+        if shared:
+            self._shared_us[uuid] = max(shared)
+        last_shared = self._shared_us.get(uuid)
+        sliced = last_shared is None or newest - last_shared > SHARED_PERIODS * period_us
+        if not sliced:
+            self._sliced.pop(uuid, None)
         recent = self._recent.setdefault(uuid, {})
         unplaced: list[tuple[int, float]] = []
         for pid, values in per_pid.items():
@@ -651,14 +673,29 @@ class ThrottleController:
                     recent[pid] = (found, newest, value)
                 else:
                     recent.pop(pid, None)
-        stale_us = newest - 3 * (self._period_us.get(uuid) or 1_000_000)
+        # a time-sliced process may go unsampled for several periods while others take them
+        stale_us = newest - (SHARED_PERIODS if sliced else 3) * period_us
         for pid, (alloc_id, stamp, value) in list(recent.items()):
             if pid in per_pid:
                 continue
             if stamp < stale_us or alloc_id not in util:
                 del recent[pid]
-            else:
+            elif not sliced:
                 util[alloc_id] += value
+        if sliced:
+            spent = {}
+            for device, (counters, *_) in entries:
+                previous, at3 = device.previous, 3 * device.dev
+                spent[device.alloc_id] = spent.get(device.alloc_id, 0) + (
+                    max(0, counters[at3] - previous[0])
+                    if previous is not None and len(counters) >= at3 + 3 else 0)
+            owner = {pid: placed[0] for pid, placed in recent.items()}
+            split = self._sliced.setdefault(uuid, _TimeSliced())
+            util = split.share(
+                [[owner.get(pid, "") for pid, _ in at[stamp]] for stamp in sorted(at)],
+                min(100.0, sum([max(v for _, v in at[stamp]) for stamp in at]) / len(at)),
+                spent,
+            )
         return util, span_s, count
 
     def _place(
@@ -826,6 +863,75 @@ class ThrottleController:
             self._procs = {k: v for k, v in self._procs.items() if k in self._by_region}
 
 
+# periods after the last stamp with two processes or more before a GPU's samples are read as
+# time-sliced again (`_utilization`)
+SHARED_PERIODS = 10
+
+
+class _TimeSliced:
+    """Shares a time-sliced GPU's use out among its containers.
+
+    NVML gives each sample period to one process, whole: a container's part of the periods
+    is evidence of its SM time, but only over many periods (taken alone, one reading is 0 or
+    the whole GPU, and a law steering on a slow average of them oscillates). Tokens spent
+    answer at once but say nothing of how long a container's kernels run per token. So the
+    GPU's use is split by tokens spent this tick, each container's weighted by how much SM
+    time its tokens buy relative to the others: its part of the periods over its part of the
+    tokens, both as moving averages over about PERIODS_REMEMBERED periods. Periods given to
+    processes of no container (strangers, "") are nobody's use here. A container lying about
+    its tokens is corrected by its periods, as fast as the averages follow; one whose
+    processes spend no token at all (they run without the shim) is charged the periods it was
+    given in the batch, the rest being split among the others.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
+        self.parts: dict[str, tuple[float, float, int]] = {}
+
+    def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int]
+              ) -> dict[str, float]:
+        parts = self.parts
+        for alloc_id in [*spent, *(o for given in owners for o in given)]:
+            parts.setdefault(alloc_id, (0.0, 0.0, 0))
+        for gone in [a for a in parts if a and a not in spent]:
+            del parts[gone]
+        total = sum(spent.values())
+        for given in owners:
+            for alloc_id, (periods, tokens, n) in parts.items():
+                n += 1
+                alpha = max(1 / n, 1 / PERIODS_REMEMBERED)
+                periods += alpha * ((alloc_id in given) - periods)
+                if total > 0:
+                    tokens += alpha * (spent.get(alloc_id, 0) / total - tokens)
+                parts[alloc_id] = (periods, tokens, n)
+        # A container whose processes are given periods without spending a token runs
+        # without the shim: it is charged the periods it was given in this batch.
+        unshimmed = {a: sum([a in given for given in owners]) / len(owners) * busy
+                     for a, used in spent.items() if not used and owners}
+        weights = {}
+        for alloc_id, used in spent.items():
+            if not used:
+                continue
+            periods, tokens, n = parts[alloc_id]
+            cost = 1.0
+            if tokens > _COST_EPS and periods > _COST_EPS:
+                # drawn towards 1 while few periods stand behind it
+                cost = min(COST_RANGE, max(1 / COST_RANGE, periods / tokens)) \
+                    ** (n / (n + PERIODS_TRUSTED))
+            weights[alloc_id] = used * cost
+        weighted = sum(weights.values())
+        ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
+                   - sum(unshimmed.values()))
+        shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
+        return shares | unshimmed
+
+
+PERIODS_REMEMBERED = 100
+PERIODS_TRUSTED = 10  # periods behind a cost estimate before it counts half
+COST_RANGE = 8.0  # SM time per token of one container against another's: within 1/8..8
+_COST_EPS = 1e-3
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
 _STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after
 

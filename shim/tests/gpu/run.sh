@@ -8,7 +8,9 @@
 # the shim preloaded, and prints one summary table. Exit status 0 when every check passed.
 # Takes about two minutes plus the nvcc build, and the spill check (1.5x the card, through host
 # memory) up to 4 minutes more; every step has a time limit, the whole stays < 10 min.
-set -euo pipefail
+# VGPU_GPU_SPILL=0 leaves the spill check out. A check that fails or prints nothing is a FAIL
+# row; the others still run. Each row is printed as it is made, and the whole table at the end.
+set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 SHIM="$(cd "$HERE/../.." && pwd)"
@@ -18,12 +20,14 @@ trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$OUT"
 
 command -v nvcc >/dev/null || { echo "nvcc not found: install the CUDA toolkit" >&2; exit 2; }
-timeout 120 make -s -C "$SHIM" all
-timeout 180 nvcc -O2 -o "$OUT/gpu_check" "$HERE/gpu_check.cu"
+timeout 120 make -s -C "$SHIM" all || exit 2
+# built already (nvml_loop.py needs it too): not built again
+[[ "$OUT/gpu_check" -nt "$HERE/gpu_check.cu" ]] \
+  || timeout 180 nvcc -O2 -o "$OUT/gpu_check" "$HERE/gpu_check.cu" || exit 2
 CHECK="$OUT/gpu_check"
 SHIM_LIB="$SHIM/build/libvgpu.so"
 
-UUID="$(timeout 60 "$CHECK" uuid)"
+UUID="$(timeout 60 "$CHECK" uuid)" || { echo "gpu_check cannot reach GPU 0" >&2; exit 2; }
 MIB=$((1 << 20))
 LIMIT_MIB=1024
 CHUNK_MIB=64
@@ -37,17 +41,26 @@ region() {  # region NAME MEMORY_LIMIT CORE_PPM RATE BURST POLICY
   python3 "$HERE/make_region.py" "$WORK/$1" "$UUID" "$2" "$3" "$4" "$5" "$6"
   echo "$WORK/$1"
 }
-plain() { env -u LD_PRELOAD timeout 60 "$CHECK" "$@"; }
-shimmed() {  # shimmed REGION_DIR ARGS...
-  local dir="$1"; shift
-  LD_PRELOAD="$SHIM_LIB" VGPU_REGION_DIR="$dir" VGPU_FAIL_CLOSED=1 timeout 60 "$CHECK" "$@"
+said() {  # what a run printed, to the log (stderr), and on to the caller
+  local out="$1" rc="$2"; shift 2
+  echo "  [$*] exit $rc: $out" >&2
+  echo "$out"
 }
-field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
+plain() { local out rc; out="$(env -u LD_PRELOAD timeout 60 "$CHECK" "$@")"; rc=$?; said "$out" "$rc" plain "$@"; }
+shimmed() {  # shimmed REGION_DIR ARGS...
+  local dir="$1" out rc; shift
+  out="$(LD_PRELOAD="$SHIM_LIB" VGPU_REGION_DIR="$dir" VGPU_FAIL_CLOSED=1 timeout 60 "$CHECK" "$@")"
+  rc=$?
+  said "$out" "$rc" shimmed "$@"
+}
+# a field's number, 0 when the run printed none (the check then fails, the script goes on)
+field() { local v; v="$(sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | head -1)"; echo "${v:-0}"; }
 
 declare -a ROWS
 fails=0
 row() {
   ROWS+=("$(printf '%-34s %18s %18s  %s' "$1" "$2" "$3" "$4")")
+  echo "${ROWS[-1]}"
   [[ "$4" == ok* || "$4" == skipped* ]] || fails=$((fails + 1))
 }
 
@@ -62,10 +75,15 @@ b_total=$(($(echo "$base_mem" | field meminfo_total) / MIB))
 s_total=$(($(echo "$shim_mem" | field meminfo_total) / MIB))
 s_free=$(($(echo "$shim_mem" | field meminfo_free) / MIB))
 verdict="FAIL"
-if (( s_alloc <= LIMIT_MIB && s_alloc > LIMIT_MIB - CHUNK_MIB )) && [[ "$s_refused" == 2 ]]; then
+# the context's own memory counts inside the limit too (a few hundred MiB), so the chunks stop
+# where the limit less the context is reached: what cudaMemGetInfo shows used (context and
+# chunks, while they are held) is within the last chunk below the limit
+s_used=$((s_total - s_free))
+if (( s_alloc > 0 && s_used <= LIMIT_MIB && s_used > LIMIT_MIB - CHUNK_MIB )) \
+   && [[ "$s_refused" == 2 ]]; then
   verdict="ok (refused with cudaErrorMemoryAllocation)"
 fi
-row "cudaMalloc until refused (MiB)" "$b_alloc" "$s_alloc of $LIMIT_MIB" "$verdict"
+row "cudaMalloc until refused (MiB)" "$b_alloc" "$s_alloc (+ctx: $s_used) of $LIMIT_MIB" "$verdict"
 verdict="FAIL"
 (( s_total == LIMIT_MIB && s_free <= LIMIT_MIB )) && verdict="ok"
 row "cudaMemGetInfo total / free (MiB)" "$b_total" "$s_total / $s_free" "$verdict"
@@ -93,36 +111,6 @@ verdict="FAIL"
 (( s_async + s_ctx_used <= LIMIT_MIB && s_async > 0 && s_second + s_held <= LIMIT_MIB )) && verdict="ok"
 row "async pool, then 2nd pool (MiB)" "$(($(echo "$b_pool" | field async) / MIB)), $(($(echo "$b_pool" | field second) / MIB))" \
     "$s_async, $s_second (held $s_held)" "$verdict"
-
-# ---- spill: a limit of 1.5x the card with the spill flag; the part past the card is managed
-# memory (host memory once evicted), so the host needs about half a card free
-card_mib=$(($(echo "$base_mem" | field meminfo_total) / MIB))
-spill_mib=$((card_mib * 3 / 2))
-spill_chunk=1024
-avail_mib=$(($(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo) / 1024))
-if (( avail_mib < spill_mib - card_mib + 8192 )); then
-  row "spill 1.5x card: touch GB/s" "-" "-" "skipped (host memory ${avail_mib} MiB free)"
-else
-  spill_dir="$(python3 "$HERE/make_region.py" "$WORK/spill" "$UUID" $((spill_mib * MIB)) 1000000 0 0 0 1 \
-               && echo "$WORK/spill")"
-  s_spill="$(LD_PRELOAD="$SHIM_LIB" VGPU_REGION_DIR="$spill_dir" VGPU_FAIL_CLOSED=1 timeout 240 \
-             "$CHECK" spill "$spill_chunk" "$spill_mib" 2)"
-  sp_alloc=$(($(echo "$s_spill" | field allocated) / MIB))
-  sp_managed="$(echo "$s_spill" | field managed_chunks)"
-  sp_total=$(($(echo "$s_spill" | field meminfo_total) / MIB))
-  sp_free=$(($(echo "$s_spill" | field meminfo_free) / MIB))
-  sp_gbps="$(echo "$s_spill" | field spill_gbps)"
-  dev_gbps="$(echo "$s_spill" | field device_gbps)"
-  sp_ok="$(echo "$s_spill" | field correct)"
-  verdict="FAIL"
-  # the whole 1.5x was served (less the context's share), part of it managed, the info inside
-  # the limit, and the data right
-  if (( sp_alloc + spill_chunk * 2 >= spill_mib && sp_managed > 0 && sp_total == spill_mib
-        && sp_free <= spill_mib )) && [[ "$sp_ok" == 1 ]]; then
-    verdict="ok ($sp_alloc MiB, $sp_managed GiB managed; info $sp_total/$sp_free MiB)"
-  fi
-  row "spill 1.5x card: touch GB/s" "$dev_gbps (device)" "$sp_gbps (spilled)" "$verdict"
-fi
 
 # ---- throughput: rates giving 25/50/100% of what the GPU does unthrottled
 base_tp="$(plain throughput "$SECONDS_EACH" "$GRID" "$BLOCK" "$SPIN_US")"
@@ -182,6 +170,39 @@ b_ns="$(plain overhead 100000 | field ns_per_launch)"
 s_ns="$(shimmed "$ample_dir" overhead 100000 | field ns_per_launch)"
 added=$(python3 -c "print(round(float('$s_ns') - float('$b_ns'), 1))")
 row "host ns per launch (tokens ample)" "$b_ns" "$s_ns" "ok (+$added ns)"
+
+# ---- spill: a limit of 1.5x the card with the spill flag; the part past the card is managed
+# memory (host memory once evicted), so the host needs about half a card free
+card_mib=$(($(echo "$base_mem" | field meminfo_total) / MIB))
+spill_mib=$((card_mib * 3 / 2))
+spill_chunk=1024
+avail_mib=$(($(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo) / 1024))
+if [[ "${VGPU_GPU_SPILL:-1}" == 0 ]]; then
+  row "spill 1.5x card: touch GB/s" "-" "-" "skipped (VGPU_GPU_SPILL=0)"
+elif (( avail_mib < spill_mib - card_mib + 8192 )); then
+  row "spill 1.5x card: touch GB/s" "-" "-" "skipped (host memory ${avail_mib} MiB free)"
+else
+  spill_dir="$(python3 "$HERE/make_region.py" "$WORK/spill" "$UUID" $((spill_mib * MIB)) 1000000 0 0 0 1 \
+               && echo "$WORK/spill")"
+  s_spill="$(LD_PRELOAD="$SHIM_LIB" VGPU_REGION_DIR="$spill_dir" VGPU_FAIL_CLOSED=1 timeout 240 \
+             "$CHECK" spill "$spill_chunk" "$spill_mib" 2)"
+  said "$s_spill" "$?" shimmed spill >/dev/null
+  sp_alloc=$(($(echo "$s_spill" | field allocated) / MIB))
+  sp_managed="$(echo "$s_spill" | field managed_chunks)"
+  sp_total=$(($(echo "$s_spill" | field meminfo_total) / MIB))
+  sp_free=$(($(echo "$s_spill" | field meminfo_free) / MIB))
+  sp_gbps="$(echo "$s_spill" | field spill_gbps)"
+  dev_gbps="$(echo "$s_spill" | field device_gbps)"
+  sp_ok="$(echo "$s_spill" | field correct)"
+  verdict="FAIL"
+  # the whole 1.5x was served (less the context's share), part of it managed, the info inside
+  # the limit, and the data right
+  if (( sp_alloc + spill_chunk * 2 >= spill_mib && sp_managed > 0 && sp_total == spill_mib
+        && sp_free <= spill_mib )) && [[ "$sp_ok" == 1 ]]; then
+    verdict="ok ($sp_alloc MiB, $sp_managed GiB managed; info $sp_total/$sp_free MiB)"
+  fi
+  row "spill 1.5x card: touch GB/s" "$dev_gbps (device)" "$sp_gbps (spilled)" "$verdict"
+fi
 
 echo
 echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0 2>/dev/null || echo unknown), $UUID"

@@ -1,0 +1,461 @@
+"""The NVML backend and the throttle controller on a real GPU, with real processes under the shim.
+
+    python3 shim/tests/gpu/nvml_loop.py CHECK SHIM_LIB [--out DIR] [--quick]
+
+CHECK is `gpu_check` (built by run.sh), SHIM_LIB `libvgpu.so`. Uses GPU 0. Each part prints its
+findings as it goes and writes its raw readings as JSON lines under --out:
+
+1. the backend: inventory, readings, running processes, the XID event wait, and what each NVML
+   call the controller makes costs on this driver;
+2. NVML's per-process samples of one process held at a fixed token rate (unthrottled, then at
+   rates for 50 % and 20 %): the sample period, the values, their spread, against the share the
+   shim's own counters show (tokens spent over the unthrottled tokens per second);
+3. the agent's controller (`ThrottleController`, its defaults) steering real processes through
+   their region files from real NVML samples: two strict containers (30 % and 50 %), then two
+   work-conserving ones (20 % each, both hungry). Shares are judged by the shim's counters, not
+   by NVML, so the controller's own reading cannot flatter it.
+
+Exit status 0 when every part ran and the controller held the strict shares within 5 points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from vgpu_agent.gpu.nvml import NvmlBackend
+from vgpu_agent.shm import layout
+from vgpu_agent.shm.regions import CONTROL_FILE, STATE_FILE, Region, format_alloc_id
+from vgpu_agent.throttle.attribution import NONE_OF_THEM, RegionMarks
+from vgpu_agent.throttle.controller import ThrottleController
+
+GRID, BLOCK, SPIN_US = 1024, 128, 20  # as run.sh: about 20 us per kernel, the whole GPU busy
+COST = GRID * BLOCK  # tokens per launch
+STRICT, WORK_CONSERVING, OFF = (layout.POLICY_STRICT, layout.POLICY_WORK_CONSERVING,
+                                layout.POLICY_OFF)
+SEQ = itertools.count(1)  # each region its own allocation number
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def summary(values: Sequence[float]) -> str:
+    if not values:
+        return "none"
+    return (f"n={len(values)} median={statistics.median(values):.3g} "
+            f"p10={percentile(values, 10):.3g} p90={percentile(values, 90):.3g} "
+            f"min={min(values):.3g} max={max(values):.3g}")
+
+
+class Out:
+    def __init__(self, directory: Path):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+
+    def write(self, name: str, rows: Iterable[dict]) -> None:
+        with open(self.directory / name, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+
+def say(*parts: object) -> None:
+    print(*parts, flush=True)
+
+
+# ---- regions and processes ----------------------------------------------------------------------
+
+def make_region(root: Path, uuid: str, limit_pct: float, policy: int,
+                rate: int = 0, burst: int = 0) -> Region:
+    """A one-device region as the agent writes it at Allocate (memory unlimited)."""
+    seq = next(SEQ)
+    device_id = f"{uuid}::{seq}"
+    now = time.monotonic_ns()
+    path = root / format_alloc_id(seq, (device_id,), now)
+    path.mkdir(parents=True)
+    core = min(layout.CORE_LIMIT_FULL, round(limit_pct * layout.CORE_LIMIT_FULL / 100))
+    device = layout.ControlDevice(uuid, 0, core, rate, burst, policy, 0)
+    control = layout.Control(devices=(device,), device_ids=(device_id,), seq=seq,
+                             created_ns=now, heartbeat_ns=now)
+    (path / CONTROL_FILE).write_bytes(layout.encode_control(control))
+    (path / STATE_FILE).write_bytes(layout.encode_state(1))
+    return Region.open(path)
+
+
+def start(check: str, shim: str, region: Region, seconds: float, spin_us: int = SPIN_US
+          ) -> subprocess.Popen[str]:
+    env = dict(os.environ, LD_PRELOAD=shim, VGPU_REGION_DIR=str(region.path), VGPU_FAIL_CLOSED="1")
+    return subprocess.Popen([check, "throughput", str(seconds), str(GRID), str(BLOCK),
+                             str(spin_us)], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> str:
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    if proc.returncode != 0:
+        say(f"  process {proc.pid} exited {proc.returncode}: {out.strip()}")
+    return out.strip()
+
+
+def tokens(region: Region) -> int:
+    counters = region.counters()
+    return counters[0] if counters else 0
+
+
+class Sampler:
+    """Polls NVML's per-process samples as the controller does (since the newest seen)."""
+
+    def __init__(self, backend: NvmlBackend, uuid: str):
+        self.backend, self.uuid = backend, uuid
+        self.since_us = 0
+        self.rows: list[dict] = []
+
+    def poll(self) -> None:
+        t = time.monotonic()
+        samples = self.backend.process_utilization(self.uuid, self.since_us)
+        for s in samples:
+            self.since_us = max(self.since_us, s.timestamp_us)
+            self.rows.append({"t": t, "pid": s.pid, "ts_us": s.timestamp_us, "sm": s.sm_util})
+
+    def of(self, pid: int, after: float) -> list[dict]:
+        return [r for r in self.rows if r["pid"] == pid and r["t"] >= after]
+
+
+# ---- part 1: the backend ------------------------------------------------------------------------
+
+def part_backend(backend: NvmlBackend, out: Out) -> str:
+    inventory = backend.discover()
+    for gpu in inventory.gpus:
+        say(f"  GPU {gpu}")
+    uuid = inventory.gpus[0].uuid
+    say(f"  driver {backend.driver_version}")
+    say(f"  readings {backend.readings(uuid)}")
+    say(f"  running processes {backend.running_processes(uuid)}")
+    t = time.monotonic()
+    try:
+        event = backend.wait_xid(200)
+        say(f"  XID wait 200 ms: {event!r} after {time.monotonic() - t:.3f} s")
+    except Exception as err:  # what a real driver says here is the finding
+        say(f"  XID wait failed: {type(err).__name__}: {err}")
+    costs = []
+    for name, call in (
+        ("nvmlDeviceGetProcessUtilization", lambda: backend.process_utilization(uuid, 0)),
+        ("nvmlDeviceGetProcessUtilization(recent)",
+         lambda: backend.process_utilization(uuid, int(time.time() * 1e6) - 200_000)),
+        ("nvmlDeviceGetComputeRunningProcesses", lambda: backend.running_processes(uuid)),
+        ("readings (memory, utilization, temperature, power)", lambda: backend.readings(uuid)),
+    ):
+        times, cpu = [], []
+        for _ in range(200):
+            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+            call()
+            cpu.append((time.thread_time_ns() - c0) / 1000)
+            times.append((time.perf_counter_ns() - t0) / 1000)
+        say(f"  cost of {name} (us): wall {summary(times)}; CPU {summary(cpu)}")
+        costs.append({"call": name, "us": times, "cpu_us": cpu})
+    out.write("backend_costs.jsonl", costs)
+    return uuid
+
+
+# ---- part 2: NVML's samples at fixed rates ------------------------------------------------
+
+class Held:
+    """One process held at a fixed share of the GPU's unthrottled rate (None: unthrottled)."""
+
+    def __init__(self, pct: float | None, spin_us: int):
+        self.pct, self.spin_us = pct, spin_us
+
+    @property
+    def label(self) -> str:
+        share = "unthrottled" if self.pct is None else f"{self.pct:g}%"
+        return f"{share}@{self.spin_us}us"
+
+
+def hold(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
+         held: Sequence[Held], full: dict[int, float], seconds: float
+         ) -> list[tuple[float, list[dict], list[float]]]:
+    """Processes at fixed rates, together: per process its tokens/s and NVML's samples of it,
+    and (the same for all) the device's utilization readings over the window."""
+    regions = []
+    for h in held:
+        if h.pct is None:
+            regions.append(make_region(root, uuid, 100, OFF))  # as run.sh's "policy off"
+        else:
+            rate = int(full[h.spin_us] * h.pct / 100)
+            regions.append(make_region(root, uuid, h.pct, STRICT, rate, max(COST, rate // 20)))
+    sampler = Sampler(backend, uuid)
+    procs = [start(check, shim, r, seconds, h.spin_us) for r, h in zip(regions, held, strict=True)]
+    t0 = time.monotonic()
+    begin: float | None = None
+    spent0 = [0] * len(regions)
+    device: list[float] = []
+    while all(p.poll() is None for p in procs):
+        sampler.poll()
+        now = time.monotonic()
+        if begin is None and now - t0 >= 1.5:  # past start-up and the first samples
+            begin, spent0 = now, [tokens(r) for r in regions]
+        if begin is not None:
+            device.append(backend.readings(uuid).utilization)
+            if now - begin >= seconds - 2.5:
+                break
+        time.sleep(0.02)
+    end = time.monotonic()
+    spent1 = [tokens(r) for r in regions]
+    for proc in procs:
+        finish(proc)
+    found = []
+    for i, (proc, region) in enumerate(zip(procs, regions, strict=True)):
+        per_s = (spent1[i] - spent0[i]) / (end - begin) if begin is not None and end > begin \
+            else 0.0
+        rows = sampler.of(proc.pid, begin or t0)
+        for r in rows:
+            r["label"] = held[i].label
+        found.append((per_s, rows, device))
+        region.close()
+    return found
+
+
+def describe_samples(label: str, rows: list[dict], truth_pct: float, device: list[float]
+                     ) -> dict:
+    stamps = sorted({r["ts_us"] for r in rows})
+    gaps = [(b - a) / 1000 for a, b in itertools.pairwise(stamps)]
+    values = [r["sm"] for r in rows]
+    found = {
+        "label": label, "truth_pct": round(truth_pct, 1), "samples": len(rows),
+        "period_ms_median": statistics.median(gaps) if gaps else None,
+        "period_ms_p90": percentile(gaps, 90) if gaps else None,
+        "sm_mean": statistics.fmean(values) if values else None,
+        "sm_stdev": statistics.stdev(values) if len(values) > 1 else None,
+        "sm_values": sorted(set(values)),
+        "device_util_mean": statistics.fmean(device) if device else None,
+    }
+    stdev = found["sm_stdev"]
+    say(f"  {label}: shim counters say {truth_pct:.1f} %; NVML {len(rows)} samples, "
+        f"period ms {summary(gaps)}; sm {summary(values)}, stdev "
+        f"{'-' if stdev is None else round(stdev, 2)}; device util mean "
+        f"{'-' if not device else round(statistics.fmean(device), 1)}")
+    return found
+
+
+# Each case: processes run together at fixed rates (share of the unthrottled rate, None for
+# unthrottled) and kernel lengths. Alone first (is NVML proportional to the work?), then two
+# at once: contexts of two processes are time-sliced, and what NVML says of each is the finding.
+CASES: tuple[tuple[Held, ...], ...] = (
+    (Held(None, 20),), (Held(50, 20),), (Held(20, 20),), (Held(5, 20),),
+    (Held(None, 20), Held(None, 20)),
+    (Held(20, 20), Held(20, 20)),
+    (Held(30, 20), Held(50, 20)),
+    (Held(5, 20), Held(None, 20)),
+    (Held(None, 200),), (Held(20, 200),),
+    (Held(None, 200), Held(None, 200)),
+    (Held(20, 200), Held(20, 200)),
+    (Held(30, 200), Held(50, 200)),
+)
+
+RATE_CASES = ((Held(None, 20),), (Held(None, 200),))
+QUICK_CASES = ((Held(None, 20),), (Held(50, 20),), (Held(20, 20),),
+               (Held(20, 20), Held(20, 20)))
+
+
+def part_samples(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
+                 out: Out, seconds: float, cases: Sequence[tuple[Held, ...]] = CASES
+                 ) -> dict[int, float]:
+    """The unthrottled rate per kernel length (the first case of each alone), then each case."""
+    full: dict[int, float] = {}
+    rows: list[dict] = []
+    found = []
+    for case in cases:
+        results = hold(check, shim, backend, root, uuid, case, full, seconds)
+        if len(case) == 1 and case[0].pct is None and case[0].spin_us not in full:
+            per_s = full[case[0].spin_us] = results[0][0]
+            say(f"  unthrottled {case[0].spin_us} us kernels: {per_s / COST:.0f} launches/s "
+                f"({per_s:.3g} tokens/s)")
+        together = 0.0
+        for h, (per_s, got, device) in zip(case, results, strict=True):
+            truth = 100 * per_s / full[h.spin_us]
+            together += truth
+            name = h.label + (f" (with {len(case) - 1} other)" if len(case) > 1 else "")
+            found.append(describe_samples(name, got, truth, device) | {"case": len(found)})
+            rows += got
+        if len(case) > 1:
+            say(f"    together {together:.1f} % of one process's unthrottled work")
+    out.write("nvml_samples.jsonl", rows)
+    out.write("nvml_summary.jsonl", found)
+    return full
+
+
+# ---- part 3: the controller ------------------------------------------------------------------
+
+class KnownPids:
+    """Host evidence for processes this script started itself (no containers here)."""
+
+    def __init__(self) -> None:
+        self.owner_of: dict[int, str] = {}
+
+    def owner(self, host_pid: int, marks: RegionMarks) -> str | None:
+        alloc_id = self.owner_of.get(host_pid)
+        return alloc_id if alloc_id in marks else NONE_OF_THEM
+
+    def forget_except(self, live: Iterable[int]) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def running(controller: ThrottleController) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(controller.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
+                      full: dict[int, float], name: str,
+                      specs: Sequence[tuple[float, int, int]], seconds: float, out: Out
+                      ) -> list[dict]:
+    """Containers of (limit %, policy, kernel us), all hungry, steered by the controller for
+    `seconds`; each one's share is its tokens per second over its kernels' unthrottled rate."""
+    regions = [make_region(root, uuid, pct, policy) for pct, policy, _ in specs]
+    evidence = KnownPids()
+    controller = ThrottleController(backend, lambda: regions, tick_s=0.1, max_tick_s=0.4,
+                                    evidence=evidence)
+    procs = [start(check, shim, r, seconds + 2, spin)
+             for r, (_, _, spin) in zip(regions, specs, strict=True)]
+    for proc, region in zip(procs, regions, strict=True):
+        evidence.owner_of[proc.pid] = region.alloc_id
+    rows: list[dict] = []
+    t0 = time.monotonic()
+    last = [(t0, tokens(r)) for r in regions]
+    with running(controller):
+        while time.monotonic() - t0 < seconds:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            status = controller.status
+            for i, region in enumerate(regions):
+                spent = tokens(region)
+                was_t, was_spent = last[i]
+                last[i] = (now, spent)
+                st = status.get((region.alloc_id, 0))
+                rows.append({
+                    "case": name, "t": round(now - t0, 2), "container": i,
+                    "limit": specs[i][0], "kernel_us": specs[i][2],
+                    "share": 100 * (spent - was_spent) / (now - was_t) / full[specs[i][2]],
+                    "nvml": st.measured_util if st else None,
+                    "target": st.target if st else None,
+                    "rate": st.rate if st else None,
+                })
+    for proc in procs:
+        finish(proc)
+    errors = dict(controller.error_counts)
+    for region in regions:
+        region.close()
+    say(f"  {name}: ticks {controller.ticks}, errors {errors or 'none'}, "
+        f"open loop {sorted(controller.open_loop_gpus) or 'no'}")
+    for i, (pct, policy, spin) in enumerate(specs):
+        mine = [r for r in rows if r["container"] == i]
+        line = " ".join(f"{r['share']:.0f}" for r in mine)
+        say(f"    container {i} ({pct} %, {layout.POLICY_NAMES[policy]}, {spin} us kernels) "
+            f"share per 0.5 s: {line}")
+    out.write(f"loop_{name}.jsonl", rows)
+    return rows
+
+
+def settle_and_error(rows: list[dict], container: int, goal: float, band: float
+                     ) -> tuple[float | None, float]:
+    """When the share entered `band` points of `goal` for good, and the mean error after 5 s."""
+    mine = [r for r in rows if r["container"] == container]
+    settled = None
+    for r in mine:
+        if abs(r["share"] - goal) > band:
+            settled = None
+        elif settled is None:
+            settled = r["t"]
+    tail = [abs(r["share"] - goal) for r in mine if r["t"] >= 5]
+    return settled, statistics.fmean(tail) if tail else float("nan")
+
+
+async def part_controller(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
+                          full: dict[int, float], out: Out, seconds: float) -> bool:
+    """Two strict containers (30 % and 50 %) at each kernel length, then with unequal kernels
+    (the 30 % one's ten times shorter), then two work-conserving ones (20 % each) at the
+    longest; ok when every strict share is held within 5 points."""
+    ok = True
+    short, long = min(full), max(full)
+    cases = [(f"strict{spin}", ((30, STRICT, spin), (50, STRICT, spin))) for spin in sorted(full)]
+    if short != long:
+        cases.append(("strict_mixed", ((30, STRICT, short), (50, STRICT, long))))
+    for name, specs in cases:
+        rows = await closed_loop(check, shim, backend, root, uuid, full, name, specs, seconds,
+                                 out)
+        for i, (goal, _, spin) in enumerate(specs):
+            settled, err = settle_and_error(rows, i, goal, 3)
+            say(f"    strict {goal} % ({spin} us kernels): within 3 points from {settled} s; "
+                f"mean |error| after 5 s {err:.2f} points")
+            ok &= err <= 5
+    lending = await closed_loop(check, shim, backend, root, uuid, full, f"lending{long}",
+                                ((20, WORK_CONSERVING, long), (20, WORK_CONSERVING, long)),
+                                seconds, out)
+    tail = [r["share"] for r in lending if r["t"] >= 5]
+    total = sum(tail) / (len(tail) / 2) if tail else 0.0
+    say(f"    work-conserving 20 % + 20 % ({long} us kernels), both hungry: together "
+        f"{total:.1f} % after 5 s (the GPU's idle time lent out)")
+    return ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("check")
+    parser.add_argument("shim")
+    parser.add_argument("--out", type=Path, default=Path("nvml-loop"))
+    parser.add_argument("--nvml-library", default=None)
+    parser.add_argument("--seconds", type=float, default=15.0, help="each controller case")
+    parser.add_argument("--hold", type=float, default=6.0, help="each fixed-rate case")
+    parser.add_argument("--quick", action="store_true",
+                        help="four fixed-rate cases, one kernel length (for checking the script)")
+    parser.add_argument("--controller-only", action="store_true",
+                        help="of the fixed-rate cases, only the unthrottled rates the "
+                             "controller cases need")
+    args = parser.parse_args(argv)
+    out = Out(args.out)
+    root = args.out / "regions"
+    backend = NvmlBackend(args.nvml_library)
+    backend.start()
+    ok = True
+    try:
+        say("1. the NVML backend")
+        uuid = part_backend(backend, out)
+        say("2. NVML's per-process samples at fixed rates")
+        full = part_samples(args.check, args.shim, backend, root, uuid, out, args.hold,
+                            QUICK_CASES if args.quick
+                            else RATE_CASES if args.controller_only else CASES)
+        if not full or min(full.values()) <= 0:
+            say("  no unthrottled rate measured: the controller cases need it")
+            return 1
+        say("3. the controller on real processes")
+        ok = asyncio.run(part_controller(args.check, args.shim, backend, root, uuid, full, out,
+                                         args.seconds))
+    finally:
+        backend.shutdown()
+    say("result:", "ok" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

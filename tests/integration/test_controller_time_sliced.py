@@ -1,0 +1,57 @@
+"""The controller on a GPU whose NVML gives each sample period whole to one process, with the
+whole GPU's use as its value (measured on an H200 with two processes and no MPS). Read as
+per-process samples, a container that was given a period looked as busy as the GPU and was
+throttled towards nothing; the shares are judged here by the SM time each really got."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
+from vgpu_agent.simulation.imperfections import REAL
+from vgpu_agent.simulation.region import SimRegion
+from vgpu_agent.throttle.controller import ThrottleController
+
+UUID = "GPU-time-sliced"
+
+
+async def shares(specs, seconds: float = 40.0, period_s: float = 0.2) -> list[float]:
+    gpu = SimGpu(UUID, sample_period_s=period_s,
+                 imperfections=replace(REAL, nvml_attribution="time-sliced"))
+    regions = [SimRegion(f"c{i}", (UUID,), (pct,), (policy,))
+               for i, (pct, policy, _) in enumerate(specs)]
+    procs = [gpu.shim_process(r.alloc_id, Workload(kernel_s=kernel_s), r)
+             for r, (_, _, kernel_s) in zip(regions, specs, strict=True)]
+    controller = ThrottleController(SimBackend([gpu]), lambda: regions,
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    for _ in range(round(seconds / 0.1)):
+        gpu.advance(0.1)
+        await controller.tick()
+    assert controller.error_counts == {}
+    return [gpu.shares(p, 15)[-1][1] for p in procs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("period_s", [0.2, 1.0])
+async def test_two_strict_containers_keep_their_shares_and_neither_starves(period_s):
+    small, large = await shares([(30, "strict", 0.0002), (50, "strict", 0.0002)],
+                                period_s=period_s)
+    assert small == pytest.approx(30, abs=4)
+    assert large == pytest.approx(50, abs=4)
+
+
+@pytest.mark.slow
+async def test_work_conserving_containers_still_share_out_the_idle_gpu():
+    a, b = await shares([(20, "work-conserving", 0.0002), (20, "work-conserving", 0.0002)])
+    assert a + b > 85
+    assert min(a, b) > 30
+
+
+@pytest.mark.slow
+async def test_unequal_kernels_are_charged_by_the_periods_they_take():
+    # 2 ms kernels against 0.2 ms ones: the same tokens buy ten times the SM time
+    small, large = await shares([(30, "strict", 0.0002), (50, "strict", 0.002)], seconds=60)
+    assert small > 20  # at first split by tokens alone, then corrected: never starved
+    assert large <= 56

@@ -1,0 +1,139 @@
+"""`shim/tests/gpu/nvml_loop.py` (the controller on a real GPU) run without one: the fake
+libnvidia-ml serves per-process samples that a driver thread here derives from what each
+stand-in process spent (tests/fakes/gpu_check_standin.py), with 3 points of noise, every 1/6 s.
+
+What this proves is the script, not a GPU: that it finds the processes, reads the shim's
+counters, runs the agent's controller and judges it, so that the run on a GPU is spent on
+findings rather than on the script's mistakes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import gpu_check_standin
+from tests.fakes.fakenvml import FakeNvml
+from vgpu_agent.shm import layout
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "shim" / "tests" / "gpu" / "nvml_loop.py"
+STANDIN = Path(gpu_check_standin.__file__)
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("nvml_loop", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class FakeDriver(threading.Thread):
+    """Publishes an NVML sample per running stand-in every 1/6 s: the share its `state` shows
+    it spent since the last sample, plus noise (sigma 3 points), clamped to 0..100."""
+
+    def __init__(self, fake: FakeNvml, regions: Path):
+        super().__init__(daemon=True)
+        self.fake, self.regions = fake, regions
+        self.uuid = fake.uuids[0]
+        self.stopped = threading.Event()
+        self.rng = random.Random(7)
+        self.published = 0
+
+    def run(self) -> None:
+        last: dict[Path, tuple[float, int]] = {}
+        samples: list[tuple[int, int, int]] = []
+        while not self.stopped.wait(1 / 6):
+            now = time.monotonic()
+            stamp_us = int(time.time() * 1e6)  # one period: every process's sample carries it
+            for state in self.regions.glob("*/state"):
+                buf = state.read_bytes()
+                spent = layout.state_counters(buf, 1)
+                pid = int.from_bytes(buf[layout.STATE_OFFSETS["slots"]:][:8], "little")
+                if not spent or not pid:
+                    continue
+                was = last.get(state)
+                last[state] = (now, spent[0])
+                if was is None or not _alive(pid):
+                    continue
+                share = 100 * (spent[0] - was[1]) / (now - was[0]) \
+                    / gpu_check_standin.FULL_TOKENS_PER_S
+                sm = min(100, max(0, round(share + self.rng.gauss(0, 3))))
+                samples.append((pid, stamp_us, sm))
+            samples = samples[-40:]
+            self.fake.set_process_samples(self.uuid, samples)
+            self.published += 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml, tmp_path,
+                                                              capsys):
+    check = tmp_path / "gpu_check"
+    check.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
+    check.chmod(0o755)
+    out = tmp_path / "out"
+    (out / "regions").mkdir(parents=True)
+    driver = FakeDriver(fake_nvml, out / "regions")
+    driver.start()
+    try:
+        code = load_script().main([str(check), "", "--out", str(out), "--nvml-library",
+                                   str(fake_nvml.library_path), "--hold", "4",
+                                   "--seconds", "8", "--quick"])
+    finally:
+        driver.stopped.set()
+        driver.join()
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert driver.published > 20
+    assert "cost of nvmlDeviceGetProcessUtilization" in printed
+    # The fixed rates: the script's truth is the stand-in's spending, 100 / 50 / 20 %.
+    found = [json.loads(line) for line in (out / "nvml_summary.jsonl").read_text().splitlines()]
+    assert [f["truth_pct"] for f in found] == pytest.approx([100, 50, 20, 20, 20], abs=5)
+    for f, pct in zip(found, (100, 50, 20, 20, 20), strict=True):
+        assert f["samples"] > 5
+        assert f["period_ms_median"] == pytest.approx(1000 / 6, rel=0.5)
+        assert f["sm_mean"] == pytest.approx(pct, abs=8)
+    # The controller held the strict containers and lent to the work-conserving ones.
+    strict = [json.loads(line) for line in (out / "loop_strict20.jsonl").read_text().splitlines()]
+    for container, goal in ((0, 30), (1, 50)):
+        tail = [r["share"] for r in strict if r["container"] == container and r["t"] >= 5]
+        assert tail and sum(tail) / len(tail) == pytest.approx(goal, abs=5)
+        assert all(r["rate"] for r in strict if r["container"] == container and r["t"] >= 2)
+    lending = [json.loads(line) for line in (out / "loop_lending20.jsonl").read_text().splitlines()]
+    tail = [r["share"] for r in lending if r["t"] >= 5]
+    assert sum(tail) / (len(tail) / 2) > 60  # 20 + 20 granted, the idle rest lent out
+
+
+def test_the_stand_in_spends_what_its_control_grants(tmp_path):
+    region = tmp_path / "r"
+    region.mkdir()
+    device = layout.ControlDevice("GPU-x", 0, 500_000, 10_000_000, 1_000_000,
+                                  layout.POLICY_STRICT, 0)
+    (region / "control").write_bytes(layout.encode_control(
+        layout.Control(devices=(device,), device_ids=("GPU-x::0",), seq=1, created_ns=1)))
+    (region / "state").write_bytes(layout.encode_state(1))
+    os.environ["VGPU_REGION_DIR"] = str(region)
+    try:
+        sys.argv = ["standin", "throughput", "0.5", "1024", "128", "20"]
+        assert gpu_check_standin.main() == 0
+    finally:
+        del os.environ["VGPU_REGION_DIR"]
+    spent = layout.state_counters((region / "state").read_bytes(), 1)
+    assert spent is not None and spent[0] == pytest.approx(5_000_000, rel=0.2)
