@@ -15,6 +15,7 @@ samples) and prints the median MAE, p95 and p99, and per change the median settl
 worst in brackets; a cell meets the goals when its medians do.
 
     python tests/bench/bench_throttle.py [--only NAME] [--plant NAME] [--duration S] [--seeds N]
+                                         [--attribution per-process|time-sliced]
 """
 
 from __future__ import annotations
@@ -174,6 +175,11 @@ def main() -> int:
     parser.add_argument("--paced", action="store_true",
                         help="tick at the controller's own pace (slower while calm), as the "
                              "agent does; by default every 0.1 s")
+    parser.add_argument("--attribution", choices=("per-process", "time-sliced"),
+                        default="per-process",
+                        help="how NVML attributes a sample period (see simulation/"
+                             "imperfections.py): time-sliced is what an H200 did with two "
+                             "processes and no MPS")
     parser.add_argument("--seeds", type=int, default=1,
                         help="plant seeds per noisy cell (medians printed; the ideal plant has "
                              "no randomness and runs once)")
@@ -185,7 +191,8 @@ def main() -> int:
                          model)
     except OSError:
         pass
-    print(f"machine: {os.cpu_count()} CPUs, {model}, Python {platform.python_version()}")
+    print(f"machine: {os.cpu_count()} CPUs, {model}, Python {platform.python_version()}; "
+          f"NVML attribution {args.attribution}")
     print("share = true SM time over 0.5 s windows; error in percentage points; steady state "
           "= from 5 s after each change; settling to +/-2 points held 2 s, per change (s); "
           "expected shares of a full GPU less the plant's context-switch cost")
@@ -204,7 +211,8 @@ def main() -> int:
             seeds = range(1 if plant.name == "ideal" else max(1, args.seeds))
             ours_runs, peer_runs, cpu_s = [], [], 0.0
             for seed in seeds:
-                spec = replace(plant.spec, seed=seed)
+                spec = replace(plant.spec, seed=seed, imperfections=replace(
+                    plant.spec.imperfections, nvml_attribution=args.attribution))
                 seeded = attainable(sc, spec)
                 ours_run = asyncio.run(run_controlled(seeded, plant=spec, paced=args.paced))
                 cpu_s += ours_run.cpu_s

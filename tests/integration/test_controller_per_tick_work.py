@@ -277,3 +277,28 @@ def test_a_closed_region_refuses_rate_reads_and_beats(tmp_path):
         region.rate(0)
     with pytest.raises(Exception, match="is closed"):
         region.beat(8)
+
+
+@pytest.mark.parametrize("period_s", [1.0, 0.2, 1 / 6])
+async def test_nvml_is_asked_once_a_period_not_every_tick(period_s):
+    # The call costs about 2 ms of CPU on a real driver, whatever it returns: ticks between
+    # two of NVML's periods do without it, and the shares are held all the same.
+    gpu = SimGpu(SIM_UUID, sample_period_s=period_s)
+    regions = [SimRegion(name, (SIM_UUID,), (pct,), ("strict",))
+               for name, pct in (("a", 30.0), ("b", 50.0))]
+    procs = [gpu.shim_process(r.alloc_id, BUSY, r) for r in regions]
+    backend = SimBackend([gpu])
+    controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
+                                    evidence=SimHostEvidence([gpu]))
+
+    async def calls_in(seconds: float) -> int:
+        before = backend.calls
+        for _ in range(round(seconds / 0.1)):
+            gpu.advance(0.1)
+            await controller.tick()
+        return backend.calls - before
+
+    await calls_in(5)  # learning the period (the simulated driver keeps no history before)
+    periods = 10 / period_s
+    assert periods - 1 <= await calls_in(10) <= periods + 2  # one a tick would be 100
+    assert [gpu.shares(p, 5)[-1][1] for p in procs] == pytest.approx([30, 50], abs=2)

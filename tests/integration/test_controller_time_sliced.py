@@ -55,3 +55,49 @@ async def test_unequal_kernels_are_charged_by_the_periods_they_take():
     small, large = await shares([(30, "strict", 0.0002), (50, "strict", 0.002)], seconds=60)
     assert small > 20  # at first split by tokens alone, then corrected: never starved
     assert large <= 56
+
+
+def liar_and_honest():
+    gpu = SimGpu(UUID, sample_period_s=0.2,
+                 imperfections=replace(REAL, nvml_attribution="time-sliced"))
+    honest = SimRegion("honest", (UUID,), (40.0,), ("strict",))
+    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
+    procs = [gpu.shim_process(r.alloc_id, Workload(kernel_s=0.0002), r) for r in (honest, liar)]
+    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    return gpu, procs, liar.processes[0], controller
+
+
+@pytest.mark.slow
+async def test_a_container_overstating_its_tokens_leaves_its_neighbours_share_alone():
+    # "liar" writes ten times what it spent into `state`. (What it gains for itself is a
+    # known gap: the law takes `state`'s tokens as the shim's, and on a time-sliced GPU
+    # the backstop sees the same split; see BENCHMARKS.md.)
+    gpu, (honest, _), slot, controller = liar_and_honest()
+    for _ in range(400):
+        gpu.advance(0.1)
+        slot.tokens_spent[0] *= 10
+        await controller.tick()
+        slot.tokens_spent[0] //= 10
+    assert gpu.shares(honest, 15)[-1][1] == pytest.approx(40, abs=4)
+
+
+async def test_tokens_past_what_the_rate_allowed_are_not_counted():
+    # one tick's claim of a thousand times its spending: charged no more than its rate and
+    # burst allowed, it cannot make its neighbour look idle for that tick
+    gpu, _, slot, controller = liar_and_honest()
+    for _ in range(100):
+        gpu.advance(0.1)
+        await controller.tick()
+    honest_key = ("honest", 0)
+    readings = []
+    for n in range(10):  # a tick with a new sample for the honest container
+        gpu.advance(0.1)
+        lie = n % 2 == 1
+        if lie:
+            slot.tokens_spent[0] *= 1000
+        await controller.tick()
+        if lie:
+            slot.tokens_spent[0] //= 1000
+        readings.append(controller.status[honest_key].measured_util)
+    assert min(r for r in readings if r is not None) > 10

@@ -59,7 +59,7 @@ import itertools
 import math
 import os
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -301,6 +301,8 @@ class ThrottleController:
         # id(region) -> (region, its devices): the region is held so that its id stays its own
         self._by_region: dict[int, tuple[RegionHandle, list[_Device]]] = {}
         self._since_us: dict[str, int] = {}
+        self._due_ns: dict[str, int] = {}  # per GPU: when NVML may have a new sample
+        self._delays_us: dict[str, deque[int]] = {}  # per GPU: stamp to first reading
         self._newest_us: dict[str, int] = {}  # per GPU: the newest sample's stamp
         self._period_us: dict[str, int] = {}  # per GPU: NVML's sample period, as seen
         # per GPU: the newest stamp that carried samples of two processes or more (else None:
@@ -501,6 +503,9 @@ class ThrottleController:
         sampled: dict[str, list[ProcessSample] | BaseException] = {}
         for uuid in by_gpu:
             self._first_read_ns.setdefault(uuid, self._now_ns)
+            if self._due_ns.get(uuid, 0) > self._now_ns:
+                sampled[uuid] = []  # NVML's next period is not over: nothing new to ask for
+                continue
             try:
                 sampled[uuid] = self.backend.process_utilization(uuid, self._since_us.get(uuid, 0))
             except Exception as e:  # judged on the event loop, with the others
@@ -609,6 +614,7 @@ class ThrottleController:
             # the sample period: the shortest gap seen (longer ones span missed periods)
             period = min([period, *gaps]) if period else min(gaps)
             self._period_us[uuid] = period
+        self._schedule_poll(uuid, stamps[-1], period)
         if not period:
             # A first sample and no history: it cannot describe more than the time since the
             # GPU was first read (and a second at most; no driver samples less often).
@@ -616,11 +622,24 @@ class ThrottleController:
             return min(1.0, watched_s + self.tick_s), len(stamps)
         return len(stamps) * period / 1e6, len(stamps)
 
+    def _schedule_poll(self, uuid: str, newest_us: int, period_us: int) -> None:
+        """NVML is not asked again before its next period is over: the call costs about 2 ms
+        of CPU on an H200 (driver 580), whatever it returns. When that is, on this clock: the
+        next stamp plus the least delay, over the last LAG_READINGS, between a stamp and the
+        tick that first read it (which takes in the offset between NVML's clock and this
+        one), less a quarter tick; never more than a period away. Until the period is known,
+        every tick asks."""
+        delays = self._delays_us.setdefault(uuid, deque(maxlen=LAG_READINGS))
+        delays.append(self._now_ns // 1000 - newest_us)
+        if period_us:
+            self._due_ns[uuid] = (newest_us + period_us + min(delays)) * 1000 \
+                - round(self.tick_s * 2.5e8)
+
     def _resolver_failed(self, pid: int) -> None:
         self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
 
     def _utilization(
-        self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None
+        self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None, dt_s: float
     ) -> tuple[dict[str, float], float, int] | None:
         """SM percent per alloc_id from this tick's samples, the seconds they describe and how
         many samples per process they average; None when nothing new arrived.
@@ -683,12 +702,17 @@ class ThrottleController:
             elif not sliced:
                 util[alloc_id] += value
         if sliced:
-            spent = {}
-            for device, (counters, *_) in entries:
-                previous, at3 = device.previous, 3 * device.dev
-                spent[device.alloc_id] = spent.get(device.alloc_id, 0) + (
-                    max(0, counters[at3] - previous[0])
-                    if previous is not None and len(counters) >= at3 + 3 else 0)
+            # Tokens spent this tick, as `state` says, but never more than the rate in force
+            # allowed: a container claiming more would be charged the others' use, and they
+            # let past their limits.
+            spent: dict[str, int] = {}
+            for device, (counters, rates, *_) in entries:
+                previous, at3, at2 = device.previous, 3 * device.dev, 2 * device.dev
+                used = max(0, counters[at3] - previous[0]) \
+                    if previous is not None and len(counters) >= at3 + 3 else 0
+                if len(rates) >= at2 + 2 and (rates[at2] or rates[at2 + 1]):
+                    used = min(used, round(rates[at2] * dt_s) + rates[at2 + 1])
+                spent[device.alloc_id] = spent.get(device.alloc_id, 0) + used
             owner = {pid: placed[0] for pid, placed in recent.items()}
             split = self._sliced.setdefault(uuid, _TimeSliced())
             util = split.share(
@@ -770,7 +794,7 @@ class ThrottleController:
         0 of values `layout.state_counters` bounds; limits and policies from `control`, which
         only the agent writes, the policy checked against the allowed names).
         """
-        measured = self._utilization(uuid, entries, samples)
+        measured = self._utilization(uuid, entries, samples, dt_s)
         utils, span_s, count = measured if measured is not None else (None, 0.0, 1)
         observations: list[Observation] = []
         steered: list[tuple[_Device, int, int]] = []
@@ -848,6 +872,7 @@ class ThrottleController:
         for uuid in list(self._states):
             if uuid not in by_gpu:
                 del self._states[uuid]
+                self._sliced.pop(uuid, None)
         tick = self.ticks
         if any(d.seen != tick for d in self._devices.values()):
             # Unreadable this tick, or gone: the next reading is a new baseline.
@@ -863,6 +888,7 @@ class ThrottleController:
             self._procs = {k: v for k, v in self._procs.items() if k in self._by_region}
 
 
+LAG_READINGS = 20  # readings over which the least delay from stamp to reading is taken
 # periods after the last stamp with two processes or more before a GPU's samples are read as
 # time-sliced again (`_utilization`)
 SHARED_PERIODS = 10
@@ -925,7 +951,7 @@ class _TimeSliced:
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
                    - sum(unshimmed.values()))
         shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
-        return shares | unshimmed
+        return dict.fromkeys(spent, 0.0) | shares | unshimmed
 
 
 PERIODS_REMEMBERED = 100
