@@ -903,7 +903,8 @@ class _TimeSliced:
     answer at once but say nothing of how long a container's kernels run per token. So the
     GPU's use is split by tokens spent this tick, each container's weighted by how much SM
     time its tokens buy relative to the others: its part of the periods over its part of the
-    tokens, both as moving averages over about PERIODS_REMEMBERED periods. Periods given to
+    tokens, both as moving averages over about PERIODS_REMEMBERED periods, the weight drawn
+    towards 1 as far as the periods it was given could be chance. Periods given to
     processes of no container (strangers, "") are nobody's use here. A container lying about
     its tokens is corrected by its periods, as fast as the averages follow; one whose
     processes spend no token at all (they run without the shim) is charged the periods it was
@@ -943,9 +944,13 @@ class _TimeSliced:
             periods, tokens, n = parts[alloc_id]
             cost = 1.0
             if tokens > _COST_EPS and periods > _COST_EPS:
-                # drawn towards 1 while few periods stand behind it
-                cost = min(COST_RANGE, max(1 / COST_RANGE, periods / tokens)) \
-                    ** (n / (n + PERIODS_TRUSTED))
+                # Drawn towards 1 as far as the periods could be luck: were the costs equal,
+                # its part of N periods drawn at random would be its part of the tokens, p,
+                # off by sqrt((1 - p) / (p N)) of itself.
+                drift = math.log(min(COST_RANGE, max(1 / COST_RANGE, periods / tokens)))
+                luck = (1 - min(tokens, 1.0)) / (tokens * min(n, 2 * PERIODS_REMEMBERED))
+                doubt = drift * drift + LUCK_SIGMAS**2 * luck
+                cost = math.exp(drift * drift * drift / doubt) if doubt > 0 else 1.0
             weights[alloc_id] = used * cost
         weighted = sum(weights.values())
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
@@ -955,7 +960,7 @@ class _TimeSliced:
 
 
 PERIODS_REMEMBERED = 100
-PERIODS_TRUSTED = 10  # periods behind a cost estimate before it counts half
+LUCK_SIGMAS = 2.0  # a cost this many of its own chance deviations away from 1 counts 80 %
 COST_RANGE = 8.0  # SM time per token of one container against another's: within 1/8..8
 _COST_EPS = 1e-3
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
