@@ -1,7 +1,7 @@
 """Scrape and control cost on a busy node, at 16, 64, 144 and 256 busy container-devices.
 
     python tests/bench/bench_scrape.py [--gpus 8] [--sizes 16,64,144,256] [--seconds 30]
-                                       [--allocates 600]
+                                       [--allocates 600] [--nvml-call-ms 2.2]
 
 The agent is the whole agent, as `vgpu-agent run` composes it (`Agent` on the agent's own
 event loop: device plugin, PodResources, health checks, NVML poll, controller, backstop,
@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import mmap
@@ -66,7 +67,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,8 +201,27 @@ def agent_config(root: Path, gpus: int, changing: bool) -> object:
     )
 
 
+def cpu_burner(ms: float) -> Callable[[], None]:
+    """Something that takes about `ms` of one core without holding the GIL, as an NVML call
+    does in C (hashlib hashes large buffers with the GIL released)."""
+    if ms <= 0:
+        return lambda: None
+    data = bytes(1 << 20)
+    started, rounds = time.thread_time(), 0
+    while time.thread_time() - started < 0.05:
+        hashlib.sha256(data).digest()
+        rounds += 1
+    per_ms = rounds * len(data) / ((time.thread_time() - started) * 1000)
+    chunk = bytes(int(per_ms * ms))
+
+    def burn() -> None:
+        hashlib.sha256(chunk).digest()
+
+    return burn
+
+
 async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
-                reference_law: bool = False) -> None:
+                reference_law: bool = False, nvml_call_ms: float = 0.0) -> None:
     """The whole agent, as `vgpu-agent run` composes it (`Agent` on its own event loop), on
     simulated GPUs whose per-process samples are the containers' and whose processes belong to
     their containers (what /proc proves on a real node)."""
@@ -220,7 +240,10 @@ async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
         for device_id in row["device_ids"]:
             pids_by_gpu.setdefault(device_id.split("::")[0], []).append(int(row["host_pid"]))
 
+    burn = cpu_burner(nvml_call_ms)
+
     def samples(uuid: str, since_us: int) -> list[ProcessSample]:
+        burn()  # what the call costs on a real driver, whatever it returns
         now_us = time.time_ns() // 1000
         if since_us and now_us - since_us < 166_000:
             return []  # NVML's samples come every 1/6 s
@@ -413,8 +436,8 @@ def stop_child(child: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def running_node(root: Path, gpus: int, changing: bool = False,
-                 reference_law: bool = False) -> Iterator[tuple[subprocess.Popen, int]]:
+def running_node(root: Path, gpus: int, changing: bool = False, reference_law: bool = False,
+                 nvml_call_ms: float = 0.0) -> Iterator[tuple[subprocess.Popen, int]]:
     """The kubelet stand-in and the whole agent, each in its own process, on the node built in
     `root`: yields the agent's process and its metrics port once it serves."""
     config = f"{int(changing)}-{int(reference_law)}"
@@ -426,7 +449,8 @@ def running_node(root: Path, gpus: int, changing: bool = False,
         child = start_child(
             ["--serve", "--root", str(root), "--gpus", str(gpus),
              *(["--changing"] if changing else []),
-             *(["--reference-law"] if reference_law else []), "--port-file", str(port_file)],
+             *(["--reference-law"] if reference_law else []),
+             "--nvml-call-ms", str(nvml_call_ms), "--port-file", str(port_file)],
             port_file, "the agent")
         try:
             yield child, int(port_file.read_text())
@@ -438,7 +462,8 @@ def running_node(root: Path, gpus: int, changing: bool = False,
 
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool = False,
             reference_law: bool = False, bare: Path | None = None) -> dict:
-    with running_node(root, args.gpus, changing, reference_law) as (child, port):
+    with running_node(root, args.gpus, changing, reference_law,
+                      args.nvml_call_ms) as (child, port):
         return measure_agent(args, shim, child, port, root / "dp" / "vgpu-agent.sock",
                              changing, bare)
 
@@ -515,6 +540,9 @@ def main() -> int:
                         help="Allocate calls (and as many bare calls) per configuration; 0: none")
     parser.add_argument("--allocate-scrape-s", type=float, default=0.5,
                         help="scrape interval while Allocate is measured, s")
+    parser.add_argument("--nvml-call-ms", type=float, default=0.0,
+                        help="CPU each per-process utilization call takes, with the GIL "
+                             "released (an H200 with driver 580: about 2.2 ms; default: none)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubelet", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
@@ -528,7 +556,7 @@ def main() -> int:
 
         with asyncio.Runner(loop_factory=SlackEventLoop) as runner:
             runner.run(serve(args.root, args.gpus, args.port_file, args.changing,
-                             args.reference_law))
+                             args.reference_law, args.nvml_call_ms))
         return 0
     if args.kubelet:
         asyncio.run(kubelet_side(args.root, args.port_file))
@@ -536,7 +564,8 @@ def main() -> int:
 
     load_before = os.getloadavg()[0]
     print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.gpus} GPUs, "
-          f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls")
+          f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls, "
+          f"NVML per-process call {args.nvml_call_ms:g} ms of CPU")
     configs: tuple[tuple[str, bool, bool], ...] = (("steady", False, False),
                                                    ("changing", True, False))
     if args.reference_law:  # the same, with the reference law, side by side
