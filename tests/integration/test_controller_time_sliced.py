@@ -101,3 +101,20 @@ async def test_tokens_past_what_the_rate_allowed_are_not_counted():
             slot.tokens_spent[0] //= 1000
         readings.append(controller.status[honest_key].measured_util)
     assert min(r for r in readings if r is not None) > 10
+
+
+@pytest.mark.slow
+async def test_a_container_claiming_no_tokens_does_not_starve_its_neighbour():
+    # "liar" leaves its tokens at 0 in `state`, as a container without the shim would: it is
+    # charged its part of the periods, smoothly, so the neighbour is not read as using the
+    # whole GPU in the periods the liar was not given. The liar cannot be steered by a rate
+    # it does not spend; the backstop sees it over its limit.
+    gpu, (honest, _), slot, controller = liar_and_honest()
+    for _ in range(400):
+        gpu.advance(0.1)
+        spent = slot.tokens_spent[0]
+        slot.tokens_spent[0] = 0
+        await controller.tick()
+        slot.tokens_spent[0] = spent
+    assert gpu.shares(honest, 30)[-1][1] > 25  # 1 % when charged batch by batch
+    assert controller.status[("liar", 0)].measured_util > 50  # limit 40 + the backstop's 10

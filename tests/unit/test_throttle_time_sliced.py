@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpu_agent.throttle.controller import PERIODS_REMEMBERED, _TimeSliced
+from vgpu_agent.throttle.controller import PERIODS_REMEMBERED, SHARED_PERIODS, _TimeSliced
 
 
 def test_use_is_split_by_tokens_at_once():
@@ -56,9 +56,13 @@ def test_a_container_gone_is_forgotten():
     assert set(split.parts) == {"a"}
 
 
-def test_a_container_running_without_the_shim_is_charged_its_periods():
+def test_a_container_running_without_the_shim_is_charged_its_part_of_the_periods():
     # no token spent, yet NVML gives it periods: its processes bypass the shim
     split = _TimeSliced()
     got = split.share([["bypass"], ["a"]], 90.0, {"bypass": 0, "a": 500})
     assert got == pytest.approx({"bypass": 45.0, "a": 45.0})
-    assert split.share([["a"]], 90.0, {"bypass": 0, "a": 500})["bypass"] == 0.0
+    # a period it was not given: its part shrinks, it is not charged nothing at once
+    got = split.share([["a"]], 90.0, {"bypass": 0, "a": 500})
+    assert got == pytest.approx({"bypass": 30.0, "a": 60.0})
+    # given none for SHARED_PERIODS periods: no longer charged
+    assert split.share([["a"]] * SHARED_PERIODS, 90.0, {"bypass": 0, "a": 500})["bypass"] == 0

@@ -907,15 +907,16 @@ class _TimeSliced:
     towards 1 as far as the periods it was given could be chance. Periods given to
     processes of no container (strangers, "") are nobody's use here. A container lying about
     its tokens is corrected by its periods, as fast as the averages follow; one whose
-    processes spend no token at all (they run without the shim) is charged the periods it was
-    given in the batch, the rest being split among the others.
+    processes spend no token at all (they run without the shim) is charged its part of the
+    recent periods, the rest being split among the others.
     """
 
-    __slots__ = ("parts",)
+    __slots__ = ("parts", "unseen")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
         self.parts: dict[str, tuple[float, float, int]] = {}
+        self.unseen: dict[str, int] = {}  # alloc_id -> periods since one was given to it
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int]
               ) -> dict[str, float]:
@@ -924,7 +925,9 @@ class _TimeSliced:
             parts.setdefault(alloc_id, (0.0, 0.0, 0))
         for gone in [a for a in parts if a and a not in spent]:
             del parts[gone]
+            self.unseen.pop(gone, None)
         total = sum(spent.values())
+        unseen = self.unseen
         for given in owners:
             for alloc_id, (periods, tokens, n) in parts.items():
                 n += 1
@@ -933,10 +936,14 @@ class _TimeSliced:
                 if total > 0:
                     tokens += alpha * (spent.get(alloc_id, 0) / total - tokens)
                 parts[alloc_id] = (periods, tokens, n)
+                unseen[alloc_id] = 0 if alloc_id in given else unseen.get(alloc_id, 0) + 1
         # A container whose processes are given periods without spending a token runs
-        # without the shim: it is charged the periods it was given in this batch.
-        unshimmed = {a: sum([a in given for given in owners]) / len(owners) * busy
-                     for a, used in spent.items() if not used and owners}
+        # without the shim (or says so in `state`): it is charged its part of the recent
+        # periods, while it keeps being given some. Not the periods of this batch alone: in a
+        # batch it was not given, its neighbours would be charged the whole GPU, and the law,
+        # which takes such all-or-nothing readings for missed samples, would starve them.
+        unshimmed = {a: parts[a][0] * busy for a, used in spent.items()
+                     if not used and unseen.get(a, SHARED_PERIODS) < SHARED_PERIODS}
         weights = {}
         for alloc_id, used in spent.items():
             if not used:
