@@ -12,13 +12,13 @@ rate unset, and never more than that), and writes what it spent into `state` as 
 from __future__ import annotations
 
 import os
-import struct
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.fakes.shimstate import ShimWriter, put_totals
 from vgpu_agent.shm import layout
 
 FULL_TOKENS_PER_S = 40_000_000  # what this pretend GPU does unthrottled
@@ -33,35 +33,25 @@ def main() -> int:
     region = Path(os.environ["VGPU_REGION_DIR"])
     cost = grid * block
     spent = launches = 0
+    writer = ShimWriter(region)
     start = last = time.monotonic()
-    while (now := time.monotonic()) - start < seconds:
-        device = layout.decode_control((region / "control").read_bytes()).devices[0]
-        rate = FULL_TOKENS_PER_S if device.policy == layout.POLICY_OFF or device.rate == 0 \
-            else min(device.rate, FULL_TOKENS_PER_S)
-        spent += int(rate * (now - last))
-        launches = spent // cost
-        last = now
-        write_state(region / "state", spent, launches)
-        time.sleep(STEP_S)
+    try:
+        while (now := time.monotonic()) - start < seconds:
+            device = layout.decode_control((region / "control").read_bytes()).devices[0]
+            rate = FULL_TOKENS_PER_S if device.policy == layout.POLICY_OFF or device.rate == 0 \
+                else min(device.rate, FULL_TOKENS_PER_S)
+            spent += int(rate * (now - last))
+            launches = spent // cost
+            last = now
+            # as the shim keeps them: the device totals and its own process slot
+            put_totals(region, 0, spent, launches, 0)
+            writer.process(0, os.getpid(), os.getpid(), 0, launches=launches, tokens=spent,
+                           last_launch_ns=time.monotonic_ns())
+            time.sleep(STEP_S)
+    finally:
+        writer.close()
     print(f"launches_per_s={launches / (time.monotonic() - start):.1f} cost={cost}")
     return 0
-
-
-def write_state(path: Path, spent: int, launches: int) -> None:
-    with open(path, "r+b") as f:
-        buf = bytearray(f.read())
-        dev = layout.STATE_OFFSETS["devices"]
-        struct.pack_into("<Q", buf, dev + layout.STATE_DEVICE_OFFSETS["tokens_spent"], spent)
-        struct.pack_into("<Q", buf, dev + layout.STATE_DEVICE_OFFSETS["launches"], launches)
-        mark = layout.STATE_OFFSETS["slot_high_water"]
-        layout.store_u64(buf, mark, max(layout.load_u64(buf, mark), 1))
-        base = layout.STATE_OFFSETS["slots"]
-        pid = os.getpid()
-        struct.pack_into("<QQ", buf, base, pid, pid)
-        struct.pack_into("<5Q", buf, base + layout.SLOT_OFFSETS["devices"], 0, launches, spent,
-                         0, time.monotonic_ns())
-        f.seek(0)
-        f.write(buf)
 
 
 if __name__ == "__main__":

@@ -34,10 +34,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_region.py, beside this one
+
+from make_region import write_region
 
 from vgpu_agent.gpu.nvml import NvmlBackend
 from vgpu_agent.shm import layout
-from vgpu_agent.shm.regions import CONTROL_FILE, STATE_FILE, Region, format_alloc_id
+from vgpu_agent.shm.regions import Region, format_alloc_id
 from vgpu_agent.throttle.attribution import NONE_OF_THEM, RegionMarks
 from vgpu_agent.throttle.controller import ThrottleController
 
@@ -80,18 +83,13 @@ def say(*parts: object) -> None:
 
 def make_region(root: Path, uuid: str, limit_pct: float, policy: int,
                 rate: int = 0, burst: int = 0) -> Region:
-    """A one-device region as the agent writes it at Allocate (memory unlimited)."""
+    """A one-device region as the agent writes it at Allocate (memory unlimited), in a
+    directory named by its allocation, as the agent's regions are."""
     seq = next(SEQ)
     device_id = f"{uuid}::{seq}"
-    now = time.monotonic_ns()
-    path = root / format_alloc_id(seq, (device_id,), now)
-    path.mkdir(parents=True)
+    path = root / format_alloc_id(seq, (device_id,), time.monotonic_ns())
     core = min(layout.CORE_LIMIT_FULL, round(limit_pct * layout.CORE_LIMIT_FULL / 100))
-    device = layout.ControlDevice(uuid, 0, core, rate, burst, policy, 0)
-    control = layout.Control(devices=(device,), device_ids=(device_id,), seq=seq,
-                             created_ns=now, heartbeat_ns=now)
-    (path / CONTROL_FILE).write_bytes(layout.encode_control(control))
-    (path / STATE_FILE).write_bytes(layout.encode_state(1))
+    write_region(path, uuid, 0, core, rate, burst, policy, seq=seq, device_id=device_id)
     return Region.open(path)
 
 
