@@ -20,7 +20,9 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
   two processes take turns without MPS: each period's single sample goes to one of the
   processes that ran in it, and its value is the whole GPU's busy time in that period, not
   the process's own (a process doing 5 % of the work beside a busy one read 99). The process
-  is drawn with odds in proportion to its SM time in the period. A process alone gets its own
+  is drawn with odds in proportion to its SM time in the period, which is a guess: the one
+  measurement there was, a process doing 5 % of the work beside an unthrottled one, got 5
+  periods of 18, far more than its SM time would give it. A process alone gets its own
   use either way (measured: 50/20/5 % of the work read 50/20/5). Not yet the default: the
   throttle figures in BENCHMARKS.md are for "per-process" unless they say otherwise.
 - `window_periods` 1: each sample averages SM use over this many sample periods ending at its
