@@ -180,6 +180,8 @@ def main() -> int:
                         help="how NVML attributes a sample period (see simulation/"
                              "imperfections.py): time-sliced is what an H200 did with two "
                              "processes and no MPS")
+    parser.add_argument("--tick", type=float, default=0.1,
+                        help="the controller's tick_s (its fastest tick), s")
     parser.add_argument("--seeds", type=int, default=1,
                         help="plant seeds per noisy cell (medians printed; the ideal plant has "
                              "no randomness and runs once)")
@@ -214,7 +216,8 @@ def main() -> int:
                 spec = replace(plant.spec, seed=seed, imperfections=replace(
                     plant.spec.imperfections, nvml_attribution=args.attribution))
                 seeded = attainable(sc, spec)
-                ours_run = asyncio.run(run_controlled(seeded, plant=spec, paced=args.paced))
+                ours_run = asyncio.run(run_controlled(seeded, plant=spec, paced=args.paced,
+                                                     tick_s=args.tick))
                 cpu_s += ours_run.cpu_s
                 ours_runs.append(evaluate(ours_run))
                 peer_runs.append(evaluate(run_peer(seeded, plant=spec)))

@@ -79,6 +79,7 @@ from vgpu_agent.throttle.control import (
 )
 from vgpu_agent.throttle.fastlaw import control_step_gpu
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
+from vgpu_agent.throttle.timesliced import SHARED_PERIODS, TimeSlicedSplit
 
 # One tick of the law for one GPU's containers: `control.control_step`'s signature.
 Law = Callable[
@@ -308,7 +309,7 @@ class ThrottleController:
         # per GPU: the newest stamp that carried samples of two processes or more (else None:
         # the driver gives each period to one process, see `_utilization`)
         self._shared_us: dict[str, int] = {}
-        self._sliced: dict[str, _TimeSliced] = {}  # per time-sliced GPU (`_utilization`)
+        self._sliced: dict[str, TimeSlicedSplit] = {}  # per time-sliced GPU (`_utilization`)
         self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
         self._now_ns = 0
         # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
@@ -650,7 +651,7 @@ class ThrottleController:
           missed it) counts with its last value: a missed sample is not an idle process.
         - time-sliced (seen on an H200, driver 580, two processes without MPS): each period's
           one sample goes to one of the processes that ran, and its value is the whole GPU's
-          use in it, whoever did the work. See `_TimeSliced` for how that use is shared out.
+          use in it, whoever did the work. `timesliced.TimeSlicedSplit` shares that use out.
         The GPU is read as time-sliced until a stamp with two processes or more is seen, and
         again SHARED_PERIODS periods after the last such stamp; with one process on the GPU
         the two readings agree. A process placed once stays placed while it keeps appearing;
@@ -714,7 +715,7 @@ class ThrottleController:
                     used = min(used, round(rates[at2] * dt_s) + rates[at2 + 1])
                 spent[device.alloc_id] = spent.get(device.alloc_id, 0) + used
             owner = {pid: placed[0] for pid, placed in recent.items()}
-            split = self._sliced.setdefault(uuid, _TimeSliced())
+            split = self._sliced.setdefault(uuid, TimeSlicedSplit())
             util = split.share(
                 [[owner.get(pid, "") for pid, _ in at[stamp]] for stamp in sorted(at)],
                 min(100.0, sum([max(v for _, v in at[stamp]) for stamp in at]) / len(at)),
@@ -889,87 +890,7 @@ class ThrottleController:
 
 
 LAG_READINGS = 20  # readings over which the least delay from stamp to reading is taken
-# periods after the last stamp with two processes or more before a GPU's samples are read as
-# time-sliced again (`_utilization`)
-SHARED_PERIODS = 10
 
-
-class _TimeSliced:
-    """Shares a time-sliced GPU's use out among its containers.
-
-    NVML gives each sample period to one process, whole: a container's part of the periods
-    is evidence of its SM time, but only over many periods (taken alone, one reading is 0 or
-    the whole GPU, and a law steering on a slow average of them oscillates). Tokens spent
-    answer at once but say nothing of how long a container's kernels run per token. So the
-    GPU's use is split by tokens spent this tick, each container's weighted by how much SM
-    time its tokens buy relative to the others: its part of the periods over its part of the
-    tokens, both as moving averages over about PERIODS_REMEMBERED periods, the weight drawn
-    towards 1 as far as the periods it was given could be chance. Periods given to
-    processes of no container (strangers, "") are nobody's use here. A container lying about
-    its tokens is corrected by its periods, as fast as the averages follow; one whose
-    processes spend no token at all (they run without the shim) is charged its part of the
-    recent periods, the rest being split among the others.
-    """
-
-    __slots__ = ("parts", "unseen")
-
-    def __init__(self) -> None:
-        # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
-        self.parts: dict[str, tuple[float, float, int]] = {}
-        self.unseen: dict[str, int] = {}  # alloc_id -> periods since one was given to it
-
-    def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int]
-              ) -> dict[str, float]:
-        parts = self.parts
-        for alloc_id in [*spent, *(o for given in owners for o in given)]:
-            parts.setdefault(alloc_id, (0.0, 0.0, 0))
-        for gone in [a for a in parts if a and a not in spent]:
-            del parts[gone]
-            self.unseen.pop(gone, None)
-        total = sum(spent.values())
-        unseen = self.unseen
-        for given in owners:
-            for alloc_id, (periods, tokens, n) in parts.items():
-                n += 1
-                alpha = max(1 / n, 1 / PERIODS_REMEMBERED)
-                periods += alpha * ((alloc_id in given) - periods)
-                if total > 0:
-                    tokens += alpha * (spent.get(alloc_id, 0) / total - tokens)
-                parts[alloc_id] = (periods, tokens, n)
-                unseen[alloc_id] = 0 if alloc_id in given else unseen.get(alloc_id, 0) + 1
-        # A container whose processes are given periods without spending a token runs
-        # without the shim (or says so in `state`): it is charged its part of the recent
-        # periods, while it keeps being given some. Not the periods of this batch alone: in a
-        # batch it was not given, its neighbours would be charged the whole GPU, and the law,
-        # which takes such all-or-nothing readings for missed samples, would starve them.
-        unshimmed = {a: parts[a][0] * busy for a, used in spent.items()
-                     if not used and unseen.get(a, SHARED_PERIODS) < SHARED_PERIODS}
-        weights = {}
-        for alloc_id, used in spent.items():
-            if not used:
-                continue
-            periods, tokens, n = parts[alloc_id]
-            cost = 1.0
-            if tokens > _COST_EPS and periods > _COST_EPS:
-                # Drawn towards 1 as far as the periods could be luck: were the costs equal,
-                # its part of N periods drawn at random would be its part of the tokens, p,
-                # off by sqrt((1 - p) / (p N)) of itself.
-                drift = math.log(min(COST_RANGE, max(1 / COST_RANGE, periods / tokens)))
-                luck = (1 - min(tokens, 1.0)) / (tokens * min(n, 2 * PERIODS_REMEMBERED))
-                doubt = drift * drift + LUCK_SIGMAS**2 * luck
-                cost = math.exp(drift * drift * drift / doubt) if doubt > 0 else 1.0
-            weights[alloc_id] = used * cost
-        weighted = sum(weights.values())
-        ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
-                   - sum(unshimmed.values()))
-        shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
-        return dict.fromkeys(spent, 0.0) | shares | unshimmed
-
-
-PERIODS_REMEMBERED = 100
-LUCK_SIGMAS = 2.0  # a cost this many of its own chance deviations away from 1 counts 80 %
-COST_RANGE = 8.0  # SM time per token of one container against another's: within 1/8..8
-_COST_EPS = 1e-3
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
 _STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after
 
