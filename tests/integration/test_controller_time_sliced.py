@@ -118,3 +118,20 @@ async def test_a_container_claiming_no_tokens_does_not_starve_its_neighbour():
         slot.tokens_spent[0] = spent
     assert gpu.shares(honest, 30)[-1][1] > 25  # 1 % when charged batch by batch
     assert controller.status[("liar", 0)].measured_util > 50  # limit 40 + the backstop's 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fraction", [20, 1000])
+async def test_a_container_understating_its_tokens_leaves_its_neighbours_share_alone(fraction):
+    # "liar" writes a fraction of what it spent into `state` (never 0: see the test above),
+    # hoping to be charged little of the GPU's use and its neighbour the rest. Its part of the
+    # periods, which NVML gives and the host attributes, says what it really used.
+    gpu, (honest, liar), slot, controller = liar_and_honest()
+    for _ in range(600):
+        gpu.advance(0.1)
+        spent = slot.tokens_spent[0]
+        slot.tokens_spent[0] = max(1, spent // fraction)
+        await controller.tick()
+        slot.tokens_spent[0] = spent
+    assert gpu.shares(honest, 20)[-1][1] == pytest.approx(40, abs=5)
+    assert gpu.shares(liar, 20)[-1][1] < 47

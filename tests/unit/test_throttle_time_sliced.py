@@ -66,3 +66,22 @@ def test_a_container_running_without_the_shim_is_charged_its_part_of_the_periods
     assert got == pytest.approx({"bypass": 30.0, "a": 60.0})
     # given none for SHARED_PERIODS periods: no longer charged
     assert split.share([["a"]] * SHARED_PERIODS, 90.0, {"bypass": 0, "a": 500})["bypass"] == 0
+
+
+def test_a_container_understating_its_tokens_is_charged_what_its_periods_prove():
+    # "liar" reports a thousandth of what it spends, for half the periods: past the capped
+    # weight, the floor from its periods charges it nearly half, and the honest one not all
+    split = TimeSlicedSplit()
+    for n in range(5 * PERIODS_REMEMBERED):
+        got = split.share([["liar" if n % 2 else "honest"]], 100.0, {"liar": 1, "honest": 1000})
+    assert got["liar"] > 40
+    assert got["honest"] < 60
+    assert got["liar"] + got["honest"] == pytest.approx(100)
+
+
+def test_a_floor_needs_periods_enough_to_rule_out_chance():
+    # one period given proves little: the tokens decide, with a small floor at most
+    split = TimeSlicedSplit()
+    got = split.share([["b"]], 100.0, {"a": 900, "b": 100})
+    assert got["b"] < 25
+    assert got["a"] + got["b"] == pytest.approx(100)

@@ -69,6 +69,7 @@ import structlog
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.throttle.attribution import HostEvidence
+from vgpu_agent.throttle.audit import Bucket, believed_spend
 from vgpu_agent.throttle.control import (
     FULL_SHARE,
     UNLIMITED_RATE,
@@ -209,7 +210,8 @@ class _Device:
     region); the counters are the cumulative totals of the previous tick.
     """
 
-    __slots__ = ("alloc_id", "dev", "key", "last", "limits", "previous", "region", "seen", "uuid")
+    __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "limits", "overclaimed", "previous",
+                 "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -224,6 +226,9 @@ class _Device:
         # the last decision, kept raw: `DeviceStatus` is built only when someone asks
         self.last: tuple[Observation, Decision, bool] | None = None
         self.seen = 0  # the tick that last read the device
+        # upper bound of the shim's token balance after the last tick, None while unlimited
+        self.bucket: Bucket | None = None
+        self.overclaimed = False  # logged once
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -640,10 +645,12 @@ class ThrottleController:
         self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
 
     def _utilization(
-        self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None, dt_s: float
+        self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None,
+        spent: Mapping[str, int],
     ) -> tuple[dict[str, float], float, int] | None:
         """SM percent per alloc_id from this tick's samples, the seconds they describe and how
-        many samples per process they average; None when nothing new arrived.
+        many samples per process they average; None when nothing new arrived. `spent` is the
+        tokens each container is believed to have spent in the tick (`audit.believed_spend`).
 
         Drivers attribute a sample period in one of two ways, told apart by what they send:
         - per process: each process that ran gets a sample of its own use, all with the
@@ -703,17 +710,6 @@ class ThrottleController:
             elif not sliced:
                 util[alloc_id] += value
         if sliced:
-            # Tokens spent this tick, as `state` says, but never more than the rate in force
-            # allowed: a container claiming more would be charged the others' use, and they
-            # let past their limits.
-            spent: dict[str, int] = {}
-            for device, (counters, rates, *_) in entries:
-                previous, at3, at2 = device.previous, 3 * device.dev, 2 * device.dev
-                used = max(0, counters[at3] - previous[0]) \
-                    if previous is not None and len(counters) >= at3 + 3 else 0
-                if len(rates) >= at2 + 2 and (rates[at2] or rates[at2 + 1]):
-                    used = min(used, round(rates[at2] * dt_s) + rates[at2 + 1])
-                spent[device.alloc_id] = spent.get(device.alloc_id, 0) + used
             owner = {pid: placed[0] for pid, placed in recent.items()}
             split = self._sliced.setdefault(uuid, TimeSlicedSplit())
             util = split.share(
@@ -795,10 +791,11 @@ class ThrottleController:
         0 of values `layout.state_counters` bounds; limits and policies from `control`, which
         only the agent writes, the policy checked against the allowed names).
         """
-        measured = self._utilization(uuid, entries, samples, dt_s)
-        utils, span_s, count = measured if measured is not None else (None, 0.0, 1)
-        observations: list[Observation] = []
-        steered: list[tuple[_Device, int, int]] = []
+        # What each device spent, launched and waited since the last tick, as `state` says;
+        # the tokens never more than its bucket can have let through (`throttle/audit.py`).
+        rows: list[tuple[_Device, float, CorePolicy, int, int, int, int, int, int, int, int]] = []
+        spent_by: dict[str, int] = {}
+        liars: list[str] = []
         for device, (counters, rates, policies, priority) in entries:
             dev = device.dev
             at = 3 * dev
@@ -807,13 +804,6 @@ class ThrottleController:
                 now = (0, 0, 0)
             previous = device.previous
             device.previous = now  # type: ignore[assignment]
-            if previous is None:  # first sight (or agent restart): only a baseline
-                spent = launches = wait = 0
-            else:
-                # Totals drop when the shim reclaims a dead process's slot: count nothing then.
-                spent = max(0, now[0] - previous[0])
-                launches = max(0, now[1] - previous[1])
-                wait = max(0, now[2] - previous[2])
             # The rate in force for the law, and what the write compares with (a rate changed
             # behind the agent's back, or left by its previous run, is seen and fixed).
             written_rate, written_burst = rates[2 * dev], rates[2 * dev + 1]
@@ -830,11 +820,44 @@ class ThrottleController:
                     self._failed("region_read", "throttle_region_read_failed",
                                  alloc_id=device.alloc_id, dev=dev)
                     continue
+            if previous is None:  # first sight (or agent restart): only a baseline
+                spent = launches = wait = 0
+                device.bucket = None
+            else:
+                # Totals drop when the shim reclaims a dead process's slot: count nothing then.
+                spent = max(0, now[0] - previous[0])
+                launches = max(0, now[1] - previous[1])
+                wait = max(0, now[2] - previous[2])
+                if rate < UNLIMITED_RATE and limit < FULL_SHARE and policies[dev] != "off":
+                    claimed = spent
+                    spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
+                                                          dt_s)
+                    if spent < claimed:
+                        self._overclaimed(device, claimed, spent)
+                        liars.append(device.key)
+                else:
+                    device.bucket = None  # the shim does not limit: its bucket fills
+            spent_by[device.alloc_id] = spent_by.get(device.alloc_id, 0) + spent
+            rows.append((device, limit, policy, priority, spent, launches, wait, rate, burst,
+                         written_rate, written_burst))
+        measured = self._utilization(uuid, entries, samples, spent_by)
+        utils, span_s, count = measured if measured is not None else (None, 0.0, 1)
+        observations: list[Observation] = []
+        steered: list[tuple[_Device, int, int]] = []
+        for (device, limit, policy, priority, spent, launches, wait, rate, burst, written_rate,
+             written_burst) in rows:
             observations.append(_new(Observation, (
                 device.key, limit, policy, priority, spent, launches, wait / 1e9,
                 None if utils is None else utils[device.alloc_id], rate, burst, span_s, count)))
             steered.append((device, written_rate, written_burst))
-        decisions = self.law(observations, self._states.get(uuid, {}), dt_s, self.params)
+        states = self._states.get(uuid, {})
+        for key in liars:
+            # Its cold-start bound came from a tick no bucket limited, whose claims nothing
+            # could check: from a container caught overclaiming, it proves nothing.
+            state = states.get(key)
+            if state is not None and state.k_floor > 0:
+                states[key] = state._replace(k_floor=0.0)
+        decisions = self.law(observations, states, dt_s, self.params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
         changed = self._changed
@@ -860,6 +883,16 @@ class ThrottleController:
                 self._apply(device, rate, burst)
             device.last = (obs, decision, open_loop)
         self._changed, self._lent = changed, lent
+
+    def _overclaimed(self, device: _Device, claimed: int, believed: int) -> None:
+        """Counted every time; logged the first time per device (a container may do it every
+        tick, and its log should not drown the node's)."""
+        self.errors["tokens_overclaimed"] += 1
+        if not device.overclaimed:
+            device.overclaimed = True
+            log.warning("throttle_tokens_overclaimed", alloc_id=device.alloc_id, dev=device.dev,
+                        claimed=claimed, believed=believed,
+                        why="more tokens than the rate and burst in force let through")
 
     def _apply(self, device: _Device, rate: int, burst: int) -> None:
         try:

@@ -11,7 +11,7 @@ Pure: no I/O, no clocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 # periods after the last stamp with two processes or more before a GPU's samples are read as
 # time-sliced again (`controller._utilization`); also how long a container given periods
@@ -31,7 +31,8 @@ class TimeSlicedSplit:
     tokens, both as moving averages over about PERIODS_REMEMBERED periods, the weight drawn
     towards 1 as far as the periods it was given could be chance. Periods given to
     processes of no container (strangers, "") are nobody's use here. A container lying about
-    its tokens is corrected by its periods, as fast as the averages follow; one whose
+    its tokens is corrected by its periods, as fast as the averages follow, and is never
+    charged less than its part of the periods proves (`_floor_by_periods`); one whose
     processes spend no token at all (they run without the shim) is charged its part of the
     recent periods, the rest being split among the others.
     """
@@ -88,7 +89,48 @@ class TimeSlicedSplit:
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
                    - sum(unshimmed.values()))
         shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
+        _floor_by_periods(shares, self._floors(weights, busy))
         return dict.fromkeys(spent, 0.0) | shares | unshimmed
+
+    def _floors(self, charged: Iterable[str], busy: float) -> dict[str, float]:
+        """Per container whose weight is at its cap, the least use its part of the periods
+        proves beyond chance: the lower end of the Wilson interval, LUCK_SIGMAS wide, of that
+        part over the periods it rests on (sound with few periods and at parts of 0 or 1,
+        where the binomial deviation is 0)."""
+        floors = {}
+        z2 = LUCK_SIGMAS * LUCK_SIGMAS
+        for alloc_id in charged:
+            p, tokens, n = self.parts[alloc_id]
+            seen = min(n, 2 * PERIODS_REMEMBERED)
+            # only where the weight can follow the periods no further (at its cap); below
+            # it, the weight corrects the split as fast as the periods allow
+            if seen and p > 0 and p >= COST_RANGE * tokens:
+                low = (p + z2 / (2 * seen) - LUCK_SIGMAS * math.sqrt(
+                    p * (1 - p) / seen + z2 / (4 * seen * seen))) / (1 + z2 / seen)
+                if low > 0:
+                    floors[alloc_id] = busy * low
+        return floors
+
+
+def _floor_by_periods(shares: dict[str, float], floors: Mapping[str, float]) -> None:
+    """Lifts each share below its floor towards it, taking the difference from the shares
+    above theirs, in proportion to how far above; the sum stays. The weights cap what periods
+    can correct (COST_RANGE) and follow them slowly; without a floor, a container writing a
+    small fraction of its spending into `state` would be charged little of the GPU's use and
+    its neighbours the rest, and be throttled less while they are throttled more."""
+    short = {a: floors[a] - s for a, s in shares.items() if floors.get(a, 0.0) > s}
+    if not short:
+        return
+    spare = {a: s - floors.get(a, 0.0) for a, s in shares.items()
+             if a not in short and s > floors.get(a, 0.0)}
+    need, room = sum(short.values()), sum(spare.values())
+    moved = min(need, room)
+    if moved <= 0:
+        return
+    for alloc_id, gap in short.items():
+        shares[alloc_id] += gap * moved / need
+    for alloc_id, above in spare.items():
+        shares[alloc_id] -= above * moved / room
 
 
 PERIODS_REMEMBERED = 100

@@ -1,0 +1,64 @@
+"""A container writing more tokens into `state` than its bucket let through: not believed
+(`throttle/audit.py`). Before, a container claiming three times its spending was given about
+three times its rate, ran unthrottled and took its share out of its neighbour's (49/49 of a
+60/40 split). Shares are judged by the SM time each really got on the simulated GPU."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import structlog
+
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
+from vgpu_agent.simulation.imperfections import REAL
+from vgpu_agent.simulation.region import SimRegion
+from vgpu_agent.throttle.controller import ThrottleController
+
+UUID = "GPU-claims"
+
+
+async def run(factor: int, attribution: str, from_tick: int = 0
+              ) -> tuple[float, float, ThrottleController]:
+    gpu = SimGpu(UUID, sample_period_s=0.2,
+                 imperfections=replace(REAL, nvml_attribution=attribution))
+    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
+    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
+    procs = [gpu.shim_process(r.alloc_id, Workload(kernel_s=0.0002), r) for r in (honest, liar)]
+    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    slot = liar.processes[0]
+    for tick in range(400):
+        gpu.advance(0.1)
+        spent = slot.tokens_spent[0]
+        if tick >= from_tick:  # what `state` says; the shim's own count stays
+            slot.tokens_spent[0] = spent * factor
+        await controller.tick()
+        slot.tokens_spent[0] = spent
+    return (gpu.shares(procs[0], 15)[-1][1], gpu.shares(procs[1], 15)[-1][1], controller)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attribution", ["per-process", "time-sliced"])
+@pytest.mark.parametrize(("factor", "from_tick"), [(3, 0), (100, 0), (10**5, 50)])
+async def test_a_container_overstating_its_tokens_gets_its_share_and_no_more(
+        factor, from_tick, attribution):
+    # From its first tick up to 100 times; any factor once its rate is set (a larger lie
+    # from the first tick, which no bucket limited, takes tens of seconds: BENCHMARKS.md)
+    honest, liar, controller = await run(factor, attribution, from_tick)
+    assert honest == pytest.approx(60, abs=3)
+    assert liar == pytest.approx(40, abs=3)
+    assert controller.error_counts["tokens_overclaimed"] > 100  # counted every tick it lied
+
+
+async def test_an_honest_container_is_never_taken_for_an_overclaiming_one():
+    *_, controller = await run(1, "per-process")
+    assert "tokens_overclaimed" not in controller.error_counts
+
+
+async def test_an_overclaim_is_logged_once_per_device():
+    with structlog.testing.capture_logs() as logs:
+        *_, controller = await run(3, "per-process")
+    warned = [e for e in logs if e["event"] == "throttle_tokens_overclaimed"]
+    assert len(warned) == 1
+    assert warned[0]["alloc_id"] == "liar" and warned[0]["claimed"] > warned[0]["believed"]
