@@ -580,6 +580,8 @@ class Agent:
             events["backstop_evictions"] = self.node.evictions
         # claims in `state` that the host refuted (per region in the log and the controller)
         events["identity_rejected"] = self.controller.attributor.rejected_total
+        # ticks in which a device's `state` claimed more tokens than its bucket let through
+        events["tokens_overclaimed"] = self.controller.error_counts.get("tokens_overclaimed", 0)
         return events
 
     def _on_breach(self, breach: Breach) -> None:

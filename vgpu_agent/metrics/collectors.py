@@ -579,8 +579,9 @@ def _agent_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family | Metric
          snap.nvml_errors),
         ("vgpu_region_events",
          "Region lifecycle events: created, adopted after a restart, removed by GC, corrupt; "
-         "identity_rejected: process claims in `state` the host refuted; state_replaced, "
-         "files_truncated: container files replaced or grown past their size.",
+         "identity_rejected: process claims in `state` the host refuted; tokens_overclaimed: "
+         "ticks a device's `state` claimed more tokens than its bucket let through; "
+         "state_replaced, files_truncated: container files replaced or grown past their size.",
          "event", "counter", snap.region_events),
         ("vgpu_regions", "Allocation regions on the node, by state.", "state", "gauge",
          snap.regions_by_state),

@@ -788,8 +788,9 @@ class ThrottleController:
 
         The observations are built without `Observation`'s checks: every field is made valid
         here (counters from `state`, which a container may fake, only as differences clamped at
-        0 of values `layout.state_counters` bounds; limits and policies from `control`, which
-        only the agent writes, the policy checked against the allowed names).
+        0 of values `layout.state_counters` bounds, the tokens never more than the bucket let
+        through; limits and policies from `control`, which only the agent writes, the policy
+        checked against the allowed names).
         """
         # What each device spent, launched and waited since the last tick, as `state` says;
         # the tokens never more than its bucket can have let through (`throttle/audit.py`).
