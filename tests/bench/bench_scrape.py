@@ -134,7 +134,13 @@ def build_regions(root: Path, gpus: int, containers: int,
 
 
 class ShimSide:
-    """What the containers' shims do to `state`: one process each, counters moving."""
+    """What the containers' shims do to `state`: one process each, wanting 5 million tokens a
+    second (50 launches of 1,000 every 10 ms) and spending what its bucket lets through, by
+    the rate and burst the agent wrote into `control`, as an honest shim does (the agent does
+    not believe more: `throttle/audit.py`)."""
+
+    DEMAND_PER_STEP = 50_000  # tokens wanted every 10 ms
+    COST = 1_000  # tokens a launch
 
     def __init__(self, root: Path, rows: list[dict[str, object]]):
         from vgpu_agent.shm import layout
@@ -143,37 +149,68 @@ class ShimSide:
         self.maps = []
         for row in rows:
             fd = os.open(root / str(row["alloc_id"]) / "state", os.O_RDWR)
-            self.maps.append((mmap.mmap(fd, 0), int(row["devices"]), int(row["host_pid"])))
+            state = mmap.mmap(fd, 0)
             os.close(fd)
+            fd = os.open(root / str(row["alloc_id"]) / "control", os.O_RDONLY)
+            control = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            os.close(fd)
+            self.maps.append((state, control, int(row["devices"]), int(row["host_pid"])))
         self.step = 0
         self.started_ns = time.monotonic_ns()
+        # per (container, device): [tokens spent, launches, ns waited, bucket balance]
+        self.totals = {(n, dev): [0, 0, 0, 0.0] for n, (_, _, devices, _) in enumerate(self.maps)
+                       for dev in range(devices)}
         self.pods = {str(row["identity"][1]) for row in rows}  # type: ignore[index]
         self.device_ids = {str(i) for row in rows for i in row["device_ids"]}  # type: ignore[attr-defined]
+
+    def _spend(self, control: mmap.mmap, dev: int, totals: list, steps: int) -> None:  # type: ignore[type-arg]
+        layout = self.layout
+        want = self.DEMAND_PER_STEP * steps
+        rate, burst, policy, core_limit = (
+            layout.load_u64(control, layout.control_device_offset(dev, field))
+            for field in ("rate", "burst", "policy", "core_limit"))
+        if layout.is_unlimited(policy, core_limit, rate, burst):
+            spent, totals[3] = want, float(burst)
+        else:  # step by step: the bucket caps the balance, not what flows through it
+            balance, spent = totals[3], 0
+            for _ in range(min(steps, 1_000)):
+                balance = min(float(burst), balance + rate / 100)
+                used = min(self.DEMAND_PER_STEP, max(0, int(balance)))
+                balance -= used
+                spent += used
+            totals[3] = balance
+        totals[0] += spent
+        totals[1] += spent // self.COST
+        totals[2] += (want - spent) * steps * 10_000_000 // want if want else 0
 
     def tick(self) -> None:
         layout = self.layout
         # counters follow the clock, so the spending rate is the same however often this runs
-        self.step = (time.monotonic_ns() - self.started_ns) // 10_000_000
+        step = (time.monotonic_ns() - self.started_ns) // 10_000_000
+        steps, self.step = step - self.step, step
         now = time.monotonic_ns()
         slot = layout.STATE_OFFSETS["slots"]
         mark = layout.STATE_OFFSETS["slot_high_water"]
-        for n, (buf, devices, host_pid) in enumerate(self.maps):
+        for n, (buf, control, devices, host_pid) in enumerate(self.maps):
             layout.store_u64(buf, mark, 1)  # slot 0 claimed, as the shim marks it
             struct.pack_into("<QQ", buf, slot, 100 + n, host_pid)
             for dev in range(devices):
+                totals = self.totals[(n, dev)]
+                if steps > 0:
+                    self._spend(control, dev, totals, steps)
+                spent, launches, waited = totals[:3]
                 base = slot + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE
-                struct.pack_into("<5Q", buf, base, GIB, self.step * 50, self.step * 50_000,
-                                 self.step * 1000, now)
-                totals = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
-                struct.pack_into("<Q", buf, totals + layout.STATE_DEVICE_OFFSETS["memory_used"],
+                struct.pack_into("<5Q", buf, base, GIB, launches, spent, waited, now)
+                header = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+                struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["memory_used"],
                                  GIB)
-                struct.pack_into("<Q", buf, totals + layout.STATE_DEVICE_OFFSETS["tokens_spent"],
-                                 self.step * 50_000)
                 # the totals the shim keeps in the header beside the slots
-                struct.pack_into("<Q", buf, totals + layout.STATE_DEVICE_OFFSETS["launches"],
-                                 self.step * 50)
-                struct.pack_into("<Q", buf, totals + layout.STATE_DEVICE_OFFSETS["wait_ns"],
-                                 self.step * 1000)
+                struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["tokens_spent"],
+                                 spent)
+                struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["launches"],
+                                 launches)
+                struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["wait_ns"],
+                                 waited)
 
 
 # ------------------------------------------------------------------ the agent side (child)

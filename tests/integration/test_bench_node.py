@@ -46,3 +46,37 @@ def test_allocate_asks_only_for_slices_no_container_holds(tmp_path, devices):
     assert len(set(free)) == len(free)
     # every GPU keeps some free slices to ask for, even on the largest node
     assert len({slice_id.split("::")[0] for slice_id in free}) == 8
+
+
+def test_the_benchmark_shims_spend_no_more_than_their_buckets_let_through(tmp_path):
+    # The bench's shims write `state` as honest ones do: unlimited they spend what they want,
+    # limited what the rate and burst in `control` allow, so the agent believes every claim.
+    from tests.bench.bench_scrape import ShimSide
+    from vgpu_agent.shm import layout
+    from vgpu_agent.throttle.audit import believed_spend
+
+    rows = build_regions(tmp_path, 2, 4)
+    shim = ShimSide(tmp_path, rows)
+    region = Region.open(tmp_path / str(rows[0]["alloc_id"]))
+    try:
+        def totals() -> int:
+            return region.counters()[0]
+
+        shim.started_ns -= 100_000_000  # 100 ms of spending, unlimited
+        shim.tick()
+        assert totals() == 10 * ShimSide.DEMAND_PER_STEP
+        rate, burst = 1_000_000, 20_000  # a fifth of what it wants
+        region.set_rate(0, rate, burst)
+        bucket, before = None, totals()
+        for _ in range(20):
+            shim.started_ns -= 100_000_000
+            shim.tick()
+            claimed = totals() - before
+            before = totals()
+            assert claimed <= rate * 0.1 + burst
+            believed, bucket = believed_spend(claimed, bucket, rate, burst, 0.1)
+            assert believed == claimed
+        assert claimed == pytest.approx(rate * 0.1, rel=0.05)  # hungry: all of its rate
+        assert layout.is_unlimited(layout.POLICY_STRICT, 0, 0, 0)  # (0, 0): never configured
+    finally:
+        region.close()

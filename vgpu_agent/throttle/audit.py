@@ -26,8 +26,6 @@ Pure: no I/O, no clocks.
 
 from __future__ import annotations
 
-import math
-
 JITTER_S = 0.05  # of refill lent for the tick's reads coming later than its clock says
 
 # (upper bound of the shim's balance after the last tick, the rate in force during it)
@@ -41,11 +39,15 @@ def believed_spend(claimed: int, bucket: Bucket | None, rate: int, burst: int, d
     `bucket` is the bound after the previous tick, None when the bucket did not limit then;
     `rate` and `burst` are those in force during the tick, and limit (the caller passes no
     other); `claimed` is the difference of `state`'s totals, already clamped at 0."""
-    level, before = (float(burst), rate) if bucket is None else bucket
-    fastest = max(rate, before)
+    # (Written with comparisons rather than min/max: it runs for every device every tick.)
+    level, before = (burst, rate) if bucket is None else bucket
+    fastest = rate if rate >= before else before
     lent = 2.0 * burst + fastest * JITTER_S
     # The bucket caps the balance, not what flows through it: spending as it refills, a tick
     # may take the balance it began with plus the whole refill.
-    through = min(float(burst), level) + fastest * dt_s
-    believed = min(claimed, max(0, math.floor(through + lent)))
-    return believed, (max(-lent, min(float(burst), through - believed)), rate)
+    through = (level if level < burst else burst) + fastest * dt_s
+    allowed = through + lent
+    believed = claimed if claimed <= allowed else int(allowed) if allowed > 0 else 0
+    left = through - believed
+    return believed, (
+        (left if left < burst else float(burst)) if left > -lent else -lent, rate)

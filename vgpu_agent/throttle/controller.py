@@ -794,7 +794,9 @@ class ThrottleController:
         """
         # What each device spent, launched and waited since the last tick, as `state` says;
         # the tokens never more than its bucket can have let through (`throttle/audit.py`).
-        rows: list[tuple[_Device, float, CorePolicy, int, int, int, int, int, int, int, int]] = []
+        # each observation's fields, its use and span filled in once measured
+        fields: list[list[object]] = []
+        steered: list[tuple[_Device, int, int]] = []
         spent_by: dict[str, int] = {}
         liars: list[str] = []
         for device, (counters, rates, policies, priority) in entries:
@@ -839,18 +841,15 @@ class ThrottleController:
                 else:
                     device.bucket = None  # the shim does not limit: its bucket fills
             spent_by[device.alloc_id] = spent_by.get(device.alloc_id, 0) + spent
-            rows.append((device, limit, policy, priority, spent, launches, wait, rate, burst,
-                         written_rate, written_burst))
-        measured = self._utilization(uuid, entries, samples, spent_by)
-        utils, span_s, count = measured if measured is not None else (None, 0.0, 1)
-        observations: list[Observation] = []
-        steered: list[tuple[_Device, int, int]] = []
-        for (device, limit, policy, priority, spent, launches, wait, rate, burst, written_rate,
-             written_burst) in rows:
-            observations.append(_new(Observation, (
-                device.key, limit, policy, priority, spent, launches, wait / 1e9,
-                None if utils is None else utils[device.alloc_id], rate, burst, span_s, count)))
+            fields.append([device.key, limit, policy, priority, spent, launches, wait / 1e9,
+                           None, rate, burst, 0.0, 1])
             steered.append((device, written_rate, written_burst))
+        measured = self._utilization(uuid, entries, samples, spent_by)
+        if measured is not None:
+            utils, span_s, count = measured
+            for row, (device, _, _) in zip(fields, steered, strict=True):
+                row[7], row[10], row[11] = utils[device.alloc_id], span_s, count
+        observations: list[Observation] = [_new(Observation, row) for row in fields]
         states = self._states.get(uuid, {})
         for key in liars:
             # Its cold-start bound came from a tick no bucket limited, whose claims nothing
