@@ -9,7 +9,8 @@ metrics), in a child process of its own on simulated GPUs, so that its CPU time 
 own. The kubelet stand-in runs in a second child: the agent registers with it, and its
 PodResources lists the bench's containers, which the agent adopted from their region files at
 start (as after an agent restart) and binds to their pods. This process plays the containers (a
-shim-like writer updating every region's `state` every 50 ms; the simulated GPUs report each
+shim-like writer updating every region's `state` every 50 ms, each container spending what
+its bucket lets through of 5 million tokens a second; the simulated GPUs report each
 container's process in their per-process samples) and Prometheus (scrapes). Every figure is
 checked to come from an agent doing its job: each pod must be named in the scrape with its
 utilization. Measured:
