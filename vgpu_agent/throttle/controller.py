@@ -321,6 +321,11 @@ class ThrottleController:
         self._recent: dict[str, dict[int, tuple[str, int, float]]] = {}
         self._open_loop: set[str] = set()
         self._last_tick_ns: int | None = None
+        # when the counters were last read, and the time between the last two reads: what the
+        # audit of token claims measures the refill over (the reads may come well after the
+        # tick's clock, in a worker thread or on a loaded node, by a varying amount)
+        self._read_ns: int | None = None
+        self._read_dt_s = 0.0
         self.heartbeat_ns = round(heartbeat_s * 1e9)
         self._last_beat_ns: int | None = None
         self.max_tick_s, self.calm_ticks, self.inline_read_s = max_tick_s, calm_ticks, inline_read_s
@@ -505,6 +510,9 @@ class ThrottleController:
     def _read(self, regions: list[RegionHandle]) -> _Reading:
         """Every region's counters, then every GPU's new samples (in a worker thread when slow)."""
         started = time.perf_counter()
+        read_ns = self.clock()
+        self._read_dt_s = self.tick_s if self._read_ns is None else (read_ns - self._read_ns) / 1e9
+        self._read_ns = read_ns
         by_gpu = self._gather(regions)
         sampled: dict[str, list[ProcessSample] | BaseException] = {}
         for uuid in by_gpu:
@@ -792,9 +800,9 @@ class ThrottleController:
         through; limits and policies from `control`, which only the agent writes, the policy
         checked against the allowed names).
         """
-        # What each device spent, launched and waited since the last tick, as `state` says;
-        # the tokens never more than its bucket can have let through (`throttle/audit.py`).
-        # each observation's fields, its use and span filled in once measured
+        # What each device spent, launched and waited since the last tick, as `state` says,
+        # the tokens never more than its bucket can have let through (`throttle/audit.py`):
+        # each observation's fields, its use and span filled in once measured.
         fields: list[list[object]] = []
         steered: list[tuple[_Device, int, int]] = []
         spent_by: dict[str, int] = {}
@@ -834,7 +842,7 @@ class ThrottleController:
                 if rate < UNLIMITED_RATE and limit < FULL_SHARE and policies[dev] != "off":
                     claimed = spent
                     spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
-                                                          dt_s)
+                                                          self._read_dt_s)
                     if spent < claimed:
                         self._overclaimed(device, claimed, spent)
                         liars.append(device.key)
