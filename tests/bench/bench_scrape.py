@@ -143,10 +143,12 @@ class ShimSide:
     DEMAND_PER_STEP = 50_000  # tokens wanted every 10 ms
     COST = 1_000  # tokens a launch
 
-    def __init__(self, root: Path, rows: list[dict[str, object]]):
+    def __init__(self, root: Path, rows: list[dict[str, object]],
+                 clock: Callable[[], int] = time.monotonic_ns):
         from vgpu_agent.shm import layout
 
         self.layout = layout
+        self.clock = clock  # the controller's, where it is not the monotonic one
         self.maps = []
         for row in rows:
             fd = os.open(root / str(row["alloc_id"]) / "state", os.O_RDWR)
@@ -157,37 +159,70 @@ class ShimSide:
             os.close(fd)
             self.maps.append((state, control, int(row["devices"]), int(row["host_pid"])))
         self.step = 0
-        self.started_ns = time.monotonic_ns()
-        # per (container, device): [tokens spent, launches, ns waited, bucket balance]
-        self.totals = {(n, dev): [0, 0, 0, 0.0] for n, (_, _, devices, _) in enumerate(self.maps)
+        self._lock = threading.Lock()  # `moving`'s thread and the bench's own calls
+        self.started_ns = clock()
+        # per (container, device): [tokens spent, launches, ns waited, bucket balance, ns of
+        # its last refill] (the shims' own clock: 10 ms steps since the start)
+        self.totals = {(n, dev): [0, 0, 0, 0, 0] for n, (_, _, devices, _) in enumerate(self.maps)
                        for dev in range(devices)}
         self.pods = {str(row["identity"][1]) for row in rows}  # type: ignore[index]
         self.device_ids = {str(i) for row in rows for i in row["device_ids"]}  # type: ignore[attr-defined]
 
     def _spend(self, control: mmap.mmap, dev: int, totals: list, steps: int) -> None:  # type: ignore[type-arg]
+        """`steps` of 10 ms on one device, by the shim's own bucket rule (`shm.layout`, the
+        twin of `bucket.h`): each step, the launches its balance admits, up to the demand."""
         layout = self.layout
         want = self.DEMAND_PER_STEP * steps
         rate, burst, policy, core_limit = (
             layout.load_u64(control, layout.control_device_offset(dev, field))
             for field in ("rate", "burst", "policy", "core_limit"))
+        step_ns = 10_000_000
+        end_ns = self.step * step_ns
         if layout.is_unlimited(policy, core_limit, rate, burst):
-            spent, totals[3] = want, float(burst)
-        else:  # step by step: the bucket caps the balance, not what flows through it
-            balance, spent = totals[3], 0
-            for _ in range(min(steps, 1_000)):
-                balance = min(float(burst), balance + rate / 100)
-                used = min(self.DEMAND_PER_STEP, max(0, int(balance)))
-                balance -= used
-                spent += used
-            totals[3] = balance
+            spent = want
+            totals[3], totals[4] = burst, end_ns  # unlimited, the bucket stands full
+        else:
+            balance, last_ns, spent = totals[3], totals[4], 0
+            for n in range(max(0, steps - 1_000), steps):  # a long pause: its last 10 s
+                now_ns = end_ns - (steps - 1 - n) * step_ns
+                balance, last_ns = layout.refill(balance, last_ns or now_ns, now_ns, rate, burst)
+                if layout.admits(balance, self.COST, burst):
+                    launches = min(self.DEMAND_PER_STEP // self.COST, balance // self.COST)
+                    balance = layout.spend(balance, launches * self.COST)
+                    spent += launches * self.COST
+            totals[3], totals[4] = balance, last_ns
         totals[0] += spent
         totals[1] += spent // self.COST
-        totals[2] += (want - spent) * steps * 10_000_000 // want if want else 0
+        totals[2] += (want - spent) * steps * step_ns // want if want else 0
+
+    @contextlib.contextmanager
+    def moving(self) -> Iterator[None]:
+        """The counters move every SHIM_STEP_S in a thread of their own, whatever the bench
+        does meanwhile (a real shim's move at every launch): read long after they last moved,
+        they would catch up at once, more than the bucket lets through between two reads, and
+        the agent would rightly cut the claim."""
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(SHIM_STEP_S):
+                self.tick()
+
+        mover = threading.Thread(target=run, name="bench-shims", daemon=True)
+        mover.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            mover.join()
 
     def tick(self) -> None:
+        with self._lock:
+            self._tick()
+
+    def _tick(self) -> None:
         layout = self.layout
         # counters follow the clock, so the spending rate is the same however often this runs
-        step = (time.monotonic_ns() - self.started_ns) // 10_000_000
+        step = (self.clock() - self.started_ns) // 10_000_000
         steps, self.step = step - self.step, step
         now = time.monotonic_ns()
         slot = layout.STATE_OFFSETS["slots"]
@@ -373,6 +408,13 @@ def check_bound(body: bytes, pods: set[str]) -> None:
     if named != pods:
         raise SystemExit(f"the agent names {len(named)} of {len(pods)} pods with their "
                          f"utilization; missing e.g. {sorted(pods - named)[:3]}")
+    # and the bench's shims are honest ones: the agent believed every token they claimed
+    cut = re.search(rb'vgpu_region_events_total\{[^}]*event="tokens_overclaimed"[^}]*\} (\S+)',
+                    body)
+    if cut is None or float(cut.group(1)) != 0:
+        raise SystemExit("the agent cut the bench shims' token claims "
+                         f"({cut.group(1).decode() if cut else 'no count exported'}): they "
+                         "spend more than their buckets let through")
 
 
 def pct(ordered: list[float], q: float) -> float:
@@ -647,8 +689,9 @@ def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool],
         regions.mkdir(parents=True)
         rows = build_regions(root, args.gpus, containers_for(size), regions)
         shim = ShimSide(regions, rows)
-        results = {name: measure(args, root, shim, changing, reference, bare)
-                   for name, changing, reference in configs}
+        with shim.moving():
+            results = {name: measure(args, root, shim, changing, reference, bare)
+                       for name, changing, reference in configs}
     devices = sum(int(r["devices"]) for r in rows)
     print(f"\n{len(rows)} containers, {devices} container-devices; load average "
           f"{os.getloadavg()[0]:.1f}")

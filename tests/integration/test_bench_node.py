@@ -56,20 +56,21 @@ def test_the_benchmark_shims_spend_no_more_than_their_buckets_let_through(tmp_pa
     from vgpu_agent.throttle.audit import believed_spend
 
     rows = build_regions(tmp_path, 2, 4)
-    shim = ShimSide(tmp_path, rows)
+    clock = [0]
+    shim = ShimSide(tmp_path, rows, clock=lambda: clock[0])
     region = Region.open(tmp_path / str(rows[0]["alloc_id"]))
     try:
         def totals() -> int:
             return region.counters()[0]
 
-        shim.started_ns -= 100_000_000  # 100 ms of spending, unlimited
+        clock[0] += 100_000_000  # 100 ms of spending, unlimited
         shim.tick()
         assert totals() == 10 * ShimSide.DEMAND_PER_STEP
         rate, burst = 1_000_000, 20_000  # a fifth of what it wants
         region.set_rate(0, rate, burst)
         bucket, before = None, totals()
         for _ in range(20):
-            shim.started_ns -= 100_000_000
+            clock[0] += 100_000_000
             shim.tick()
             claimed = totals() - before
             before = totals()
