@@ -21,11 +21,17 @@ RUN make \
  && test -f build/libvgpu.so
 
 # --- wheels: the agent and its dependencies, built from the project, not copied as sources ------
+# The agent's wheel carries the control law in C (setup.py): the compiler stays in this stage.
 FROM python:3.11.7-slim-bookworm AS wheels
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY vgpu_agent/ vgpu_agent/
-RUN pip wheel --no-cache-dir --disable-pip-version-check --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --disable-pip-version-check --wheel-dir /wheels . \
+ && python -c "import zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/vgpu_agent-*.whl')[0]).namelist(); assert any('_lawc' in n for n in names), 'the law in C was not built'"
 
 # --- runtime: no compiler, no build tools, no sources -------------------------------------------
 FROM python:3.11.7-slim-bookworm

@@ -6,7 +6,8 @@ to regions on host evidence (`identity.Attributor`: a process's mount table show
 proven process is the fallback), tokens spent,
 launches and time waited from the header of each region's `state` (the lean read: one pread,
 no slot decoded); the law turns these into rates, written with `set_rate` where they changed.
-The law is `fastlaw.control_step_gpu`, all containers of a GPU in one call; it decides exactly as
+The law is `nativelaw.control_step_native`, all containers of a GPU in one call, in C where the
+extension was built (`fastlaw.control_step_gpu` in Python otherwise); both decide exactly as
 the reference `control.control_step` (which `law=` can select, as the tests do). The slots
 (what the container claims runs in it) are read only when a sample names a process the
 controller cannot yet place, at most once a second per GPU. A failing region or GPU is logged
@@ -78,8 +79,8 @@ from vgpu_agent.throttle.control import (
     LoopState,
     Observation,
 )
-from vgpu_agent.throttle.fastlaw import control_step_gpu
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
+from vgpu_agent.throttle.nativelaw import NATIVE, control_step_native
 from vgpu_agent.throttle.timesliced import SHARED_PERIODS, TimeSlicedSplit
 
 # One tick of the law for one GPU's containers: `control.control_step`'s signature.
@@ -256,7 +257,7 @@ class ThrottleController:
         max_tick_s: float | None = None,
         calm_ticks: int = 10,
         inline_read_s: float = 0.001,
-        law: Law = control_step_gpu,
+        law: Law = control_step_native,
         evidence: HostEvidence | None = None,
         container_region_dir: str = "/run/vgpu",
         idle_tick_s: float | None = None,
@@ -296,6 +297,9 @@ class ThrottleController:
         self._sampled_pids: set[int] = set()
         self.params = params or ControlParams()
         self.law = law
+        if law is control_step_native and not NATIVE:
+            log.warning("throttle_law_not_native", reason="vgpu_agent.throttle._lawc was not "
+                        "built (no C compiler at install)", law="python")
         self.clock = clock
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
