@@ -1,12 +1,13 @@
-"""The control law's cost per container-device and tick: the reference law against the fast one.
+"""The control law's cost per container-device and tick: the reference law against the fast ones.
 
     python tests/bench/bench_law.py [--containers 18] [--seconds 10] [--rounds 5]
 
 Records every tick the controller hands the law on one simulated GPU (the default imperfect
 plant, NVML sigma 3 every 1/6 s; `--containers` busy containers with mixed limits, policies and
-priorities), then replays the recording through both laws, alternately, `--rounds` times, and
-prints the median microseconds per container-device per tick of each and their ratio. Every
-replayed tick is also checked to give identical decisions.
+priorities), then replays the recording through the reference, the fast law in Python and the same law in C
+(where built), alternately, `--rounds` times, and prints the median microseconds per
+container-device per tick of each and their ratios. Every replayed tick is also checked to give
+identical decisions (the C step must not hand any back to Python).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from vgpu_agent.simulation.gpu import Workload
 from vgpu_agent.simulation.runner import ContainerSpec, ControlledRun
 from vgpu_agent.throttle.control import control_step
 from vgpu_agent.throttle.fastlaw import control_step_gpu
+from vgpu_agent.throttle.nativelaw import NATIVE, native_step
 
 
 def record(containers: int, seconds: float) -> list[tuple]:  # type: ignore[type-arg]
@@ -63,20 +65,31 @@ def main() -> int:
     args = parser.parse_args()
     ticks = record(args.containers, args.seconds)
     for observations, states, dt_s, params in ticks:
-        if control_step_gpu(observations, states, dt_s, params) != \
-                control_step(observations, states, dt_s, params):
+        reference = control_step(observations, states, dt_s, params)
+        if control_step_gpu(observations, states, dt_s, params) != reference:
             print("the laws disagree: fast law is wrong")
             return 1
+        if NATIVE and native_step(observations, states, dt_s, params) != reference:
+            print("the laws disagree (or the C step declined): the law in C is wrong")
+            return 1
     devices = sum(len(t[0]) for t in ticks)
-    reference, fast = [], []
+    laws = {"reference": control_step, "fast": control_step_gpu}
+    if NATIVE:
+        laws["C"] = native_step
+    spent: dict[str, list[float]] = {name: [] for name in laws}
     for _ in range(args.rounds):
-        reference.append(replay(control_step, ticks) / devices * 1e6)
-        fast.append(replay(control_step_gpu, ticks) / devices * 1e6)
-    ref_us, fast_us = statistics.median(reference), statistics.median(fast)
+        for name, law in laws.items():
+            spent[name].append(replay(law, ticks) / devices * 1e6)
+    us = {name: statistics.median(values) for name, values in spent.items()}
     print(f"{len(ticks)} ticks x {args.containers} containers on one GPU, {args.rounds} rounds, "
           f"decisions identical")
-    print(f"reference law {ref_us:.1f} us per container-device per tick, fast law {fast_us:.1f} "
-          f"us: x{ref_us / fast_us:.2f}")
+    print(f"reference law {us['reference']:.1f} us per container-device per tick, fast law "
+          f"{us['fast']:.1f} us: x{us['reference'] / us['fast']:.2f}")
+    if NATIVE:
+        print(f"law in C {us['C']:.2f} us: x{us['reference'] / us['C']:.1f} the reference, "
+              f"x{us['fast'] / us['C']:.1f} the fast law")
+    else:
+        print("law in C: not built")
     return 0
 
 
