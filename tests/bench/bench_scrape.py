@@ -159,6 +159,9 @@ class ShimSide:
             os.close(fd)
             self.maps.append((state, control, int(row["devices"]), int(row["host_pid"])))
         self.step = 0
+        # steps a tick may spend after the last one: all of them on the controller's clock (the
+        # bench moves the time), few where the counters move in real time (`moving`)
+        self.catch_up_steps = 1_000
         self._lock = threading.Lock()  # `moving`'s thread and the bench's own calls
         self.started_ns = clock()
         # per (container, device): [tokens spent, launches, ns waited, bucket balance, ns of
@@ -183,7 +186,9 @@ class ShimSide:
             totals[3], totals[4] = burst, end_ns  # unlimited, the bucket stands full
         else:
             balance, last_ns, spent = totals[3], totals[4], 0
-            for n in range(max(0, steps - 1_000), steps):  # a long pause: its last 10 s
+            # After a pause longer than the catch-up (on a real node: its process did not run),
+            # the bucket refills up to its burst and the launches start again.
+            for n in range(max(0, steps - self.catch_up_steps), steps):
                 now_ns = end_ns - (steps - 1 - n) * step_ns
                 balance, last_ns = layout.refill(balance, last_ns or now_ns, now_ns, rate, burst)
                 if layout.admits(balance, self.COST, burst):
@@ -198,10 +203,13 @@ class ShimSide:
     @contextlib.contextmanager
     def moving(self) -> Iterator[None]:
         """The counters move every SHIM_STEP_S in a thread of their own, whatever the bench
-        does meanwhile (a real shim's move at every launch): read long after they last moved,
-        they would catch up at once, more than the bucket lets through between two reads, and
-        the agent would rightly cut the claim."""
+        does meanwhile (a real shim's move at every launch). A real shim counts a launch as it
+        admits it; this thread, late by more than a step or two (the bench process busy on a
+        loaded machine), is a shim whose process did not run meanwhile, not one that launched
+        and counts it afterwards: caught up at once, it would claim more than the bucket let
+        through between two reads, and the agent would rightly cut the claim."""
         stop = threading.Event()
+        self.catch_up_steps = round(SHIM_STEP_S / 0.01) + 1
 
         def run() -> None:
             while not stop.wait(SHIM_STEP_S):

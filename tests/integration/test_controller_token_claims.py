@@ -63,3 +63,34 @@ async def test_an_overclaim_is_logged_once_per_device():
     warned = [e for e in logs if e["event"] == "throttle_tokens_overclaimed"]
     assert len(warned) == 1
     assert warned[0]["alloc_id"] == "liar" and warned[0]["claimed"] > warned[0]["believed"]
+
+
+async def test_a_reader_stalled_halfway_takes_no_honest_container_for_a_liar():
+    # The agent's reads stall after the first region (a loaded node, a CPU-limited agent):
+    # 300 ms pass, in which the shims keep spending. The second region's counters then hold
+    # 300 ms more than the tick's clock says; read on its own clock, it is believed.
+    gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)
+    first = SimRegion("first", (UUID,), (60.0,), ("strict",))
+    second = SimRegion("second", (UUID,), (40.0,), ("strict",))
+    procs = [gpu.shim_process(r.alloc_id, Workload(kernel_s=0.0002), r) for r in (first, second)]
+    controller = ThrottleController(SimBackend([gpu]), lambda: [first, second],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    stalls = 0
+    read_first = first.counters
+
+    def stalling() -> tuple[int, ...]:
+        nonlocal stalls
+        counters = read_first()
+        if controller.ticks % 7 == 0:
+            gpu.advance(0.3)
+            stalls += 1
+        return counters
+
+    first.counters = stalling  # type: ignore[method-assign]
+    for _ in range(300):
+        gpu.advance(0.1)
+        await controller.tick()
+    assert stalls > 30
+    assert "tokens_overclaimed" not in controller.error_counts
+    assert gpu.shares(procs[0], 10)[-1][1] == pytest.approx(60, abs=3)
+    assert gpu.shares(procs[1], 10)[-1][1] == pytest.approx(40, abs=3)

@@ -212,7 +212,7 @@ class _Device:
     """
 
     __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "limits", "overclaimed", "previous",
-                 "region", "seen", "uuid")
+                 "read_ns", "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -224,6 +224,8 @@ class _Device:
         # limit, policy in force, and the policy and priority it was found from in `control`
         self.limits: tuple[float, CorePolicy, str, int] | None = None
         self.previous = previous  # tokens spent, launches, wait ns (cumulative)
+        # when `previous` was read at the earliest (the controller's clock)
+        self.read_ns: int | None = None
         # the last decision, kept raw: `DeviceStatus` is built only when someone asks
         self.last: tuple[Observation, Decision, bool] | None = None
         self.seen = 0  # the tick that last read the device
@@ -234,8 +236,8 @@ class _Device:
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
 # device, flattened), and of `control` the (rate, burst) per device (flattened), the policies and
-# the priority in force.
-_RegionReading = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...], int]
+# the priority in force; and when the counters were read (a moment between these two clocks).
+_RegionReading = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...], int, int, int]
 # Per GPU: the devices on it with their region's reading, in region order.
 _Entries = list[tuple[_Device, _RegionReading]]
 # What the worker thread read: entries per GPU, and per GPU the samples or what prevented them.
@@ -325,11 +327,6 @@ class ThrottleController:
         self._recent: dict[str, dict[int, tuple[str, int, float]]] = {}
         self._open_loop: set[str] = set()
         self._last_tick_ns: int | None = None
-        # when the counters were last read, and the time between the last two reads: what the
-        # audit of token claims measures the refill over (the reads may come well after the
-        # tick's clock, in a worker thread or on a loaded node, by a varying amount)
-        self._read_ns: int | None = None
-        self._read_dt_s = 0.0
         self.heartbeat_ns = round(heartbeat_s * 1e9)
         self._last_beat_ns: int | None = None
         self.max_tick_s, self.calm_ticks, self.inline_read_s = max_tick_s, calm_ticks, inline_read_s
@@ -514,9 +511,6 @@ class ThrottleController:
     def _read(self, regions: list[RegionHandle]) -> _Reading:
         """Every region's counters, then every GPU's new samples (in a worker thread when slow)."""
         started = time.perf_counter()
-        read_ns = self.clock()
-        self._read_dt_s = self.tick_s if self._read_ns is None else (read_ns - self._read_ns) / 1e9
-        self._read_ns = read_ns
         by_gpu = self._gather(regions)
         sampled: dict[str, list[ProcessSample] | BaseException] = {}
         for uuid in by_gpu:
@@ -541,7 +535,9 @@ class ThrottleController:
             # known: the tick is kept as short as where something is lent. Its devices are
             # followed only once it reads: a header corrupt for good is no change every tick.
             try:
+                read_from = self.clock()
                 counters = _counters(region)
+                read_until = self.clock()
                 if counters is None:
                     self._lent = True
                     self.errors["region_corrupt"] += 1
@@ -561,7 +557,11 @@ class ThrottleController:
                     self._failed("region_read", "throttle_region_read_failed",
                                  alloc_id=_alloc_id(region))
                 continue
-            reading = (counters, rates, policies, priority)
+            # When this region's counters were read (the moment lies between these two), not
+            # when the tick's reads began: a reader stalled halfway (a loaded node, a
+            # CPU-limited agent) must not make the regions read after the stall look as if they
+            # had spent more than their buckets let through.
+            reading = (counters, rates, policies, priority, read_from, read_until)
             for device in devices:
                 device.seen = tick
                 by_gpu[device.uuid].append((device, reading))
@@ -580,7 +580,7 @@ class ThrottleController:
             device = _Device(region, dev, alloc_id, uuid,
                              before.previous if before is not None else None)
             if before is not None:
-                device.last = before.last
+                device.last, device.read_ns = before.last, before.read_ns
             devices.append(device)
         for device in devices:
             self._devices[device.key] = device
@@ -811,14 +811,14 @@ class ThrottleController:
         steered: list[tuple[_Device, int, int]] = []
         spent_by: dict[str, int] = {}
         liars: list[str] = []
-        for device, (counters, rates, policies, priority) in entries:
+        for device, (counters, rates, policies, priority, read_from, read_until) in entries:
             dev = device.dev
             at = 3 * dev
             now = counters[at : at + 3]
             if len(now) < 3:
                 now = (0, 0, 0)
-            previous = device.previous
-            device.previous = now  # type: ignore[assignment]
+            previous, previous_ns = device.previous, device.read_ns
+            device.previous, device.read_ns = now, read_from  # type: ignore[assignment]
             # The rate in force for the law, and what the write compares with (a rate changed
             # behind the agent's back, or left by its previous run, is seen and fixed).
             written_rate, written_burst = rates[2 * dev], rates[2 * dev + 1]
@@ -845,8 +845,12 @@ class ThrottleController:
                 wait = max(0, now[2] - previous[2])
                 if rate < UNLIMITED_RATE and limit < FULL_SHARE and policies[dev] != "off":
                     claimed = spent
+                    # the refill over the longest the time between this device's two reads
+                    # may have been
+                    read_dt_s = (self.tick_s if previous_ns is None
+                                 else (read_until - previous_ns) / 1e9)
                     spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
-                                                          self._read_dt_s)
+                                                          read_dt_s)
                     if spent < claimed:
                         self._overclaimed(device, claimed, spent)
                         liars.append(device.key)
