@@ -14,10 +14,10 @@ What an honest shim may spend beyond that is lent, once, not every tick: the bou
 to `lent` below zero. `lent` is two bursts (the shim admits a launch once `min(cost, burst)`
 tokens are there and takes its whole cost, a debt of up to one launch, which the law keeps
 within half a burst; and its lazy refill may credit a raised rate for moments before the
-raise, at most a burst where the bucket is capped) plus JITTER_S of refill (the time between
-two reads is measured around them, but one region's counters are read a little before or
-after another's, and a process stalled mid-launch may add its tokens late: variations that
-cancel from one tick to the next). A rate lowered at the end of the last tick was in force until
+raise, at most a burst where the bucket is capped) plus JITTER_S of refill (the caller
+measures the time between a region's two reads with clocks taken around each read, so its own
+stalls cost nothing; but a process stalled between admitting a launch and counting it adds
+its tokens late: a variation that cancels from one tick to the next). A rate lowered at the end of the last tick was in force until
 then: the refill counts the higher of the two. A container claiming the most it may every
 tick is thus believed to spend its rate, and the law's feedback from measured use, which the
 container cannot write, brings it to its share.
