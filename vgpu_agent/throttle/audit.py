@@ -10,17 +10,17 @@ shim's bucket allows (`Bucket`): full (`burst`) when its rate begins to limit; i
 lets through at most its balance plus the refill at the rate in force, and what is left,
 capped at `burst`, is the next tick's bound.
 
-What an honest shim may spend beyond that is lent, once, not every tick: the bound may fall
-to `lent` below zero. `lent` is two bursts (the shim admits a launch once `min(cost, burst)`
+What an honest shim may spend beyond that is lent, once, not every tick: the bound may fall to
+`lent` below zero. `lent` is two bursts (the shim admits a launch once `min(cost, burst)`
 tokens are there and takes its whole cost, a debt of up to one launch, which the law keeps
-within half a burst; and its lazy refill may credit a raised rate for moments before the
-raise, at most a burst where the bucket is capped) plus JITTER_S of refill (the caller
-measures the time between a region's two reads with clocks taken around each read, so its own
-stalls cost nothing; but a process stalled between admitting a launch and counting it adds
-its tokens late: a variation that cancels from one tick to the next). A rate lowered at the end of the last tick was in force until
-then: the refill counts the higher of the two. A container claiming the most it may every
-tick is thus believed to spend its rate, and the law's feedback from measured use, which the
-container cannot write, brings it to its share.
+within half a burst; and its lazy refill may credit a raised rate for moments before the raise,
+at most a burst where the bucket is capped) plus JITTER_S of refill (the caller measures the
+time between a region's two reads with clocks taken around each read, so its own stalls cost
+nothing; but a process stalled between admitting a launch and counting it adds its tokens late:
+a variation that cancels from one tick to the next). A rate lowered at the end of the last tick
+was in force until then: the refill counts the higher of the two. A container claiming the most
+it may every tick is thus believed to spend its rate, and the law's feedback from measured use,
+which the container cannot write, brings it to its share.
 
 Pure: no I/O, no clocks.
 """
