@@ -607,7 +607,7 @@ static PyObject *step(PyObject *module, PyObject *args)
     /* one allocation for every array of the step */
     size_t doubles = (size_t)n * (size_t)hl          /* histories */
                    + 3 * (size_t)hl + 2 * (size_t)hl /* window lengths, weights, scratch */
-                   + 11 * (size_t)n;                 /* the allocation's */
+                   + 13 * (size_t)n; /* the allocation's, and the uses summed */
     Ctr *ctrs = PyMem_Calloc((size_t)n, sizeof(Ctr));
     double *dbuf = PyMem_Malloc(doubles * sizeof(double));
     Py_ssize_t *ibuf = PyMem_Malloc((size_t)n * (4 * sizeof(Py_ssize_t) + sizeof(Ctr *)));
@@ -617,10 +617,11 @@ static PyObject *step(PyObject *module, PyObject *args)
         goto done;
     }
     double *histories = dbuf, *wlengths = dbuf + (size_t)n * hl, *weights = wlengths + hl,
-           *scratch = weights + hl, *alloc_buf = scratch + 3 * hl;
+           *scratch = weights + hl, *alloc_buf = scratch + 3 * hl, *off_uses = alloc_buf + 11 * n,
+           *uses = off_uses + n;
 
     double wait_fraction = p.wait_fraction * dt, drift = p.drift2 * dt;
-    double off_use = 0.0;
+    Py_ssize_t off_count = 0; /* what `off` containers use, summed as `sum` does */
     for (Py_ssize_t i = 0; i < n; i++) {
         Ctr *c = &ctrs[i];
         if (!read_observation(PyList_GET_ITEM(observations, i), c))
@@ -803,10 +804,12 @@ static PyObject *step(PyObject *module, PyObject *args)
             if (truth < 0)
                 goto done;
             if (truth) {
-                if (!as_double(c->last_util, &used))
+                if (!as_float(c->last_util, &used))
                     goto bail;
-                off_use += used;
+            } else {
+                used = 0.0;
             }
+            off_uses[off_count++] = used;
         }
     }
 
@@ -858,18 +861,20 @@ static PyObject *step(PyObject *module, PyObject *args)
         }
     }
 
-    double in_use = 0.0;
+    Py_ssize_t using = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Ctr *c = &ctrs[i];
         if (c->k > 0 && c->hist_len)
-            in_use += c->hist[c->hist_len - 1] / c->k;
+            uses[using++] = c->hist[c->hist_len - 1] / c->k;
     }
+    double in_use = py_sum(uses, using);
     int full = in_use >= FULL_SHARE - p.saturation_margin;
     for (Py_ssize_t i = 0; i < n; i++) {
         Ctr *c = &ctrs[i];
         c->claim_hungry = c->hungry || (full && c->hist_len && c->hist[c->hist_len - 1] > 0);
     }
-    allocate(ctrs, n, py_max(0.0, FULL_SHARE - off_use), alloc_buf, ibuf, lbuf);
+    allocate(ctrs, n, py_max(0.0, FULL_SHARE - py_sum(off_uses, off_count)), alloc_buf, ibuf,
+             lbuf);
 
     result = PyDict_New();
     if (result == NULL)

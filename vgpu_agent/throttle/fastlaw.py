@@ -15,9 +15,11 @@ the same law, decision for decision, arranged for speed over a GPU's containers:
   and on the capacity, which rarely change: they are computed once and remembered.
 
 Agreement with the reference is exact, not approximate: every float is computed by the same
-operations in the same order (the ticks a span does not cover carry weight 0.0, and adding
-h * 0.0 = 0.0 to a sum changes nothing, so leaving them out is exact). The tests compare both
-laws' decisions with `==` on random inputs and on recorded runs of the simulated GPU.
+operations in the same order, sums by `sum` where the reference uses it (from Python 3.12 on
+`sum` compensates its rounding, so a loop of `+=` would differ in the last bit) (the ticks a
+span does not cover carry weight 0.0, and adding h * 0.0 = 0.0 to a sum changes nothing, so
+leaving them out is exact). The tests compare both laws' decisions with `==` on random inputs
+and on recorded runs of the simulated GPU.
 
 Pure: no I/O, no clocks.
 """
@@ -178,7 +180,7 @@ def control_step_gpu(
     learned_all: list[_Learned] = []
     hungers: list[bool] = []
     demands: list[float] = []
-    off_use = 0.0
+    off_uses: list[float] = []  # summed by `sum`, as the reference does (see the note)
     for o in observations:
         prev = states.get(o.key, _BLANK)
         previous.append(prev)
@@ -265,14 +267,10 @@ def control_step_gpu(
         hungers.append(hungry)
         demands.append(demand)
         if o.policy == "off":
-            off_use += last_util or 0.0
+            off_uses.append(last_util or 0.0)
 
     guess_newcomers(observations, previous, learned_all, demands, p)
-    in_use = 0.0
-    for lrn in learned_all:
-        k, spends = lrn[0], lrn[2]
-        if k > 0 and spends:
-            in_use += spends[-1] / k
+    in_use = sum([lrn[2][-1] / lrn[0] for lrn in learned_all if lrn[0] > 0 and lrn[2]])
     full = in_use >= FULL_SHARE - p.saturation_margin
     claims = [
         Claim(o.key, o.limit, o.policy, o.priority,
@@ -280,7 +278,7 @@ def control_step_gpu(
         for o, lrn, hungry, demand in zip(observations, learned_all, hungers, demands,
                                           strict=True)
     ]
-    targets = _allocate(claims, max(0.0, FULL_SHARE - off_use))
+    targets = _allocate(claims, max(0.0, FULL_SHARE - sum(off_uses)))
 
     cold_samples, cold_sigmas = p.cold_samples, p.cold_sigmas
     min_rate, deadband = p.min_rate, p.rate_deadband
