@@ -16,9 +16,9 @@ the same law, decision for decision, arranged for speed over a GPU's containers:
 
 Agreement with the reference is exact, not approximate: every float is computed by the same
 operations in the same order, sums by `sum` where the reference uses it (from Python 3.12 on
-`sum` compensates its rounding, so a loop of `+=` would differ in the last bit) (the ticks a
+`sum` compensates its rounding, so a loop of `+=` would differ in the last bit). The ticks a
 span does not cover carry weight 0.0, and adding h * 0.0 = 0.0 to a sum changes nothing, so
-leaving them out is exact). The tests compare both laws' decisions with `==` on random inputs
+leaving them out is exact. The tests compare both laws' decisions with `==` on random inputs
 and on recorded runs of the simulated GPU.
 
 Pure: no I/O, no clocks.
