@@ -165,9 +165,10 @@ class ShimSide:
         self._lock = threading.Lock()  # `moving`'s thread and the bench's own calls
         self.started_ns = clock()
         # per (container, device): [tokens spent, launches, ns waited, bucket balance, ns of
-        # its last refill] (the shims' own clock: 10 ms steps since the start)
-        self.totals = {(n, dev): [0, 0, 0, 0, 0] for n, (_, _, devices, _) in enumerate(self.maps)
-                       for dev in range(devices)}
+        # its last refill, the rate found then] (the shims' own clock: 10 ms steps since the
+        # start)
+        self.totals = {(n, dev): [0, 0, 0, 0, 0, 0] for n, (_, _, devices, _)
+                       in enumerate(self.maps) for dev in range(devices)}
         self.pods = {str(row["identity"][1]) for row in rows}  # type: ignore[index]
         self.device_ids = {str(i) for row in rows for i in row["device_ids"]}  # type: ignore[attr-defined]
 
@@ -184,13 +185,20 @@ class ShimSide:
         if layout.is_unlimited(policy, core_limit, rate, burst):
             spent = want
             totals[3], totals[4] = burst, end_ns  # unlimited, the bucket stands full
+            totals[5] = 0
         else:
             balance, last_ns, spent = totals[3], totals[4], 0
+            # The rate found now was written some time since the last run: the steps before
+            # the newest are spent at the lower of it and the one found then (a real shim
+            # refills at each launch, at the rate in force at that moment).
+            before = totals[5] if 0 < totals[5] < rate else rate
+            totals[5] = rate
             # After a pause longer than the catch-up (on a real node: its process did not run),
             # the bucket refills up to its burst and the launches start again.
             for n in range(max(0, steps - self.catch_up_steps), steps):
                 now_ns = end_ns - (steps - 1 - n) * step_ns
-                balance, last_ns = layout.refill(balance, last_ns or now_ns, now_ns, rate, burst)
+                balance, last_ns = layout.refill(balance, last_ns or now_ns, now_ns,
+                                                 rate if n == steps - 1 else before, burst)
                 if layout.admits(balance, self.COST, burst):
                     launches = min(self.DEMAND_PER_STEP // self.COST, balance // self.COST)
                     balance = layout.spend(balance, launches * self.COST)
