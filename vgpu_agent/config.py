@@ -115,6 +115,8 @@ class Config:
     throttle_tick_seconds: float = 0.1
     # how many times longer the tick grows while every container is settled (1: never slower)
     throttle_calm_slowdown: int = 4
+    # NVML's per-process samples asked for once every this many sample periods
+    throttle_nvml_poll_periods: int = 1
     host_proc_dir: str = "/proc"
     region_gc_grace_seconds: float = 30.0
     pod_resources_refresh_seconds: float = 5.0
@@ -457,6 +459,7 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
         "must be a number between 0.01 and 10", lambda v: 0.01 <= v <= 10
     ),
     "throttle_calm_slowdown": _as_int(1, 10),
+    "throttle_nvml_poll_periods": _as_int(1, 5),
     "host_proc_dir": _as_abs_path,
     "region_gc_grace_seconds": _seconds(0, DAY_S, " (>= 0)"),
     "pod_resources_refresh_seconds": _seconds(0.05, 3600, " (> 0)"),

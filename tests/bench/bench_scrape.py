@@ -82,6 +82,7 @@ HOST_PID_BASE = 200_000
 GOAL_P99_MS = 50.0
 GOAL_CPU_PERCENT = 2.0
 GOAL_CHANGING_CPU_PERCENT = 5.0
+SAMPLE_PERIOD_US = 166_667  # NVML's per-process sample period on the bench node (1/6 s)
 SHIM_STEP_S = 0.05  # the containers' counters move this often (a real shim's move continuously)
 GOAL_RSS_MB = 150.0
 GOAL_ALLOCATE_RATIO = 2.0
@@ -268,7 +269,7 @@ class ShimSide:
 # ------------------------------------------------------------------ the agent side (child)
 
 
-def agent_config(root: Path, gpus: int, changing: bool) -> object:
+def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int = 1) -> object:
     """The agent's configuration on the bench node: its defaults but for the paths, the
     simulated GPUs and, while shares change, a tick held at 100 ms."""
     from vgpu_agent.config import Config
@@ -287,6 +288,7 @@ def agent_config(root: Path, gpus: int, changing: bool) -> object:
         region_gc_grace_seconds=0,
         # as if something changed every tick: the cost of a controller that never calms down
         throttle_calm_slowdown=1 if changing else 4,
+        throttle_nvml_poll_periods=nvml_poll_periods,
     )
 
 
@@ -310,7 +312,8 @@ def cpu_burner(ms: float) -> Callable[[], None]:
 
 
 async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
-                reference_law: bool = False, nvml_call_ms: float = 0.0) -> None:
+                reference_law: bool = False, nvml_call_ms: float = 0.0,
+                nvml_poll_periods: int = 1) -> None:
     """The whole agent, as `vgpu-agent run` composes it (`Agent` on its own event loop), on
     simulated GPUs whose per-process samples are the containers' and whose processes belong to
     their containers (what /proc proves on a real node)."""
@@ -332,17 +335,23 @@ async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
     burn = cpu_burner(nvml_call_ms)
 
     def samples(uuid: str, since_us: int) -> list[ProcessSample]:
+        """Every 1/6 s period's samples since `since_us` (the driver keeps them), stamped at
+        the period's end; the newest only on the first call."""
         burn()  # what the call costs on a real driver, whatever it returns
-        now_us = time.time_ns() // 1000
-        if since_us and now_us - since_us < 166_000:
-            return []  # NVML's samples come every 1/6 s
-        flip = now_us // 2_000_000
-        return [ProcessSample(pid, now_us, 5 + 5 * ((flip + pid) % 2) if changing else 5)
-                for pid in pids_by_gpu.get(uuid, [])]
+        newest = time.time_ns() // 1000 // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US
+        last = newest // SAMPLE_PERIOD_US
+        # the driver's buffer holds the last few seconds: ten periods here
+        stamps = range(max(since_us // SAMPLE_PERIOD_US + 1, last - 9) if since_us else last,
+                       last + 1)
+        return [ProcessSample(pid, n * SAMPLE_PERIOD_US,
+                              5 + 5 * ((n * SAMPLE_PERIOD_US // 2_000_000 + pid) % 2)
+                              if changing else 5)
+                for n in stamps for pid in pids_by_gpu.get(uuid, [])]
 
     backend.set_sample_source(samples)
     backend.set_process_owner(owner.get)
-    agent = Agent(agent_config(root, gpus, changing), backend=backend)  # type: ignore[arg-type]
+    agent = Agent(agent_config(root, gpus, changing, nvml_poll_periods),  # type: ignore[arg-type]
+                  backend=backend)
     if reference_law:
         from vgpu_agent.throttle.control import control_step
 
@@ -533,7 +542,8 @@ def stop_child(child: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def running_node(root: Path, gpus: int, changing: bool = False, reference_law: bool = False,
-                 nvml_call_ms: float = 0.0) -> Iterator[tuple[subprocess.Popen, int]]:
+                 nvml_call_ms: float = 0.0, nvml_poll_periods: int = 1
+                 ) -> Iterator[tuple[subprocess.Popen, int]]:
     """The kubelet stand-in and the whole agent, each in its own process, on the node built in
     `root`: yields the agent's process and its metrics port once it serves."""
     config = f"{int(changing)}-{int(reference_law)}"
@@ -546,7 +556,8 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
             ["--serve", "--root", str(root), "--gpus", str(gpus),
              *(["--changing"] if changing else []),
              *(["--reference-law"] if reference_law else []),
-             "--nvml-call-ms", str(nvml_call_ms), "--port-file", str(port_file)],
+             "--nvml-call-ms", str(nvml_call_ms), "--nvml-poll-periods", str(nvml_poll_periods),
+             "--port-file", str(port_file)],
             port_file, "the agent")
         try:
             yield child, int(port_file.read_text())
@@ -559,7 +570,7 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool = False,
             reference_law: bool = False, bare: Path | None = None) -> dict:
     with running_node(root, args.gpus, changing, reference_law,
-                      args.nvml_call_ms) as (child, port):
+                      args.nvml_call_ms, args.nvml_poll_periods) as (child, port):
         return measure_agent(args, shim, child, port, root / "dp" / "vgpu-agent.sock",
                              changing, bare)
 
@@ -639,6 +650,9 @@ def main() -> int:
     parser.add_argument("--nvml-call-ms", type=float, default=0.0,
                         help="CPU each per-process utilization call takes, with the GIL "
                              "released (an H200 with driver 580: about 2.2 ms; default: none)")
+    parser.add_argument("--nvml-poll-periods", type=int, default=1,
+                        help="the agent's throttle_nvml_poll_periods: NVML asked once every "
+                             "this many sample periods")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubelet", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
@@ -652,7 +666,7 @@ def main() -> int:
 
         with asyncio.Runner(loop_factory=SlackEventLoop) as runner:
             runner.run(serve(args.root, args.gpus, args.port_file, args.changing,
-                             args.reference_law, args.nvml_call_ms))
+                             args.reference_law, args.nvml_call_ms, args.nvml_poll_periods))
         return 0
     if args.kubelet:
         asyncio.run(kubelet_side(args.root, args.port_file))

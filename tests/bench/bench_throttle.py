@@ -182,6 +182,9 @@ def main() -> int:
                              "processes and no MPS")
     parser.add_argument("--tick", type=float, default=0.1,
                         help="the controller's tick_s (its fastest tick), s")
+    parser.add_argument("--nvml-poll-periods", type=int, default=1,
+                        help="NVML asked once every this many sample periods (the agent's "
+                             "throttle_nvml_poll_periods)")
     parser.add_argument("--seeds", type=int, default=1,
                         help="plant seeds per noisy cell (medians printed; the ideal plant has "
                              "no randomness and runs once)")
@@ -216,8 +219,9 @@ def main() -> int:
                 spec = replace(plant.spec, seed=seed, imperfections=replace(
                     plant.spec.imperfections, nvml_attribution=args.attribution))
                 seeded = attainable(sc, spec)
-                ours_run = asyncio.run(run_controlled(seeded, plant=spec, paced=args.paced,
-                                                     tick_s=args.tick))
+                ours_run = asyncio.run(run_controlled(
+                    seeded, plant=spec, paced=args.paced, tick_s=args.tick,
+                    nvml_poll_periods=args.nvml_poll_periods))
                 cpu_s += ours_run.cpu_s
                 ours_runs.append(evaluate(ours_run))
                 peer_runs.append(evaluate(run_peer(seeded, plant=spec)))

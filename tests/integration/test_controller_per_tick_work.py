@@ -279,17 +279,20 @@ def test_a_closed_region_refuses_rate_reads_and_beats(tmp_path):
         region.beat(8)
 
 
-@pytest.mark.parametrize("period_s", [1.0, 0.2, 1 / 6])
-async def test_nvml_is_asked_once_a_period_not_every_tick(period_s):
+@pytest.mark.parametrize(("period_s", "poll_periods"),
+                         [(1.0, 1), (0.2, 1), (1 / 6, 1), (0.2, 2), (1 / 6, 3)])
+async def test_nvml_is_asked_once_a_period_not_every_tick(period_s, poll_periods):
     # The call costs about 2 ms of CPU on a real driver, whatever it returns: ticks between
-    # two of NVML's periods do without it, and the shares are held all the same.
+    # two of NVML's periods do without it, and the shares are held all the same. Asked every
+    # few periods (`nvml_poll_periods`), it answers with the samples in between.
     gpu = SimGpu(SIM_UUID, sample_period_s=period_s)
     regions = [SimRegion(name, (SIM_UUID,), (pct,), ("strict",))
                for name, pct in (("a", 30.0), ("b", 50.0))]
     procs = [gpu.shim_process(r.alloc_id, BUSY, r) for r in regions]
     backend = SimBackend([gpu])
     controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
-                                    evidence=SimHostEvidence([gpu]))
+                                    evidence=SimHostEvidence([gpu]),
+                                    nvml_poll_periods=poll_periods)
 
     async def calls_in(seconds: float) -> int:
         before = backend.calls
@@ -299,6 +302,12 @@ async def test_nvml_is_asked_once_a_period_not_every_tick(period_s):
         return backend.calls - before
 
     await calls_in(5)  # learning the period (the simulated driver keeps no history before)
-    periods = 10 / period_s
-    assert periods - 1 <= await calls_in(10) <= periods + 2  # one a tick would be 100
+    polls = 10 / period_s / poll_periods
+    assert polls - 1 <= await calls_in(10) <= polls + 2  # one a tick would be 100
     assert [gpu.shares(p, 5)[-1][1] for p in procs] == pytest.approx([30, 50], abs=2)
+
+
+@pytest.mark.parametrize("periods", [0, 11, 1.5, True])
+def test_nvml_poll_periods_out_of_range_are_refused(periods):
+    with pytest.raises(ValueError, match="from 1 to 10"):
+        ThrottleController(SimBackend([]), list, nvml_poll_periods=periods)

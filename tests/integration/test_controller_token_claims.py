@@ -94,3 +94,33 @@ async def test_a_reader_stalled_halfway_takes_no_honest_container_for_a_liar():
     assert "tokens_overclaimed" not in controller.error_counts
     assert gpu.shares(procs[0], 10)[-1][1] == pytest.approx(60, abs=3)
     assert gpu.shares(procs[1], 10)[-1][1] == pytest.approx(40, abs=3)
+
+
+async def test_spending_before_the_first_limited_rate_is_written_is_no_overclaim():
+    # The tick reads the counters, then steers, then writes the rates: a container's first
+    # limited rate takes effect some time after the read, and until then its shim spends
+    # without limit. The time between that read and the next was not all limited: believed.
+    gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)
+    regions = [SimRegion(name, (UUID,), (pct,), ("strict",))
+               for name, pct in (("first", 10.0), ("second", 10.0))]
+    procs = [gpu.shim_process(r.alloc_id, Workload(kernel_s=0.0002), r) for r in regions]
+    controller = ThrottleController(SimBackend([gpu]), lambda: regions,
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    late = {"tick": 0, "writes": 0}
+    for region in regions:
+        write = region.set_rate
+
+        def written_late(dev: int, rate: int, burst: int, write=write) -> None:
+            if late["tick"] != controller.ticks:  # a slow steering: 200 ms to the writes
+                late["tick"] = controller.ticks
+                late["writes"] += 1
+                gpu.advance(0.2)
+            write(dev, rate, burst)
+
+        region.set_rate = written_late  # type: ignore[method-assign]
+    for _ in range(200):
+        gpu.advance(0.1)
+        await controller.tick()
+    assert late["writes"] > 10
+    assert "tokens_overclaimed" not in controller.error_counts
+    assert [gpu.shares(p, 10)[-1][1] for p in procs] == pytest.approx([10, 10], abs=2)

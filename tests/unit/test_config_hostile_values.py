@@ -76,6 +76,9 @@ def test_an_alias_bomb_spread_over_keys_is_rejected_too():
         ("throttle_calm_slowdown: 0\n", "throttle_calm_slowdown"),
         ("throttle_calm_slowdown: 11\n", "throttle_calm_slowdown"),
         ("throttle_calm_slowdown: 2.5\n", "throttle_calm_slowdown"),
+        ("throttle_nvml_poll_periods: 0\n", "throttle_nvml_poll_periods"),
+        ("throttle_nvml_poll_periods: 6\n", "throttle_nvml_poll_periods"),
+        ("throttle_nvml_poll_periods: true\n", "throttle_nvml_poll_periods"),
         ("memory_scaling: 1e999\nallow_memory_oversubscription: true\n", "memory_scaling"),
         ("health_check_seconds: 1e308\n", "health_check_seconds"),
         ("pod_resources_refresh_seconds: 0\n", "pod_resources_refresh_seconds"),
@@ -151,6 +154,7 @@ def test_the_calm_slowdown_sets_how_slow_the_settled_controller_ticks():
     from vgpu_agent.agent import Agent
 
     assert build_config(ConfigSources()).throttle_calm_slowdown == 4
+    assert build_config(ConfigSources()).throttle_nvml_poll_periods == 1
     for raw, tick, expected, unlent in (("1", "0.2", 0.2, 0.2), ("3", "0.2", 0.6, 2.0),
                                         ("10", "0.3", 3.0, 3.0)):
         config = build_config(ConfigSources(env={
@@ -159,3 +163,11 @@ def test_the_calm_slowdown_sets_how_slow_the_settled_controller_ticks():
         controller = Agent(config).controller
         assert controller.max_tick_s == pytest.approx(expected)
         assert controller.unlent_tick_s == pytest.approx(unlent)
+
+
+def test_the_nvml_poll_periods_reach_the_controller():
+    from vgpu_agent.agent import Agent
+
+    config = build_config(ConfigSources(env={"VGPU_AGENT_THROTTLE_NVML_POLL_PERIODS": "3",
+                                             "VGPU_AGENT_BACKEND": "sim"}))
+    assert Agent(config).controller.nvml_poll_periods == 3

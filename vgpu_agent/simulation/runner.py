@@ -94,7 +94,8 @@ class ControlledRun:
 
     def __init__(self, containers: tuple[ContainerSpec, ...], *, tick_s: float = 0.1,
                  params: ControlParams | None = None, per_process_samples: bool = True,
-                 uuid: str = SIM_UUID, plant: PlantSpec | None = None, paced: bool = False):
+                 uuid: str = SIM_UUID, plant: PlantSpec | None = None, paced: bool = False,
+                 nvml_poll_periods: int = 1):
         self.gpu = (plant or PlantSpec()).gpu(uuid, per_process_samples)
         # paced: tick at the controller's own pace (`interval_s`: tick_s, slower while all is
         # calm), as the agent's loop does; otherwise every tick_s
@@ -113,6 +114,7 @@ class ControlledRun:
         self.controller = ThrottleController(
             SimBackend([self.gpu]), lambda: list(self.regions.values()), tick_s=tick_s,
             params=params, clock=lambda: self.gpu.now_ns, evidence=SimHostEvidence([self.gpu]),
+            nvml_poll_periods=nvml_poll_periods,
         )
 
     async def advance(self, seconds: float) -> None:
@@ -125,10 +127,10 @@ class ControlledRun:
 
 async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: float = 0.5,
                          params: ControlParams | None = None, plant: PlantSpec | None = None,
-                         paced: bool = False) -> RunResult:
+                         paced: bool = False, nvml_poll_periods: int = 1) -> RunResult:
     started = time.process_time()
     run = ControlledRun(scenario.containers, tick_s=tick_s, params=params, plant=plant,
-                        paced=paced)
+                        paced=paced, nvml_poll_periods=nvml_poll_periods)
     await run.advance(scenario.duration_s)
     return RunResult(scenario, _series(run.gpu, run.procs, window_s),
                      time.process_time() - started, window_s)

@@ -211,8 +211,8 @@ class _Device:
     region); the counters are the cumulative totals of the previous tick.
     """
 
-    __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "limits", "overclaimed", "previous",
-                 "read_ns", "region", "seen", "uuid")
+    __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "limited", "limits", "overclaimed",
+                 "previous", "read_ns", "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -231,6 +231,7 @@ class _Device:
         self.seen = 0  # the tick that last read the device
         # upper bound of the shim's token balance after the last tick, None while unlimited
         self.bucket: Bucket | None = None
+        self.limited = False  # whether the rate read at the last tick limited the shim
         self.overclaimed = False  # logged once
 
 
@@ -264,6 +265,7 @@ class ThrottleController:
         container_region_dir: str = "/run/vgpu",
         idle_tick_s: float | None = None,
         unlent_tick_s: float | None = None,
+        nvml_poll_periods: int = 1,
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -281,6 +283,12 @@ class ThrottleController:
         if not max_tick_s <= idle_tick_s < math.inf:
             raise ValueError(f"idle tick must be finite and >= max_tick_s ({max_tick_s!r} s), "
                              f"got {idle_tick_s!r}")
+        if not (type(nvml_poll_periods) is int and 1 <= nvml_poll_periods <= 10):
+            raise ValueError(f"NVML poll periods must be an integer from 1 to 10, got "
+                             f"{nvml_poll_periods!r}")
+        # NVML is asked once every this many of its sample periods (it keeps the samples in
+        # between, and a call costs about 2 ms of CPU on an H200 however many it returns)
+        self.nvml_poll_periods = nvml_poll_periods
         if default_policy not in CORE_POLICIES:
             raise ValueError(f"default core policy must be one of {CORE_POLICIES}, got "
                              f"{default_policy!r}")
@@ -641,17 +649,18 @@ class ThrottleController:
         return len(stamps) * period / 1e6, len(stamps)
 
     def _schedule_poll(self, uuid: str, newest_us: int, period_us: int) -> None:
-        """NVML is not asked again before its next period is over: the call costs about 2 ms
-        of CPU on an H200 (driver 580), whatever it returns. When that is, on this clock: the
-        next stamp plus the least delay, over the last LAG_READINGS, between a stamp and the
-        tick that first read it (which takes in the offset between NVML's clock and this
-        one), less a quarter tick; never more than a period away. Until the period is known,
-        every tick asks."""
+        """NVML is not asked again before its next period is over (or its next
+        `nvml_poll_periods`: the driver keeps the samples in between): the call costs about
+        2 ms of CPU on an H200 (driver 580), whatever it returns. When that is, on this clock:
+        the stamp that many periods on plus the least delay, over the last LAG_READINGS,
+        between a stamp and the tick that first read it (which takes in the offset between
+        NVML's clock and this one), less a quarter tick. Until the period is known, every tick
+        asks."""
         delays = self._delays_us.setdefault(uuid, deque(maxlen=LAG_READINGS))
         delays.append(self._now_ns // 1000 - newest_us)
         if period_us:
-            self._due_ns[uuid] = (newest_us + period_us + min(delays)) * 1000 \
-                - round(self.tick_s * 2.5e8)
+            self._due_ns[uuid] = (newest_us + period_us * self.nvml_poll_periods
+                                  + min(delays)) * 1000 - round(self.tick_s * 2.5e8)
 
     def _resolver_failed(self, pid: int) -> None:
         self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
@@ -835,6 +844,11 @@ class ThrottleController:
                     self._failed("region_read", "throttle_region_read_failed",
                                  alloc_id=device.alloc_id, dev=dev)
                     continue
+            # The rate read now was in force from the last tick's write until this tick's: the
+            # time since the last read was wholly limited only if the rate read then limited too
+            # (the write comes after the reads, and the shim spends without limit until then).
+            limited = rate < UNLIMITED_RATE and limit < FULL_SHARE and policies[dev] != "off"
+            limited_before, device.limited = device.limited, limited
             if previous is None:  # first sight (or agent restart): only a baseline
                 spent = launches = wait = 0
                 device.bucket = None
@@ -843,7 +857,7 @@ class ThrottleController:
                 spent = max(0, now[0] - previous[0])
                 launches = max(0, now[1] - previous[1])
                 wait = max(0, now[2] - previous[2])
-                if rate < UNLIMITED_RATE and limit < FULL_SHARE and policies[dev] != "off":
+                if limited and limited_before:
                     claimed = spent
                     # the refill over the longest the time between this device's two reads
                     # may have been
@@ -855,7 +869,7 @@ class ThrottleController:
                         self._overclaimed(device, claimed, spent)
                         liars.append(device.key)
                 else:
-                    device.bucket = None  # the shim does not limit: its bucket fills
+                    device.bucket = None  # the shim did not limit (all along): its bucket fills
             spent_by[device.alloc_id] = spent_by.get(device.alloc_id, 0) + spent
             fields.append([device.key, limit, policy, priority, spent, launches, wait / 1e9,
                            None, rate, burst, 0.0, 1])
