@@ -847,6 +847,8 @@ class ThrottleController:
             # The rate read now was in force from the last tick's write until this tick's: the
             # time since the last read was wholly limited only if the rate read then limited too
             # (the write comes after the reads, and the shim spends without limit until then).
+            # Where it was not, the claim is still held to the bucket (the law must not learn
+            # from more), but no container is called a liar for it.
             limited = rate < UNLIMITED_RATE and limit < FULL_SHARE and policies[dev] != "off"
             limited_before, device.limited = device.limited, limited
             if previous is None:  # first sight (or agent restart): only a baseline
@@ -857,7 +859,7 @@ class ThrottleController:
                 spent = max(0, now[0] - previous[0])
                 launches = max(0, now[1] - previous[1])
                 wait = max(0, now[2] - previous[2])
-                if limited and limited_before:
+                if limited:
                     claimed = spent
                     # the refill over the longest the time between this device's two reads
                     # may have been
@@ -865,7 +867,7 @@ class ThrottleController:
                                  else (read_until - previous_ns) / 1e9)
                     spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
                                                           read_dt_s)
-                    if spent < claimed:
+                    if spent < claimed and limited_before:
                         self._overclaimed(device, claimed, spent)
                         liars.append(device.key)
                 else:
