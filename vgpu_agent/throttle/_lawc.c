@@ -218,13 +218,13 @@ static int read_params(PyObject *t, Params *p)
 /* ----------------------------------------------------------------------- one container */
 
 typedef struct {
-    PyObject *obs, *prev, *key, *util_obj, *rate_obj, *burst_obj; /* borrowed */
+    PyObject *prev, *key, *util_obj, *rate_obj, *burst_obj; /* borrowed */
     int policy, prev_blank, prev_hungry;
     double limit, waited, span, util;
     int64_t priority, spent, launches, rate, burst, samples;
     int has_util;
     /* what was learned: LoopState's fields less the target */
-    double k, cost, spread, noise, k_floor, pair_x;
+    double prev_k, k, cost, spread, noise, k_floor, pair_x;
     int lower_bound, adopted, hungry, pair_new;
     int64_t pairs, learned;
     double *hist; /* the new history: hist_len entries in the shared buffer */
@@ -313,7 +313,6 @@ static int read_observation(PyObject *o, Ctr *c)
 {
     if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != O_FIELDS)
         return 0;
-    c->obs = o;
     c->key = PyTuple_GET_ITEM(o, O_KEY);
     c->util_obj = PyTuple_GET_ITEM(o, O_UTIL);
     c->rate_obj = PyTuple_GET_ITEM(o, O_RATE);
@@ -655,9 +654,9 @@ static PyObject *step(PyObject *module, PyObject *args)
         hist[kept] = spend_rate;
         Py_ssize_t h_len = kept + 1;
 
-        double prev_k, prev_cost, prev_spread, prev_noise, prev_floor, held_x, held_y;
+        double prev_cost, prev_spread, prev_noise, prev_floor, held_x, held_y;
         int prev_lower, prev_adopted;
-        if (!as_double(PyTuple_GET_ITEM(prev, S_K), &prev_k)
+        if (!as_double(PyTuple_GET_ITEM(prev, S_K), &c->prev_k)
             || !as_flag(PyTuple_GET_ITEM(prev, S_LOWER), &prev_lower)
             || !as_double(PyTuple_GET_ITEM(prev, S_COST), &prev_cost)
             || !as_double(PyTuple_GET_ITEM(prev, S_SPREAD), &prev_spread)
@@ -690,7 +689,7 @@ static PyObject *step(PyObject *module, PyObject *args)
                 && py_max(spend_rate, py_sum(hist + h_len - recent, recent) / (double)recent)
                        >= fraction * (double)c->rate);
 
-        double k = prev_k, spread = prev_spread, k_floor = prev_floor;
+        double k = c->prev_k, spread = prev_spread, k_floor = prev_floor;
         double noise = prev_noise != 0.0 ? prev_noise : p.noise_prior;
         int lower_bound = prev_lower, adopted = prev_adopted;
         c->pair_old = pair;
@@ -819,9 +818,7 @@ static PyObject *step(PyObject *module, PyObject *args)
         int any_wc = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
             Ctr *c = &ctrs[i];
-            double prev_k;
-            as_double(PyTuple_GET_ITEM(c->prev, S_K), &prev_k);
-            int is_new = prev_k <= 0 && c->lower_bound && c->k == c->k_floor && c->k_floor > 0
+            int is_new = c->prev_k <= 0 && c->lower_bound && c->k == c->k_floor && c->k_floor > 0
                 && c->learned == 0;
             lbuf[i] = is_new;
             fresh += is_new;
