@@ -70,6 +70,10 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vgpu_agent.gpu.model import ProcessSample
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -83,6 +87,9 @@ GOAL_P99_MS = 50.0
 GOAL_CPU_PERCENT = 2.0
 GOAL_CHANGING_CPU_PERCENT = 5.0
 SAMPLE_PERIOD_US = 166_667  # NVML's per-process sample period on the bench node (1/6 s)
+# SM percent per million tokens a second (a container held to 1.1 M tokens a second, its share
+# of 18 on a GPU, uses its 5.6 %; unthrottled, its 5 M would take 25 %)
+TOKENS_PER_PERCENT = 200_000
 SHIM_STEP_S = 0.05  # the containers' counters move this often (a real shim's move continuously)
 GOAL_RSS_MB = 150.0
 GOAL_ALLOCATE_RATIO = 2.0
@@ -292,6 +299,72 @@ def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int =
     )
 
 
+class SpendDriver:
+    """The simulated GPUs' per-process samples, drawn from what each container spent, as a real
+    GPU's follow the work its processes launched: a container's SM percent in a sample period
+    is the tokens it spent a second (its `state` header, which the bench's shims keep) over
+    TOKENS_PER_PERCENT, in whole percent as NVML gives it. While shares change, each container's
+    work per token doubles every other 2 s (out of step with half the others): the same spend
+    shows as twice the use, and the law must learn `k` anew.
+
+    The driver keeps the last ten periods' samples, stamped at each period's end, and answers
+    from them; it reads the counters when asked (a period's value is the average over the time
+    since the previous call), so that the agent's process pays for 18 `pread`s per call, not
+    for a sampling thread of its own (nor for mapped `state` pages in its RSS). The first call
+    per GPU only takes a baseline."""
+
+    HISTORY = 10
+
+    def __init__(self, root: Path, rows: list[dict[str, object]], changing: bool):
+        from vgpu_agent.shm import layout
+
+        self.changing = changing
+        # per GPU: (pid, the state file, the offset of that device's tokens_spent)
+        self.readers: dict[str, list[tuple[int, int, int]]] = {}
+        for row in rows:
+            state = os.open(root / str(row["alloc_id"]) / "state", os.O_RDONLY)
+            device_ids: list[str] = row["device_ids"]  # type: ignore[assignment]
+            pid: int = row["host_pid"]  # type: ignore[assignment]
+            for dev, device_id in enumerate(device_ids):
+                offset = (layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+                          + layout.STATE_DEVICE_OFFSETS["tokens_spent"])
+                self.readers.setdefault(device_id.split("::")[0], []).append(
+                    (pid, state, offset))
+        self.read: dict[str, tuple[int, list[int]]] = {}  # per GPU: (us, tokens) when last read
+        self.kept: dict[str, dict[int, list[tuple[int, int]]]] = {}  # per GPU: stamp -> samples
+
+    def per_percent(self, pid: int, stamp_us: int) -> float:
+        if self.changing and (stamp_us // 2_000_000 + pid) % 2:
+            return TOKENS_PER_PERCENT / 2
+        return TOKENS_PER_PERCENT
+
+    def samples(self, uuid: str, since_us: int) -> list[ProcessSample]:
+        from vgpu_agent.gpu.model import ProcessSample
+
+        readers = self.readers.get(uuid, [])
+        now_us = time.time_ns() // 1000
+        tokens = [int.from_bytes(os.pread(state, 8, offset), "little")
+                  for _, state, offset in readers]
+        newest = now_us // SAMPLE_PERIOD_US
+        kept = self.kept.setdefault(uuid, {})
+        before = self.read.get(uuid)
+        self.read[uuid] = (now_us, tokens)
+        if before is not None and now_us > before[0]:
+            was_us, then = before
+            done = max(kept, default=newest - self.HISTORY)
+            for n in range(max(done + 1, newest - self.HISTORY + 1), newest + 1):
+                stamp = n * SAMPLE_PERIOD_US
+                kept[n] = [
+                    (pid, min(100, round((now - old) * 1e6 / (now_us - was_us)
+                                         / self.per_percent(pid, stamp))))
+                    for (pid, _, _), now, old in zip(readers, tokens, then, strict=True)]
+            for n in [n for n in kept if n <= newest - self.HISTORY]:
+                del kept[n]
+        first = since_us // SAMPLE_PERIOD_US + 1 if since_us else newest
+        return [ProcessSample(pid, n * SAMPLE_PERIOD_US, value)
+                for n in sorted(kept) if n >= first for pid, value in kept[n]]
+
+
 def cpu_burner(ms: float) -> Callable[[], None]:
     """Something that takes about `ms` of one core without holding the GIL, as an NVML call
     does in C (hashlib hashes large buffers with the GIL released)."""
@@ -320,33 +393,20 @@ async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
     import structlog
 
     from vgpu_agent.agent import Agent
-    from vgpu_agent.gpu.model import ProcessSample
     from vgpu_agent.gpu.sim import SimBackend
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
     rows = json.loads((root / "layout.json").read_text())
     backend = SimBackend(f"{gpus}xA100-80GB")
-    pids_by_gpu: dict[str, list[int]] = {}
     owner = {int(row["host_pid"]): str(row["alloc_id"]) for row in rows}
-    for row in rows:
-        for device_id in row["device_ids"]:
-            pids_by_gpu.setdefault(device_id.split("::")[0], []).append(int(row["host_pid"]))
+    from vgpu_agent.shm.regions import REGIONS_DIR
 
+    driver = SpendDriver(root / "state" / REGIONS_DIR, rows, changing)
     burn = cpu_burner(nvml_call_ms)
 
     def samples(uuid: str, since_us: int) -> list[ProcessSample]:
-        """Every 1/6 s period's samples since `since_us` (the driver keeps them), stamped at
-        the period's end; the newest only on the first call."""
         burn()  # what the call costs on a real driver, whatever it returns
-        newest = time.time_ns() // 1000 // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US
-        last = newest // SAMPLE_PERIOD_US
-        # the driver's buffer holds the last few seconds: ten periods here
-        stamps = range(max(since_us // SAMPLE_PERIOD_US + 1, last - 9) if since_us else last,
-                       last + 1)
-        return [ProcessSample(pid, n * SAMPLE_PERIOD_US,
-                              5 + 5 * ((n * SAMPLE_PERIOD_US // 2_000_000 + pid) % 2)
-                              if changing else 5)
-                for n in stamps for pid in pids_by_gpu.get(uuid, [])]
+        return driver.samples(uuid, since_us)
 
     backend.set_sample_source(samples)
     backend.set_process_owner(owner.get)

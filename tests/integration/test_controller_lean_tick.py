@@ -210,6 +210,23 @@ async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
     assert controller.interval_s == 0.1
 
 
+async def test_a_rate_that_jumps_in_a_slow_tick_brings_the_fast_tick_back():
+    """A rate moved by a third at once is a change, however long the tick was."""
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",))]
+    gpu.shim_process("a", BUSY, regions[0])
+    controller = paced_controller(gpu, regions)
+    await pace(controller, gpu, 120)
+    assert controller.interval_s == pytest.approx(UNLENT_TICK_S)
+    law = controller.law
+    controller.law = lambda obs, states, dt_s, params: {
+        key: d._replace(rate=round(d.rate * 1.35)) for key, d in law(obs, states, dt_s,
+                                                                    params).items()}
+    gpu.advance(controller.interval_s)
+    await controller.tick()
+    assert controller.interval_s == 0.1
+
+
 @pytest.mark.parametrize(("limits", "policies", "busy"), [
     ((30.0,), ("work-conserving",), (True,)),  # lent the idle rest of the GPU
     ((30.0, 20.0), ("strict", "off"), (True, True)),  # `off` may grow into the others' share

@@ -867,8 +867,13 @@ class ThrottleController:
                                  else (read_until - previous_ns) / 1e9)
                     spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
                                                           read_dt_s)
-                    if spent < claimed and limited_before:
-                        self._overclaimed(device, claimed, spent)
+                    if not limited_before:
+                        # The shim's bucket was full when the rate reached it, and what it
+                        # spent before without limit leaves it no debt: from here, the bound
+                        # is a full bucket, not what the unlimited spending used up.
+                        device.bucket = (float(burst), rate)
+                    elif spent < claimed:
+                        self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
                         liars.append(device.key)
                 else:
                     device.bucket = None  # the shim did not limit (all along): its bucket fills
@@ -916,14 +921,16 @@ class ThrottleController:
             device.last = (obs, decision, open_loop)
         self._changed, self._lent = changed, lent
 
-    def _overclaimed(self, device: _Device, claimed: int, believed: int) -> None:
+    def _overclaimed(self, device: _Device, claimed: int, believed: int, rate: int, burst: int,
+                     interval_s: float) -> None:
         """Counted every time; logged the first time per device (a container may do it every
-        tick, and its log should not drown the node's)."""
+        tick, and its log should not drown the node's), with what the claim was held to."""
         self.errors["tokens_overclaimed"] += 1
         if not device.overclaimed:
             device.overclaimed = True
             log.warning("throttle_tokens_overclaimed", alloc_id=device.alloc_id, dev=device.dev,
-                        claimed=claimed, believed=believed,
+                        claimed=claimed, believed=believed, rate=rate, burst=burst,
+                        interval_s=round(interval_s, 4),
                         why="more tokens than the rate and burst in force let through")
 
     def _apply(self, device: _Device, rate: int, burst: int) -> None:
