@@ -32,13 +32,15 @@ utilization. Measured:
   calls meet within the window); p50/p99 of each and the p99 ratio, goal <= 2;
 - RSS (and peak RSS) of the agent at the end.
 
-Two configurations per size: steady shares (every container's NVML utilization constant),
-measured once the controller has settled and slowed down (`--settle` s after start: where
-nothing is lent it ticks every 2 s once all has been calm for 19 s); and shares that change
-(each container's utilization flips between 5 and 10 % every 2 s, out of step with half the
-others, so estimates, targets and rates move, and the tick is held at 100 ms, as if
-something changed every tick: the law learns flips this regular as NVML noise after some
-seconds and would otherwise calm down, so this is the cost of a controller that never does).
+Two configurations per size. The simulated GPUs report each container's use from the tokens
+it spent (`SpendDriver`: 5.6 % for the 1.1 million tokens a second a full GPU's 18th allows),
+so the law's rates move its use, as on a real GPU. Steady shares: the work a token buys stays
+put, and the controller converges, then slows down; measured `--settle` s after start (where
+nothing is lent it ticks every 2 s once all has been calm for 19 s). Shares that change: the
+work a token buys doubles every other 2 s for each container, out of step with half the
+others, so estimates and rates move, and the tick is held at 100 ms, as if something changed
+every tick (the law would otherwise learn flips this regular as noise and calm down): the
+cost of a controller that never does.
 The node is full and valid: one container in eight has a second GPU (the next one), spread so
 that every GPU holds as many container-devices (18 at 144), its limits adding up to 100 %.
 
