@@ -33,7 +33,7 @@ utilization. Measured:
 - RSS (and peak RSS) of the agent at the end.
 
 Two configurations per size. The simulated GPUs report each container's use from the tokens
-it spent (`SpendDriver`: 5.6 % for the 1.1 million tokens a second a full GPU's 18th allows),
+it spent (`Accounting`: 5.6 % for the 1.1 million tokens a second a full GPU's 18th allows),
 so the law's rates move its use, as on a real GPU. Steady shares: the work a token buys stays
 put, and the controller converges, then slows down; measured `--settle` s after start (where
 nothing is lent it ticks every 2 s once all has been calm for 19 s). Shares that change: the
@@ -154,8 +154,11 @@ class ShimSide:
     COST = 1_000  # tokens a launch
 
     def __init__(self, root: Path, rows: list[dict[str, object]],
-                 clock: Callable[[], int] = time.monotonic_ns):
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 accounting: Accounting | None = None):
         from vgpu_agent.shm import layout
+
+        self.accounting = accounting  # the GPUs' drivers, told what was spent
 
         self.layout = layout
         self.clock = clock  # the controller's, where it is not the monotonic one
@@ -273,9 +276,106 @@ class ShimSide:
                                  launches)
                 struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["wait_ns"],
                                  waited)
+        if self.accounting is not None:
+            self.accounting.update(self.totals)
+
+
+class Accounting:
+    """The simulated GPUs' drivers: each sample period (1/6 s), each container's SM percent
+    from the tokens its shim spent, as a real GPU's samples follow the work its processes
+    launched: tokens a second over TOKENS_PER_PERCENT, in whole percent as NVML gives it.
+    While shares change (`changing`), the work a token buys doubles every other 2 s for each
+    container, out of step with half the others: the same spend shows as twice the use, and
+    the law must learn `k` anew.
+
+    Kept here, beside the shims, and written per GPU into `directory/<uuid>` (the last HISTORY
+    periods): the agent's fake NVML (`samples_from`) reads one small file per call, so that
+    its process pays for the call, not for accounting a real driver does in the kernel."""
+
+    HISTORY = 10
+    RECORD = struct.Struct("<Q")  # a period's index, then one u16 per container on the GPU
+
+    def __init__(self, directory: Path, rows: list[dict[str, object]]):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.changing = False
+        # per GPU: the (container, device) pairs on it and their processes, in a fixed order
+        self.on_gpu: dict[str, list[tuple[tuple[int, int], int]]] = {}
+        for n, row in enumerate(rows):
+            device_ids: list[str] = row["device_ids"]  # type: ignore[assignment]
+            pid: int = row["host_pid"]  # type: ignore[assignment]
+            for dev, device_id in enumerate(device_ids):
+                self.on_gpu.setdefault(device_id.split("::")[0], []).append(((n, dev), pid))
+        self.period = time.time_ns() // 1000 // SAMPLE_PERIOD_US
+        self.read_us = time.time_ns() // 1000
+        self.spent: dict[tuple[int, int], int] = {}
+        self.kept: dict[str, list[bytes]] = {uuid: [] for uuid in self.on_gpu}
+
+    def per_percent(self, pid: int, stamp_us: int) -> float:
+        if self.changing and (stamp_us // 2_000_000 + pid) % 2:
+            return TOKENS_PER_PERCENT / 2
+        return TOKENS_PER_PERCENT
+
+    def update(self, totals: dict[tuple[int, int], list[int]]) -> None:
+        """After the shims moved: the periods that ended since the last call, each given the
+        average use over that time."""
+        now_us = time.time_ns() // 1000
+        newest = now_us // SAMPLE_PERIOD_US
+        if newest == self.period:
+            return
+        elapsed_s = max(1e-6, (now_us - self.read_us) / 1e6)
+        ended = range(max(self.period + 1, newest - self.HISTORY + 1), newest + 1)
+        for uuid, pairs in self.on_gpu.items():
+            kept = self.kept[uuid]
+            for n in ended:
+                values = [
+                    min(100, round((totals[pair][0] - self.spent.get(pair, totals[pair][0]))
+                                   / elapsed_s / self.per_percent(pid, n * SAMPLE_PERIOD_US)))
+                    for pair, pid in pairs]
+                kept.append(self.RECORD.pack(n) + struct.pack(f"<{len(values)}H", *values))
+            del kept[:-self.HISTORY]
+            scratch = self.directory / f".{uuid}"
+            scratch.write_bytes(b"".join(kept))
+            os.replace(scratch, self.directory / uuid)  # never read half-written
+        self.spent = {pair: totals[pair][0] for pair in totals}
+        self.period, self.read_us = newest, now_us
 
 
 # ------------------------------------------------------------------ the agent side (child)
+
+
+def samples_from(directory: Path, rows: list[dict[str, object]]
+                 ) -> Callable[[str, int], list[ProcessSample]]:
+    """The per-process samples `Accounting` keeps for a GPU: those after `since_us` (the newest
+    period only when 0), stamped at each period's end; none until its first periods end."""
+    from vgpu_agent.gpu.model import ProcessSample
+
+    pids: dict[str, list[int]] = {}
+    for row in rows:
+        for device_id in row["device_ids"]:  # type: ignore[attr-defined]
+            pids.setdefault(device_id.split("::")[0], []).append(int(row["host_pid"]))  # type: ignore[call-overload]
+
+    def samples(uuid: str, since_us: int) -> list[ProcessSample]:
+        on_gpu = pids.get(uuid, [])
+        try:
+            data = (directory / uuid).read_bytes()
+        except FileNotFoundError:
+            return []
+        record = 8 + 2 * len(on_gpu)
+        found = [(n, data[at + 8:at + record])
+                 for at in range(0, len(data) - record + 1, record)
+                 for n in Accounting.RECORD.unpack_from(data, at)]
+        if not found:
+            return []
+        first = since_us // SAMPLE_PERIOD_US + 1 if since_us else found[-1][0]
+        return [ProcessSample(pid, n * SAMPLE_PERIOD_US, value)
+                for n, values in found if n >= first
+                for pid, value in zip(on_gpu, struct.unpack(f"<{len(on_gpu)}H", values),
+                                      strict=True)]
+
+    return samples
+
+
 
 
 def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int = 1) -> object:
@@ -299,72 +399,6 @@ def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int =
         throttle_calm_slowdown=1 if changing else 4,
         throttle_nvml_poll_periods=nvml_poll_periods,
     )
-
-
-class SpendDriver:
-    """The simulated GPUs' per-process samples, drawn from what each container spent, as a real
-    GPU's follow the work its processes launched: a container's SM percent in a sample period
-    is the tokens it spent a second (its `state` header, which the bench's shims keep) over
-    TOKENS_PER_PERCENT, in whole percent as NVML gives it. While shares change, each container's
-    work per token doubles every other 2 s (out of step with half the others): the same spend
-    shows as twice the use, and the law must learn `k` anew.
-
-    The driver keeps the last ten periods' samples, stamped at each period's end, and answers
-    from them; it reads the counters when asked (a period's value is the average over the time
-    since the previous call), so that the agent's process pays for 18 `pread`s per call, not
-    for a sampling thread of its own (nor for mapped `state` pages in its RSS). The first call
-    per GPU only takes a baseline."""
-
-    HISTORY = 10
-
-    def __init__(self, root: Path, rows: list[dict[str, object]], changing: bool):
-        from vgpu_agent.shm import layout
-
-        self.changing = changing
-        # per GPU: (pid, the state file, the offset of that device's tokens_spent)
-        self.readers: dict[str, list[tuple[int, int, int]]] = {}
-        for row in rows:
-            state = os.open(root / str(row["alloc_id"]) / "state", os.O_RDONLY)
-            device_ids: list[str] = row["device_ids"]  # type: ignore[assignment]
-            pid: int = row["host_pid"]  # type: ignore[assignment]
-            for dev, device_id in enumerate(device_ids):
-                offset = (layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
-                          + layout.STATE_DEVICE_OFFSETS["tokens_spent"])
-                self.readers.setdefault(device_id.split("::")[0], []).append(
-                    (pid, state, offset))
-        self.read: dict[str, tuple[int, list[int]]] = {}  # per GPU: (us, tokens) when last read
-        self.kept: dict[str, dict[int, list[tuple[int, int]]]] = {}  # per GPU: stamp -> samples
-
-    def per_percent(self, pid: int, stamp_us: int) -> float:
-        if self.changing and (stamp_us // 2_000_000 + pid) % 2:
-            return TOKENS_PER_PERCENT / 2
-        return TOKENS_PER_PERCENT
-
-    def samples(self, uuid: str, since_us: int) -> list[ProcessSample]:
-        from vgpu_agent.gpu.model import ProcessSample
-
-        readers = self.readers.get(uuid, [])
-        now_us = time.time_ns() // 1000
-        tokens = [int.from_bytes(os.pread(state, 8, offset), "little")
-                  for _, state, offset in readers]
-        newest = now_us // SAMPLE_PERIOD_US
-        kept = self.kept.setdefault(uuid, {})
-        before = self.read.get(uuid)
-        self.read[uuid] = (now_us, tokens)
-        if before is not None and now_us > before[0]:
-            was_us, then = before
-            done = max(kept, default=newest - self.HISTORY)
-            for n in range(max(done + 1, newest - self.HISTORY + 1), newest + 1):
-                stamp = n * SAMPLE_PERIOD_US
-                kept[n] = [
-                    (pid, min(100, round((now - old) * 1e6 / (now_us - was_us)
-                                         / self.per_percent(pid, stamp))))
-                    for (pid, _, _), now, old in zip(readers, tokens, then, strict=True)]
-            for n in [n for n in kept if n <= newest - self.HISTORY]:
-                del kept[n]
-        first = since_us // SAMPLE_PERIOD_US + 1 if since_us else newest
-        return [ProcessSample(pid, n * SAMPLE_PERIOD_US, value)
-                for n in sorted(kept) if n >= first for pid, value in kept[n]]
 
 
 def cpu_burner(ms: float) -> Callable[[], None]:
@@ -401,14 +435,12 @@ async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
     rows = json.loads((root / "layout.json").read_text())
     backend = SimBackend(f"{gpus}xA100-80GB")
     owner = {int(row["host_pid"]): str(row["alloc_id"]) for row in rows}
-    from vgpu_agent.shm.regions import REGIONS_DIR
-
-    driver = SpendDriver(root / "state" / REGIONS_DIR, rows, changing)
+    read = samples_from(root / "nvml", rows)
     burn = cpu_burner(nvml_call_ms)
 
     def samples(uuid: str, since_us: int) -> list[ProcessSample]:
         burn()  # what the call costs on a real driver, whatever it returns
-        return driver.samples(uuid, since_us)
+        return read(uuid, since_us)
 
     backend.set_sample_source(samples)
     backend.set_process_owner(owner.get)
@@ -631,6 +663,8 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
 
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool = False,
             reference_law: bool = False, bare: Path | None = None) -> dict:
+    if shim.accounting is not None:
+        shim.accounting.changing = changing
     with running_node(root, args.gpus, changing, reference_law,
                       args.nvml_call_ms, args.nvml_poll_periods) as (child, port):
         return measure_agent(args, shim, child, port, root / "dp" / "vgpu-agent.sock",
@@ -780,7 +814,7 @@ def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool],
         regions = root / "state" / REGIONS_DIR
         regions.mkdir(parents=True)
         rows = build_regions(root, args.gpus, containers_for(size), regions)
-        shim = ShimSide(regions, rows)
+        shim = ShimSide(regions, rows, accounting=Accounting(root / "nvml", rows))
         with shim.moving():
             results = {name: measure(args, root, shim, changing, reference, bare)
                        for name, changing, reference in configs}
