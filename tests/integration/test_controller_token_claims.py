@@ -63,6 +63,9 @@ async def test_an_overclaim_is_logged_once_per_device():
     warned = [e for e in logs if e["event"] == "throttle_tokens_overclaimed"]
     assert len(warned) == 1
     assert warned[0]["alloc_id"] == "liar" and warned[0]["claimed"] > warned[0]["believed"]
+    # what the claim was held to: the rate and burst in force, over the interval between reads
+    assert 0 < warned[0]["burst"] < warned[0]["rate"] < warned[0]["believed"] * 20
+    assert warned[0]["interval_s"] == pytest.approx(0.1, abs=0.01)
 
 
 async def test_a_reader_stalled_halfway_takes_no_honest_container_for_a_liar():
@@ -115,7 +118,7 @@ async def test_spending_before_the_first_limited_rate_is_written_is_no_overclaim
         write = region.set_rate
 
         def written_late(dev: int, rate: int, burst: int, write=write) -> None:
-            if late["tick"] != controller.ticks:  # a slow steering: 200 ms to the writes
+            if late["tick"] != controller.ticks:  # a slow steering: delay_s to the writes
                 late["tick"] = controller.ticks
                 late["writes"] += 1
                 gpu.advance(delay_s)
