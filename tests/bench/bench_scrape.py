@@ -280,6 +280,19 @@ class ShimSide:
             self.accounting.update(self.totals)
 
 
+def devices_on_gpus(rows: list[dict[str, object]]
+                    ) -> dict[str, list[tuple[tuple[int, int], int]]]:
+    """Per GPU, its (container, device) pairs and their processes, in the order `Accounting`
+    writes them and `samples_from` reads them."""
+    on_gpu: dict[str, list[tuple[tuple[int, int], int]]] = {}
+    for n, row in enumerate(rows):
+        device_ids: list[str] = row["device_ids"]  # type: ignore[assignment]
+        pid: int = row["host_pid"]  # type: ignore[assignment]
+        for dev, device_id in enumerate(device_ids):
+            on_gpu.setdefault(device_id.split("::")[0], []).append(((n, dev), pid))
+    return on_gpu
+
+
 class Accounting:
     """The simulated GPUs' drivers: each sample period (1/6 s), each container's SM percent
     from the tokens its shim spent, as a real GPU's samples follow the work its processes
@@ -299,13 +312,7 @@ class Accounting:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.changing = False
-        # per GPU: the (container, device) pairs on it and their processes, in a fixed order
-        self.on_gpu: dict[str, list[tuple[tuple[int, int], int]]] = {}
-        for n, row in enumerate(rows):
-            device_ids: list[str] = row["device_ids"]  # type: ignore[assignment]
-            pid: int = row["host_pid"]  # type: ignore[assignment]
-            for dev, device_id in enumerate(device_ids):
-                self.on_gpu.setdefault(device_id.split("::")[0], []).append(((n, dev), pid))
+        self.on_gpu = devices_on_gpus(rows)
         self.period = time.time_ns() // 1000 // SAMPLE_PERIOD_US
         self.read_us = time.time_ns() // 1000
         self.spent: dict[tuple[int, int], int] = {}
@@ -350,10 +357,7 @@ def samples_from(directory: Path, rows: list[dict[str, object]]
     period only when 0), stamped at each period's end; none until its first periods end."""
     from vgpu_agent.gpu.model import ProcessSample
 
-    pids: dict[str, list[int]] = {}
-    for row in rows:
-        for device_id in row["device_ids"]:  # type: ignore[attr-defined]
-            pids.setdefault(device_id.split("::")[0], []).append(int(row["host_pid"]))  # type: ignore[call-overload]
+    pids = {uuid: [pid for _, pid in pairs] for uuid, pairs in devices_on_gpus(rows).items()}
 
     def samples(uuid: str, since_us: int) -> list[ProcessSample]:
         on_gpu = pids.get(uuid, [])
@@ -374,8 +378,6 @@ def samples_from(directory: Path, rows: list[dict[str, object]]
                                       strict=True)]
 
     return samples
-
-
 
 
 def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int = 1) -> object:

@@ -130,10 +130,7 @@ async def test_slots_are_read_to_place_new_processes_not_every_tick():
 
 async def test_status_is_built_once_per_tick_and_follows_each_tick():
     """The backstop and every scrape ask for `status`; it changes only when a tick ends."""
-    gpu = SimGpu(SIM_UUID)
-    regions = [SimRegion("a", (SIM_UUID,), (40.0,), ("strict",))]
-    gpu.shim_process("a", BUSY, regions[0])
-    controller = paced_controller(gpu, regions)
+    gpu, regions, controller = one_strict_container(40.0)
     await pace(controller, gpu, 5)
     first = controller.status
     assert controller.status is first  # no tick since: the same mapping
@@ -176,6 +173,15 @@ def paced_controller(gpu: SimGpu, regions: list[SimRegion]) -> ThrottleControlle
                               calm_ticks=5, evidence=SimHostEvidence([gpu]))
 
 
+def one_strict_container(limit: float = 30.0
+                         ) -> tuple[SimGpu, list[SimRegion], ThrottleController]:
+    """A busy container held to `limit` on a GPU of its own, under `paced_controller`."""
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion("a", (SIM_UUID,), (limit,), ("strict",))]
+    gpu.shim_process("a", BUSY, regions[0])
+    return gpu, regions, paced_controller(gpu, regions)
+
+
 async def pace(controller: ThrottleController, gpu: SimGpu, ticks: int) -> list[float]:
     """Tick at the controller's own pace, as the agent's loop does; the intervals it chose."""
     intervals = []
@@ -189,10 +195,7 @@ async def pace(controller: ThrottleController, gpu: SimGpu, ticks: int) -> list[
 async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
     """Nothing lent (a strict container at its limit): up to `unlent_tick_s`; a new
     allocation brings the tick back to `tick_s` at once."""
-    gpu = SimGpu(SIM_UUID)
-    regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",))]
-    gpu.shim_process("a", BUSY, regions[0])
-    controller = paced_controller(gpu, regions)
+    gpu, regions, controller = one_strict_container()
     assert controller.unlent_tick_s == UNLENT_TICK_S == 2.0
     beats_before = regions[0].heartbeat_ns
     intervals = await pace(controller, gpu, 120)
@@ -212,10 +215,7 @@ async def test_the_tick_slows_down_while_calm_and_speeds_up_on_change():
 
 async def test_a_rate_that_jumps_in_a_slow_tick_brings_the_fast_tick_back():
     """A rate moved by a third at once is a change, however long the tick was."""
-    gpu = SimGpu(SIM_UUID)
-    regions = [SimRegion("a", (SIM_UUID,), (30.0,), ("strict",))]
-    gpu.shim_process("a", BUSY, regions[0])
-    controller = paced_controller(gpu, regions)
+    gpu, _, controller = one_strict_container()
     await pace(controller, gpu, 120)
     assert controller.interval_s == pytest.approx(UNLENT_TICK_S)
     law = controller.law
