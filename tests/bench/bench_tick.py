@@ -4,7 +4,7 @@
 
 `bench_scrape.py`'s node (8 simulated GPUs, real region files, a shim-like writer moving every
 region's counters, NVML samples every 1/6 s, steady or flipping between 5 and 10 % every 2 s),
-with the controller ticked directly every 100 ms of its clock and its reads kept on the loop,
+with the controller ticked directly every 100 ms of its clock and its NVML calls kept on the loop,
 so that each part can be timed: the law, the reads (`state` headers, `control`, NVML) and the
 steering glue (everything else of a GPU's steering: observations, change test, rate writes).
 CPU time per tick for the whole tick, wall time per part. With `--baseline DIR` the same runs
@@ -70,7 +70,7 @@ def measure(devices: int, ticks: int, changing: bool) -> dict[str, float]:
             host.container_process(int(row["host_pid"]), root / str(row["alloc_id"]))
         controller = ThrottleController(backend, lambda: regions, tick_s=0.1,
                                         proc_root=host.path, clock=lambda: clock[0])
-        controller.inline_read_s = 10.0  # reads on the loop: timed here, not in a thread
+        controller.inline_read_s = 10.0  # NVML on the loop: timed here, not in a thread
         spent = dict.fromkeys(PARTS, 0.0)
         counting = [False]
 
@@ -86,7 +86,9 @@ def measure(devices: int, ticks: int, changing: bool) -> dict[str, float]:
 
         law, steer = controller.law, controller._steer_gpu
         controller.law = timed("law", law)
-        controller._read = timed("reads", controller._read)  # type: ignore[method-assign]
+        # the regions, then NVML (a baseline tree may read both in one `_read`)
+        for reads in ("_read",) if hasattr(controller, "_read") else ("_gather", "_sample"):
+            setattr(controller, reads, timed("reads", getattr(controller, reads)))
         controller._steer_gpu = timed("glue", steer)  # type: ignore[method-assign]
 
         async def run() -> None:

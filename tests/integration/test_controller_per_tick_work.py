@@ -1,6 +1,6 @@
 """What the controller does each tick, and what it does only once: rates written only when they
-change (and rewritten when someone else changed them), limits read once per region, one worker
-hop per tick for the state reads and NVML, and counters that restart from a baseline after a
+change (and rewritten when someone else changed them), limits read once per region, the regions
+read on the loop in chunks and NVML in one worker hop per tick while it is slow, and counters that restart from a baseline after a
 region could not be read."""
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ async def test_a_region_unreadable_for_a_tick_restarts_from_a_baseline():
 
 
 @pytest.mark.parametrize("cheap", [False, True])
-async def test_slow_reads_take_one_worker_hop_per_tick_and_cheap_ones_none(
+async def test_slow_nvml_takes_one_worker_hop_per_tick_cheap_nvml_none_and_regions_none(
     tmp_path, monkeypatch, cheap
 ):
     regions = [file_region(tmp_path, 1, (UUID_A,)), file_region(tmp_path, 2, (UUID_B,)),
@@ -216,8 +216,14 @@ async def test_slow_reads_take_one_worker_hop_per_tick_and_cheap_ones_none(
         return await real_to_thread(func, *args, **kwargs)
 
     monkeypatch.setattr(controller_module.asyncio, "to_thread", counting_to_thread)
+    read_on: set[int] = set()  # the threads each region's `state` header was read on
+    for region in regions:
+        def counters(real=region.counters):  # type: ignore[no-untyped-def]
+            read_on.add(threading.get_ident())
+            return real()
+        region.counters = counters  # type: ignore[method-assign]
     clock = Clock()
-    # "slow": any read counts as slow; "cheap": any read counts as cheap
+    # "slow": any NVML call counts as slow; "cheap": any counts as cheap
     controller = ThrottleController(backend, lambda: regions, clock=clock,
                                     inline_read_s=60.0 if cheap else 0.0, proc_root=host.path)
     try:
@@ -231,6 +237,7 @@ async def test_slow_reads_take_one_worker_hop_per_tick_and_cheap_ones_none(
         else:
             assert hops["n"] == controller.hops == 4  # two GPUs, three regions: one hop a tick
             assert threading.get_ident() not in backend.threads
+        assert read_on == {threading.get_ident()}  # the regions, always on the loop
         status = controller.status
         assert status[(regions[0].alloc_id, 0)].measured_util == 30
         assert status[(regions[1].alloc_id, 0)].measured_util == 20
@@ -311,3 +318,33 @@ async def test_nvml_is_asked_once_a_period_not_every_tick(period_s, poll_periods
 def test_nvml_poll_periods_out_of_range_are_refused(periods):
     with pytest.raises(ValueError, match="from 1 to 10"):
         ThrottleController(SimBackend([]), list, nvml_poll_periods=periods)
+
+
+async def test_the_loop_runs_between_chunks_of_region_reads():
+    """Allocate and scrapes wait for one chunk of reads at most, not for all of a busy node's."""
+    regions = [SimRegion(f"r{n}", ("GPU-x",), (1.0,), ("strict",))
+               for n in range(2 * controller_module.READ_CHUNK + 5)]
+    read = {"n": 0}
+    for region in regions:
+        def counters(real=region.counters):  # type: ignore[no-untyped-def]
+            read["n"] += 1
+            return real()
+        region.counters = counters  # type: ignore[method-assign]
+    controller = ThrottleController(Samples({}), lambda: regions, clock=Clock())
+    seen_between: list[int] = []
+    done = asyncio.Event()
+
+    async def another_task() -> None:
+        while not done.is_set():
+            seen_between.append(read["n"])
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(another_task())
+    await asyncio.sleep(0)
+    await controller.tick()
+    done.set()
+    await other
+    assert read["n"] == len(regions)
+    chunk = controller_module.READ_CHUNK
+    # it ran after the first chunk and after the second, before all were read
+    assert chunk in seen_between and 2 * chunk in seen_between

@@ -748,13 +748,17 @@ def _decode_extension(
     return kinds, tuple(unpriced), skipped
 
 
-_STATE_DEVICE_WORDS = STATE_DEVICE_SIZE // 8
-_COUNTER_FORMATS = tuple(
-    struct.Struct(f"<{n * _STATE_DEVICE_WORDS}Q") for n in range(MAX_DEVICES + 1)
-)
-_SPENT, _LAUNCHES, _WAITED = (
-    STATE_DEVICE_OFFSETS[f] // 8 for f in ("tokens_spent", "launches", "wait_ns")
-)
+def _counter_formats() -> tuple[struct.Struct, ...]:
+    """Per device count, the struct that unpacks (spent, launches, waited) of every device and
+    skips the rest: the three are consecutive words of a device's record."""
+    first = STATE_DEVICE_OFFSETS["tokens_spent"]
+    assert (STATE_DEVICE_OFFSETS["launches"], STATE_DEVICE_OFFSETS["wait_ns"]) == \
+        (first + 8, first + 16)
+    device = f"{first}x3Q{STATE_DEVICE_SIZE - first - 24}x"
+    return tuple(struct.Struct("<" + device * n) for n in range(MAX_DEVICES + 1))
+
+
+_COUNTER_FORMATS = _counter_formats()
 
 
 def state_counters(
@@ -775,15 +779,9 @@ def state_counters(
     if (magic != STATE_MAGIC or major != ABI_MAJOR or count != device_count
             or header_size < STATE_HEADER_SIZE or total < header_size):
         return None
-    words = _COUNTER_FORMATS[count].unpack_from(header, STATE_OFFSETS["devices"])
-    out: list[int] = []
-    for base in range(0, count * _STATE_DEVICE_WORDS, _STATE_DEVICE_WORDS):
-        spent, launches, waited = words[base + _SPENT], words[base + _LAUNCHES], \
-            words[base + _WAITED]
-        if max(spent, launches, waited) > PLAUSIBLE_COUNTER:
-            return None
-        out += (spent, launches, waited)
-    return tuple(out)
+    counters: tuple[int, ...] = _COUNTER_FORMATS[count].unpack_from(
+        header, STATE_OFFSETS["devices"])
+    return None if max(counters) > PLAUSIBLE_COUNTER else counters
 
 
 # ------------------------------------------------------------------ the token-spending rule
