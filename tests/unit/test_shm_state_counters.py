@@ -1,15 +1,20 @@
-"""The controller's lean read of a `state` header (`layout.state_counters`): exactly the device
-totals a field-by-field reading gives, and nothing from a header that is not one, whatever the
-container wrote into it."""
+"""The controller's lean read of a `state` header (`layout.state_counters`, and its C twin
+`_statec.decode` where it was built): exactly the device totals a field-by-field reading gives,
+and nothing from a header that is not one, whatever the container wrote into it."""
 
 from __future__ import annotations
 
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vgpu_agent.shm import layout
+from vgpu_agent.shm import headerread, layout
+
+DECODERS = [pytest.param(layout.state_counters, id="python")]
+if headerread._statec is not None:
+    DECODERS.append(pytest.param(headerread._statec.decode, id="c"))
 
 PLAUSIBLE = layout.PLAUSIBLE_COUNTER
 COUNTERS = ("tokens_spent", "launches", "wait_ns")
@@ -53,7 +58,8 @@ def put_device(buf: bytearray, dev: int, name: str, value: int) -> None:
     struct.pack_into("<Q", buf, base + layout.STATE_DEVICE_OFFSETS[name], value)
 
 
-def test_each_devices_three_totals_in_order_and_nothing_else():
+@pytest.mark.parametrize("decode", DECODERS)
+def test_each_devices_three_totals_in_order_and_nothing_else(decode):
     buf = header(3)
     for dev in range(3):
         for n, name in enumerate(COUNTERS):
@@ -61,29 +67,31 @@ def test_each_devices_three_totals_in_order_and_nothing_else():
         # the words around them, whatever they hold, are not the controller's business
         for other in ("balance", "last_refill_ns", "memory_used", "reserved"):
             put_device(buf, dev, other, layout.U64_MAX if other != "balance" else 0)
-    assert layout.state_counters(buf, 3) == (1, 2, 3, 101, 102, 103, 201, 202, 203)
+    assert decode(buf, 3) == (1, 2, 3, 101, 102, 103, 201, 202, 203)
 
 
-def test_a_counter_at_the_bound_is_read_and_one_past_it_is_not():
+@pytest.mark.parametrize("decode", DECODERS)
+def test_a_counter_at_the_bound_is_read_and_one_past_it_is_not(decode):
     buf = header(2)
     put_device(buf, 1, "wait_ns", PLAUSIBLE)
-    assert layout.state_counters(buf, 2) == (0, 0, 0, 0, 0, PLAUSIBLE)
+    assert decode(buf, 2) == (0, 0, 0, 0, 0, PLAUSIBLE)
     put_device(buf, 1, "wait_ns", PLAUSIBLE + 1)
-    assert layout.state_counters(buf, 2) is None
+    assert decode(buf, 2) is None
 
 
-def test_what_is_not_a_header_for_these_devices_is_none():
+@pytest.mark.parametrize("decode", DECODERS)
+def test_what_is_not_a_header_for_these_devices_is_none(decode):
     buf = header(2)
-    assert layout.state_counters(buf, 1) is None  # another device count
-    assert layout.state_counters(buf, 0) is None and layout.state_counters(buf, 17) is None
-    assert layout.state_counters(buf[:-1], 2) is None  # short
+    assert decode(buf, 1) is None  # another device count
+    assert decode(buf, 0) is None and decode(buf, 17) is None
+    assert decode(buf[:-1], 2) is None  # short
     for name, value in (("magic", 0), ("abi_major", 2), ("header_size", 64)):
         bad = bytearray(buf)
         put(bad, name, value)
-        assert layout.state_counters(bad, 2) is None, name
+        assert decode(bad, 2) is None, name
     bad = bytearray(buf)
     put(bad, "total_size", layout.STATE_HEADER_SIZE - 1)
-    assert layout.state_counters(bad, 2) is None
+    assert decode(bad, 2) is None
 
 
 PREFIX_VALUES = {
@@ -101,6 +109,7 @@ COUNTER_VALUES = st.one_of(st.integers(0, 10**12), st.integers(0, PLAUSIBLE), st
                            st.sampled_from([PLAUSIBLE, PLAUSIBLE + 1, 2**63, 2**64 - 1]))
 
 
+@pytest.mark.parametrize("decode", DECODERS)
 @settings(max_examples=400, deadline=None)
 @given(
     asked=st.integers(1, 3) | st.integers(-1, layout.MAX_DEVICES + 1),
@@ -111,7 +120,8 @@ COUNTER_VALUES = st.one_of(st.integers(0, 10**12), st.integers(0, PLAUSIBLE), st
     noise=st.just(b"") | st.binary(min_size=0, max_size=layout.STATE_HEADER_SIZE),
     cut=st.just(0) | st.integers(0, 16),
 )
-def test_the_lean_read_agrees_with_a_field_by_field_reading(asked, prefix, counters, noise, cut):
+def test_the_lean_read_agrees_with_a_field_by_field_reading(
+        decode, asked, prefix, counters, noise, cut):
     buf = header(asked)
     # whatever a container writes: random bytes over the header first, then fields on top
     buf[: len(noise)] = noise
@@ -122,14 +132,15 @@ def test_the_lean_read_agrees_with_a_field_by_field_reading(asked, prefix, count
         for n, name in enumerate(COUNTERS):
             put_device(buf, dev, name, counters[3 * dev + n])
     data = bytes(buf[: len(buf) - cut])
-    assert layout.state_counters(data, asked) == field_by_field(data, asked)
+    assert decode(data, asked) == field_by_field(data, asked)
 
 
+@pytest.mark.parametrize("decode", DECODERS)
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), device_count=st.integers(1, layout.MAX_DEVICES),
        minor=st.integers(0, 9), grown=st.integers(0, 4096))
 def test_every_well_formed_header_is_read_as_a_field_by_field_reading(
-        data, device_count, minor, grown):
+        decode, data, device_count, minor, grown):
     buf = header(device_count)
     put(buf, "abi_minor", minor)  # a later minor may grow the header; the totals stay put
     put(buf, "header_size", layout.STATE_HEADER_SIZE + grown)
@@ -139,4 +150,4 @@ def test_every_well_formed_header_is_read_as_a_field_by_field_reading(
             put_device(buf, dev, name, data.draw(st.integers(0, PLAUSIBLE)))
     expected = field_by_field(bytes(buf), device_count)
     assert expected is not None and len(expected) == 3 * device_count
-    assert layout.state_counters(bytes(buf), device_count) == expected
+    assert decode(bytes(buf), device_count) == expected

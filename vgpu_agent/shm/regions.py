@@ -76,6 +76,7 @@ from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
 from vgpu_agent.deviceplugin.server import Extras
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionHandle, RegionUsage
+from vgpu_agent.shm.headerread import counters_at
 
 log = structlog.get_logger(__name__)
 
@@ -200,6 +201,7 @@ class Region:
         # the same bytes as aligned 64-bit words (each access one load or store)
         self._words: memoryview | None = self._view.cast("Q")
         self._control = control
+        self._device_count = len(control.devices)  # fixed at creation, asked every tick
         self._policies: tuple[CorePolicy, ...] = tuple(
             layout.POLICY_NAMES[d.policy]  # type: ignore[misc]
             for d in control.devices
@@ -392,7 +394,6 @@ class Region:
         """
         if self._view is None:
             return None
-        buffer = _header_buffer()
         # under the readers' lock: the file checks may reopen the descriptor (see `usage`)
         with self._fd_lock:
             if self._view is None:
@@ -406,12 +407,7 @@ class Region:
                                 error=str(err))
             if self._state_fd is None and not self._open_state():
                 return None
-            try:
-                size = os.preadv(self._state_fd, [buffer], 0)  # type: ignore[arg-type]
-            except OSError:
-                size = 0
-        counters = layout.state_counters(buffer, self.device_count) if size == len(buffer) \
-            else None
+            counters = counters_at(self._state_fd, self._device_count)  # type: ignore[arg-type]
         if counters is None:
             self.corrupt_reads += 1
             if not self._reported_corrupt:
@@ -433,7 +429,7 @@ class Region:
 
     @property
     def device_count(self) -> int:
-        return len(self._control.devices)
+        return self._device_count
 
     @property
     def heartbeat_ns(self) -> int:
@@ -659,14 +655,6 @@ def _validated_control(buf: mmap.mmap, path: Path, alloc_id: str) -> layout.Cont
 
 
 _buffers = threading.local()
-
-
-def _header_buffer() -> bytearray:
-    """A buffer for one `state` header per thread (the controller's lean read)."""
-    buffer: bytearray | None = getattr(_buffers, "header", None)
-    if buffer is None:
-        buffer = _buffers.header = bytearray(layout.STATE_HEADER_SIZE)
-    return buffer
 
 
 def _read_buffer() -> bytearray:

@@ -1,0 +1,187 @@
+"""The lean read of a `state` header from its file (`headerread.counters_at`): the C read and the
+Python read give the same answer on the same file, whatever the container left there, and the
+C read is clean under AddressSanitizer and UBSan (it runs inside the agent's process)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vgpu_agent.shm import headerread, layout
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = REPO / "vgpu_agent" / "shm" / "_statec.c"
+READS = [pytest.param(headerread.python_counters_at, id="python")]
+if headerread._statec is not None:
+    READS.append(pytest.param(headerread._statec.counters_at, id="c"))
+
+
+def test_the_c_read_was_built():
+    assert headerread.NATIVE_READ, "vgpu_agent/shm/_statec.c was not built: is a C compiler there?"
+    assert headerread.counters_at is headerread._statec.counters_at
+
+
+def state_file(path: Path, device_count: int, totals: list[int], size: int | None = None) -> int:
+    buf = bytearray(layout.encode_state(device_count))
+    for dev in range(device_count):
+        base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+        for n, name in enumerate(("tokens_spent", "launches", "wait_ns")):
+            struct.pack_into("<Q", buf, base + layout.STATE_DEVICE_OFFSETS[name],
+                             totals[3 * dev + n])
+    path.write_bytes(bytes(buf[: len(buf) if size is None else size]))
+    return os.open(path, os.O_RDONLY)
+
+
+@pytest.mark.parametrize("read", READS)
+def test_a_state_file_is_read_from_its_start(tmp_path, read):
+    fd = state_file(tmp_path / "state", 2, [1, 2, 3, 4, 5, 6])
+    try:
+        os.lseek(fd, 4096, os.SEEK_SET)  # where the descriptor points does not matter
+        assert read(fd, 2) == (1, 2, 3, 4, 5, 6)
+        assert read(fd, 1) is None  # another device count
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("read", READS)
+@pytest.mark.parametrize("size", [0, 1, layout.STATE_HEADER_SIZE - 1])
+def test_a_file_cut_short_is_unreadable(tmp_path, read, size):
+    fd = state_file(tmp_path / "state", 1, [7, 8, 9], size=size)
+    try:
+        assert read(fd, 1) is None
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("read", READS)
+def test_a_header_alone_is_enough(tmp_path, read):
+    fd = state_file(tmp_path / "state", 1, [7, 8, 9], size=layout.STATE_HEADER_SIZE)
+    try:
+        assert read(fd, 1) == (7, 8, 9)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("read", READS)
+def test_descriptors_that_read_nothing_are_unreadable_not_errors(tmp_path, read):
+    fd = state_file(tmp_path / "state", 1, [7, 8, 9])
+    os.close(fd)
+    assert read(fd, 1) is None  # closed
+    assert read(-1, 1) is None
+    directory = os.open(tmp_path, os.O_RDONLY)
+    try:
+        assert read(directory, 1) is None  # EISDIR
+    finally:
+        os.close(directory)
+    writer = os.open(tmp_path / "state", os.O_WRONLY)
+    try:
+        assert read(writer, 1) is None  # EBADF: not open for reading
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize("read", READS)
+def test_implausible_totals_are_unreadable(tmp_path, read):
+    fd = state_file(tmp_path / "state", 1, [1, layout.PLAUSIBLE_COUNTER + 1, 0])
+    try:
+        assert read(fd, 1) is None
+    finally:
+        os.close(fd)
+
+
+def fresh_statec():  # type: ignore[no-untyped-def]
+    """Another copy of the built module, not bound yet."""
+    if headerread._statec is None:
+        pytest.skip("the C read was not built")
+    path = headerread._statec.__file__
+    loader = importlib.machinery.ExtensionFileLoader("vgpu_agent.shm._statec", path)
+    spec = importlib.util.spec_from_file_location("vgpu_agent.shm._statec", path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_layouts_the_c_read_cannot_hold_are_refused_by_name():
+    module = fresh_statec()
+    with pytest.raises(ValueError, match="header 8192 bytes"):
+        module.bind(1, 1, (0, 8, 16, 20, 24), 8192, 64, 64, 24, 1 << 62, 16)
+    with pytest.raises(ValueError, match="prefix fields before it"):
+        module.bind(1, 1, (0, 8, 16, 20, 60), 1088, 64, 64, 24, 1 << 62, 16)
+    with pytest.raises(ValueError, match="devices"):
+        module.bind(1, 1, (0, 8, 16, 20, 24), 1088, 64, 64, 48, 1 << 62, 16)
+
+
+CHILD = textwrap.dedent("""
+    import importlib.machinery, importlib.util, os, random, struct, sys
+    spec = importlib.util.spec_from_file_location(
+        "vgpu_agent.shm._statec", sys.argv[1],
+        loader=importlib.machinery.ExtensionFileLoader("vgpu_agent.shm._statec", sys.argv[1]))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["vgpu_agent.shm._statec"] = module
+    from vgpu_agent.shm import headerread, layout
+    assert headerread._statec is module
+    rng = random.Random(5)
+    agreed = 0
+    path = sys.argv[2]
+    for trial in range(3000):
+        count = rng.randint(1, layout.MAX_DEVICES)
+        buf = bytearray(layout.encode_state(count)[: layout.STATE_HEADER_SIZE])
+        for _ in range(rng.randint(0, 6)):  # what a container might scribble
+            at = rng.randrange(len(buf))
+            buf[at] = rng.randrange(256)
+        for dev in range(count):
+            base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+            for n in range(3):
+                value = rng.randrange(1 << 40) if rng.random() < 0.97 else rng.choice(
+                    [layout.PLAUSIBLE_COUNTER, layout.PLAUSIBLE_COUNTER + 1, 2**64 - 1])
+                struct.pack_into("<Q", buf, base + layout.STATE_DEVICE_OFFSETS["tokens_spent"]
+                                 + 8 * n, value)
+        data = bytes(buf[: len(buf) - rng.choice([0, 0, 0, 1, 500, len(buf)])])
+        asked = rng.choice([count, count, count + 1, 0, layout.MAX_DEVICES + 1])
+        want = layout.state_counters(data, asked)
+        assert module.decode(data, asked) == want
+        with open(path, "wb") as f:
+            f.write(data)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert module.counters_at(fd, asked) == want
+        finally:
+            os.close(fd)
+        agreed += want is not None
+    print("agreed", agreed)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_the_c_read_is_clean_under_asan_and_ubsan(tmp_path):
+    found = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
+                           text=True).stdout.strip()
+    if not (os.path.isabs(found) and os.path.exists(found)):
+        pytest.skip("gcc has no AddressSanitizer runtime here")
+    built = tmp_path / ("_statec" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run(
+        ["gcc", "-std=c11", "-O1", "-g", "-fno-omit-frame-pointer",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-Wall", "-Wextra",
+         "-Werror", "-fPIC", "-shared", f"-I{sysconfig.get_paths()['include']}", str(SOURCE),
+         "-o", str(built)],
+        check=True, capture_output=True, text=True)
+    env = {**os.environ, "LD_PRELOAD": found, "PYTHONPATH": str(REPO),
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "PYTHONMALLOC": "malloc"}
+    child = subprocess.run([sys.executable, "-c", CHILD, str(built), str(tmp_path / "state")],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-4000:]
+    assert "runtime error" not in child.stderr and "AddressSanitizer" not in child.stderr
+    assert int(child.stdout.split()[1]) > 300, child.stdout  # whole headers read, not only refusals

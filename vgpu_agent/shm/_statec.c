@@ -1,0 +1,197 @@
+/*
+ * The controller's lean read of a `state` header in C: one pread and the decode of
+ * `layout.state_counters`, refusal for refusal, in one call.
+ *
+ * The header is written by the container, so every refusal of the Python decoder is kept: a
+ * wrong magic or major version, another device count, a header size below the agent's or a
+ * total size below the header's, and any total above the plausible bound. Where Python's
+ * reader returns None (an error from pread, a short read), so does this one.
+ *
+ * The layout's numbers are not repeated here: `bind` takes them from `layout` at import, and
+ * nothing is read before it was called.
+ *
+ * The GIL is kept across the pread: a header is about a kilobyte in the page cache, and
+ * handing the GIL over twice per region costs the agent more than the read.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_HEADER 4096 /* the largest header `bind` accepts; layout's is 1,088 bytes */
+#define MAX_DEVICES_BOUND 64
+
+static struct {
+    int bound;
+    uint64_t magic;
+    uint32_t major;
+    Py_ssize_t at[5]; /* where magic, major, header size, device count, total size are */
+    Py_ssize_t header_size;    /* bytes read, and the least header size accepted */
+    Py_ssize_t devices_offset; /* where device 0's record starts */
+    Py_ssize_t device_size;    /* bytes per device record */
+    Py_ssize_t spent_offset;   /* tokens spent, launches, ns waited: three words from here */
+    uint64_t plausible;        /* the largest total accepted */
+    int max_devices;
+} layout;
+
+static uint64_t u64_at(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint32_t u32_at(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* `layout.state_counters(header, device_count)`: a new tuple, or None (a new reference). */
+static PyObject *decode(const unsigned char *header, Py_ssize_t size, long device_count)
+{
+    if (size < layout.header_size || device_count < 1 || device_count > layout.max_devices)
+        Py_RETURN_NONE;
+    /* magic u64, major u32, header_size u32, device_count u32, total_size u64 */
+    uint64_t header_size = u32_at(header + layout.at[2]), total = u64_at(header + layout.at[4]);
+    if (u64_at(header + layout.at[0]) != layout.magic
+        || u32_at(header + layout.at[1]) != layout.major
+        || u32_at(header + layout.at[3]) != (uint32_t)device_count
+        || header_size < (uint64_t)layout.header_size || total < header_size)
+        Py_RETURN_NONE;
+    uint64_t values[3 * MAX_DEVICES_BOUND];
+    for (long dev = 0; dev < device_count; dev++) {
+        const unsigned char *at =
+            header + layout.devices_offset + dev * layout.device_size + layout.spent_offset;
+        for (int word = 0; word < 3; word++) {
+            uint64_t value = u64_at(at + 8 * word);
+            if (value > layout.plausible)
+                Py_RETURN_NONE;
+            values[3 * dev + word] = value;
+        }
+    }
+    PyObject *out = PyTuple_New(3 * device_count);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < 3 * device_count; i++) {
+        PyObject *value = PyLong_FromUnsignedLongLong(values[i]);
+        if (value == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, value);
+    }
+    return out;
+}
+
+static int check_bound(void)
+{
+    if (!layout.bound) {
+        PyErr_SetString(PyExc_RuntimeError, "vgpu_agent.shm._statec: bind() was not called");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *counters_at(PyObject *module, PyObject *args)
+{
+    (void)module;
+    int fd;
+    long device_count;
+    if (!PyArg_ParseTuple(args, "il:counters_at", &fd, &device_count) || !check_bound())
+        return NULL;
+    unsigned char header[MAX_HEADER];
+    Py_ssize_t got = 0;
+    while (got < layout.header_size) {
+        ssize_t n = pread(fd, header + got, (size_t)(layout.header_size - got), (off_t)got);
+        if (n < 0 && errno == EINTR) {
+            if (PyErr_CheckSignals() < 0)
+                return NULL;
+            continue;
+        }
+        if (n <= 0)
+            break; /* an error or the end of a file cut short: unreadable, as in Python */
+        got += n;
+    }
+    return decode(header, got, device_count);
+}
+
+static PyObject *decode_header(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_buffer header;
+    long device_count;
+    if (!PyArg_ParseTuple(args, "y*l:decode", &header, &device_count))
+        return NULL;
+    PyObject *out = check_bound() ? decode(header.buf, header.len, device_count) : NULL;
+    PyBuffer_Release(&header);
+    return out;
+}
+
+static PyObject *bind(PyObject *module, PyObject *args)
+{
+    (void)module;
+    unsigned long long magic, plausible;
+    unsigned long major;
+    Py_ssize_t at[5], header_size, devices_offset, device_size, spent_offset;
+    int max_devices;
+    if (!PyArg_ParseTuple(args, "Kk(nnnnn)nnnnKi:bind", &magic, &major, &at[0], &at[1], &at[2],
+                          &at[3], &at[4], &header_size, &devices_offset, &device_size,
+                          &spent_offset, &plausible, &max_devices))
+        return NULL;
+    /* each prefix field inside the prefix, before the devices: 8 bytes for magic and total */
+    int prefix_ok = 1;
+    for (int i = 0; i < 5; i++) {
+        Py_ssize_t width = i == 0 || i == 4 ? 8 : 4;
+        prefix_ok = prefix_ok && at[i] >= 0 && at[i] + width <= devices_offset;
+    }
+    if (!prefix_ok || header_size > MAX_HEADER || max_devices < 1
+        || max_devices > MAX_DEVICES_BOUND || devices_offset < 0 || spent_offset < 0
+        || device_size < spent_offset + 24
+        || devices_offset + max_devices * device_size > header_size || major > UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "a state header layout this reader cannot hold: header %zd bytes (at most "
+                     "%d), %d devices (1..%d) of %zd bytes from %zd (prefix fields before it), "
+                     "totals at %zd",
+                     header_size, MAX_HEADER, max_devices, MAX_DEVICES_BOUND, device_size,
+                     devices_offset, spent_offset);
+        return NULL;
+    }
+    memcpy(layout.at, at, sizeof at);
+    layout.magic = magic;
+    layout.major = (uint32_t)major;
+    layout.header_size = header_size;
+    layout.devices_offset = devices_offset;
+    layout.device_size = device_size;
+    layout.spent_offset = spent_offset;
+    layout.plausible = plausible;
+    layout.max_devices = max_devices;
+    layout.bound = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS,
+     "bind(magic, major, (magic_at, major_at, header_size_at, device_count_at, total_size_at), "
+     "header_size, devices_offset, device_size, spent_offset, plausible, max_devices): the "
+     "layout's numbers, once, before any read."},
+    {"counters_at", counters_at, METH_VARARGS,
+     "counters_at(fd, device_count): `layout.state_counters` of the header read from fd at "
+     "offset 0; None when unreadable."},
+    {"decode", decode_header, METH_VARARGS,
+     "decode(header, device_count): `layout.state_counters(header, device_count)`."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_statec", "The lean read of a `state` header in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__statec(void)
+{
+    return PyModule_Create(&module_def);
+}

@@ -1,0 +1,47 @@
+"""The controller's lean read of a `state` header: one pread and `layout.state_counters`.
+
+In C where `_statec.c` was built (`pip install .` through setup.py; optional): the same
+refusals as the Python decoder, without a buffer, a list and a struct call per region (the
+controller reads every region's header every tick). The tests hold the two to the same answers
+on any bytes. Without the extension the Python read runs; `NATIVE_READ` says which.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from vgpu_agent.shm import layout
+
+try:
+    from vgpu_agent.shm import _statec  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: the Python read
+    _statec = None
+else:
+    _statec.bind(
+        layout.STATE_MAGIC, layout.ABI_MAJOR,
+        tuple(layout.STATE_OFFSETS[name] for name in
+              ("magic", "abi_major", "header_size", "device_count", "total_size")),
+        layout.STATE_HEADER_SIZE, layout.STATE_OFFSETS["devices"], layout.STATE_DEVICE_SIZE,
+        layout.STATE_DEVICE_OFFSETS["tokens_spent"], layout.PLAUSIBLE_COUNTER,
+        layout.MAX_DEVICES,
+    )
+
+NATIVE_READ = _statec is not None
+_buffers = threading.local()
+
+
+def python_counters_at(fd: int, device_count: int) -> tuple[int, ...] | None:
+    """The header at offset 0 of `fd`, decoded; None when it cannot be read whole or is not
+    a header for `device_count` devices (`layout.state_counters`)."""
+    buffer: bytearray | None = getattr(_buffers, "header", None)
+    if buffer is None:
+        buffer = _buffers.header = bytearray(layout.STATE_HEADER_SIZE)
+    try:
+        size = os.preadv(fd, [buffer], 0)
+    except OSError:
+        return None
+    return layout.state_counters(buffer, device_count) if size == len(buffer) else None
+
+
+counters_at = python_counters_at if _statec is None else _statec.counters_at
