@@ -348,3 +348,18 @@ async def test_the_loop_runs_between_chunks_of_region_reads():
     chunk = controller_module.READ_CHUNK
     # it ran after the first chunk and after the second, before all were read
     assert chunk in seen_between and 2 * chunk in seen_between
+
+
+def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
+    """Installed without a compiler: the same law and read in Python, several times slower."""
+    monkeypatch.setattr(controller_module, "NATIVE", False)
+    monkeypatch.setattr(controller_module, "NATIVE_READ", False)
+    with capture_logs() as logs:
+        ThrottleController(Samples({}), list)
+    events = [e["event"] for e in logs]
+    assert events == ["throttle_law_not_native", "throttle_read_not_native"]
+    monkeypatch.setattr(controller_module, "NATIVE", True)
+    monkeypatch.setattr(controller_module, "NATIVE_READ", True)
+    with capture_logs() as logs:
+        ThrottleController(Samples({}), list)
+    assert logs == []

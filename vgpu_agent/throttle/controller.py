@@ -73,6 +73,7 @@ import structlog
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
+from vgpu_agent.shm.headerread import NATIVE_READ
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.audit import Bucket, believed_spend
 from vgpu_agent.throttle.control import (
@@ -314,6 +315,9 @@ class ThrottleController:
         if law is control_step_native and not NATIVE:
             log.warning("throttle_law_not_native", reason="vgpu_agent.throttle._lawc was not "
                         "built (no C compiler at install)", law="python")
+        if not NATIVE_READ:
+            log.warning("throttle_read_not_native", reason="vgpu_agent.shm._statec was not "
+                        "built (no C compiler at install)", read="python")
         self.clock = clock
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
