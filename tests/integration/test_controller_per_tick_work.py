@@ -363,3 +363,30 @@ def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
     with capture_logs() as logs:
         ThrottleController(Samples({}), list)
     assert logs == []
+
+
+class Closable(SimRegion):
+    """A simulated region the store can close (collect) while a tick is under way; a closed
+    region reads as nothing, as `Region.counters` does."""
+
+    closed = False
+
+    def counters(self) -> tuple[int, ...] | None:  # type: ignore[override]
+        return None if self.closed else super().counters()
+
+
+async def test_a_region_collected_between_chunks_of_reads_is_skipped_not_an_error():
+    regions = [Closable(f"r{n}", ("GPU-x",), (1.0,), ("strict",))
+               for n in range(controller_module.READ_CHUNK + 8)]
+    last = regions[-1]
+    controller = ThrottleController(Samples({}), lambda: regions, clock=Clock())
+
+    async def collect() -> None:  # runs at the tick's first yield, after the first chunk
+        last.closed = True
+
+    collecting = asyncio.create_task(collect())
+    await controller.tick()
+    await collecting
+    assert controller.error_counts == {}
+    steered = {alloc_id for alloc_id, _ in controller.status}
+    assert steered == {r.alloc_id for r in regions[:-1]}
