@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -390,3 +391,29 @@ async def test_a_region_collected_between_chunks_of_reads_is_skipped_not_an_erro
     assert controller.error_counts == {}
     steered = {alloc_id for alloc_id, _ in controller.status}
     assert steered == {r.alloc_id for r in regions[:-1]}
+
+
+async def test_slow_nvml_stays_off_the_loop_through_ticks_that_ask_it_nothing():
+    """NVML's period here is a second, so most ticks ask it nothing: those must not make the
+    next tick, which asks every GPU, call it on the loop (at 2 ms a call on a real driver,
+    eight GPUs held the loop 18 ms, and Allocate waited)."""
+
+    class SlowOncePerSecond(Samples):
+        def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+            self.threads.add(threading.get_ident())
+            time.sleep(0.003)
+            return [ProcessSample(pid, self.now_us, util) for pid, util in self.util.items()]
+
+    regions = [SimRegion(f"r{n}", (uuid,), (20.0,), ("strict",))
+               for n, uuid in enumerate((UUID_A, UUID_B))]
+    backend = SlowOncePerSecond({5_000: 10})
+    clock = Clock()
+    # one call cheap enough alone, two (every GPU) not
+    controller = ThrottleController(backend, lambda: regions, clock=clock, inline_read_s=0.005)
+    for tick in range(40):
+        clock.step()
+        if tick % 10 == 0:
+            backend.now_us += 1_000_000  # a new sample each second
+        await controller.tick()
+    assert backend.threads and threading.get_ident() not in backend.threads
+    assert controller.hops >= 4

@@ -19,8 +19,9 @@ What a tick costs, and how often it runs:
   a header and a `control` cost a few microseconds, less than what a worker thread reading
   them costs the process (the thread's wake-ups, and the GIL passed back and forth at each
   read's system call). NVML is asked in a worker thread while its calls are slow (the last
-  tick's took over `inline_read_s`; a real driver's take about 2 ms each, and one in trouble
-  may hang), inline while they cost less than the hop.
+  tick that asked it took over `inline_read_s` per call times the GPUs, so that a tick that
+  asked one GPU cannot put the next, which asks all, on the loop; a real driver's calls take
+  about 2 ms each, and one in trouble may hang), inline while they cost less than the hop.
 - Every region's heartbeat is refreshed every `heartbeat_s`, not every tick (and every tick
   where ticks are further apart).
 - The tick slows down while nothing changes: after `calm_ticks` * `tick_s` seconds of calm
@@ -533,16 +534,22 @@ class ThrottleController:
         """Every GPU's new samples, once its regions were read (in a worker thread when slow)."""
         started = time.perf_counter()
         sampled: dict[str, _Sampled] = {}
+        calls = 0
         for uuid in by_gpu:
             self._first_read_ns.setdefault(uuid, self._now_ns)
             if self._due_ns.get(uuid, 0) > self._now_ns:
                 sampled[uuid] = []  # NVML's next period is not over: nothing new to ask for
                 continue
+            calls += 1
             try:
                 sampled[uuid] = self.backend.process_utilization(uuid, self._since_us.get(uuid, 0))
             except Exception as e:  # judged on the event loop, with the others
                 sampled[uuid] = e
-        self._inline = time.perf_counter() - started < self.inline_read_s
+        if calls:
+            # Cheap only if a tick that asks every GPU would be: a tick that asked one or
+            # none says nothing of the next one that asks all (8 GPUs at 2 ms is 16 ms).
+            per_call_s = (time.perf_counter() - started) / calls
+            self._inline = per_call_s * len(by_gpu) < self.inline_read_s
         return sampled
 
     def _gather(self, regions: list[RegionHandle], by_gpu: dict[str, _Entries]) -> None:
