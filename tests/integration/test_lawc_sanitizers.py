@@ -1,36 +1,27 @@
 """The law in C under AddressSanitizer and UBSan: it runs inside the agent's process, where a
 stray write or an undefined shift would corrupt the agent rather than fail a call.
 
-`_lawc.c` is compiled here with both sanitizers (UBSan aborting on the first error) and loaded
-into a Python preloaded with the ASan runtime, in place of the built module; the child drives
-it through `nativelaw` on seeded random ticks (crowded GPUs, several priorities, written rates,
-noisy samples, insane states) and on the inputs it declines, checking every decision against
-the reference law.
+`_lawc.c` is compiled here with both sanitizers (`tests/sanitized.py`) and loaded into a Python
+preloaded with the ASan runtime, in place of the built module; the child drives it through
+`nativelaw` on seeded random ticks (crowded GPUs, several priorities, written rates, noisy
+samples, insane states) and on the inputs it declines, checking every decision against the
+reference law.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-import sysconfig
 import textwrap
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "vgpu_agent" / "throttle" / "_lawc.c"
+from tests import sanitized
+
+SOURCE = sanitized.REPO / "vgpu_agent" / "throttle" / "_lawc.c"
 
 CHILD = textwrap.dedent("""
-    import importlib.machinery, importlib.util, math, random, sys
-    spec = importlib.util.spec_from_file_location(
-        "vgpu_agent.throttle._lawc", sys.argv[1],
-        loader=importlib.machinery.ExtensionFileLoader("vgpu_agent.throttle._lawc", sys.argv[1]))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules["vgpu_agent.throttle._lawc"] = module
+    import math, random
+    module = load("vgpu_agent.throttle._lawc", sys.argv[1])
     from vgpu_agent.throttle import nativelaw
     from vgpu_agent.throttle.control import (UNLIMITED_RATE, ControlParams, LoopState,
                                              Observation, control_step)
@@ -87,32 +78,10 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def sanitizer_runtime() -> str | None:
-    found = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
-                           text=True).stdout.strip()
-    return found if os.path.isabs(found) and os.path.exists(found) else None
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 def test_the_law_in_c_is_clean_under_asan_and_ubsan(tmp_path):
-    runtime = sanitizer_runtime()
-    if runtime is None:
-        pytest.skip("gcc has no AddressSanitizer runtime here")
-    built = tmp_path / ("_lawc" + sysconfig.get_config_var("EXT_SUFFIX"))
-    subprocess.run(
-        ["gcc", "-std=c11", "-O1", "-g", "-fno-omit-frame-pointer", "-ffp-contract=off",
-         "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-Wall", "-Wextra",
-         "-Werror", "-fPIC", "-shared", f"-I{sysconfig.get_paths()['include']}", str(SOURCE),
-         "-o", str(built)],
-        check=True, capture_output=True, text=True)
-    env = {**os.environ, "LD_PRELOAD": runtime, "PYTHONPATH": str(REPO),
-           # Python's own allocations are not ours to judge; errors in ours abort
-           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "PYTHONMALLOC": "malloc"}
-    child = subprocess.run([sys.executable, "-c", CHILD, str(built)], env=env, cwd=tmp_path,
-                           capture_output=True, text=True, timeout=600)
-    assert child.returncode == 0, child.stderr[-4000:]
-    assert "runtime error" not in child.stderr and "AddressSanitizer" not in child.stderr
-    decided = int(child.stdout.split()[1])
-    assert decided > 500, child.stdout
+    built = sanitized.build(SOURCE, tmp_path, "-ffp-contract=off")
+    out = sanitized.run(CHILD, str(built), cwd=tmp_path)
+    decided = int(out.split()[1])
+    assert decided > 500, out

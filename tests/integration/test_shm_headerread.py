@@ -9,18 +9,15 @@ import importlib.util
 import os
 import shutil
 import struct
-import subprocess
-import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests import sanitized
 from vgpu_agent.shm import headerread, layout
 
-REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "vgpu_agent" / "shm" / "_statec.c"
+SOURCE = sanitized.REPO / "vgpu_agent" / "shm" / "_statec.c"
 READS = [pytest.param(headerread.python_counters_at, id="python")]
 if headerread._statec is not None:
     READS.append(pytest.param(headerread._statec.counters_at, id="c"))
@@ -122,13 +119,8 @@ def test_layouts_the_c_read_cannot_hold_are_refused_by_name():
 
 
 CHILD = textwrap.dedent("""
-    import importlib.machinery, importlib.util, os, random, struct, sys
-    spec = importlib.util.spec_from_file_location(
-        "vgpu_agent.shm._statec", sys.argv[1],
-        loader=importlib.machinery.ExtensionFileLoader("vgpu_agent.shm._statec", sys.argv[1]))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules["vgpu_agent.shm._statec"] = module
+    import os, random, struct
+    module = load("vgpu_agent.shm._statec", sys.argv[1])
     from vgpu_agent.shm import headerread, layout
     assert headerread._statec is module
     rng = random.Random(5)
@@ -166,22 +158,6 @@ CHILD = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 def test_the_c_read_is_clean_under_asan_and_ubsan(tmp_path):
-    found = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
-                           text=True).stdout.strip()
-    if not (os.path.isabs(found) and os.path.exists(found)):
-        pytest.skip("gcc has no AddressSanitizer runtime here")
-    built = tmp_path / ("_statec" + sysconfig.get_config_var("EXT_SUFFIX"))
-    subprocess.run(
-        ["gcc", "-std=c11", "-O1", "-g", "-fno-omit-frame-pointer",
-         "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-Wall", "-Wextra",
-         "-Werror", "-fPIC", "-shared", f"-I{sysconfig.get_paths()['include']}", str(SOURCE),
-         "-o", str(built)],
-        check=True, capture_output=True, text=True)
-    env = {**os.environ, "LD_PRELOAD": found, "PYTHONPATH": str(REPO),
-           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
-           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1", "PYTHONMALLOC": "malloc"}
-    child = subprocess.run([sys.executable, "-c", CHILD, str(built), str(tmp_path / "state")],
-                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert child.returncode == 0, child.stderr[-4000:]
-    assert "runtime error" not in child.stderr and "AddressSanitizer" not in child.stderr
-    assert int(child.stdout.split()[1]) > 300, child.stdout  # whole headers read, not only refusals
+    built = sanitized.build(SOURCE, tmp_path)
+    out = sanitized.run(CHILD, str(built), str(tmp_path / "state"), cwd=tmp_path)
+    assert int(out.split()[1]) > 300, out  # whole headers read, not only refusals
