@@ -3,7 +3,7 @@ the lean read of a `state` header (`vgpu_agent/shm/_statec.c`).
 
 Everything else is in pyproject.toml. Both extensions are optional: where no C compiler is
 found the package installs without them and the agent runs the same law and the same read in
-Python (`nativelaw` and `regions.NATIVE_READ` say which runs).
+Python (`nativelaw.NATIVE` and `headerread.NATIVE_READ` say which runs).
 """
 
 from setuptools import Extension, setup

@@ -3,7 +3,8 @@
     python tests/bench/bench_tick.py [--devices 144] [--ticks 150] [--rounds 4] [--baseline DIR]
 
 `bench_scrape.py`'s node (8 simulated GPUs, real region files, a shim-like writer moving every
-region's counters, NVML samples every 1/6 s, steady or flipping between 5 and 10 % every 2 s),
+region's counters) with NVML samples of its own every 1/6 s (steady or flipping between 5 and
+10 % every 2 s, whatever the containers spend: not `bench_scrape`'s spend-driven accounting),
 with the controller ticked directly every 100 ms of its clock and its NVML calls kept on the loop,
 so that each part can be timed: the law, the reads (`state` headers, `control`, NVML) and the
 steering glue (everything else of a GPU's steering: observations, change test, rate writes).
