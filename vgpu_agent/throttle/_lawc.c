@@ -743,7 +743,8 @@ static PyObject *step(PyObject *module, PyObject *args)
                 if (x > 0) {
                     double b = 1 / k;
                     double shape = noise_shape(b * x, p.noise_tail);
-                    if (held_x > 0
+                    /* no noise learned where the shape is only its floor (control.py) */
+                    if (shape > p.noise_tail && held_x > 0
                         && fabs(x - held_x) <= p.held_tolerance * py_max(x, held_x)) {
                         double seen = py_div(
                             &g,

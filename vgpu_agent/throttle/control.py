@@ -59,7 +59,10 @@ Kalman filter over the model `util = b * spend`:
   now, so that noise learned at 100 % use (where samples barely scatter) does not make the
   filter trust every sample once the container drops to 30 %. It is measured from two
   measurements in a row at the same spending: their difference is the noise of both,
-  whatever the estimate of k.
+  whatever the estimate of k. Pairs near 0 or 100 % use (where the shape is only its floor,
+  `noise_tail`) are not measures: there a sampled proportion hardly scatters, and a borrower
+  that ran at 100 % for a while would otherwise learn a noise near nothing, then read its
+  first noisy sample after a cut to 30 % as a changed workload and jump by a third.
 - A reading of 0 for a container that spent enough for more than `missing_above` percent is a
   sample NVML missed (its processes were absent from the batch), not evidence of an idle GPU:
   taken as evidence it would make `k` unbounded and the container unthrottled.
@@ -495,7 +498,11 @@ def _observe(
             # NVML's noise, from two measurements in a row at the same spending: their
             # difference is the noise of both, whatever the estimate of k.
             held_x, held_y = last_pair
-            if held_x > 0 and abs(x - held_x) <= params.held_tolerance * max(x, held_x):
+            # Near 0 or 100 % the shape is only its floor (`noise_tail`), and the samples
+            # barely scatter there: pairs taken there would teach a noise far below the one at
+            # 50 %, and then every sample at 30 % would look like a changed workload.
+            if (shape > params.noise_tail and held_x > 0
+                    and abs(x - held_x) <= params.held_tolerance * max(x, held_x)):
                 seen = (util - held_y * x / held_x) ** 2 / 2 * obs.util_samples / shape
                 weight = max(params.noise_memory, 1 / (noise_pairs + 2))
                 noise = max(floor, (1 - weight) * noise + weight * seen)

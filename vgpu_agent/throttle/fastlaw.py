@@ -242,7 +242,8 @@ def control_step_gpu(
                     b = 1 / k
                     shape = _noise_shape(b * x, noise_tail)
                     held_x, held_y = last_pair
-                    if held_x > 0 and abs(x - held_x) <= held_tolerance * max(x, held_x):
+                    if (shape > noise_tail and held_x > 0
+                            and abs(x - held_x) <= held_tolerance * max(x, held_x)):
                         seen = (util - held_y * x / held_x) ** 2 / 2 * o.util_samples / shape
                         weight = max(noise_memory, 1 / (noise_pairs + 2))
                         noise = max(floor, (1 - weight) * noise + weight * seen)
