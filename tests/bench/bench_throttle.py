@@ -1,6 +1,6 @@
 """Core-throttle benchmark: the real controller vs a model of the peer limiter, on simulated GPUs.
 
-Five scenarios of 60 simulated seconds each, on the ideal plant and on the imperfect one (the
+Six scenarios of 60 simulated seconds each, on the ideal plant and on the imperfect one (the
 simulator's defaults) with NVML noise of sigma 3 and 8 points and samples every 1/6 s and every
 second. For each: steady-state mean absolute error of every container's share (percentage
 points, 0.5 s windows of true SM time), its p50/p95/p99, and the settling time to within +/-2
@@ -47,6 +47,8 @@ from vgpu_agent.simulation.runner import (
 
 FOREVER = math.inf
 LONG = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
+# Twice as long with half the blocks: four times LONG's SM time per token.
+COSTLY = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
 
 
 def _fixed(shares: dict[str, float]):
@@ -105,6 +107,19 @@ def scenarios(duration_s: float) -> list[Scenario]:
                   for i in range(10)),
             _fixed({f"c{i}": 10 for i in range(10)}),
             duration_s,
+        ),
+        Scenario(
+            "6 new phases: x4, x1/4",
+            # Halfway both applications change phase: the tokens of one then buy four times
+            # the SM time (it would take its neighbour's share), of the other a quarter (it
+            # would starve) until the law has re-learned both.
+            (
+                ContainerSpec("costlier", 40, LONG, switch_to=COSTLY, switch_at_s=half),
+                ContainerSpec("cheaper", 60, COSTLY, switch_to=LONG, switch_at_s=half),
+            ),
+            _fixed({"costlier": 40, "cheaper": 60}),
+            duration_s,
+            changes=(half,),
         ),
     ]
 

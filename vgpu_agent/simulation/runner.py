@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vgpu_agent.shm.api import CorePolicy
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, SimProcess, Workload
@@ -32,6 +32,24 @@ class ContainerSpec:
     policy: CorePolicy = "work-conserving"
     priority: int = 0
     processes: int = 1
+    # From `switch_at_s` on its processes run `switch_to` instead (an application moving to
+    # another phase: its tokens then buy a different SM time, which the law must re-learn).
+    switch_to: Workload | None = None
+    switch_at_s: float = math.inf
+
+    def phases(self) -> list[tuple[str, Workload]]:
+        """(name suffix, workload) for each set of `processes` processes it runs."""
+        if self.switch_to is None or not math.isfinite(self.switch_at_s):
+            return [("", self.workload)]
+        return [("", _within(self.workload, 0.0, self.switch_at_s)),
+                ("-after", _within(self.switch_to, self.switch_at_s, math.inf))]
+
+
+def _within(workload: Workload, start: float, end: float) -> Workload:
+    """The workload, busy only inside [start, end)."""
+    busy = tuple((max(a, start), min(b, end)) for a, b in workload.busy
+                 if max(a, start) < min(b, end))
+    return replace(workload, busy=busy or ((start, start),))
 
 
 @dataclass(frozen=True)
@@ -107,8 +125,8 @@ class ControlledRun:
                                priority=spec.priority, seq=seq)
             self.regions[spec.name] = region
             self.procs[spec.name] = [
-                self.gpu.shim_process(f"{spec.name}-{i}", spec.workload, region)
-                for i in range(spec.processes)
+                self.gpu.shim_process(f"{spec.name}-{i}{suffix}", workload, region)
+                for suffix, workload in spec.phases() for i in range(spec.processes)
             ]
         self.tick_s = tick_s
         self.controller = ThrottleController(
@@ -147,7 +165,8 @@ def run_peer(scenario: Scenario, *, window_s: float = 0.5, peer_gpu: PeerGpu | N
     for spec in scenario.containers:
         gate = PeerGate(spec.limit, spec.workload.blocks, peer_gpu)
         procs[spec.name] = [
-            gpu.add_process(f"{spec.name}-{i}", spec.workload, gate) for i in range(spec.processes)
+            gpu.add_process(f"{spec.name}-{i}{suffix}", workload, gate)
+            for suffix, workload in spec.phases() for i in range(spec.processes)
         ]
         watched[spec.name] = (gate, procs[spec.name])
     watchers = PeerWatchers(gpu, watched)
