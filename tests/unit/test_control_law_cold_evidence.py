@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.test_control_fastlaw_agreement import native
 from vgpu_agent.throttle.control import (
     UNLIMITED_RATE,
     ControlParams,
@@ -220,3 +221,22 @@ def test_a_strict_containers_cold_margin_stops_at_the_proven_bound(law):
     # without the bound the margin applies as before
     no_floor = law([obs], {"s": state._replace(k_floor=0.0)}, TICK)["s"]
     assert no_floor.rate < 0.8 * floor * 30
+
+
+@pytest.mark.parametrize("law", [control_step, control_step_gpu, native])
+def test_a_changed_workload_is_not_taken_for_noise(law):
+    # At the same spending the reading jumps from 50 to 20: the application changed phase.
+    # Counted as noise in full it would make the filter distrust the samples that re-learn k;
+    # it counts at most as much as a difference at the surprise threshold.
+    params = ControlParams()
+    state = _learned(50.0)._replace(noise=4.0, noise_pairs=0)
+    obs = Observation("c", 100.0, "work-conserving", spent=int(50 * K * TICK), launches=10,
+                      util=20.0, rate=int(50 * K), burst=int(50 * K))
+    after = law([obs], {"c": state}, TICK, params)["c"].state
+    assert after.noise_pairs == 1
+    weight = 0.5  # the first pair's
+    assert after.noise == pytest.approx((1 - weight) * 4.0
+                                        + weight * params.surprise_sigmas**2 * 4.0)
+    # a difference within the noise is taken in full
+    within = law([obs._replace(util=52.0)], {"c": state}, TICK, params)["c"].state
+    assert within.noise == pytest.approx((1 - weight) * 4.0 + weight * 2.0**2 / 2)

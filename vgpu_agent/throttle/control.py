@@ -504,6 +504,10 @@ def _observe(
             if (shape > params.noise_tail and held_x > 0
                     and abs(x - held_x) <= params.held_tolerance * max(x, held_x)):
                 seen = (util - held_y * x / held_x) ** 2 / 2 * obs.util_samples / shape
+                # A difference beyond what counts as a changed workload is the change, not
+                # noise: taken in full, the filter would then distrust the very samples that
+                # re-learn k (after a phase change, for seconds).
+                seen = min(seen, params.surprise_sigmas**2 * noise)
                 weight = max(params.noise_memory, 1 / (noise_pairs + 2))
                 noise = max(floor, (1 - weight) * noise + weight * seen)
                 noise_pairs += 1

@@ -245,6 +245,7 @@ def control_step_gpu(
                     if (shape > noise_tail and held_x > 0
                             and abs(x - held_x) <= held_tolerance * max(x, held_x)):
                         seen = (util - held_y * x / held_x) ** 2 / 2 * o.util_samples / shape
+                        seen = min(seen, surprise2 * noise)
                         weight = max(noise_memory, 1 / (noise_pairs + 2))
                         noise = max(floor, (1 - weight) * noise + weight * seen)
                         noise_pairs += 1
