@@ -266,3 +266,97 @@ def test_what_a_container_put_into_an_old_style_region_directory_is_removed(
     assert sorted(p.name for p in region.path.iterdir()) == ["control", "hami.cache", "state"]
     assert (outside / "keep").exists()  # a link is removed, never followed
     assert region.foreign_removed == 4 and store.tampering()["foreign_removed"] == 4
+
+
+def _count_entries(path: Path) -> int:
+    return sum(len(dirs) + len(files) for _, dirs, files in os.walk(path))
+
+
+def test_a_tree_put_into_an_old_style_region_directory_goes_a_bounded_batch_a_pass(
+    store: RegionStore,
+) -> None:
+    # Removed at once, a tree of a hundred thousand files held the event loop for half a
+    # second; each pass now does at most about a batch of steps, and the tree still goes.
+    region = store.create(grant())
+    flood = region.path / "flood"
+    for i in range(8):
+        level = flood / f"d{i}" / "deeper" / "deepest"
+        level.mkdir(parents=True)
+        for j in range(60):
+            (level / f"f{j}").touch()
+    (region.path / "loose").touch()
+    left = [_count_entries(flood)]
+    passes = 0
+    while flood.exists():
+        region._sweep()
+        passes += 1
+        if flood.exists():
+            left.append(_count_entries(flood))
+            # a listing, an unlink or an rmdir per step; the batch bounds the steps
+            assert left[-2] - left[-1] <= regions_module._SWEEP_BATCH
+        assert passes < 100
+    assert passes >= (8 * 63) // regions_module._SWEEP_BATCH
+    assert sorted(p.name for p in region.path.iterdir()) == ["control", "hami.cache", "state"]
+    assert region.foreign_removed == 2  # the tree and the file, each counted once, when gone
+
+
+class _ListedAsDirectory:
+    """A directory entry as listed before the container swapped it for a link."""
+
+    def __init__(self, entry: os.DirEntry) -> None:
+        self.name, self.path = entry.name, entry.path
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        return True
+
+
+def test_removing_a_tree_never_follows_a_link_swapped_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outside = tmp_path / "precious"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "keep").write_bytes(b"x")
+    tree = tmp_path / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    for j in range(20):
+        (tree / "a" / "b" / f"f{j}").touch()
+    os.symlink(outside, tree / "a" / "link")  # a link inside the tree: removed, not followed
+    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        gone, used = regions_module.remove_tree_some(parent, "tree", 8)
+        assert not gone and used <= 9
+        # Between two passes the container swaps a directory for a link to elsewhere: the next
+        # listing sees a link, which is removed, not followed.
+        shutil.rmtree(tree / "a" / "b")
+        os.symlink(outside, tree / "a" / "b")
+        while not gone:
+            gone, _ = regions_module.remove_tree_some(parent, "tree", 8)
+        assert not tree.exists()
+        # Swapped between the listing and the open: the open refuses the link.
+        (tree / "c").mkdir(parents=True)
+        os.symlink(outside, tree / "c" / "d")
+        real_scandir = os.scandir
+
+        def listed_before_the_swap(fd):
+            class Listing:
+                def __enter__(self):
+                    self.inner = real_scandir(fd)
+                    return (e if e.name != "d" else _ListedAsDirectory(e) for e in self.inner)
+
+                def __exit__(self, *exc):
+                    self.inner.close()
+
+            return Listing()
+
+        monkeypatch.setattr(regions_module.os, "scandir", listed_before_the_swap)
+        with pytest.raises(OSError) as raised:
+            regions_module.remove_tree_some(parent, "tree", 64)
+        assert raised.value.errno in (errno.ELOOP, errno.ENOTDIR)
+        monkeypatch.undo()
+        # and a link in place of the tree itself is not followed either
+        os.symlink(outside / "sub", tmp_path / "linked")
+        with pytest.raises(OSError):
+            regions_module.remove_tree_some(parent, "linked", 8)
+    finally:
+        os.close(parent)
+    assert (outside / "sub" / "keep").read_bytes() == b"x"

@@ -117,6 +117,54 @@ _POLICY_CODES: dict[CorePolicy, int] = {
     name: code for code, name in layout.POLICY_NAMES.items()  # type: ignore[misc]
 }
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
+
+
+def _unlink_at(name: str, dir_fd: int) -> None:
+    """Unlink `name` in the directory `dir_fd`; one already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def remove_tree_some(parent_fd: int, name: str, budget: int) -> tuple[bool, int]:
+    """Remove the directory `name` in `parent_fd` and what is under it, doing at most about
+    `budget` steps (a listing, an unlink, an rmdir: one each); (whether it is gone, the steps
+    used). Deepest first, the rest left for the next call, so that a tree of a million files
+    or a thousand levels never holds the caller for long.
+
+    Links are never followed: each directory is opened relative to its parent's descriptor
+    with O_NOFOLLOW, so a container that swaps a directory for a link to elsewhere half-way
+    makes that open fail; it never makes the agent remove files outside the tree.
+    """
+    fds: list[int] = []
+    names: list[str] = []
+    used = 0
+    try:
+        fds.append(os.open(name, _DIR_FLAGS, dir_fd=parent_fd))
+        names.append(name)
+        while fds and used < budget:
+            fd = fds[-1]
+            with os.scandir(fd) as entries:
+                batch = list(itertools.islice(entries, max(1, budget - used - 1)))
+            used += 1
+            if not batch:
+                os.close(fds.pop())
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(names.pop(), dir_fd=fds[-1] if fds else parent_fd)
+                used += 1
+                continue
+            for entry in batch:
+                if entry.is_dir(follow_symlinks=False):
+                    fds.append(os.open(entry.name, _DIR_FLAGS, dir_fd=fd))
+                    names.append(entry.name)
+                    used += 1
+                    break
+                _unlink_at(entry.name, fd)
+                used += 1
+        return not fds, used
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _word_index(offset: int) -> int:
@@ -516,27 +564,47 @@ class Region:
     def _sweep(self) -> None:
         """Remove what a container put into its region directory: only regions of older agents
         had the directory mounted, and there a tenant could fill the state dir's disk. At most
-        `_SWEEP_BATCH` entries a pass; the rest go at the next ones."""
+        `_SWEEP_BATCH` entries a pass, counted down into directories too (the sweep runs on
+        the event loop: a tree of a hundred thousand files removed at once held it for half a
+        second); the rest go at the next passes."""
         try:
             with os.scandir(self.path) as entries:
                 found = [e for e in itertools.islice(entries, _SWEEP_BATCH + len(_REGION_FILES))
                          if e.name not in _REGION_FILES]
         except OSError:
             return
-        for entry in found[:_SWEEP_BATCH]:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
-            except OSError as err:
-                log.warning("region_foreign_entry_kept", alloc_id=self._alloc_id,
-                            path=entry.path, error=str(err))
-                continue
-            self.foreign_removed += 1
-            if self.foreign_removed == 1:
-                log.warning("region_foreign_entry_removed", alloc_id=self._alloc_id,
-                            path=entry.path, reason="only the region's own files belong there")
+        if not found:
+            return
+        try:
+            top = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+        except OSError:
+            return
+        budget = _SWEEP_BATCH
+        try:
+            for entry in found:
+                if budget <= 0:
+                    break
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        gone, used = remove_tree_some(top, entry.name, budget)
+                        budget -= used
+                    else:
+                        _unlink_at(entry.name, top)
+                        gone, budget = True, budget - 1
+                except OSError as err:
+                    budget -= 1
+                    log.warning("region_foreign_entry_kept", alloc_id=self._alloc_id,
+                                path=entry.path, error=str(err))
+                    continue
+                if not gone:
+                    continue
+                self.foreign_removed += 1
+                if self.foreign_removed == 1:
+                    log.warning("region_foreign_entry_removed", alloc_id=self._alloc_id,
+                                path=entry.path,
+                                reason="only the region's own files belong there")
+        finally:
+            os.close(top)
 
     def _cut(self, path: Path, size: int, found: int) -> None:
         try:
