@@ -13,6 +13,10 @@
    shim-like writer moves a counter before every read, so every read decodes) and on unchanged
    ones (the decode is cached), beside `Region.counters()`, the controller's lean read of the
    header alone.
+4. The sweep of an old-style region directory (mounted into the container by older agents)
+   after a tenant filled it with a tree of `--flood` files: passes until it is gone, the
+   longest and the median pass (the sweep runs on the event loop, so the longest pass is what
+   an Allocate or a scrape may wait behind), and the whole time.
 """
 
 from __future__ import annotations
@@ -142,6 +146,30 @@ def bench_create(root: Path, calls: int) -> None:
     store.close()
 
 
+def bench_sweep(root: Path, files: int) -> None:
+    store = RegionStore(root / "sweep")
+    region = store.create(grant([format_device_id("GPU-bench-0000", 0)],
+                                {g.uuid: g for g in gpus()}, SPLIT))
+    flood = region.path / "flood"
+    per_dir = 1000
+    for i in range(max(1, files // per_dir)):
+        sub = flood / f"d{i}" / "nested"
+        sub.mkdir(parents=True)
+        for j in range(per_dir):
+            (sub / f"f{j}").touch()
+    passes = []
+    started = time.perf_counter()
+    while flood.exists():
+        t = time.perf_counter()
+        region._sweep()  # what every 16th check of the region's files runs
+        passes.append((time.perf_counter() - t) * 1e3)
+    whole = time.perf_counter() - started
+    print(f"sweep of a {max(1, files // per_dir) * per_dir}-file tree: {len(passes)} passes, "
+          f"longest {max(passes):.2f} ms, median {statistics.median(passes):.2f} ms, "
+          f"all {whole:.2f} s")
+    store.close()
+
+
 def bench_usage(root: Path, calls: int) -> None:
     store = RegionStore(root / "usage")
     g = grant([format_device_id("GPU-bench-0000", 0)], {g.uuid: g for g in gpus()}, SPLIT)
@@ -156,6 +184,9 @@ def bench_usage(root: Path, calls: int) -> None:
                 f.write(struct.pack("<Q", slot + 1))
                 f.seek(layout.STATE_OFFSETS["slots"] + slot * layout.SLOT_SIZE)
                 f.write(struct.pack("<QQ", 100 + slot, 5000 + slot))
+        # as the controller allows once the host has proven the container's processes (without
+        # it a region's reads stop at SLOT_HEADROOM slots, whatever the container claims)
+        region.limit_slots(live)
         fd = os.open(region.path / STATE_FILE, os.O_RDWR)
         shim = mmap.mmap(fd, 0)
         spent_at = layout.STATE_OFFSETS["devices"] + layout.STATE_DEVICE_OFFSETS["tokens_spent"]
@@ -207,6 +238,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--usage-only", action="store_true", help="only the state-reading part")
+    parser.add_argument("--flood", type=int, default=100_000,
+                        help="files in the tree a tenant leaves in its region directory")
     parser.add_argument(
         "--dirs",
         default="/tmp,/dev/shm",
@@ -230,6 +263,7 @@ def main() -> None:
         try:
             asyncio.run(bench_allocate(root, args.calls))
             bench_create(root, args.calls)
+            bench_sweep(root, args.flood)
         finally:
             shutil.rmtree(root, ignore_errors=True)
     root = Path(tempfile.mkdtemp(prefix="vgb-", dir="/tmp"))
