@@ -51,6 +51,19 @@ def test_launches_run_while_the_balance_is_not_negative_and_may_overdraw_it():
     assert gate.admit(now_ns=SLEEP_NS, want=1) == 1
 
 
+def test_each_process_is_charged_its_own_grid_from_the_containers_balance():
+    # A container that changed phase runs kernels of another grid size: the peer charges each
+    # launch its own, from the one balance its watcher refills.
+    gate = PeerGate(limit=30, grid=100, gpu=GPU)
+    gate.balance = 250
+    small = gate.launching(25)
+    assert small.admit(now_ns=0, want=10) == 10  # 250 -> 0
+    assert gate.balance == 0
+    assert gate.launching(100).admit(now_ns=0, want=2) == 1  # 0 -> -100, then blocked
+    assert gate.balance == -100
+    assert small.admit(now_ns=1, want=1) == 0  # the container sleeps, whichever process asks
+
+
 @pytest.mark.parametrize(("limit", "alone", "forced", "bypassed"), [
     (0, False, False, True),
     (100, False, False, True),

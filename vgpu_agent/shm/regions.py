@@ -576,7 +576,7 @@ class Region:
         if not found:
             return
         try:
-            top = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+            top = os.open(self.path, _DIR_FLAGS)
         except OSError:
             return
         budget = _SWEEP_BATCH

@@ -49,18 +49,25 @@ class PeerGate:
     def bypassed(self) -> bool:
         return self.limit <= 0 or self.limit >= 100 or (self.alone and not self.forced)
 
-    def admit(self, now_ns: int, want: int) -> int:
+    def admit(self, now_ns: int, want: int, grid: int = 0) -> int:
+        """Launches admitted of `want`, each charged its grid (`grid`, else the container's)."""
         if self.bypassed:
             return want
         if now_ns < self.blocked_until_ns:
             return 0
+        grid = grid or self.grid
         admitted = 0
         if self.balance >= 0:
-            admitted = min(want, self.balance // self.grid + 1)
-            self.balance -= admitted * self.grid
+            admitted = min(want, self.balance // grid + 1)
+            self.balance -= admitted * grid
         if admitted < want:
             self.blocked_until_ns = now_ns + SLEEP_NS
         return admitted
+
+    def launching(self, grid: int) -> PeerLaunches:
+        """The gate of one of the container's processes whose kernels have `grid` blocks (the
+        peer charges each launch its own grid size)."""
+        return PeerLaunches(self, grid)
 
     def watch(self, util: float) -> None:
         """One run of the watcher with the container's summed SM percent."""
@@ -102,3 +109,13 @@ class PeerWatchers:
                     per_pid.setdefault(s.pid, []).append(s.sm_util)
             util = sum(sum(v) / len(v) for v in per_pid.values())
             gate.watch(util)
+
+
+class PeerLaunches:
+    """One process's launches through its container's `PeerGate`, charged its own grid."""
+
+    def __init__(self, gate: PeerGate, grid: int):
+        self.gate, self.grid = gate, grid
+
+    def admit(self, now_ns: int, want: int) -> int:
+        return self.gate.admit(now_ns, want, self.grid)

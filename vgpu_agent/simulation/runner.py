@@ -165,7 +165,7 @@ def run_peer(scenario: Scenario, *, window_s: float = 0.5, peer_gpu: PeerGpu | N
     for spec in scenario.containers:
         gate = PeerGate(spec.limit, spec.workload.blocks, peer_gpu)
         procs[spec.name] = [
-            gpu.add_process(f"{spec.name}-{i}{suffix}", workload, gate)
+            gpu.add_process(f"{spec.name}-{i}{suffix}", workload, gate.launching(workload.blocks))
             for suffix, workload in spec.phases() for i in range(spec.processes)
         ]
         watched[spec.name] = (gate, procs[spec.name])
