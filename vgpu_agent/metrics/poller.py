@@ -305,6 +305,11 @@ class RegionCache:
             try:
                 samples.append(read_region(handle))
             except Exception as err:  # removed or unmapped while we read: skip this round
+                if getattr(handle, "closed", False):
+                    # Collected by the region store (its container is gone) while this round
+                    # read it: nothing was wrong with it, and a node whose pods come and go
+                    # would otherwise count read errors and log warnings at every departure.
+                    continue
                 failed += 1
                 log.warning("region_unreadable", alloc_id=_safe_alloc_id(handle), error=str(err))
         return tuple(samples), failed
