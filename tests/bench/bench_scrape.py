@@ -433,7 +433,9 @@ async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
     from vgpu_agent.agent import Agent
     from vgpu_agent.gpu.sim import SimBackend
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    # warnings too: a claim the agent cuts (`throttle_tokens_overclaimed`) is then named with
+    # its numbers when the bench stops at its check that the fake shims were believed
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
     rows = json.loads((root / "layout.json").read_text())
     backend = SimBackend(f"{gpus}xA100-80GB")
     owner = {int(row["host_pid"]): str(row["alloc_id"]) for row in rows}
@@ -535,7 +537,8 @@ def check_bound(body: bytes, pods: set[str]) -> None:
     if cut is None or float(cut.group(1)) != 0:
         raise SystemExit("the agent cut the bench shims' token claims "
                          f"({cut.group(1).decode() if cut else 'no count exported'}): they "
-                         "spend more than their buckets let through")
+                         "spend more than their buckets let through (the agent's "
+                         "throttle_tokens_overclaimed warning above says by how much)")
 
 
 def pct(ordered: list[float], q: float) -> float:
