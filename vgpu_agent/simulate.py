@@ -39,6 +39,7 @@ from vgpu_agent.deviceplugin.ids import parse_device_id
 from vgpu_agent.gpu.sim import SimBackend
 from vgpu_agent.kubelet.drastandin import DraKubeletStandIn
 from vgpu_agent.kubelet.standin import Admission, KubeletStandIn
+from vgpu_agent.shm.regions import SHIM_FILE
 from vgpu_agent.simulation.demo import run_demo_workloads
 from vgpu_agent.simulation.gpu import Workload
 from vgpu_agent.simulation.handover import BATCH_WORKLOAD, HandoverLog, service_workload
@@ -94,6 +95,16 @@ class DemoPods:
         return self.pods.get((namespace, name))
 
 
+def _say_who_plays_the_shim(agent: Agent) -> None:
+    """Said before the agent's own `shim_not_installed` warning, which on a real node means
+    containers run unenforced: here no container runs, and the demo plays the shim."""
+    shim = agent.regions.shim_dir / SHIM_FILE
+    if not shim.exists():
+        log.info("sim_shim_played_by_the_demo", missing=str(shim),
+                 why="no container runs here: the simulated workloads play the shim on the "
+                     "region files, so the agent's shim_not_installed warning below is expected")
+
+
 async def simulate(config: Config, duration: float = 0.0, view: bool = False) -> int:
     if config.mode == "dra":
         return await simulate_dra(config, duration, view)
@@ -101,6 +112,7 @@ async def simulate(config: Config, duration: float = 0.0, view: bool = False) ->
     kubelet = KubeletStandIn(config.device_plugin_dir, config.pod_resources_socket)
     await kubelet.start()
     agent = Agent(config, pods=DemoPods())
+    _say_who_plays_the_shim(agent)
     agent_task = asyncio.create_task(agent.run(), name="agent")
     demo: asyncio.Task[object] | None = None
     view_task: asyncio.Task[None] | None = None
