@@ -153,7 +153,7 @@ def test_noise_is_a_sampled_proportions():
 def _noise_after(share: float, law=control_step, seen: float = 4.0) -> LoopState:
     """The state after a reading `seen` points off the last one, at the same spending."""
     state = _learned(share)._replace(noise=4.0, noise_pairs=0)
-    obs = Observation("c", 100, "work-conserving", spent=int(share * K * TICK), launches=10,
+    obs = Observation("c", 100.0, "work-conserving", spent=int(share * K * TICK), launches=10,
                       util=min(100.0, share + seen), rate=int(share * K), burst=int(share * K))
     return law([obs], {"c": state}, TICK)["c"].state
 
@@ -164,7 +164,7 @@ def test_the_same_scatter_near_full_use_means_more_noise_at_50_percent():
     assert _noise_after(90.0).noise > 2 * _noise_after(50.0).noise
 
 
-@pytest.mark.parametrize("law", [control_step, control_step_gpu])
+@pytest.mark.parametrize("law", [control_step, control_step_gpu, native])
 @pytest.mark.parametrize("share", [0.5, 3.0, 97.0, 100.0])
 def test_pairs_where_the_shape_is_only_its_floor_teach_no_noise(law, share):
     # Near 0 or 100 % a sampled proportion barely scatters whatever the noise at 50 %: two equal
@@ -175,15 +175,15 @@ def test_pairs_where_the_shape_is_only_its_floor_teach_no_noise(law, share):
         assert state.noise_pairs == 0
 
 
-@pytest.mark.parametrize("law", [control_step, control_step_gpu])
+@pytest.mark.parametrize("law", [control_step, control_step_gpu, native])
 def test_a_container_cut_from_full_use_to_30_percent_is_not_a_changed_workload(law):
-    # Fifteen seconds at 100 % (readings of 100 every second), then its rate is cut to 30 %
-    # and the first reading there is 21, 1.2 sigma low for NVML at sigma 8. Had the pairs at
-    # 100 % taught a noise near zero, 21 would be a surprise and k would jump by 40 %.
+    # Fifteen ticks at 100 % (a reading of 100 each), then its rate is cut to 30 % and the
+    # first reading there is 21, 1.2 sigma low for NVML at sigma 8. Had the pairs at 100 %
+    # taught a noise near zero, 21 would be a surprise and k would jump towards 30 / 21.
     params = ControlParams(nvml_period_s=1.0)
     state = _learned(100.0)._replace(noise=0.0, noise_pairs=0, learned=3, spread=0.01)
     states = {"c": state}
-    full = Observation("c", 30, "work-conserving", spent=int(100 * K * TICK), launches=10,
+    full = Observation("c", 30.0, "work-conserving", spent=int(100 * K * TICK), launches=10,
                        util=100.0, util_span_s=1.0, rate=UNLIMITED_RATE, burst=UNLIMITED_RATE)
     for _ in range(15):
         states = {"c": law([full], states, TICK, params)["c"].state}

@@ -61,8 +61,10 @@ Kalman filter over the model `util = b * spend`:
   measurements in a row at the same spending: their difference is the noise of both,
   whatever the estimate of k. Pairs near 0 or 100 % use (where the shape is only its floor,
   `noise_tail`) are not measures: there a sampled proportion hardly scatters, and a borrower
-  that ran at 100 % for a while would otherwise learn a noise near nothing, then read its
-  first noisy sample after a cut to 30 % as a changed workload and jump by a third.
+  that ran at 100 % for a while would otherwise learn a noise near nothing, then read any
+  noisy sample after a cut to 30 % as a changed workload and re-learn k from it alone (seen:
+  k off by 30 % to a factor of three). And a pair that differs by more than a changed workload
+  would counts as noise no more than that: it is the change, not noise.
 - A reading of 0 for a container that spent enough for more than `missing_above` percent is a
   sample NVML missed (its processes were absent from the batch), not evidence of an idle GPU:
   taken as evidence it would make `k` unbounded and the container unthrottled.
