@@ -767,7 +767,7 @@ static bool t_turns_fork_and_signals(void)
     struct dev_cfg cfg = {0, 1ull << 30, 300000, 320000, 3200, VGPU_POLICY_STRICT, 0};
     make_region("turnfork", 1, &cfg);
     struct run r;
-    run_client(&r, "turnfork", NOENV, ARGS("direct", "ctx", "0", "forkstress", "20"));
+    run_client(&r, "turnfork", NOENV, ARGS("direct", "ctx", "0", fork_stress_command(), "20"));
     if (!client_ok(&r))
         return false;
     const uint64_t rate = 2000000;
