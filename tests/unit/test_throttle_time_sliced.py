@@ -3,16 +3,25 @@ each sample period whole to one process, with the whole GPU's use as its value."
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
-from vgpu_agent.throttle.timesliced import PERIODS_REMEMBERED, SHARED_PERIODS, TimeSlicedSplit
+from vgpu_agent.throttle import timesliced
+from vgpu_agent.throttle.timesliced import (
+    PERIODS_REMEMBERED,
+    SHARED_PERIODS,
+    ChangeWatch,
+    TimeSlicedSplit,
+)
 
 
 def test_use_is_split_by_tokens_at_once():
     split = TimeSlicedSplit()
     got = split.share([["a"]], 80.0, {"a": 300, "b": 100})
     # (one period given to b moves its weight a little: it counts as one period in many)
-    assert got == pytest.approx({"a": 60.0, "b": 20.0}, abs=1)
+    assert got == pytest.approx({"a": 60.0, "b": 20.0}, abs=2)
     # the tokens change: so does the split, on the same tick
     assert split.share([["b"]], 80.0, {"a": 100, "b": 300})["b"] > 40
 
@@ -85,3 +94,66 @@ def test_a_floor_needs_periods_enough_to_rule_out_chance():
     got = split.share([["b"]], 100.0, {"a": 900, "b": 100})
     assert got["b"] < 25
     assert got["a"] + got["b"] == pytest.approx(100)
+
+
+def _drawn(rng: random.Random, spent: dict[str, int], cost: dict[str, float]) -> tuple[str, dict]:
+    """One period as a time-sliced GPU gives it: to a container with odds of its SM time
+    (tokens x cost), and each container's true part of the GPU."""
+    work = {a: spent[a] * cost[a] for a in spent}
+    whole = sum(work.values())
+    pick, owner = rng.random() * whole, ""
+    for alloc_id, w in work.items():
+        owner = alloc_id
+        if pick < w:
+            break
+        pick -= w
+    return owner, {a: 100 * w / whole for a, w in work.items()}
+
+
+def _errors(cost_at, periods: int, seed: int = 0) -> tuple[list[float], TimeSlicedSplit]:
+    """a's error (points) per period while the rates move (tokens drawn anew every period)."""
+    rng, split, errors = random.Random(seed), TimeSlicedSplit(), []
+    for n in range(periods):
+        spent = {"a": rng.randint(200, 400), "b": rng.randint(50, 150)}
+        owner, truth = _drawn(rng, spent, cost_at(n))
+        errors.append(abs(split.share([[owner]], 100.0, spent)["a"] - truth["a"]))
+    return errors, split
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_costs_are_learned_against_the_tokens_of_each_period(seed):
+    # b's tokens buy four times a's SM time, and both spend differently every period: the
+    # split follows the true parts, whatever the rates do meanwhile
+    errors, split = _errors(lambda n: {"a": 1.0, "b": 4.0}, 600, seed)
+    late = errors[300:]
+    assert sum(late) / len(late) < 6.5  # 2.3-4.8 over seeds 0-5; equal costs: about 30
+    assert math.exp(split.costs["b"][0] - split.costs["a"][0]) == pytest.approx(4, rel=0.25)
+    assert split.restarts <= 1  # no change of workload: the watch stays (nearly) quiet
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_phase_change_is_found_and_followed_within_seconds(seed, monkeypatch):
+    # after 600 periods the costs swap (a's tokens now buy four times b's): 60-120 periods
+    # later (10-20 s at six a second) the split is near the truth, 120-240 later close to it;
+    # without the watch, only the fading information follows, several times slower
+    def swap(n):
+        return {"a": 1.0, "b": 4.0} if n < 600 else {"a": 4.0, "b": 1.0}
+
+    errors, split = _errors(swap, 840, seed)
+    assert split.restarts >= 1
+    assert sum(errors[660:720]) / 60 < 12  # 3.8-10.1 over seeds 0-5
+    assert sum(errors[720:]) / 120 < 7  # 1.3-6.4
+    monkeypatch.setattr(timesliced, "CHANGE_EVIDENCE", math.inf)
+    blind, unwatched = _errors(swap, 840, seed)
+    assert unwatched.restarts == 0
+    assert sum(blind[660:720]) / 60 > 15  # 19.8-23.5
+
+
+def test_the_watch_needs_two_containers_and_periods_it_can_predict():
+    watch = ChangeWatch()
+    assert not watch.changed({"a": 1.0}, ["a"] * 1000)  # alone: every period is its own
+    # a container predicted to get a tenth of the periods and given every one of ten in a row
+    assert watch.changed({"a": 0.1, "b": 0.9}, ["a"] * 10)
+    assert watch.sums == {}  # judged afresh from there
+    # as predicted: never a change
+    assert not ChangeWatch().changed({"a": 0.5, "b": 0.5}, ["a", "b"] * 500)

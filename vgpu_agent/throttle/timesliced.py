@@ -27,22 +27,42 @@ class TimeSlicedSplit:
     the whole GPU, and a law steering on a slow average of them oscillates). Tokens spent
     answer at once but say nothing of how long a container's kernels run per token. So the
     GPU's use is split by tokens spent this tick, each container's weighted by how much SM
-    time its tokens buy relative to the others: its part of the periods over its part of the
-    tokens, both as moving averages over about PERIODS_REMEMBERED periods, the weight drawn
-    towards 1 as far as the periods it was given could be chance. Periods given to
-    processes of no container (strangers, "") are nobody's use here. A container lying about
-    its tokens is corrected by its periods, as fast as the averages follow, and is never
-    charged less than its part of the periods proves (`_floor_by_periods`); one whose
-    processes spend no token at all (they run without the shim) is charged its part of the
-    recent periods, the rest being split among the others.
+    time its tokens buy relative to the others (its cost).
+
+    The costs are learned from the periods, one at a time, as what they are: draws of one
+    container among those spending, each with odds in proportion to its tokens spent then
+    times its cost (a multinomial logit with the token shares as offsets). Each period moves
+    the log of every cost by its surprise (given or not, against the chance predicted) over
+    the information gathered so far (a Newton step; the information fades over about
+    COST_PERIODS periods, and starts at PRIOR_INFO, the belief that costs are equal).
+    Learning against the token shares of the moment, not from averages of periods and of
+    tokens taken apart, keeps the estimate right while the law moves the rates; few periods
+    move a cost little, and the split draws a cost towards 1 as far as it could be chance
+    (`_believed`), so that containers of equal costs are split by their tokens, not by the
+    noise of the periods. Periods given to processes of no
+    container (strangers, "") are nobody's use here. A container lying about its tokens is
+    corrected by its periods, as fast as the costs follow, and is never charged less than its
+    part of the periods proves (`_floor_by_periods`); one whose processes spend no token at
+    all (they run without the shim) is charged its part of the recent periods, the rest being
+    split among the others.
+
+    An application that changes phase (its tokens then buying four times the SM time they
+    did) would be charged by its old cost for as long as the information takes to fade: a
+    minute and more. So each period is also checked against the chance predicted
+    (`ChangeWatch`): once the periods depart from it by more than chance allows, every
+    cost's information is cut to RESTART_INFO, and the costs follow the new periods fast.
     """
 
-    __slots__ = ("parts", "unseen")
+    __slots__ = ("costs", "parts", "restarts", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
         self.parts: dict[str, tuple[float, float, int]] = {}
         self.unseen: dict[str, int] = {}  # alloc_id -> periods since one was given to it
+        # alloc_id -> (log of its SM time per token against the others', information)
+        self.costs: dict[str, tuple[float, float]] = {}
+        self.watch = ChangeWatch()
+        self.restarts = 0  # times a change was found and the costs made to follow fast
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int]
               ) -> dict[str, float]:
@@ -53,6 +73,11 @@ class TimeSlicedSplit:
             del parts[gone]
             self.unseen.pop(gone, None)
         total = sum(spent.values())
+        costs = self.costs
+        for gone in [a for a in costs if a not in spent]:
+            del costs[gone]
+        if total > 0:
+            self._learn_costs(owners, {a: used / total for a, used in spent.items() if used})
         unseen = self.unseen
         for given in owners:
             for alloc_id, (periods, tokens, n) in parts.items():
@@ -70,27 +95,46 @@ class TimeSlicedSplit:
         # which takes such all-or-nothing readings for missed samples, would starve them.
         unshimmed = {a: parts[a][0] * busy for a, used in spent.items()
                      if not used and unseen.get(a, SHARED_PERIODS) < SHARED_PERIODS}
-        weights = {}
-        for alloc_id, used in spent.items():
-            if not used:
-                continue
-            periods, tokens, n = parts[alloc_id]
-            cost = 1.0
-            if tokens > _COST_EPS and periods > _COST_EPS:
-                # Drawn towards 1 as far as the periods could be luck: were the costs equal,
-                # its part of N periods drawn at random would be its part of the tokens, p,
-                # off by sqrt((1 - p) / (p N)) of itself.
-                drift = math.log(min(COST_RANGE, max(1 / COST_RANGE, periods / tokens)))
-                luck = (1 - min(tokens, 1.0)) / (tokens * min(n, 2 * PERIODS_REMEMBERED))
-                doubt = drift * drift + LUCK_SIGMAS**2 * luck
-                cost = math.exp(drift * drift * drift / doubt) if doubt > 0 else 1.0
-            weights[alloc_id] = used * cost
+        weights = {a: used * _believed(*costs[a]) for a, used in spent.items() if used}
         weighted = sum(weights.values())
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
                    - sum(unshimmed.values()))
         shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
         _floor_by_periods(shares, self._floors(weights, busy))
         return dict.fromkeys(spent, 0.0) | shares | unshimmed
+
+    def _learn_costs(self, owners: list[list[str]], tokens: Mapping[str, float]) -> None:
+        """Each period given to one of the containers spending (`tokens`: their parts of the
+        tokens spent) moves their costs; see the class note."""
+        costs = self.costs
+        for alloc_id in tokens:
+            costs.setdefault(alloc_id, (0.0, PRIOR_INFO))
+        if len(tokens) < 2:
+            return  # alone, it is given every period it can be: nothing to learn
+        drawn = [given[0] for given in ([a for a in g if a in tokens] for g in owners)
+                 if len(given) == 1]
+        if drawn and self.watch.changed(self._chances(tokens), drawn):
+            self.restarts += 1
+            for alloc_id, (log_cost, info) in costs.items():
+                costs[alloc_id] = (log_cost, min(info, RESTART_INFO))
+        top = math.log(COST_RANGE)
+        for owner in drawn:
+            for alloc_id, chance in self._chances(tokens).items():
+                log_cost, info = costs[alloc_id]
+                info = FADING * info + chance * (1 - chance)
+                log_cost += ((alloc_id == owner) - chance) / info
+                costs[alloc_id] = (min(top, max(-top, log_cost)), info)
+        # only the ratios matter: centred, so that the range bounds ratios, not a drift
+        mean = sum([costs[a][0] for a in tokens]) / len(tokens)
+        for alloc_id in tokens:
+            log_cost, info = costs[alloc_id]
+            costs[alloc_id] = (log_cost - mean, info)
+
+    def _chances(self, tokens: Mapping[str, float]) -> dict[str, float]:
+        """Each spending container's chance of being given a period, as the costs have it."""
+        weighed = {a: part * math.exp(self.costs[a][0]) for a, part in tokens.items()}
+        whole = sum(weighed.values())
+        return {a: w / whole for a, w in weighed.items()}
 
     def _floors(self, charged: Iterable[str], busy: float) -> dict[str, float]:
         """Per container whose weight is at its cap, the least use its part of the periods
@@ -110,6 +154,56 @@ class TimeSlicedSplit:
                 if low > 0:
                     floors[alloc_id] = busy * low
         return floors
+
+
+def _believed(log_cost: float, info: float) -> float:
+    """The cost a split uses: the learned one, drawn towards 1 as far as it could be chance
+    (a learned log cost scatters by about 1 / sqrt(2 info) around the true one). Containers
+    whose costs are equal, as most are, are then split by their tokens alone, not by noise."""
+    doubt = log_cost * log_cost + LUCK_SIGMAS * LUCK_SIGMAS / (2 * info)
+    return math.exp(log_cost * log_cost * log_cost / doubt) if doubt > 0 else 1.0
+
+
+class ChangeWatch:
+    """Finds periods that no longer follow the costs learned: per container, two CUSUMs of the
+    log-likelihood ratio of each period given or not, against the chance predicted, one for
+    odds CHANGE_ODDS times higher, one for as many times lower. Chance alone takes a sum past
+    CHANGE_EVIDENCE (nats) less often than once in e**CHANGE_EVIDENCE (about 400) periods
+    (Wald's bound; seen once in 15,000 periods of two containers whose costs stayed); a
+    container whose odds moved CHANGE_ODDS-fold or more takes it there in about 10-20."""
+
+    __slots__ = ("sums",)
+
+    def __init__(self) -> None:
+        self.sums: dict[str, tuple[float, float]] = {}  # alloc_id -> (towards more, fewer)
+
+    def changed(self, expected: Mapping[str, float], drawn: list[str]) -> bool:
+        """Whether the periods given (one owner each, among `expected`'s) show a change."""
+        sums = self.sums
+        for gone in [a for a in sums if a not in expected]:
+            del sums[gone]
+        if len(expected) < 2:
+            return False  # alone, it is given every period it can be: nothing to predict
+        for owner in drawn:
+            found = False
+            for alloc_id, chance in expected.items():
+                q = min(1 - _CHANCE_EPS, max(_CHANCE_EPS, chance))
+                more = CHANGE_ODDS * q / (1 + (CHANGE_ODDS - 1) * q)
+                fewer = q / (CHANGE_ODDS - (CHANGE_ODDS - 1) * q)
+                up, down = sums.get(alloc_id, (0.0, 0.0))
+                if alloc_id == owner:
+                    up += math.log(more / q)
+                    down += math.log(fewer / q)
+                else:
+                    up += math.log((1 - more) / (1 - q))
+                    down += math.log((1 - fewer) / (1 - q))
+                up, down = max(0.0, up), max(0.0, down)
+                found = found or up > CHANGE_EVIDENCE or down > CHANGE_EVIDENCE
+                sums[alloc_id] = (up, down)
+            if found:
+                sums.clear()  # evidence from here on is judged against what follows
+                return True
+        return False
 
 
 def _floor_by_periods(shares: dict[str, float], floors: Mapping[str, float]) -> None:
@@ -133,7 +227,22 @@ def _floor_by_periods(shares: dict[str, float], floors: Mapping[str, float]) -> 
         shares[alloc_id] -= above * moved / room
 
 
-PERIODS_REMEMBERED = 100
-LUCK_SIGMAS = 2.0  # a cost this many of its own chance deviations away from 1 counts 80 %
+PERIODS_REMEMBERED = 100  # the parts of the periods and tokens (floors, strangers, no shim)
+# A cost's information fades over about this many periods (50 s at six a second): long, for
+# costs steady to within a few percent; a change of phase is found by `ChangeWatch` instead.
+COST_PERIODS = 300
+FADING = 1 - 1 / COST_PERIODS  # what a cost's information keeps of itself per period
+# The belief, before any period, that costs are equal: the information of a log cost whose
+# standard deviation is 0.5 (a cost within x0.37 to x2.7 of the others' at two deviations).
+PRIOR_INFO = 4.0
 COST_RANGE = 8.0  # SM time per token of one container against another's: within 1/8..8
-_COST_EPS = 1e-3
+# deviations of chance: what a floor must exceed, and how far a cost is drawn towards 1
+LUCK_SIGMAS = 2.0
+# A container's odds of being given a period this many times what its cost predicts (or as
+# many times less) is a change of workload, found once the evidence for it reaches
+# CHANGE_EVIDENCE nats; every cost's information is then cut to RESTART_INFO (that of about
+# 20 periods at even odds), so that the costs follow the new periods within a few seconds.
+CHANGE_ODDS = 3.0
+CHANGE_EVIDENCE = 6.0
+RESTART_INFO = 5.0
+_CHANCE_EPS = 1e-3
