@@ -160,7 +160,7 @@ def _believed(log_cost: float, info: float) -> float:
     """The cost a split uses: the learned one, drawn towards 1 as far as it could be chance
     (a learned log cost scatters by about 1 / sqrt(2 info) around the true one). Containers
     whose costs are equal, as most are, are then split by their tokens alone, not by noise."""
-    doubt = log_cost * log_cost + LUCK_SIGMAS * LUCK_SIGMAS / (2 * info)
+    doubt = log_cost * log_cost + DOUBT_SIGMAS * DOUBT_SIGMAS / (2 * info)
     return math.exp(log_cost * log_cost * log_cost / doubt) if doubt > 0 else 1.0
 
 
@@ -236,8 +236,9 @@ FADING = 1 - 1 / COST_PERIODS  # what a cost's information keeps of itself per p
 # standard deviation is 0.5 (a cost within x0.37 to x2.7 of the others' at two deviations).
 PRIOR_INFO = 4.0
 COST_RANGE = 8.0  # SM time per token of one container against another's: within 1/8..8
-# deviations of chance: what a floor must exceed, and how far a cost is drawn towards 1
-LUCK_SIGMAS = 2.0
+LUCK_SIGMAS = 2.0  # a floor is the part of the periods chance cannot explain at this many
+# deviations of a learned log cost that draw it halfway towards 1 (equal costs)
+DOUBT_SIGMAS = 2.0
 # A container's odds of being given a period this many times what its cost predicts (or as
 # many times less) is a change of workload, found once the evidence for it reaches
 # CHANGE_EVIDENCE nats; every cost's information is then cut to RESTART_INFO (that of about
