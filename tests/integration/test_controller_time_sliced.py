@@ -12,6 +12,7 @@ import pytest
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
+from vgpu_agent.simulation.runner import ContainerSpec, ControlledRun, PlantSpec
 from vgpu_agent.throttle.controller import ThrottleController
 
 UUID = "GPU-time-sliced"
@@ -136,3 +137,24 @@ async def test_a_container_understating_its_tokens_leaves_its_neighbours_share_a
         slot.tokens_spent[0] = spent
     assert gpu.shares(honest, 20)[-1][1] == pytest.approx(40, abs=5)
     assert gpu.shares(liar, 20)[-1][1] < 47
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 3])
+async def test_a_change_of_phase_is_followed(seed):
+    # Halfway, the tokens of "costlier" start to buy four times the SM time (twice as long
+    # kernels, half the blocks) and those of "cheaper" a quarter. Over the last 10 s:
+    # costlier 39-47 % for its 40 (seeds 0-3); 60-66 % when the split's weights were moving
+    # averages over 100 periods, which had not forgotten the first phase 30 s later.
+    long = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
+    costly = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
+    run = ControlledRun(
+        (ContainerSpec("costlier", 40, long, switch_to=costly, switch_at_s=30.0),
+         ContainerSpec("cheaper", 60, costly, switch_to=long, switch_at_s=30.0)),
+        plant=PlantSpec(replace(REAL, nvml_attribution="time-sliced"), seed=seed))
+    await run.advance(60.0)
+    assert run.controller.error_counts == {}
+    costlier, cheaper = (run.gpu.shares(run.procs[name][-1], 10)[-1][1]
+                         for name in ("costlier", "cheaper"))
+    assert costlier <= 50
+    assert cheaper >= 48
