@@ -531,6 +531,8 @@ class Agent:
             healthy=lambda: self.health.healthy() if self.health is not None else {},
             xid_counts=lambda: self.health.xid_counts if self.health is not None else {},
             throttle_status=lambda: self.controller.status,
+            time_sliced_gpus=lambda: self.controller.time_sliced_gpus,
+            phase_changes=lambda: self.controller.phase_changes,
             registration=self._registration,
             nvml_errors=lambda: getattr(self.backend, "errors_by_call", {}),
             region_events=self._region_events,

@@ -158,3 +158,27 @@ async def test_a_change_of_phase_is_followed(seed):
                          for name in ("costlier", "cheaper"))
     assert costlier <= 50
     assert cheaper >= 48
+    uuid = run.gpu.uuid
+    assert run.controller.time_sliced_gpus == {uuid}
+    found = run.controller.phase_changes[uuid]
+    assert found >= 1
+    # the containers gone, the GPU is forgotten; what was found still counts
+    run.regions.clear()
+    await run.controller.tick()
+    assert run.controller.time_sliced_gpus == frozenset()
+    assert run.controller.phase_changes == {uuid: found}
+
+
+async def test_a_gpu_whose_samples_are_per_process_is_not_read_as_time_sliced():
+    # two processes on one stamp: per-process samples (the split is dropped, nothing counted)
+    gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)
+    regions = [SimRegion(f"c{i}", (UUID,), (40.0,), ("strict",)) for i in range(2)]
+    for region in regions:
+        gpu.shim_process(region.alloc_id, Workload(kernel_s=0.0002), region)
+    controller = ThrottleController(SimBackend([gpu]), lambda: regions,
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    for _ in range(30):
+        gpu.advance(0.1)
+        await controller.tick()
+    assert controller.time_sliced_gpus == frozenset()
+    assert controller.phase_changes == {}

@@ -410,3 +410,18 @@ async def test_dra_regions_name_their_claim_next_to_the_container(node: Node) ->
     assert value(text, "vgpu_container_memory_limit_bytes",
                  **_labels("team-a", "train-pod", "main", G0, 0)) == 10 * GIB
     assert series(await node.scrape(), "vgpu_container_claim_info") == []  # device-plugin mode
+
+
+async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(node: Node) -> None:
+    text = await node.scrape(time_sliced_gpus=lambda: frozenset({G1}),
+                             phase_changes=lambda: {G1: 2, G0: 1})
+    assert value(text, "vgpu_gpu_nvml_time_sliced", gpu_uuid=G1) == 1
+    assert value(text, "vgpu_gpu_nvml_time_sliced", gpu_uuid=G0) == 0
+    assert value(text, "vgpu_gpu_throttle_phase_changes_total", gpu_uuid=G1) == 2
+    # found while G0 was time-sliced: the count stays, as a counter's does
+    assert value(text, "vgpu_gpu_throttle_phase_changes_total", gpu_uuid=G0) == 1
+    assert value(text, "vgpu_gpu_throttle_phase_changes_total", gpu_uuid=G2) == 0
+    # without a throttle controller the series are absent, not 0
+    bare = await node.scrape()
+    assert "vgpu_gpu_nvml_time_sliced" not in names(bare)
+    assert "vgpu_gpu_throttle_phase_changes_total" not in names(bare)

@@ -105,6 +105,8 @@ class Snapshot:
     now_ns: int = 0  # CLOCK_MONOTONIC, for launch ages
     # DRA: which container uses which claim (namespace, pod, container; claim ns, name, uid)
     claims: tuple[tuple[Identity, tuple[str, str, str]], ...] = ()
+    time_sliced: frozenset[str] | None = None  # None: no throttle controller
+    phase_changes: Mapping[str, int] | None = None
 
 
 # The rate the throttle controller writes for devices it does not limit; not worth a series.
@@ -286,6 +288,9 @@ def gather_snapshot(
         task_restarts=dict(tasks.restarts) if tasks is not None else {},
         now_ns=time.monotonic_ns() if now_ns is None else now_ns,
         claims=claims,
+        time_sliced=(frozenset(sources.time_sliced_gpus()) if sources.time_sliced_gpus
+                     else None),
+        phase_changes=dict(sources.phase_changes()) if sources.phase_changes else None,
     )
     return PendingSnapshot(snapshot, picked, throttle)
 
@@ -364,11 +369,27 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
     slices_alloc = _gauge(
         "vgpu_gpu_slices_allocated", "Slices of the GPU held by allocations.", GPU_LABELS
     )
+    time_sliced = _gauge(
+        "vgpu_gpu_nvml_time_sliced",
+        "1 while the throttle reads the GPU's NVML samples as time-sliced (each period whole to "
+        "one process, the use split out by tokens spent); also 1 with one process on the GPU.",
+        GPU_LABELS,
+    )
+    phase_changes = _counter(
+        "vgpu_gpu_throttle_phase_changes",
+        "Changes of phase (a container's SM time per token moving threefold or more) found on "
+        "the time-sliced GPU.",
+        GPU_LABELS,
+    )
     for gpu in snap.gpus:
         labels = _gpu_labels(sets, snap, gpu)
         _put(mem_total, labels, gpu.memory_total)
         _put(slices_total, labels, snap.slices_per_gpu)
         _put(slices_alloc, labels, snap.slices_allocated.get(gpu.uuid, 0))
+        if snap.time_sliced is not None:
+            _put(time_sliced, labels, 1 if gpu.uuid in snap.time_sliced else 0)
+        if snap.phase_changes is not None:
+            _put(phase_changes, labels, snap.phase_changes.get(gpu.uuid, 0))
         if snap.healthy is not None and gpu.uuid in snap.healthy:
             _put(healthy, labels, 1 if snap.healthy[gpu.uuid] else 0)
         if snap.xid_counts is not None:
@@ -390,7 +411,7 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         if r.power_w is not None:
             _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
-    yield from (slices_total, slices_alloc)
+    yield from (slices_total, slices_alloc, time_sliced, phase_changes)
 
 
 _KIND_LABELS = (*CONTAINER_LABELS, "kind")

@@ -102,6 +102,10 @@ class MetricsSources:
     healthy: Callable[[], Mapping[str, bool]] | None = None
     xid_counts: Callable[[], Mapping[str, int]] | None = None
     throttle_status: Callable[[], Mapping[tuple[str, int], ThrottleStatus]] | None = None
+    # GPUs whose NVML samples the throttle controller reads as time-sliced, and per GPU the
+    # changes of phase its split found (`ThrottleController.time_sliced_gpus`, `phase_changes`)
+    time_sliced_gpus: Callable[[], Iterable[str]] | None = None
+    phase_changes: Callable[[], Mapping[str, int]] | None = None
     registration: Callable[[], RegistrationView | None] | None = None
     nvml_errors: Callable[[], Mapping[str, int]] = _empty
     region_events: Callable[[], Mapping[str, int]] = _empty  # created/adopted/removed/corrupt

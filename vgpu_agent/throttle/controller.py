@@ -54,7 +54,9 @@ What a tick costs, and how often it runs:
 Where a GPU cannot report per-process utilization (NVML_ERROR_NOT_SUPPORTED) the law runs open
 loop: it sees no utilization, so rates stay at the bound derived from what each container spent
 while unthrottled (never above the limit, possibly below it). That is logged once per GPU and
-exposed in `open_loop_gpus`.
+exposed in `open_loop_gpus`. The GPUs whose samples are read as time-sliced (each period whole
+to one process; see `_utilization`) are in `time_sliced_gpus`, and the changes of phase the
+split found on each GPU are counted in `phase_changes`.
 """
 
 from __future__ import annotations
@@ -338,6 +340,7 @@ class ThrottleController:
         # the driver gives each period to one process, see `_utilization`)
         self._shared_us: dict[str, int] = {}
         self._sliced: dict[str, TimeSlicedSplit] = {}  # per time-sliced GPU (`_utilization`)
+        self._phase_changes_before: dict[str, int] = {}  # found by splits since dropped
         self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
         self._now_ns = 0
         # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
@@ -399,6 +402,27 @@ class ThrottleController:
     @property
     def open_loop_gpus(self) -> frozenset[str]:
         return frozenset(self._open_loop)
+
+    @property
+    def time_sliced_gpus(self) -> frozenset[str]:
+        """GPUs whose NVML samples are read as time-sliced now: each period whole to one
+        process, the use split out by tokens (with one process on a GPU the two readings
+        agree, and it is read so until a stamp with two processes shows otherwise)."""
+        return frozenset(self._sliced)
+
+    @property
+    def phase_changes(self) -> Mapping[str, int]:
+        """Per GPU, the changes of phase the time-sliced split found since start."""
+        found = dict(self._phase_changes_before)
+        for uuid, split in self._sliced.items():
+            found[uuid] = found.get(uuid, 0) + split.restarts
+        return found
+
+    def _drop_split(self, uuid: str) -> None:
+        split = self._sliced.pop(uuid, None)
+        if split is not None and split.restarts:
+            self._phase_changes_before[uuid] = (
+                self._phase_changes_before.get(uuid, 0) + split.restarts)
 
     @property
     def error_counts(self) -> Mapping[str, int]:
@@ -721,7 +745,7 @@ class ThrottleController:
         last_shared = self._shared_us.get(uuid)
         sliced = last_shared is None or newest - last_shared > SHARED_PERIODS * period_us
         if not sliced:
-            self._sliced.pop(uuid, None)
+            self._drop_split(uuid)
         recent = self._recent.setdefault(uuid, {})
         unplaced: list[tuple[int, float]] = []
         for pid, values in per_pid.items():
@@ -963,7 +987,7 @@ class ThrottleController:
         for uuid in list(self._states):
             if uuid not in by_gpu:
                 del self._states[uuid]
-                self._sliced.pop(uuid, None)
+                self._drop_split(uuid)
         tick = self.ticks
         if any(d.seen != tick for d in self._devices.values()):
             # Unreadable this tick, or gone: the next reading is a new baseline.
