@@ -69,6 +69,8 @@ async def _everything_emitted(tmp_path: Path) -> dict[str, set[str]]:
         healthy=lambda: {g.uuid: True for g in GPUS},
         xid_counts=lambda: {uuid: 1},
         throttle_status=lambda: {("a", 0): Status()},
+        time_sliced_gpus=lambda: {uuid},
+        phase_changes=lambda: {uuid: 1},
         registration=lambda: Registration(),
         nvml_errors=lambda: {"nvmlDeviceGetPowerUsage": 1},
         region_events=lambda: {"created": 1},
