@@ -153,7 +153,7 @@ def test_the_watch_needs_two_containers_and_periods_it_can_predict():
     watch = ChangeWatch()
     assert not watch.changed({"a": 1.0}, ["a"] * 1000)  # alone: every period is its own
     # a container predicted to get a tenth of the periods and given every one of ten in a row
-    assert watch.changed({"a": 0.1, "b": 0.9}, ["a"] * 10)
+    assert "a" in watch.changed({"a": 0.1, "b": 0.9}, ["a"] * 10)
     assert watch.sums == {}  # judged afresh from there
     # as predicted: never a change
     assert not ChangeWatch().changed({"a": 0.5, "b": 0.5}, ["a", "b"] * 500)
@@ -173,3 +173,23 @@ def test_a_liar_setting_off_the_watch_gains_little(seed):
             charged.append(got["liar"])
     assert split.restarts > 10
     assert sum(charged) / len(charged) > 40  # 41.5-42.3
+
+
+def test_only_the_container_that_changed_phase_forgets_what_was_learned():
+    # three containers of equal cost; after 600 periods a's tokens buy four times the SM time:
+    # a's cost is re-learned from little, b's and c's keep their information (their costs
+    # relative to each other did not change)
+    rng, split = random.Random(0), TimeSlicedSplit()
+    least: dict[str, float] = {"a": math.inf, "b": math.inf, "c": math.inf}
+    for n in range(900):
+        cost = {"a": 1.0 if n < 600 else 4.0, "b": 1.0, "c": 1.0}
+        spent = {alloc_id: rng.randint(80, 120) for alloc_id in cost}
+        owner, _ = _drawn(rng, spent, cost)
+        split.share([[owner]], 100.0, spent)
+        if n >= 600:
+            for alloc_id in least:
+                least[alloc_id] = min(least[alloc_id], split.costs[alloc_id][1])
+    assert split.restarts >= 1
+    assert least["a"] <= timesliced.RESTART_INFO + 1
+    assert min(least["b"], least["c"]) > 4 * timesliced.RESTART_INFO
+    assert math.exp(split.costs["a"][0] - split.costs["b"][0]) == pytest.approx(4, rel=0.35)

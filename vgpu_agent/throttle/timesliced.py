@@ -49,8 +49,11 @@ class TimeSlicedSplit:
     An application that changes phase (its tokens then buying four times the SM time they
     did) would be charged by its old cost for as long as the information takes to fade: a
     minute and more. So each period is also checked against the chance predicted
-    (`ChangeWatch`): once the periods depart from it by more than chance allows, every
-    cost's information is cut to RESTART_INFO, and the costs follow the new periods fast.
+    (`ChangeWatch`): once a container's periods depart from it by more than chance allows,
+    its cost's information is cut to RESTART_INFO, and its cost follows the new periods fast.
+    Only its own: the others' costs relative to one another did not change (the chances
+    depend on the ratios of costs alone), and a container changing phase, or feigning it,
+    does not blur its neighbours' estimates.
     """
 
     __slots__ = ("costs", "parts", "restarts", "unseen", "watch")
@@ -113,9 +116,11 @@ class TimeSlicedSplit:
             return  # alone, it is given every period it can be: nothing to learn
         drawn = [given[0] for given in ([a for a in g if a in tokens] for g in owners)
                  if len(given) == 1]
-        if drawn and self.watch.changed(self._chances(tokens), drawn):
+        changed = self.watch.changed(self._chances(tokens), drawn) if drawn else ()
+        if changed:
             self.restarts += 1
-            for alloc_id, (log_cost, info) in costs.items():
+            for alloc_id in changed:
+                log_cost, info = costs[alloc_id]
                 costs[alloc_id] = (log_cost, min(info, RESTART_INFO))
         top = math.log(COST_RANGE)
         for owner in drawn:
@@ -177,15 +182,16 @@ class ChangeWatch:
     def __init__(self) -> None:
         self.sums: dict[str, tuple[float, float]] = {}  # alloc_id -> (towards more, fewer)
 
-    def changed(self, expected: Mapping[str, float], drawn: list[str]) -> bool:
-        """Whether the periods given (one owner each, among `expected`'s) show a change."""
+    def changed(self, expected: Mapping[str, float], drawn: list[str]) -> frozenset[str]:
+        """The containers whose periods (one owner each, among `expected`'s) show a change;
+        empty while none does."""
         sums = self.sums
         for gone in [a for a in sums if a not in expected]:
             del sums[gone]
         if len(expected) < 2:
-            return False  # alone, it is given every period it can be: nothing to predict
+            return frozenset()  # alone, it is given every period it can be: nothing to predict
         for owner in drawn:
-            found = False
+            found = []
             for alloc_id, chance in expected.items():
                 q = min(1 - _CHANCE_EPS, max(_CHANCE_EPS, chance))
                 more = CHANGE_ODDS * q / (1 + (CHANGE_ODDS - 1) * q)
@@ -198,12 +204,13 @@ class ChangeWatch:
                     up += math.log((1 - more) / (1 - q))
                     down += math.log((1 - fewer) / (1 - q))
                 up, down = max(0.0, up), max(0.0, down)
-                found = found or up > CHANGE_EVIDENCE or down > CHANGE_EVIDENCE
+                if up > CHANGE_EVIDENCE or down > CHANGE_EVIDENCE:
+                    found.append(alloc_id)
                 sums[alloc_id] = (up, down)
             if found:
                 sums.clear()  # evidence from here on is judged against what follows
-                return True
-        return False
+                return frozenset(found)
+        return frozenset()
 
 
 def _floor_by_periods(shares: dict[str, float], floors: Mapping[str, float]) -> None:
@@ -241,8 +248,9 @@ LUCK_SIGMAS = 2.0  # a floor is the part of the periods chance cannot explain at
 DOUBT_SIGMAS = 2.0
 # A container's odds of being given a period this many times what its cost predicts (or as
 # many times less) is a change of workload, found once the evidence for it reaches
-# CHANGE_EVIDENCE nats; every cost's information is then cut to RESTART_INFO (that of about
-# 20 periods at even odds), so that the costs follow the new periods within a few seconds.
+# CHANGE_EVIDENCE nats; the information of the costs whose periods changed is then cut to
+# RESTART_INFO (that of about 20 periods at even odds), so that they follow the new periods
+# within a few seconds.
 CHANGE_ODDS = 3.0
 CHANGE_EVIDENCE = 6.0
 RESTART_INFO = 5.0
