@@ -192,6 +192,8 @@ def _gpu_title(gpu: Mapping[str, Any]) -> Text:
     title.append(f"  util {_percent(util)}" if util is not None else "  util -")
     if gpu.get("readings_stale"):
         title.append(" (stale)", style="yellow")
+    if gpu.get("nvml_time_sliced"):
+        title.append("  NVML time-sliced (use estimated)", style="cyan")
     title.append(
         f"  memory {_gib(gpu.get('memory_used_bytes'))}/{_gib(gpu['memory_total_bytes'])} GiB"
         f"  slices {gpu['slices_allocated']}/{gpu['slices_total']}"

@@ -164,3 +164,13 @@ async def test_a_stale_gpu_has_no_live_readings(node: Node) -> None:
     gpu = next(g for g in (await _status(node))["gpus"] if g["uuid"] == G0)  # type: ignore[attr-defined]
     assert gpu["readings_stale"] is True
     assert gpu["memory_used_bytes"] is None and gpu["utilization_ratio"] is None
+
+
+async def test_a_gpu_says_whether_its_samples_are_read_as_time_sliced(node: Node) -> None:
+    document = await _status(node, time_sliced_gpus=lambda: frozenset({G1}))
+    sliced = {g["uuid"]: g["nvml_time_sliced"] for g in document["gpus"]}  # type: ignore[attr-defined]
+    assert sliced[G1] is True
+    assert sliced[G0] is False
+    # no throttle controller: not known, not false
+    bare = await _status(node)
+    assert all(g["nvml_time_sliced"] is None for g in bare["gpus"])  # type: ignore[attr-defined]

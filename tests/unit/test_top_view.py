@@ -235,3 +235,12 @@ def test_interval_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[st
         main(["top", "--interval", "0"])
     assert exit_info.value.code == 2
     assert "'0' is not allowed: seconds in 0.1..3600" in capsys.readouterr().err
+
+
+def test_a_gpu_read_as_time_sliced_says_its_use_is_estimated() -> None:
+    sliced = copy.deepcopy(STATUS)
+    sliced["gpus"][0]["nvml_time_sliced"] = True
+    sliced["gpus"][1]["nvml_time_sliced"] = False
+    lines = [line for line in frame_text(sliced).splitlines() if line.startswith("GPU ")]
+    assert "NVML time-sliced (use estimated)" in lines[0]
+    assert "time-sliced" not in lines[1]

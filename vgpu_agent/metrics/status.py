@@ -11,7 +11,9 @@ Schema (``schema_version`` 1; fields are only ever added within a version):
      "gpus": [{"uuid", "index", "model", "memory_total_bytes",
                "memory_used_bytes": int | null, "utilization_ratio": float | null,
                "healthy": bool | null, "readings_stale": bool, "slices_total",
-               "slices_allocated"}],
+               "slices_allocated", "nvml_time_sliced": bool | null (the throttle reads
+               the GPU's NVML samples as time-sliced: its containers' measured use is then
+               an estimate from their tokens; null without a throttle controller)}],
      "allocations": [{"alloc_id", "seq", "namespace", "pod", "container" (null until
                       PodResources names the holder), "state", "priority", "policy_source"
                       ("pod": its pod's annotations chose policy and priority, "default": the
@@ -127,6 +129,7 @@ def _gpu(snap: Snapshot, gpu: GpuInfo) -> dict[str, Any]:
         "readings_stale": bool(sample is not None and sample.stale),
         "slices_total": snap.slices_per_gpu,
         "slices_allocated": snap.slices_allocated.get(uuid, 0),
+        "nvml_time_sliced": uuid in snap.time_sliced if snap.time_sliced is not None else None,
     }
 
 
