@@ -116,19 +116,25 @@ class TimeSlicedSplit:
             return  # alone, it is given every period it can be: nothing to learn
         drawn = [given[0] for given in ([a for a in g if a in tokens] for g in owners)
                  if len(given) == 1]
-        changed = self.watch.changed(self._chances(tokens), drawn) if drawn else ()
+        if not drawn:
+            return
+        chances = self._chances(tokens)
+        changed = self.watch.changed(chances, drawn)
         if changed:
             self.restarts += 1
             for alloc_id in changed:
                 log_cost, info = costs[alloc_id]
                 costs[alloc_id] = (log_cost, min(info, RESTART_INFO))
-        top = math.log(COST_RANGE)
-        for owner in drawn:
-            for alloc_id, chance in self._chances(tokens).items():
+        top = _LOG_COST_RANGE
+        for n, owner in enumerate(drawn):
+            if n:
+                chances = self._chances(tokens)  # (the chances depend on the costs alone)
+            for alloc_id, chance in chances.items():
                 log_cost, info = costs[alloc_id]
                 info = FADING * info + chance * (1 - chance)
                 log_cost += ((alloc_id == owner) - chance) / info
-                costs[alloc_id] = (min(top, max(-top, log_cost)), info)
+                costs[alloc_id] = (top if log_cost > top else -top if log_cost < -top
+                                   else log_cost, info)
         # only the ratios matter: centred, so that the range bounds ratios, not a drift
         mean = sum([costs[a][0] for a in tokens]) / len(tokens)
         for alloc_id in tokens:
@@ -190,20 +196,30 @@ class ChangeWatch:
             del sums[gone]
         if len(expected) < 2:
             return frozenset()  # alone, it is given every period it can be: nothing to predict
+        # Per container, the log-likelihood ratios of a period given and of one not given, for
+        # odds CHANGE_ODDS times higher (up) and as many times lower (down) than its chance q:
+        # log(more / q) = log C - log(1 + (C - 1) q), log((1 - more) / (1 - q)) =
+        # -log(1 + (C - 1) q), and likewise log(fewer / q) = -log(C - (C - 1) q),
+        # log((1 - fewer) / (1 - q)) = log C - log(C - (C - 1) q).
+        odds, log_odds = CHANGE_ODDS, _LOG_CHANGE_ODDS
+        terms = []
+        for alloc_id, chance in expected.items():
+            q = min(1 - _CHANCE_EPS, max(_CHANCE_EPS, chance))
+            up_missed = -math.log(1 + (odds - 1) * q)
+            down_given = -math.log(odds - (odds - 1) * q)
+            terms.append((alloc_id, log_odds + up_missed, up_missed, down_given,
+                          log_odds + down_given))
         for owner in drawn:
             found = []
-            for alloc_id, chance in expected.items():
-                q = min(1 - _CHANCE_EPS, max(_CHANCE_EPS, chance))
-                more = CHANGE_ODDS * q / (1 + (CHANGE_ODDS - 1) * q)
-                fewer = q / (CHANGE_ODDS - (CHANGE_ODDS - 1) * q)
+            for alloc_id, up_given, up_missed, down_given, down_missed in terms:
                 up, down = sums.get(alloc_id, (0.0, 0.0))
                 if alloc_id == owner:
-                    up += math.log(more / q)
-                    down += math.log(fewer / q)
+                    up += up_given
+                    down += down_given
                 else:
-                    up += math.log((1 - more) / (1 - q))
-                    down += math.log((1 - fewer) / (1 - q))
-                up, down = max(0.0, up), max(0.0, down)
+                    up += up_missed
+                    down += down_missed
+                up, down = (up if up > 0 else 0.0), (down if down > 0 else 0.0)
                 if up > CHANGE_EVIDENCE or down > CHANGE_EVIDENCE:
                     found.append(alloc_id)
                 sums[alloc_id] = (up, down)
@@ -255,3 +271,5 @@ CHANGE_ODDS = 3.0
 CHANGE_EVIDENCE = 6.0
 RESTART_INFO = 5.0
 _CHANCE_EPS = 1e-3
+_LOG_CHANGE_ODDS = math.log(CHANGE_ODDS)
+_LOG_COST_RANGE = math.log(COST_RANGE)
