@@ -39,12 +39,11 @@ class TimeSlicedSplit:
     tokens taken apart, keeps the estimate right while the law moves the rates; few periods
     move a cost little, and the split draws a cost towards 1 as far as it could be chance
     (`_believed`), so that containers of equal costs are split by their tokens, not by the
-    noise of the periods. Periods given to processes of no
-    container (strangers, "") are nobody's use here. A container lying about its tokens is
-    corrected by its periods, as fast as the costs follow, and is never charged less than its
-    part of the periods proves (`_floor_by_periods`); one whose processes spend no token at
-    all (they run without the shim) is charged its part of the recent periods, the rest being
-    split among the others.
+    noise of the periods. Periods given to processes of no container (strangers, "") are
+    nobody's use here. A container lying about its tokens is corrected by its periods, as fast
+    as the costs follow, and is never charged less than its part of the periods proves
+    (`_floor_by_periods`); one whose processes spend no token at all (they run without the
+    shim) is charged its part of the recent periods, the rest being split among the others.
 
     An application that changes phase (its tokens then buying four times the SM time they
     did) would be charged by its old cost for as long as the information takes to fade: a
