@@ -182,3 +182,26 @@ async def test_a_gpu_whose_samples_are_per_process_is_not_read_as_time_sliced():
         await controller.tick()
     assert controller.time_sliced_gpus == frozenset()
     assert controller.phase_changes == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_a_borrower_cut_back_when_the_owner_wakes_is_not_starved(seed):
+    # The borrower has the GPU alone for 30 s, then the owner wakes. While the owner was idle
+    # the driver listed its process at 0 beside the borrower's in each period: read as proof
+    # of per-process samples, that made the next periods (each given whole to one process,
+    # the GPU's whole use as its value) look like the borrower using all of the GPU on ever
+    # less spending; its k fell a hundredfold, then its zero readings looked like samples
+    # NVML missed, and it ran at 0.2 % for its 30 until the end (seed 0).
+    long = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
+    owner = Workload(kernel_s=0.002, blocks=2048, threads_per_block=128,
+                     busy=((30.0, float("inf")),))
+    run = ControlledRun(
+        (ContainerSpec("borrower", 30, long), ContainerSpec("owner", 70, owner)),
+        plant=PlantSpec(replace(REAL, nvml_sigma=3.0, nvml_attribution="time-sliced"),
+                        sample_period_s=1.0, seed=seed))
+    await run.advance(50.0)
+    borrower, owned = (run.gpu.shares(run.procs[name][0], 10)[-1][1]
+                       for name in ("borrower", "owner"))
+    assert borrower == pytest.approx(30, abs=5)
+    assert owned == pytest.approx(70, abs=5)

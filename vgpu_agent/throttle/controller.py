@@ -722,10 +722,14 @@ class ThrottleController:
         - time-sliced (seen on an H200, driver 580, two processes without MPS): each period's
           one sample goes to one of the processes that ran, and its value is the whole GPU's
           use in it, whoever did the work. `timesliced.TimeSlicedSplit` shares that use out.
-        The GPU is read as time-sliced until a stamp with two processes or more is seen, and
-        again SHARED_PERIODS periods after the last such stamp; with one process on the GPU
-        the two readings agree. A process placed once stays placed while it keeps appearing;
-        only a new one makes the controller read slots.
+        The GPU is read as time-sliced until a stamp with two processes or more that both
+        used the GPU is seen, and again SHARED_PERIODS periods after the last such stamp; with
+        one process running the two readings agree. A process listed at 0 beside the one that
+        ran proves nothing (the simulated time-sliced driver lists them so, and a real one may;
+        taken as proof, the next periods, given whole to one process, read as per-process use
+        starved a borrower cut back when its owner woke), and it was not given the period.
+        A process placed once stays placed while it keeps appearing; only a new one makes the
+        controller read slots.
         """
         if not samples:
             return None
@@ -739,7 +743,9 @@ class ThrottleController:
         span_s, count = self._span(uuid, samples)
         newest = self._newest_us[uuid]
         period_us = self._period_us.get(uuid) or 1_000_000
-        shared = [stamp for stamp, seen in at.items() if len(seen) > 1]
+        # Only two processes that both used the GPU in one period prove per-process samples:
+        # a time-sliced driver may list an idle process beside the one it gave the period to.
+        shared = [stamp for stamp, seen in at.items() if sum([v > 0 for _, v in seen]) > 1]
         if shared:
             self._shared_us[uuid] = max(shared)
         last_shared = self._shared_us.get(uuid)
@@ -775,8 +781,9 @@ class ThrottleController:
         if sliced:
             owner = {pid: placed[0] for pid, placed in recent.items()}
             split = self._sliced.setdefault(uuid, TimeSlicedSplit())
+            # a process listed idle in a period (value 0) was not given it
             util = split.share(
-                [[owner.get(pid, "") for pid, _ in at[stamp]] for stamp in sorted(at)],
+                [[owner.get(pid, "") for pid, v in at[stamp] if v > 0] for stamp in sorted(at)],
                 min(100.0, sum([max(v for _, v in at[stamp]) for stamp in at]) / len(at)),
                 spent,
             )
