@@ -205,3 +205,44 @@ async def test_a_borrower_cut_back_when_the_owner_wakes_is_not_starved(seed):
                        for name in ("borrower", "owner"))
     assert borrower == pytest.approx(30, abs=5)
     assert owned == pytest.approx(70, abs=5)
+
+
+class _Missing(SimBackend):
+    """The simulated driver, with the busy process's sample missed in chosen periods (NVML's
+    buffer is finite): only the idle process, listed at 0, is left in them."""
+
+    def __init__(self, gpu: SimGpu, pid: int):
+        super().__init__([gpu])
+        self.pid, self.missed = pid, set()
+
+    def process_utilization(self, uuid, since_us):
+        samples = super().process_utilization(uuid, since_us)
+        newest = max((s.timestamp_us for s in samples), default=0)
+        if len(samples) > 2 and len(self.missed) < 3:  # a batch of two periods or more
+            self.missed.add(newest)
+        return [s for s in samples if not (s.pid == self.pid and s.timestamp_us in self.missed)]
+
+
+async def test_a_missed_sample_beside_an_idle_process_is_not_an_idle_period():
+    gpu = SimGpu(UUID, sample_period_s=0.2,
+                 imperfections=replace(REAL, nvml_sigma=0.0, missed_samples=0.0,
+                                       nvml_attribution="time-sliced"))
+    busy = SimRegion("busy", (UUID,), (30.0,), ("work-conserving",))
+    idle = SimRegion("idle", (UUID,), (70.0,), ("work-conserving",))
+    proc = gpu.shim_process("busy", Workload(kernel_s=0.002), busy)
+    gpu.shim_process("idle", Workload(kernel_s=0.002, busy=((1e6, 2e6),)), idle)
+    backend = _Missing(gpu, proc.pid)
+    controller = ThrottleController(backend, lambda: [busy, idle], clock=lambda: gpu.now_ns,
+                                    evidence=SimHostEvidence([gpu]), nvml_poll_periods=2)
+    seen = []
+    for _ in range(100):
+        gpu.advance(0.1)
+        await controller.tick()
+        measured = controller.status[("busy", 0)].measured_util
+        if measured is not None:
+            seen.append(measured)
+    assert len(backend.missed) == 3
+    # alone on the GPU, it uses all of it, missed samples or not (50 when one of a batch's
+    # two periods was read as idle; its k then doubled)
+    assert min(seen[5:]) > 90
+    assert gpu.shares(proc, 2)[-1][1] > 90

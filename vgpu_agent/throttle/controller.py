@@ -781,10 +781,15 @@ class ThrottleController:
         if sliced:
             owner = {pid: placed[0] for pid, placed in recent.items()}
             split = self._sliced.setdefault(uuid, TimeSlicedSplit())
-            # a process listed idle in a period (value 0) was not given it
+            # A process listed idle in a period (value 0) was not given it. A period whose
+            # processes are all listed idle, in a batch where others were used, is a sample
+            # NVML missed (its process absent), not an idle GPU: as with per-process samples,
+            # a missed sample must not halve the use (seen: k doubled on one such period).
+            stamps = sorted(at)
+            used = [stamp for stamp in stamps if any([v > 0 for _, v in at[stamp]])] or stamps
             util = split.share(
-                [[owner.get(pid, "") for pid, v in at[stamp] if v > 0] for stamp in sorted(at)],
-                min(100.0, sum([max(v for _, v in at[stamp]) for stamp in at]) / len(at)),
+                [[owner.get(pid, "") for pid, v in at[stamp] if v > 0] for stamp in used],
+                min(100.0, sum([max(v for _, v in at[stamp]) for stamp in used]) / len(used)),
                 spent,
             )
         return util, span_s, count
