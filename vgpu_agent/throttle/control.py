@@ -64,7 +64,7 @@ Kalman filter over the model `util = b * spend`:
   that ran at 100 % for a while would otherwise learn a noise near nothing, then read any
   noisy sample after a cut to 30 % as a changed workload and re-learn k from it alone (seen:
   k off by 30 % to a factor of three). And a pair that differs by more than a changed workload
-  would counts as noise no more than that: it is the change, not noise.
+  counts as noise no more than that: it is the change, not noise.
 - A reading of 0 for a container that spent enough for more than `missing_above` percent is a
   sample NVML missed (its processes were absent from the batch), not evidence of an idle GPU:
   taken as evidence it would make `k` unbounded and the container unthrottled.

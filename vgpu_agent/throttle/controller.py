@@ -406,8 +406,9 @@ class ThrottleController:
     @property
     def time_sliced_gpus(self) -> frozenset[str]:
         """GPUs whose NVML samples are read as time-sliced now: each period whole to one
-        process, the use split out by tokens (with one process on a GPU the two readings
-        agree, and it is read so until a stamp with two processes shows otherwise)."""
+        process, the use split out by tokens (with one process running the two readings
+        agree, and it is read so until a stamp with two processes that both used the GPU
+        shows otherwise)."""
         return frozenset(self._sliced)
 
     @property

@@ -51,8 +51,9 @@ class TimeSlicedSplit:
     (`ChangeWatch`): once a container's periods depart from it by more than chance allows,
     its cost's information is cut to RESTART_INFO, and its cost follows the new periods fast.
     Only its own: the others' costs relative to one another did not change (the chances
-    depend on the ratios of costs alone), and a container changing phase, or feigning it,
-    does not blur its neighbours' estimates.
+    depend on the ratios of costs alone). Its change moves every container's chances,
+    though, so a neighbour's watch may fire too and have its information cut as well (seen
+    in a few changes of thirty, for a container switching the tokens it writes).
     """
 
     __slots__ = ("costs", "parts", "restarts", "unseen", "watch")
@@ -257,7 +258,9 @@ FADING = 1 - 1 / COST_PERIODS  # what a cost's information keeps of itself per p
 # The belief, before any period, that costs are equal: the information of a log cost whose
 # standard deviation is 0.5 (a cost within x0.37 to x2.7 of the others' at two deviations).
 PRIOR_INFO = 4.0
-COST_RANGE = 8.0  # SM time per token of one container against another's: within 1/8..8
+# SM time per token of a container against the geometric mean of the GPU's containers':
+# within about 1/8..8 (clamped, then centred), so two containers' within about 1/64..64
+COST_RANGE = 8.0
 LUCK_SIGMAS = 2.0  # a floor is the part of the periods chance cannot explain at this many
 # deviations of a learned log cost that draw it halfway towards 1 (equal costs)
 DOUBT_SIGMAS = 2.0
@@ -265,7 +268,7 @@ DOUBT_SIGMAS = 2.0
 # many times less) is a change of workload, found once the evidence for it reaches
 # CHANGE_EVIDENCE nats; the information of the costs whose periods changed is then cut to
 # RESTART_INFO (that of about 20 periods at even odds), so that they follow the new periods
-# within a few seconds.
+# within a few dozen periods (seconds at six a second, half a minute at one).
 CHANGE_ODDS = 3.0
 CHANGE_EVIDENCE = 6.0
 RESTART_INFO = 5.0
