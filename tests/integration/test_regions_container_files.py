@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from tests.fakes.shimstate import ShimWriter
 from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
@@ -360,3 +361,57 @@ def test_removing_a_tree_never_follows_a_link_swapped_in(
     finally:
         os.close(parent)
     assert (outside / "sub" / "keep").read_bytes() == b"x"
+
+
+def test_a_foreign_entry_that_cannot_be_removed_is_warned_of_once_and_retried(
+    store: RegionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sweep runs every few seconds for as long as the region lives: an entry it cannot
+    # remove (EPERM, EBUSY) was warned of at every pass.
+    region = store.create(grant())
+    (region.path / "stuck").touch()
+    (region.path / "junk").touch()
+    real_unlink = regions_module._unlink_at
+    refusal = [errno.EPERM]
+
+    def unlink(name: str, dir_fd: int) -> None:
+        if name == "stuck" and refusal:
+            raise OSError(refusal[0], os.strerror(refusal[0]), name)
+        real_unlink(name, dir_fd)
+
+    monkeypatch.setattr(regions_module, "_unlink_at", unlink)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(5):
+            region._sweep()
+        refusal[0] = errno.EBUSY  # another error is news: warned of once more
+        for _ in range(3):
+            region._sweep()
+    kept = [e for e in logs if e["event"] == "region_foreign_entry_kept"]
+    assert [e["path"] for e in kept] == [str(region.path / "stuck")] * 2
+    assert os.strerror(errno.EPERM) in kept[0]["error"]
+    assert os.strerror(errno.EBUSY) in kept[1]["error"]
+    assert not (region.path / "junk").exists() and (region.path / "stuck").exists()
+    assert region.foreign_removed == 1
+    refusal.clear()  # removable now: still retried, and removed
+    region._sweep()
+    assert not (region.path / "stuck").exists() and region.foreign_removed == 2
+
+
+def test_the_entries_warned_of_as_kept_are_bounded(
+    store: RegionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    region = store.create(grant())
+    batch = regions_module._SWEEP_BATCH
+    for i in range(batch + 10):
+        (region.path / f"stuck{i}").touch()
+
+    def refuse(name: str, dir_fd: int) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted", name)
+
+    monkeypatch.setattr(regions_module, "_unlink_at", refuse)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(4):
+            region._sweep()
+    kept = [e for e in logs if e["event"] == "region_foreign_entry_kept"]
+    assert len(kept) == batch  # one per name, for at most a batch of names
+    assert len({e["path"] for e in kept}) == batch

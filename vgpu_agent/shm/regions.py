@@ -268,6 +268,8 @@ class Region:
         self.state_replaced = 0  # a new inode found at `state`'s path, and opened instead
         self.files_truncated = 0  # `state` or `hami.cache` grown past its size, cut back
         self.foreign_removed = 0  # entries a container created in its region directory, removed
+        # foreign entries that could not be removed, by name: warned of once, retried silently
+        self._foreign_kept: dict[str, int] = {}
         self._reads = 0
         self._policed_ns: int | None = None  # when the files were last checked
         self.corrupt_reads = 0  # usage() calls that found `state` unreadable
@@ -593,11 +595,11 @@ class Region:
                         gone, budget = True, budget - 1
                 except OSError as err:
                     budget -= 1
-                    log.warning("region_foreign_entry_kept", alloc_id=self._alloc_id,
-                                path=entry.path, error=str(err))
+                    self._kept(entry, err)
                     continue
                 if not gone:
                     continue
+                self._foreign_kept.pop(entry.name, None)
                 self.foreign_removed += 1
                 if self.foreign_removed == 1:
                     log.warning("region_foreign_entry_removed", alloc_id=self._alloc_id,
@@ -605,6 +607,18 @@ class Region:
                                 reason="only the region's own files belong there")
         finally:
             os.close(top)
+
+    def _kept(self, entry: os.DirEntry[str], err: OSError) -> None:
+        """Warn of a foreign entry that could not be removed once, not at every sweep (every
+        few seconds, for as long as the region lives); it is retried at each sweep all the same.
+        At most a batch of names is remembered: past that, further ones are not warned of."""
+        code = err.errno or 0
+        known = self._foreign_kept.get(entry.name)
+        if known == code or (known is None and len(self._foreign_kept) >= _SWEEP_BATCH):
+            return
+        self._foreign_kept[entry.name] = code
+        log.warning("region_foreign_entry_kept", alloc_id=self._alloc_id, path=entry.path,
+                    error=str(err), repeats="not logged again for this entry and error")
 
     def _cut(self, path: Path, size: int, found: int) -> None:
         try:
