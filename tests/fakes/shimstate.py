@@ -135,6 +135,10 @@ class FileRegion:
         return self.directory.name
 
     @property
+    def closed(self) -> bool:
+        return False  # read-only: nothing collects it
+
+    @property
     def seq(self) -> int:
         return self._control.seq
 

@@ -38,6 +38,7 @@ class Region:
         self._procs = procs
         self.rates: list[tuple[int, int]] = [(0, 0)]
         self.control_dev = REGION_DEV
+        self.closed = False
 
     def memory_limit(self, dev: int) -> int:
         return 1 << 30

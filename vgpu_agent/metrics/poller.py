@@ -305,7 +305,7 @@ class RegionCache:
             try:
                 samples.append(read_region(handle))
             except Exception as err:  # removed or unmapped while we read: skip this round
-                if getattr(handle, "closed", False):
+                if handle.closed:
                     # Collected by the region store (its container is gone) while this round
                     # read it: nothing was wrong with it, and a node whose pods come and go
                     # would otherwise count read errors and log warnings at every departure.

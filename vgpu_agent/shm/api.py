@@ -100,3 +100,8 @@ class RegionHandle(Protocol):
 
     def beat(self, now_ns: int) -> None:
         """Refresh the agent heartbeat (CLOCK_MONOTONIC ns)."""
+
+    @property
+    def closed(self) -> bool:
+        """The store collected it (its container is gone): it reads as nothing, and a reader
+        that finds it closed part-way skips it rather than counting an error."""

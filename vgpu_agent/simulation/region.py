@@ -38,6 +38,7 @@ class SimRegion:
     rate_writes: int = 0
     balances: list[int] = field(default_factory=list)  # the bucket, shared by the processes
     last_refill_ns: list[int] = field(default_factory=list)
+    closed: bool = False  # a simulated region is never collected unless a test says so
 
     def __post_init__(self) -> None:
         n = len(self.device_uuids)

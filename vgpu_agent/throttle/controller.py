@@ -519,14 +519,14 @@ class ThrottleController:
                 # steering at most, not for the whole tick's.
                 await asyncio.sleep(0)
             # A region collected meanwhile is closed now: skipped, not an error.
-            entries[:] = [e for e in entries if not getattr(e[0].region, "closed", False)]
+            entries[:] = [e for e in entries if not e[0].region.closed]
             samples = self._samples(uuid, sampled[uuid])
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
             except Exception:
                 self._lent = True  # not known: watched as closely as a lending GPU
                 self._failed("gpu", "throttle_gpu_failed", uuid=uuid)
-        regions = [r for r in regions if not getattr(r, "closed", False)]
+        regions = [r for r in regions if not r.closed]
         if self._last_beat_ns is None or now_ns - self._last_beat_ns >= self.heartbeat_ns:
             self._last_beat_ns = now_ns
             for region in regions:
@@ -581,7 +581,7 @@ class ThrottleController:
         """Each region's counters and controls, added to its devices' GPUs in `by_gpu`."""
         tick = self.ticks
         for region in regions:
-            if getattr(region, "closed", False):
+            if region.closed:
                 continue
             # A region that cannot be read is not steered this tick, and what it does is not
             # known: the tick is kept as short as where something is lent. Its devices are
@@ -604,7 +604,7 @@ class ThrottleController:
             try:
                 rates, policies, priority = _controls(region, len(devices))
             except Exception:
-                if not getattr(region, "closed", False):  # collected meanwhile: not an error
+                if not region.closed:  # collected meanwhile: not an error
                     self._lent = True
                     self._failed("region_read", "throttle_region_read_failed",
                                  alloc_id=_alloc_id(region))
