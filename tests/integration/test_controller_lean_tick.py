@@ -227,6 +227,29 @@ async def test_a_rate_that_jumps_in_a_slow_tick_brings_the_fast_tick_back():
     assert controller.interval_s == 0.1
 
 
+async def test_a_reading_far_off_brings_the_fast_tick_back_until_the_next_one_decides():
+    """A reading far beyond the noise moves the rate little (an outlier, unless the next
+    reading says the same): that next reading should come soon, not a calm tick later."""
+    gpu, _, controller = one_strict_container()
+    await pace(controller, gpu, 120)
+    assert controller.interval_s == pytest.approx(UNLENT_TICK_S)
+    law = controller.law
+    pending = [3.5]
+
+    def surprised(obs, states, dt_s, params):
+        decisions = law(obs, states, dt_s, params)
+        return {key: d._replace(state=d.state._replace(surprise=pending[0]))
+                for key, d in decisions.items()}
+
+    controller.law = surprised
+    gpu.advance(controller.interval_s)
+    await controller.tick()
+    assert controller.interval_s == 0.1
+    pending[0] = 0.0  # decided: calm again, and the tick slows down as before
+    intervals = await pace(controller, gpu, 60)
+    assert intervals[-1] > 0.1
+
+
 @pytest.mark.parametrize(("limits", "policies", "busy"), [
     ((30.0,), ("work-conserving",), (True,)),  # lent the idle rest of the GPU
     ((30.0, 20.0), ("strict", "off"), (True, True)),  # `off` may grow into the others' share

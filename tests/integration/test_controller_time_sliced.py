@@ -246,3 +246,31 @@ async def test_a_missed_sample_beside_an_idle_process_is_not_an_idle_period():
     # two periods was read as idle; its k then doubled)
     assert min(seen[5:]) > 90
     assert gpu.shares(proc, 2)[-1][1] > 90
+
+
+@pytest.mark.parametrize("attribution", ["time-sliced", "per-process"])
+async def test_split_shares_are_followed_at_once_and_samples_wait_for_confirmation(attribution):
+    # A far-off reading waits for the next to confirm it where it is one of NVML's samples
+    # (skewed for a small share); a time-sliced GPU's split shares are estimates, and a jump
+    # there is the split re-learning, which the law follows at once.
+    gpu = SimGpu(UUID, sample_period_s=0.2,
+                 imperfections=replace(REAL, nvml_attribution=attribution))
+    regions = [SimRegion(f"c{i}", (UUID,), (pct,), ("strict",)) for i, pct in enumerate((30, 50))]
+    for region in regions:
+        gpu.shim_process(region.alloc_id, Workload(kernel_s=0.0002), region)
+    controller = ThrottleController(SimBackend([gpu]), lambda: regions,
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    law, confirming = controller.law, []
+
+    def recording(observations, states, dt_s, params):
+        confirming.append(params.confirm_surprises)
+        return law(observations, states, dt_s, params)
+
+    controller.law = recording
+    for _ in range(50):
+        gpu.advance(0.1)
+        await controller.tick()
+    assert controller.params.confirm_surprises  # the agent's own tuning is left alone
+    split = attribution == "time-sliced"
+    assert (UUID in controller.time_sliced_gpus) == split
+    assert confirming[-20:] == [not split] * 20

@@ -78,7 +78,8 @@ LAWS = [
 @given(st.lists(container, min_size=1, max_size=6), st.lists(tick, min_size=3, max_size=40),
        st.sampled_from([None, ControlParams(cold_samples=0), ControlParams(demand_ticks=1),
                         ControlParams(history_s=0.3, rate_deadband=0.0),
-                        ControlParams(cold_sigmas=0.0, surprise_sigmas=0.5)]))
+                        ControlParams(cold_sigmas=0.0, surprise_sigmas=0.5),
+                        ControlParams(surprise_sigmas=0.5, confirm_surprises=False)]))
 def test_random_ticks_give_identical_decisions(law, containers, steps, params):
     states: dict[str, LoopState] = {}
     rates = {

@@ -30,7 +30,7 @@
 
 /* LoopState's fields */
 enum { S_K, S_LOWER, S_HISTORY, S_COST, S_UTIL, S_SPREAD, S_NOISE, S_PAIRS, S_PAIR, S_FLOOR,
-       S_TARGET, S_LEARNED, S_ADOPTED, S_HUNGRY, S_LENGTHS, S_FIELDS };
+       S_TARGET, S_LEARNED, S_ADOPTED, S_HUNGRY, S_LENGTHS, S_SURPRISE, S_FIELDS };
 /* Observation's fields */
 enum { O_KEY, O_LIMIT, O_POLICY, O_PRIORITY, O_SPENT, O_LAUNCHES, O_WAITED, O_UTIL, O_RATE,
        O_BURST, O_SPAN, O_SAMPLES, O_FIELDS };
@@ -194,12 +194,12 @@ typedef struct {
         boot_widening, resolution, initial_var, drift2, noise_prior, noise_memory,
         held_tolerance, floor, surprise2, noise_tail, missing_above, partial,
         saturation_margin, cold_sigmas, rate_deadband, burst_s, burst_launches;
-    int64_t demand_ticks, cold_samples, min_rate;
+    int64_t demand_ticks, cold_samples, min_rate, confirm;
 } Params;
 
 static int read_params(PyObject *t, Params *p)
 {
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 25)
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 26)
         return 0;
     double *doubles[] = {&p->nvml_period, &p->wait_fraction, &p->spend_fraction, &p->hysteresis,
                          &p->demand_margin, &p->boot_widening, &p->resolution, &p->initial_var,
@@ -212,7 +212,8 @@ static int read_params(PyObject *t, Params *p)
             return 0;
     return as_int(PyTuple_GET_ITEM(t, 22), &p->demand_ticks) && p->demand_ticks >= 1
         && as_int(PyTuple_GET_ITEM(t, 23), &p->cold_samples)
-        && as_int(PyTuple_GET_ITEM(t, 24), &p->min_rate);
+        && as_int(PyTuple_GET_ITEM(t, 24), &p->min_rate)
+        && as_int(PyTuple_GET_ITEM(t, 25), &p->confirm);
 }
 
 /* ----------------------------------------------------------------------- one container */
@@ -224,7 +225,7 @@ typedef struct {
     int64_t priority, spent, launches, rate, burst, samples;
     int has_util;
     /* what was learned: LoopState's fields less the target */
-    double prev_k, k, cost, spread, noise, k_floor, pair_x;
+    double prev_k, k, cost, spread, noise, k_floor, pair_x, surprise;
     int lower_bound, adopted, hungry, pair_new;
     int64_t pairs, learned;
     double *hist; /* the new history: hist_len entries in the shared buffer */
@@ -563,7 +564,7 @@ static PyObject *state_of(const Ctr *c, PyObject *history, PyObject *target)
         PyFloat_FromDouble(c->noise), PyLong_FromLongLong(c->pairs), pair,
         PyFloat_FromDouble(c->k_floor), target, PyLong_FromLongLong(c->learned),
         ref(c->adopted ? Py_True : Py_False), ref(c->hungry ? Py_True : Py_False),
-        ref(c->lengths)};
+        ref(c->lengths), PyFloat_FromDouble(c->surprise)};
     return record(loop_state_type, items, S_FIELDS);
 }
 
@@ -667,7 +668,8 @@ static PyObject *step(PyObject *module, PyObject *args)
             || !as_double(PyTuple_GET_ITEM(prev, S_FLOOR), &prev_floor)
             || !as_int(PyTuple_GET_ITEM(prev, S_LEARNED), &c->learned)
             || !as_flag(PyTuple_GET_ITEM(prev, S_ADOPTED), &prev_adopted)
-            || !as_flag(PyTuple_GET_ITEM(prev, S_HUNGRY), &c->prev_hungry))
+            || !as_flag(PyTuple_GET_ITEM(prev, S_HUNGRY), &c->prev_hungry)
+            || !as_double(PyTuple_GET_ITEM(prev, S_SURPRISE), &c->surprise))
             goto bail;
 
         if (c->prev_blank) {
@@ -763,9 +765,19 @@ static PyObject *step(PyObject *module, PyObject *args)
                         + alignment;
                     double pv = spread * b * b;
                     double innovation = util - b * x;
-                    if (innovation * innovation > p.surprise2 * (x * x * pv + r)) {
+                    double bound = p.surprise2 * (x * x * pv + r);
+                    int far = innovation * innovation > bound;
+                    if (c->surprise * innovation > 0 || (far && (b == 0 || !p.confirm))) {
+                        /* far off, then off the same way again: a changed workload */
                         pv = py_max(pv, py_square(&g, innovation / x));
                         k_floor = 0.0;
+                        c->surprise = 0.0;
+                    } else if (!far) {
+                        c->surprise = 0.0;
+                    } else {
+                        /* once: an outlier until the next measurement (control.py) */
+                        c->surprise = innovation;
+                        innovation = copysign(sqrt(bound), innovation);
                     }
                     double gain = py_div(&g, pv * x, x * x * pv + r);
                     b = py_max(b + gain * innovation, EPS * b);

@@ -71,9 +71,13 @@ Kalman filter over the model `util = b * spend`:
 - Between measurements `b` may drift (`drift_per_s`, relative, 0.3 %/s): the filter never
   stops listening, and a workload that changes slowly is followed; a lower drift keeps the
   steady estimate averaging more samples (NVML's noise at 1 sample/s and sigma 8 needs dozens).
-  An innovation far outside what the filter expects (`surprise_sigmas`) is a change of
-  workload, not noise: the estimate's variance is widened so that it re-learns within a few
-  samples.
+  An innovation far outside what the filter expects (`surprise_sigmas`) twice in a row, the
+  same way, is a change of workload, not noise: the estimate's variance is widened so that it
+  re-learns within a few samples. Once alone it is an outlier (`LoopState.surprise` keeps it
+  until the next measurement), counted no further out than the bound: a sampled proportion
+  of a small share is skewed, and one reading of 26 % for a container truly at 8 % (sigma 8)
+  once cut its k threefold, and its rate with it, for seconds. A real change costs one
+  measurement more; the controller ticks fast while one is pending, so that the next comes soon.
 - Anti-windup: nothing integrates an error; the estimate only moves by evidence, and a
   container that spends nothing (idle, or held off) gives no evidence.
 - Because the estimate is of the ratio at the operating point, a workload whose SM time is not
@@ -145,6 +149,9 @@ class ControlParams:
     noise_tail: float = 0.2  # NVML noise at 0 % or 100 % use, relative to that at 50 %
     missing_above: float = 5.0  # a zero reading where this much use was expected is a miss
     partial_window: float = 0.3  # a window this much before the history is still used
+    # a far-off reading waits for the next to confirm it (NVML's samples of a small share are
+    # skewed); off where readings are estimates, not samples (a time-sliced GPU's split)
+    confirm_surprises: bool = True
 
     def __post_init__(self) -> None:
         for name in ("nvml_period_s", "history_s", "noise_prior", "noise_memory", "resolution",
@@ -164,6 +171,9 @@ class ControlParams:
                              f"{self.cold_samples!r}")
         if self.demand_ticks < 1:
             raise ValueError(f"ControlParams.demand_ticks must be >= 1, got {self.demand_ticks!r}")
+        if not isinstance(self.confirm_surprises, bool):
+            raise ValueError("ControlParams.confirm_surprises must be True or False, got "
+                             f"{self.confirm_surprises!r}")
 
 
 # The records made per container and tick are named tuples: immutable like frozen dataclasses,
@@ -240,6 +250,9 @@ class LoopState(NamedTuple):
     # seconds each `spend_history` entry lasted, newest last (the tick slows while all is calm);
     # entries without one (a state from before they were kept) are taken as the current tick
     tick_lengths: tuple[float, ...] = ()
+    # the innovation of the last measurement when it was far beyond noise but is not yet
+    # confirmed by the next one (0: none); see `_observe`
+    surprise: float = 0.0
 
 
 _BLANK = LoopState()
@@ -419,7 +432,7 @@ def _matched_spend(
 # which the allocation decides afterwards: the state is built once, with its target.
 _Learned = tuple[
     float, bool, tuple[float, ...], float, float | None, float, float, int,
-    tuple[float, float], float, int, bool, bool, tuple[float, ...],
+    tuple[float, float], float, int, bool, bool, tuple[float, ...], float,
 ]
 
 
@@ -460,7 +473,7 @@ def _observe(
     k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
     spread, noise = prev.spread, prev.noise or params.noise_prior
     noise_pairs, last_pair, k_floor = prev.noise_pairs, prev.last_pair, prev.k_floor
-    adopted = prev.adopted
+    adopted, surprise = prev.adopted, prev.surprise
     if k <= 0 and spend_rate > 0 and rate_in_force >= UNLIMITED_RATE:
         # Unthrottled for the tick: its share was at most 100%, or, when NVML already reports
         # it, about `util` (widened, as the sample and the tick do not cover the same moments).
@@ -518,10 +531,23 @@ def _observe(
             r = max(noise * shape, floor) / obs.util_samples + alignment
             p = spread * b * b
             innovation = util - b * x
-            if innovation * innovation > params.surprise_sigmas**2 * (x * x * p + r):
-                # Far beyond noise: the workload changed. Widen, so that it re-learns fast;
-                # the cold-start bound described the old one.
-                p, k_floor = max(p, (innovation / x) ** 2), 0.0
+            bound = params.surprise_sigmas**2 * (x * x * p + r)
+            far = innovation * innovation > bound
+            if surprise * innovation > 0 or (far and (b == 0 or not params.confirm_surprises)):
+                # (b = 0: k was infinite, nothing to keep)
+                # Far beyond noise, and the next measurement off the same way: the workload
+                # changed. Widen, so that it re-learns fast from this one (not from the first,
+                # which might have been an outlier all the same); the cold-start bound
+                # described the old one.
+                p, k_floor, surprise = max(p, (innovation / x) ** 2), 0.0, 0.0
+            elif not far:
+                surprise = 0.0
+            else:
+                # Once: an outlier until the next measurement says otherwise (a sampled
+                # proportion of a small share is skewed: readings of 26 % for a true 8 %
+                # come), counted no further out than the bound.
+                surprise = innovation
+                innovation = math.copysign(math.sqrt(bound), innovation)
             gain = p * x / (x * x * p + r)
             b = max(b + gain * innovation, _EPS * b)
             p *= 1 - gain * x
@@ -535,7 +561,7 @@ def _observe(
         if k > 0 else 0.0
     last_util = prev.util if util is None else util
     learned_now = (k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
-                   last_pair, k_floor, learned, adopted, hungry, lengths)
+                   last_pair, k_floor, learned, adopted, hungry, lengths, surprise)
     return learned_now, hungry, demand
 
 
@@ -547,9 +573,9 @@ def _noise_shape(share: float, tail: float) -> float:
 
 def _state(learned: _Learned, target: float) -> LoopState:
     (k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor, count, adopted,
-     hungry, lengths) = learned
+     hungry, lengths, surprise) = learned
     return LoopState(k, lower_bound, spends, cost, util, spread, noise, pairs, pair, floor,
-                     target, count, adopted, hungry, lengths)
+                     target, count, adopted, hungry, lengths, surprise)
 
 
 def rate_for(k: float, target: float, obs: Observation, state_spread: float, learned: int,

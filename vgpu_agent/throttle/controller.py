@@ -29,7 +29,8 @@ What a tick costs, and how often it runs:
   to `max_tick_s` (counted in time, not ticks: with the defaults 0.1 s, 0.2 s after 1 s of calm,
   0.4 s after 3 s); the first tick that sees a change goes back to `tick_s`. A tick is calm
   when no container came or went, no target moved by more than `calm_target_points`, and no
-  rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little).
+  rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little),
+  and no reading is far off awaiting the next to confirm it (`LoopState.surprise`).
   Where nothing is lent, the calm tick may grow further, to `unlent_tick_s` (by default
   `UNLENT_TICK_S`, 2 s, which the defaults reach after 19 s of calm): on every GPU no
   container runs above its limit, the limits fit in the GPU, none is `off` (its use could grow
@@ -56,7 +57,9 @@ loop: it sees no utilization, so rates stay at the bound derived from what each 
 while unthrottled (never above the limit, possibly below it). That is logged once per GPU and
 exposed in `open_loop_gpus`. The GPUs whose samples are read as time-sliced (each period whole
 to one process; see `_utilization`) are in `time_sliced_gpus`, and the changes of phase the
-split found on each GPU are counted in `phase_changes`.
+split found on each GPU are counted in `phase_changes`. Where the split shares a GPU's use
+among two containers or more, the law takes its shares as estimates, not samples: a far-off
+one is followed at once (`ControlParams.confirm_surprises` off), not held until the next.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ import os
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import structlog
@@ -314,6 +317,8 @@ class ThrottleController:
         )
         self._sampled_pids: set[int] = set()
         self.params = params or ControlParams()
+        # the law's tuning where a time-sliced GPU's use is split among containers
+        self._split_params = replace(self.params, confirm_surprises=False)
         self.law = law
         if law is control_step_native and not NATIVE:
             log.warning("throttle_law_not_native", reason="vgpu_agent.throttle._lawc was not "
@@ -949,7 +954,12 @@ class ThrottleController:
             state = states.get(key)
             if state is not None and state.k_floor > 0:
                 states[key] = state._replace(k_floor=0.0)
-        decisions = self.law(observations, states, dt_s, self.params)
+        params = self.params
+        if uuid in self._sliced and sum([1 for spent in spent_by.values() if spent]) > 1:
+            # split shares are estimates, not NVML's skewed samples: a far-off one is the
+            # split re-learning (a change of phase found), followed at once
+            params = self._split_params
+        decisions = self.law(observations, states, dt_s, params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
         changed = self._changed
@@ -970,6 +980,8 @@ class ThrottleController:
                     last is None
                     or abs(last[1].target - decision.target) > calm_points
                     or abs(rate - written_rate) > calm_fraction * written_rate
+                    # a reading far off, which the next one confirms or dismisses: soon
+                    or decision.state.surprise != 0
                 )
             if rate != written_rate or burst != written_burst:
                 self._apply(device, rate, burst)

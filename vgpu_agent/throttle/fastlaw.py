@@ -166,7 +166,7 @@ def control_step_gpu(
     drift = p.drift_per_s**2 * dt_s
     noise_prior, noise_memory, held_tolerance = p.noise_prior, p.noise_memory, p.held_tolerance
     floor = resolution**2 / 12
-    surprise2 = p.surprise_sigmas**2
+    surprise2, confirm = p.surprise_sigmas**2, p.confirm_surprises
     noise_tail, missing_above, partial = p.noise_tail, p.missing_above, p.partial_window
 
     windows: dict[tuple[float, int], _Window] = {}  # (span, id of the window's lengths)
@@ -209,7 +209,7 @@ def control_step_gpu(
         k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
         spread, noise = prev.spread, prev.noise or noise_prior
         noise_pairs, last_pair, k_floor = prev.noise_pairs, prev.last_pair, prev.k_floor
-        adopted = prev.adopted
+        adopted, surprise = prev.adopted, prev.surprise
         if k <= 0 and spend_rate > 0 and rate_in_force >= UNLIMITED_RATE:
             share_bound = FULL_SHARE
             if util is not None and util >= 1:
@@ -254,8 +254,15 @@ def control_step_gpu(
                     r = max(noise * shape, floor) / o.util_samples + alignment
                     pv = spread * b * b
                     innovation = util - b * x
-                    if innovation * innovation > surprise2 * (x * x * pv + r):
-                        pv, k_floor = max(pv, (innovation / x) ** 2), 0.0
+                    bound = surprise2 * (x * x * pv + r)
+                    far = innovation * innovation > bound
+                    if surprise * innovation > 0 or (far and (b == 0 or not confirm)):
+                        pv, k_floor, surprise = max(pv, (innovation / x) ** 2), 0.0, 0.0
+                    elif not far:
+                        surprise = 0.0
+                    else:  # once: an outlier until the next measurement says otherwise
+                        surprise = innovation
+                        innovation = math.copysign(math.sqrt(bound), innovation)
                     gain = pv * x / (x * x * pv + r)
                     b = max(b + gain * innovation, _EPS * b)
                     pv *= 1 - gain * x
@@ -265,7 +272,7 @@ def control_step_gpu(
         demand = max(history[-demand_ticks:], default=0.0) / k + demand_margin if k > 0 else 0.0
         last_util = prev.util if util is None else util
         learned_all.append((k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
-                            last_pair, k_floor, learned, adopted, hungry, lengths))
+                            last_pair, k_floor, learned, adopted, hungry, lengths, surprise))
         hungers.append(hungry)
         demands.append(demand)
         if o.policy == "off":
@@ -289,7 +296,7 @@ def control_step_gpu(
     for o, prev, lrn, hungry, demand in zip(observations, previous, learned_all, hungers,
                                             demands, strict=True):
         (k, lower_bound, spends, cost, util, spread, noise, pairs, pair, k_floor, count,
-         adopted, _, lengths) = lrn
+         adopted, _, lengths, surprise) = lrn
         key = o.key
         if o.policy != "off" and not math.isfinite(k):
             k = 0.0  # nothing sane was learned: start over from no model
@@ -297,7 +304,8 @@ def control_step_gpu(
             decisions[key] = _new(Decision, (
                 UNLIMITED_RATE, UNLIMITED_RATE, FULL_SHARE, hungry, demand,
                 _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                                 k_floor, prev.target, count, adopted, hungry, lengths))))
+                                 k_floor, prev.target, count, adopted, hungry, lengths,
+                                 surprise))))
             continue
         target = targets[key]
         rate_in_force = o.rate
@@ -308,7 +316,8 @@ def control_step_gpu(
             decisions[key] = _new(Decision, (
                 kept_rate, kept_burst, target, hungry, demand,
                 _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                                 k_floor, prev.target, count, adopted, hungry, lengths))))
+                                 k_floor, prev.target, count, adopted, hungry, lengths,
+                                 surprise))))
             continue
         k_rate = k
         if o.policy == "strict" and 0 < count < cold_samples and cold_sigmas:
@@ -318,7 +327,7 @@ def control_step_gpu(
         # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
         rate = _clamp_tokens(k_rate * target, min_rate)
         state = _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
-                                 k_floor, target, count, adopted, hungry, lengths))
+                                 k_floor, target, count, adopted, hungry, lengths, surprise))
         if rate_in_force < UNLIMITED_RATE and abs(rate - rate_in_force) <= deadband * rate_in_force:
             decisions[key] = _new(Decision, (rate_in_force, o.burst, target, hungry, demand, state))
             continue

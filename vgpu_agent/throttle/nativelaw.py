@@ -49,7 +49,7 @@ def _packed(p: ControlParams) -> tuple[float | int, ...]:
             p.held_tolerance, p.resolution**2 / 12, p.surprise_sigmas**2, p.noise_tail,
             p.missing_above, p.partial_window, p.saturation_margin, p.cold_sigmas,
             p.rate_deadband, p.burst_s, p.burst_launches, p.demand_ticks, p.cold_samples,
-            p.min_rate,
+            p.min_rate, int(p.confirm_surprises),
         )
     return known
 
