@@ -71,13 +71,15 @@ Kalman filter over the model `util = b * spend`:
 - Between measurements `b` may drift (`drift_per_s`, relative, 0.3 %/s): the filter never
   stops listening, and a workload that changes slowly is followed; a lower drift keeps the
   steady estimate averaging more samples (NVML's noise at 1 sample/s and sigma 8 needs dozens).
-  An innovation far outside what the filter expects (`surprise_sigmas`) twice in a row, the
-  same way, is a change of workload, not noise: the estimate's variance is widened so that it
-  re-learns within a few samples. Once alone it is an outlier (`LoopState.surprise` keeps it
-  until the next measurement), counted no further out than the bound: a sampled proportion
-  of a small share is skewed, and one reading of 26 % for a container truly at 8 % (sigma 8)
-  once cut its k threefold, and its rate with it, for seconds. A real change costs one
-  measurement more; the controller ticks fast while one is pending, so that the next comes soon.
+  An innovation far outside what the filter expects (`surprise_sigmas`), followed by one off
+  the same way (by any amount), is a change of workload, not noise: the estimate's variance
+  is widened so that it re-learns within a few samples, from the second. Until the next
+  measurement the first is an outlier (`LoopState.surprise` keeps it), counted no further out
+  than the bound: a sampled proportion of a small share is skewed, and one reading of 26 %
+  for a container truly at 8 % (sigma 8) once cut its k threefold, and its rate with it, for
+  seconds. A real change costs one measurement more; the controller ticks fast while one is
+  pending, so that the next comes soon. (`confirm_surprises` off: re-learned at the first, as
+  for a time-sliced GPU's split shares, which are estimates, not samples.)
 - Anti-windup: nothing integrates an error; the estimate only moves by evidence, and a
   container that spends nothing (idle, or held off) gives no evidence.
 - Because the estimate is of the ratio at the operating point, a workload whose SM time is not
@@ -534,11 +536,10 @@ def _observe(
             bound = params.surprise_sigmas**2 * (x * x * p + r)
             far = innovation * innovation > bound
             if surprise * innovation > 0 or (far and (b == 0 or not params.confirm_surprises)):
-                # (b = 0: k was infinite, nothing to keep)
                 # Far beyond noise, and the next measurement off the same way: the workload
-                # changed. Widen, so that it re-learns fast from this one (not from the first,
-                # which might have been an outlier all the same); the cold-start bound
-                # described the old one.
+                # changed (b = 0: k was infinite, nothing to keep). Widen, so that it re-learns
+                # fast from this one (not from the first, which might have been an outlier all
+                # the same); the cold-start bound described the old one.
                 p, k_floor, surprise = max(p, (innovation / x) ** 2), 0.0, 0.0
             elif not far:
                 surprise = 0.0
