@@ -131,3 +131,42 @@ async def test_spending_before_the_first_limited_rate_is_written_is_no_overclaim
     assert late["writes"] > 10
     assert "tokens_overclaimed" not in controller.error_counts
     assert [gpu.shares(p, 10)[-1][1] for p in procs] == pytest.approx([10, 10], abs=2)
+
+
+IDLE = Workload(kernel_s=0.0002, busy=((0.0, 0.0),))
+# 5 ms of launches every 100 ms: about 12 % of the GPU, under a rate once it has one
+BURSTS = Workload(kernel_s=0.0002, busy=tuple((t / 10, t / 10 + 0.005) for t in range(400)))
+
+
+async def lender_and_claimer(claimer_work: Workload, claimed_wait_ns: int
+                             ) -> tuple[float, float]:
+    """A busy work-conserving borrower beside a container that writes `claimed_wait_ns` of
+    waiting into `state` every tick; their SM shares over the last 15 s of 40."""
+    gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)
+    borrower = SimRegion("borrower", (UUID,), (50.0,), ("work-conserving",))
+    claimer = SimRegion("claimer", (UUID,), (50.0,), ("work-conserving",))
+    procs = [gpu.shim_process("borrower", Workload(kernel_s=0.0002), borrower),
+             gpu.shim_process("claimer", claimer_work, claimer)]
+    controller = ThrottleController(SimBackend([gpu]), lambda: [borrower, claimer],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    slot = claimer.processes[0]
+    for _ in range(400):
+        gpu.advance(0.1)
+        slot.wait_ns[0] += claimed_wait_ns
+        await controller.tick()
+    return gpu.shares(procs[0], 15)[-1][1], gpu.shares(procs[1], 15)[-1][1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("claimer_work", "borrower_honest"), [(IDLE, 90), (BURSTS, 60)])
+async def test_waits_claimed_without_spending_take_no_loan_from_the_neighbour(
+        claimer_work, borrower_honest):
+    # A shim waits only when its bucket ran dry, which takes a rate and spending near it.
+    # Believed, a container claiming to wait half of every tick was hungry and kept its half
+    # of the GPU from the borrower (50.4 % for an idle claimer, 49.9 for a bursty one, against
+    # 100 and 67.5 without the claims); now the borrower is lent what it leaves.
+    honest = await lender_and_claimer(claimer_work, 0)
+    lying = await lender_and_claimer(claimer_work, 50_000_000)
+    assert lying[1] == pytest.approx(honest[1], abs=1)  # the claimer uses what it did
+    assert honest[0] > borrower_honest
+    assert lying[0] == pytest.approx(honest[0], abs=2)

@@ -5,7 +5,9 @@ to regions on host evidence (`identity.Attributor`: a process's mount table show
 `control`; what the shim's slots claim is only checked, never believed; a cgroup sibling of a
 proven process is the fallback), tokens spent,
 launches and time waited from the header of each region's `state` (the lean read: one pread,
-no slot decoded); the law turns these into rates, written with `set_rate` where they changed.
+no slot decoded; tokens believed up to what the bucket let through, `audit.py`, and waits only
+beside spending near the rate, `WAIT_SPEND_FRACTION`); the law turns these into rates, written
+with `set_rate` where they changed.
 The law is `nativelaw.control_step_native`, all containers of a GPU in one call, in C where the
 extension was built (`fastlaw.control_step_gpu` in Python otherwise); both decide exactly as
 the reference `control.control_step` (which `law=` can select, as the tests do). The slots
@@ -919,12 +921,12 @@ class ThrottleController:
                 spent = max(0, now[0] - previous[0])
                 launches = max(0, now[1] - previous[1])
                 wait = max(0, now[2] - previous[2])
+                # the refill over the longest the time between this device's two reads may
+                # have been
+                read_dt_s = (self.tick_s if previous_ns is None
+                             else (read_until - previous_ns) / 1e9)
                 if limited:
                     claimed = spent
-                    # the refill over the longest the time between this device's two reads
-                    # may have been
-                    read_dt_s = (self.tick_s if previous_ns is None
-                                 else (read_until - previous_ns) / 1e9)
                     spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
                                                           read_dt_s)
                     if not limited_before:
@@ -937,6 +939,13 @@ class ThrottleController:
                         liars.append(device.key)
                 else:
                     device.bucket = None  # the shim did not limit (all along): its bucket fills
+                if wait and (rate >= UNLIMITED_RATE
+                             or spent < WAIT_SPEND_FRACTION * rate * read_dt_s):
+                    # A shim waits only when its bucket ran dry, which takes a rate, and
+                    # spending near it: waits claimed without are not believed (they would
+                    # make the container hungry, and it would take loans its neighbours can
+                    # use while spending none of them).
+                    wait = 0
             spent_by[device.alloc_id] = spent_by.get(device.alloc_id, 0) + spent
             fields.append([device.key, limit, policy, priority, spent, launches, wait / 1e9,
                            None, rate, burst, 0.0, 1])
@@ -1032,6 +1041,9 @@ LAG_READINGS = 20  # readings over which the least delay from stamp to reading i
 # Regions read between two yields to the loop: 32 headers and controls took about 0.4 ms in
 # the agent at 144 busy container-devices (the shims writing the same pages meanwhile).
 READ_CHUNK = 32
+# Waits are believed for a tick in which the container spent at least this part of what its
+# rate let through (`_steer_gpu`).
+WAIT_SPEND_FRACTION = 0.5
 
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
 _STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after
