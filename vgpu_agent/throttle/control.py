@@ -76,7 +76,7 @@ Kalman filter over the model `util = b * spend`:
   is widened so that it re-learns within a few samples, from the second. Until the next
   measurement the first is an outlier (`LoopState.surprise` keeps it), counted no further out
   than the bound: a sampled proportion of a small share is skewed, and one reading of 26 %
-  for a container truly at 8 % (sigma 8) once cut its k threefold, and its rate with it, for
+  for a process truly at 8 % (sigma 8, simulated) once cut its k threefold, and its rate, for
   seconds. A real change costs one measurement more; the controller ticks fast while one is
   pending, so that the next comes soon. (`confirm_surprises` off: re-learned at the first, as
   for a time-sliced GPU's split shares, which are estimates, not samples.)

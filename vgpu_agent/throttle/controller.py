@@ -941,8 +941,9 @@ class ThrottleController:
                     device.bucket = None  # the shim did not limit (all along): its bucket fills
                 if wait and (rate >= UNLIMITED_RATE
                              or spent < WAIT_SPEND_FRACTION * rate * read_dt_s):
-                    # A shim waits only when its bucket ran dry, which takes a rate, and
-                    # spending near it: waits claimed without are not believed (they would
+                    # A shim waits only when its bucket ran dry (or for its turn behind a
+                    # process that waits so), which takes a rate, and spending near it: waits
+                    # claimed without are not believed (they would
                     # make the container hungry, and it would take loans its neighbours can
                     # use while spending none of them).
                     wait = 0
