@@ -943,9 +943,8 @@ class ThrottleController:
                              or spent < WAIT_SPEND_FRACTION * rate * read_dt_s):
                     # A shim waits only when its bucket ran dry (or for its turn behind a
                     # process that waits so), which takes a rate, and spending near it: waits
-                    # claimed without are not believed (they would
-                    # make the container hungry, and it would take loans its neighbours can
-                    # use while spending none of them).
+                    # claimed without are not believed (they would make the container hungry,
+                    # and it would take loans its neighbours can use while spending none).
                     wait = 0
             spent_by[device.alloc_id] = spent_by.get(device.alloc_id, 0) + spent
             fields.append([device.key, limit, policy, priority, spent, launches, wait / 1e9,
