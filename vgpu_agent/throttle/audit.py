@@ -22,6 +22,18 @@ was in force until then: the refill counts the higher of the two. A container cl
 it may every tick is thus believed to spend its rate, and the law's feedback from measured use,
 which the container cannot write, brings it to its share.
 
+That feedback alone is not enough. A container caught claiming more than its bucket allowed
+is believed to spend exactly its rate, whatever it really spends, so a reading says only that
+its `k` is at most that rate over its use. Two lies then lasted for good on the simulated GPU:
+ten thousand times its spending claimed from its first tick (which no bucket limits) gave it a
+first rate thousands of times too high, which the law's averaged readings had not brought
+down after 40 s; and a container running lightly while claiming its whole rate read as
+rate-limited, had its rate raised reading after reading, then ran unthrottled. Its neighbour
+was held at 49 % of a 60 % limit in both. So a caught container's rate is capped (`LiarCap`,
+which the controller keeps until the container has not been caught for `LIAR_HOLD_S`): the
+cap starts at the rate in force, halves while its use reads above its target, and rises only
+as far as a move of the cap proved that its use follows its rate. The law decides below it.
+
 Pure: no I/O, no clocks.
 """
 
@@ -52,3 +64,95 @@ def believed_spend(claimed: int, bucket: Bucket | None, rate: int, burst: int, d
     left = through - believed
     return believed, (
         (left if left < burst else float(burst)) if left > -lent else -lent, rate)
+
+
+# A caught container's use reads off its target when it is further than this fraction of the
+# target plus this many points (nearer, a reading is noise around a rate that binds).
+LIAR_MARGIN = 0.15
+LIAR_MARGIN_POINTS = 2.0
+LIAR_HOLD_S = 5.0  # a cap is dropped after this long without a catch
+# After a raise its use did not follow (it is not using its rate), the readings to wait before
+# the next: doubled at each such raise, up to the last.
+IDLE_WAITS = (2, 4, 8, 16, 32)
+# Where moves cannot be judged (`LiarCap.read`), a cap reading low this many readings in a row
+# is raised by this factor.
+SPLIT_RAISE_READINGS = 5
+SPLIT_RAISE = 1.25
+
+
+class LiarCap:
+    """The most the rate of a container caught overclaiming may be (see the module note).
+
+    Its claims are held to its rate, so they say nothing of what it spends; what shows whether
+    its rate binds is whether its use follows a move of the cap. Each move (by `factor`) is
+    judged two readings later, the first after it possibly describing the time before it: the
+    use moved at least halfway (in ratio) with it, and the rate for its target follows from
+    the rate and the use (within x2 a step); a cut that the use did not follow is cut again
+    while the use reads high; a raise it did not follow is taken back, and the next waits.
+    """
+
+    __slots__ = ("cap", "caught_ns", "ceiling", "factor", "idle", "low", "moved_from",
+                 "readings")
+
+    def __init__(self, cap: int, caught_ns: int) -> None:
+        self.cap = self.ceiling = cap
+        self.caught_ns = caught_ns  # when it was last caught
+        self.readings = 1  # fresh readings since the cap last moved (its first may act)
+        self.factor = 1.0  # the last move of the cap, until judged (1: none pending)
+        self.moved_from = 0.0  # the reading before that move
+        self.idle = 0  # raises in a row the use did not follow
+        self.low = 0  # readings in a row below the target (where moves cannot be judged)
+
+    def read(self, in_force: int, util: float, target: float, own: bool = True) -> None:
+        """One fresh reading of its use against its `target`, under the rate `in_force`.
+
+        Not `own` where the reading is a share of the GPU's use split by the tokens believed
+        (a time-sliced GPU): the believed tokens are the rate, so that share follows any move
+        of the cap at once, whatever the container does, and no move can be judged. There the
+        cap is cut while the use reads high, and raised by SPLIT_RAISE while it reads low for
+        SPLIT_RAISE_READINGS readings, never above the rate in force when it was first caught
+        (a container running lightly while claiming its rate would otherwise raise it)."""
+        if not own:
+            self.readings += 1
+            margin = target * LIAR_MARGIN + LIAR_MARGIN_POINTS
+            self.low = self.low + 1 if util < target - margin else 0
+            if self.readings >= 2 and util > target + margin:
+                self._move(min(1.0, in_force / self.cap) / 2, util)
+            elif (self.low >= SPLIT_RAISE_READINGS and in_force >= self.cap
+                    and self.cap < self.ceiling):
+                self._move(min(SPLIT_RAISE, self.ceiling / self.cap), util)
+                self.low = 0
+            self.factor = 1.0
+            return
+        self.readings += 1
+        if self.readings < 2 + (IDLE_WAITS[min(self.idle, len(IDLE_WAITS)) - 1]
+                                if self.idle and self.factor == 1.0 else 0):
+            return
+        factor, self.factor = self.factor, 1.0
+        if factor != 1.0:
+            ratio = util / self.moved_from if self.moved_from > 0 else 0.0
+            followed = ratio >= factor**0.5 if factor > 1 else ratio <= factor**0.5
+            if followed and util >= 1:
+                self.idle = 0
+                self._move(in_force * min(2.0, max(0.5, target / util)) / self.cap, util)
+                self.factor = 1.0  # set to its target: nothing more to judge
+                return
+            if factor > 1:  # raised, and its use did not follow: it does not use its rate
+                self.idle += 1
+                self._move(1 / factor, util)
+                self.factor = 1.0
+                return
+            if util > target + LIAR_MARGIN_POINTS:
+                # cut, and its use did not follow: its rate does not bind, which the reading
+                # alone could not tell from noise; cut again while its use is above its target
+                self._move(min(1.0, in_force / self.cap) / 2, util)
+                return
+        margin = target * LIAR_MARGIN + LIAR_MARGIN_POINTS
+        if util > target + margin:
+            self._move(min(1.0, in_force / self.cap) / 2, util)
+        elif util < target - margin and in_force >= self.cap:
+            self._move(min(2.0, target / max(util, 1.0)), util)
+
+    def _move(self, factor: float, util: float) -> None:
+        self.cap = max(1, int(self.cap * factor))
+        self.factor, self.moved_from, self.readings = factor, util, 0

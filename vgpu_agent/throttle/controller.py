@@ -83,7 +83,7 @@ from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.shm.headerread import NATIVE_READ
 from vgpu_agent.throttle.attribution import HostEvidence
-from vgpu_agent.throttle.audit import Bucket, believed_spend
+from vgpu_agent.throttle.audit import LIAR_HOLD_S, Bucket, LiarCap, believed_spend
 from vgpu_agent.throttle.control import (
     FULL_SHARE,
     UNLIMITED_RATE,
@@ -224,8 +224,8 @@ class _Device:
     region); the counters are the cumulative totals of the previous tick.
     """
 
-    __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "limited", "limits", "overclaimed",
-                 "previous", "read_ns", "region", "seen", "uuid")
+    __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "liar_cap", "limited", "limits",
+                 "overclaimed", "previous", "read_ns", "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -246,6 +246,7 @@ class _Device:
         self.bucket: Bucket | None = None
         self.limited = False  # whether the rate read at the last tick limited the shim
         self.overclaimed = False  # logged once
+        self.liar_cap: LiarCap | None = None  # while it is caught overclaiming (`audit`)
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -964,7 +965,8 @@ class ThrottleController:
             if state is not None and state.k_floor > 0:
                 states[key] = state._replace(k_floor=0.0)
         params = self.params
-        if uuid in self._sliced and sum([1 for spent in spent_by.values() if spent]) > 1:
+        split = uuid in self._sliced and sum([1 for spent in spent_by.values() if spent]) > 1
+        if split:
             # split shares are estimates, not NVML's skewed samples: a far-off one is the
             # split re-learning (a change of phase found), followed at once
             params = self._split_params
@@ -976,9 +978,28 @@ class ThrottleController:
         # lent, or a reclaim may be needed at any moment (see the module note)
         lent = self._lent or len(observations) < len(entries) \
             or sum([obs[1] for obs in observations]) > FULL_SHARE + _SHARE_EPS
+        caught = set(liars)
         for obs, (device, written_rate, written_burst) in zip(observations, steered, strict=True):
             decision = decisions[obs[0]]
             rate, burst = decision[0], decision[1]
+            cap = device.liar_cap
+            if obs[0] in caught:
+                if cap is None:
+                    cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
+                cap.caught_ns = self._now_ns
+            elif cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
+                cap = device.liar_cap = None
+            if cap is not None:
+                if obs[7] is not None:
+                    cap.read(written_rate, obs[7], decision[2], own=not split)
+                if rate > cap.cap:
+                    # and its k with it, so that the law's next decisions start from there
+                    scale = cap.cap / rate
+                    rate, burst = cap.cap, max(1, int(burst * scale))
+                    decision = decision._replace(
+                        rate=rate, burst=burst, state=decision.state._replace(
+                            tokens_per_pct=decision.state.tokens_per_pct * scale))
+                    self._states[uuid][obs[0]] = decision.state
             if not lent:
                 lent = (obs[2] == "off" or decision[2] > obs[1] + _SHARE_EPS
                         or rate >= UNLIMITED_RATE)
@@ -1044,6 +1065,7 @@ READ_CHUNK = 32
 # Waits are believed for a tick in which the container spent at least this part of what its
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
+LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)
 
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
 _STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after

@@ -1,0 +1,118 @@
+"""The cap on the rate of a container caught overclaiming (`throttle/audit.py`, `LiarCap`):
+its claims are held to its rate, so only whether its use follows a move of the cap shows
+whether that rate binds. The plant here is a container whose use is its rate over its true
+`k`, at most what it would use unthrottled, with the reading of a move arriving two readings
+after it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from vgpu_agent.throttle.audit import (
+    IDLE_WAITS,
+    LIAR_MARGIN,
+    LIAR_MARGIN_POINTS,
+    SPLIT_RAISE,
+    SPLIT_RAISE_READINGS,
+    LiarCap,
+)
+
+TARGET = 40.0
+
+
+def use(rate: int, k: float, most: float) -> float:
+    """Percent of SM time a container spending `rate` tokens/s uses, `k` tokens/s a percent."""
+    return min(most, rate / k)
+
+
+def steer(cap: LiarCap, k: float, most: float, readings: int, own: bool = True) -> list[int]:
+    """Readings taken one period late (the rate of the reading before is what it shows)."""
+    caps, shown = [], cap.cap
+    for _ in range(readings):
+        cap.read(cap.cap, use(shown, k, most), TARGET, own)
+        shown = cap.cap
+        caps.append(cap.cap)
+    return caps
+
+
+def test_a_rate_that_does_not_bind_is_halved_every_second_reading():
+    cap = LiarCap(10**12, caught_ns=0)
+    caps = steer(cap, k=1e6, most=49.0, readings=8)  # it uses 49 % whatever its rate
+    assert caps == [10**12 // 2, 10**12 // 2, 10**12 // 4, 10**12 // 4, 10**12 // 8,
+                    10**12 // 8, 10**12 // 16, 10**12 // 16]
+
+
+def test_halving_stops_where_the_rate_binds_and_the_cap_is_set_to_the_target():
+    k = 1e6  # tokens/s a percent: the rate for 40 % is 40 million
+    cap = LiarCap(10**10, caught_ns=0)  # 250 times too high
+    caps = steer(cap, k=k, most=49.0, readings=40)
+    assert caps[-1] == pytest.approx(TARGET * k, rel=0.05)
+    assert len(set(caps[-10:])) == 1  # settled: no move once the use reads its target
+
+
+def test_a_cut_past_the_binding_rate_is_undone_from_the_use_it_caused():
+    k = 1e6
+    cap = LiarCap(int(60 * k), caught_ns=0)  # it would use 60 %; the cut takes it to 30 %
+    steer(cap, k=k, most=100.0, readings=1)
+    assert cap.cap == int(30 * k)
+    steer(cap, k=k, most=100.0, readings=2)  # the second reading after the cut judges it
+    assert cap.cap == pytest.approx(TARGET * k, rel=0.01)
+
+
+def test_a_container_not_using_its_rate_cannot_raise_its_cap():
+    # runs at 2 % while claiming its whole rate: each raise is taken back, and each next
+    # one waits longer
+    cap = LiarCap(int(TARGET * 1e6), caught_ns=0)
+    caps = steer(cap, k=1e6, most=2.0, readings=200)
+    assert max(caps) <= 2 * TARGET * 1e6
+    assert caps[-1] == int(TARGET * 1e6)
+    assert cap.idle >= len(IDLE_WAITS)
+    raises = sum(1 for before, after in itertools.pairwise(caps) if after > before)
+    assert raises <= 12  # the waits double: not one raise every other reading
+
+
+def test_a_raise_the_use_follows_is_kept():
+    k = 1e6
+    cap = LiarCap(int(10 * k), caught_ns=0)  # capped at a quarter of its target
+    caps = steer(cap, k=k, most=100.0, readings=12)
+    assert caps[-1] == pytest.approx(TARGET * k, rel=0.05)
+    assert cap.idle == 0
+
+
+def test_noise_around_a_binding_rate_moves_nothing():
+    cap = LiarCap(int(TARGET * 1e6), caught_ns=0)
+    margin = TARGET * LIAR_MARGIN + LIAR_MARGIN_POINTS
+    for util in [TARGET + margin * 0.9, TARGET - margin * 0.9] * 20:
+        cap.read(cap.cap, util, TARGET)
+    assert cap.cap == int(TARGET * 1e6)
+
+
+def test_split_shares_only_cut_and_raise_slowly_up_to_the_first_rate():
+    # a time-sliced GPU's split follows the believed tokens, that is the cap: no move is
+    # judged, the cap is cut while the share reads high and raised while it reads low
+    first = int(100 * 1e6)
+    cap = LiarCap(first, caught_ns=0)
+    cap.read(first, 70.0, TARGET, own=False)
+    assert cap.cap == first // 2
+    cap.read(first, 70.0, TARGET, own=False)  # the reading right after a cut: not judged
+    assert cap.cap == first // 2
+    for _ in range(SPLIT_RAISE_READINGS - 1):
+        cap.read(cap.cap, 10.0, TARGET, own=False)
+    cap.read(cap.cap, TARGET, TARGET, own=False)  # one reading on target: counted afresh
+    for _ in range(SPLIT_RAISE_READINGS - 1):
+        cap.read(cap.cap, 10.0, TARGET, own=False)
+    assert cap.cap == first // 2  # not yet: SPLIT_RAISE_READINGS low readings in a row
+    cap.read(cap.cap, 10.0, TARGET, own=False)
+    assert cap.cap == int(first // 2 * SPLIT_RAISE)
+    for _ in range(100):
+        cap.read(cap.cap, 10.0, TARGET, own=False)
+    assert cap.cap == first  # never above the rate it was first caught at
+
+
+def test_a_cap_never_falls_below_one_token():
+    cap = LiarCap(3, caught_ns=0)
+    for _ in range(20):
+        cap.read(cap.cap, 90.0, TARGET)
+    assert cap.cap == 1
