@@ -14,6 +14,7 @@ import structlog
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
+from vgpu_agent.throttle.control import UNLIMITED_RATE
 from vgpu_agent.throttle.controller import ThrottleController
 
 UUID = "GPU-claims"
@@ -166,6 +167,28 @@ async def test_a_container_claiming_its_whole_rate_while_it_runs_lightly_gains_n
     # bring it to its share within seconds of the switch, a time-sliced split within 30 s)
     assert gpu.shares(procs[0], 15)[-1][1] >= 56
     assert gpu.shares(procs[1], 15)[-1][1] <= 43
+
+
+async def test_a_capped_container_switched_to_off_is_not_throttled():
+    # the cap holds a caught container's rate down; a policy of `off` has no rate to hold
+    gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)
+    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
+    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
+    for region in (honest, liar):
+        gpu.shim_process(region.alloc_id, Workload(kernel_s=0.0002), region)
+    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    slot = liar.processes[0]
+    for tick in range(150):
+        if tick == 100:
+            assert liar.rate(0)[0] < UNLIMITED_RATE  # capped, and below the law's
+            liar.set_policy("off", 0)
+        gpu.advance(0.1)
+        spent = slot.tokens_spent[0]
+        slot.tokens_spent[0] = spent * 10**4
+        await controller.tick()
+        slot.tokens_spent[0] = spent
+    assert liar.rate(0)[0] == UNLIMITED_RATE
 
 
 IDLE = Workload(kernel_s=0.0002, busy=((0.0, 0.0),))

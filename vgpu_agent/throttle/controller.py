@@ -989,7 +989,7 @@ class ThrottleController:
                 cap.caught_ns = self._now_ns
             elif cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
                 cap = device.liar_cap = None
-            if cap is not None:
+            if cap is not None and obs[2] != "off":  # (off: the law writes no limit)
                 if obs[7] is not None:
                     cap.read(written_rate, obs[7], decision[2], own=not split)
                 if rate > cap.cap:
