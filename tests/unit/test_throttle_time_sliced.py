@@ -193,3 +193,18 @@ def test_only_the_container_that_changed_phase_forgets_what_was_learned():
     assert least["a"] <= timesliced.RESTART_INFO + 1
     assert min(least["b"], least["c"]) > 4 * timesliced.RESTART_INFO
     assert math.exp(split.costs["a"][0] - split.costs["b"][0]) == pytest.approx(4, rel=0.35)
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_a_learned_cost_is_drawn_towards_1_by_how_far_chance_could_take_it(sign):
+    # d: DOUBT_SIGMAS deviations of a log cost learned from `info`; within about half of d a
+    # cost is taken for chance (drawn nearly to 1), from twice d it is believed nearly whole
+    info = 50.0
+    d = timesliced.DOUBT_SIGMAS / math.sqrt(2 * info)
+    for part_of_d, kept_low, kept_high in ((0.5, 0.0, 0.07), (1.0, 0.49, 0.51),
+                                           (2.0, 0.93, 0.95), (4.0, 0.99, 1.0)):
+        x = sign * part_of_d * d
+        kept = math.log(timesliced._believed(x, info)) / x
+        assert kept_low <= kept <= kept_high, (part_of_d, kept)
+    assert timesliced._believed(0.0, info) == 1.0
+    assert timesliced._believed(sign * 0.3, 1e12) == pytest.approx(math.exp(sign * 0.3))

@@ -170,9 +170,16 @@ class TimeSlicedSplit:
 def _believed(log_cost: float, info: float) -> float:
     """The cost a split uses: the learned one, drawn towards 1 as far as it could be chance
     (a learned log cost scatters by about 1 / sqrt(2 info) around the true one). Containers
-    whose costs are equal, as most are, are then split by their tokens alone, not by noise."""
-    doubt = log_cost * log_cost + DOUBT_SIGMAS * DOUBT_SIGMAS / (2 * info)
-    return math.exp(log_cost * log_cost * log_cost / doubt) if doubt > 0 else 1.0
+    whose costs are equal are then split by their tokens alone, not by noise.
+
+    The draw is x * x^4 / (x^4 + d^4) for a learned log cost x and d = DOUBT_SIGMAS
+    deviations: half of x at d, as x^3 / (x^2 + d^2) was, but sharper on either side (a
+    seventeenth of x at half of d, against a fifth; 94 % of x at twice d, against 80 %), so
+    that chance is drawn in further and costs proven apart are believed more nearly whole."""
+    x2 = log_cost * log_cost
+    d2 = DOUBT_SIGMAS * DOUBT_SIGMAS / (2 * info)
+    doubt = x2 * x2 + d2 * d2
+    return math.exp(log_cost * x2 * x2 / doubt) if doubt > 0 else 1.0
 
 
 class ChangeWatch:
