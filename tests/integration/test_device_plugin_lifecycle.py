@@ -99,6 +99,24 @@ async def test_kubelet_restart_is_followed_by_registration_within_a_second(root)
         assert run.agent.runner.status.kubelet_restarts == 1
 
 
+async def test_registration_after_a_restart_is_not_held_by_a_connection_in_backoff(root):
+    # Another channel to kubelet.sock saw the kubelet go and is in reconnect backoff; from
+    # gRPC's process-wide pool the registrar's new channels took over its connection and
+    # failed until that backoff ran out. The registrar's channel dials on its own.
+    async with running_agent(config_for(root)) as run:
+        stale = grpc.aio.insecure_channel(f"unix:{run.kubelet.kubelet_socket}")
+        await asyncio.wait_for(stale.channel_ready(), 5)
+        await run.kubelet.stop()
+        stale.get_state(try_to_connect=True)
+        await asyncio.sleep(0.1)  # it tries, fails, and waits out its backoff (about 1 s)
+        await run.kubelet.start()
+        restarted = time.monotonic()
+        await run.kubelet.wait_for(lambda: len(run.kubelet.registrations) == 2, limit_s=5)
+        # (0.7-1.5 s before, the stale connection's backoff; a few milliseconds now)
+        assert run.kubelet.registrations[1].at - restarted < 0.5
+        await stale.close()
+
+
 async def test_a_new_kubelet_socket_that_reuses_the_inode_number_is_still_a_restart(
     root, monkeypatch
 ):

@@ -8,11 +8,14 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from structlog.testing import capture_logs
 
 from tests.integration.plugin_harness import short_dir
 from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2
+from vgpu_agent._proto.podresources.v1 import api_pb2 as pr_api_pb2
+from vgpu_agent._proto.podresources.v1 import api_pb2_grpc as pr_api_pb2_grpc
 from vgpu_agent.kubelet.podresources import (
     ContainerRef,
     PodResourcesClient,
@@ -137,6 +140,27 @@ async def test_a_restarted_kubelet_is_reached_again(root: Path) -> None:
         found = await asyncio.wait_for(client.list_assignments(), 5)
         assert found == {"GPU-a::0": ContainerRef("ml", "b", "main")}
     await client.close()
+
+
+async def test_a_connection_left_in_backoff_does_not_fail_the_first_call_after_a_restart(
+        root: Path) -> None:
+    # Another channel to the same socket saw the kubelet go and is in reconnect backoff (the
+    # client's own previous channel while it closes is one). From gRPC's process-wide pool a
+    # new channel took over that connection, and its first call after the restart failed
+    # ("failed to connect to all addresses"); the client's channel dials on its own.
+    path = str(root / "pr" / "kubelet.sock")
+    stale = grpc.aio.insecure_channel(f"unix:{path}")
+    lister = pr_api_pb2_grpc.PodResourcesListerStub(stale)
+    async with kubelet_at(root):
+        await lister.List(pr_api_pb2.ListPodResourcesRequest(), timeout=5)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await lister.List(pr_api_pb2.ListPodResourcesRequest(), timeout=5)
+    async with kubelet_at(root) as kubelet:
+        admit(kubelet, "ml", "b", "main", RESOURCE, ["GPU-a::0"])
+        client = PodResourcesClient(path, RESOURCE)
+        assert await client.list_assignments() == {"GPU-a::0": ContainerRef("ml", "b", "main")}
+        await client.close()
+    await stale.close()
 
 
 async def test_run_refreshes_on_poke_and_survives_a_failing_callback(root: Path) -> None:

@@ -183,7 +183,11 @@ class PluginRunner:
             resource_name=self._resource_name,
             options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
         )
-        async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
+        # its own connection, as for PodResources: not one a channel to the kubelet before its
+        # restart left in reconnect backoff
+        async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}",
+                                             options=(("grpc.use_local_subchannel_pool", 1),)
+                                             ) as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)
             await stub.Register(request, timeout=self._register_timeout_s)
         self.status.registered = True

@@ -27,6 +27,10 @@ from vgpu_agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
 from vgpu_agent.dra.cdi import claim_uid_of
 
 log = structlog.get_logger(__name__)
+# A channel of its own connections: in gRPC's process-wide pool a new channel to a restarted
+# kubelet may take over the connection a closed (or closing) one left in reconnect backoff, and
+# its first call fails though the kubelet is back (seen: "Stream removed", "failed to connect").
+OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 DEFAULT_TIMEOUT_S = 5.0
 # After an Allocate the kubelet records the devices only once our answer reaches it, so a List
@@ -135,7 +139,8 @@ class PodResourcesClient:
         if not stat.S_ISSOCK(mode):
             raise PodResourcesUnavailable(self.socket_path, "exists but is not a unix socket")
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(f"unix:{self.socket_path}")
+            self._channel = grpc.aio.insecure_channel(f"unix:{self.socket_path}",
+                                                      options=OWN_CONNECTION)
         stub = api_pb2_grpc.PodResourcesListerStub(self._channel)
         try:
             response = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
