@@ -22,6 +22,7 @@ import structlog
 from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from vgpu_agent.backoff import Backoff
 from vgpu_agent.kubelet.dirwatch import DirWatch
+from vgpu_agent.kubelet.podresources import OWN_CONNECTION
 
 log = structlog.get_logger(__name__)
 
@@ -183,11 +184,8 @@ class PluginRunner:
             resource_name=self._resource_name,
             options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
         )
-        # its own connection, as for PodResources: not one a channel to the kubelet before its
-        # restart left in reconnect backoff
         async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}",
-                                             options=(("grpc.use_local_subchannel_pool", 1),)
-                                             ) as channel:
+                                             options=OWN_CONNECTION) as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)
             await stub.Register(request, timeout=self._register_timeout_s)
         self.status.registered = True

@@ -27,9 +27,9 @@ from vgpu_agent._proto.podresources.v1 import api_pb2, api_pb2_grpc
 from vgpu_agent.dra.cdi import claim_uid_of
 
 log = structlog.get_logger(__name__)
-# A channel of its own connections: in gRPC's process-wide pool a new channel to a restarted
-# kubelet may take over the connection a closed (or closing) one left in reconnect backoff, and
-# its first call fails though the kubelet is back (seen: "Stream removed", "failed to connect").
+# A channel of its own connections (here and for `Register`): in gRPC's process-wide pool a new
+# channel to a restarted kubelet may take over the connection a closed (or closing) one left in
+# reconnect backoff, and its first call fails though the kubelet is back.
 OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 DEFAULT_TIMEOUT_S = 5.0

@@ -7,7 +7,8 @@ proven process is the fallback), tokens spent,
 launches and time waited from the header of each region's `state` (the lean read: one pread,
 no slot decoded; tokens believed up to what the bucket let through, `audit.py`, and waits only
 beside spending near the rate, `WAIT_SPEND_FRACTION`); the law turns these into rates, written
-with `set_rate` where they changed.
+with `set_rate` where they changed, a container caught overclaiming never above its cap
+(`audit.LiarCap`).
 The law is `nativelaw.control_step_native`, all containers of a GPU in one call, in C where the
 extension was built (`fastlaw.control_step_gpu` in Python otherwise); both decide exactly as
 the reference `control.control_step` (which `law=` can select, as the tests do). The slots
@@ -882,7 +883,7 @@ class ThrottleController:
         fields: list[list[object]] = []
         steered: list[tuple[_Device, int, int]] = []
         spent_by: dict[str, int] = {}
-        liars: list[str] = []
+        liars: set[str] = set()
         for device, (counters, rates, policies, priority, read_from, read_until) in entries:
             dev = device.dev
             at = 3 * dev
@@ -937,7 +938,7 @@ class ThrottleController:
                         device.bucket = (float(burst), rate)
                     elif spent < claimed:
                         self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
-                        liars.append(device.key)
+                        liars.add(device.key)
                 else:
                     device.bucket = None  # the shim did not limit (all along): its bucket fills
                 if wait and (rate >= UNLIMITED_RATE
@@ -978,12 +979,11 @@ class ThrottleController:
         # lent, or a reclaim may be needed at any moment (see the module note)
         lent = self._lent or len(observations) < len(entries) \
             or sum([obs[1] for obs in observations]) > FULL_SHARE + _SHARE_EPS
-        caught = set(liars)
         for obs, (device, written_rate, written_burst) in zip(observations, steered, strict=True):
             decision = decisions[obs[0]]
             rate, burst = decision[0], decision[1]
             cap = device.liar_cap
-            if obs[0] in caught:
+            if obs[0] in liars:
                 if cap is None:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
                 cap.caught_ns = self._now_ns
