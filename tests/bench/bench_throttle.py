@@ -222,6 +222,7 @@ def main() -> int:
     print(header)
     print("-" * len(header))
     missed: list[str] = []
+    counted: dict[str, int] = {}
     for plant in PLANTS:
         if args.plant and args.plant not in plant.name:
             continue
@@ -238,6 +239,8 @@ def main() -> int:
                     seeded, plant=spec, paced=args.paced, tick_s=args.tick,
                     nvml_poll_periods=args.nvml_poll_periods))
                 cpu_s += ours_run.cpu_s
+                for kind, count in ours_run.errors.items():
+                    counted[kind] = counted.get(kind, 0) + count
                 ours_runs.append(evaluate(ours_run))
                 peer_runs.append(evaluate(run_peer(seeded, plant=spec)))
             ours, ours_settle = _median_stats(ours_runs)
@@ -258,6 +261,10 @@ def main() -> int:
                   f"{ratio_text} | {'met' if met else 'MISSED':>6} | {cpu_s / len(seeds):5.1f}")
             sys.stdout.flush()
     print("all goals met" if not missed else f"goals MISSED in {len(missed)}: {'; '.join(missed)}")
+    # Every container here is honest: one taken for a liar (`tokens_overclaimed`,
+    # `rate_unfollowed`) is a false catch, and a failed tick a defect.
+    print("controller counted: " + (", ".join(f"{k} {v}" for k, v in sorted(counted.items()))
+                                    if counted else "nothing"))
     return 0
 
 

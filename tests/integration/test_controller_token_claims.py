@@ -169,6 +169,38 @@ async def test_a_container_claiming_its_whole_rate_while_it_runs_lightly_gains_n
     assert gpu.shares(procs[1], 15)[-1][1] <= 43
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("period_s", [0.2, 1.0])
+async def test_claiming_exactly_its_bucket_while_running_lightly_gains_nothing_after(period_s):
+    # The same play by a container that claims exactly what its bucket lets through, so that
+    # no claim is ever cut: its rate was raised six orders of magnitude in 15 s, and its
+    # neighbour got 49 % of its 60 for the rest of the run. The rate is watched instead: raised
+    # far past the last one its use followed while the use stays low, it is capped.
+    gpu = SimGpu(UUID, sample_period_s=period_s, imperfections=REAL)
+    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
+    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
+    lightly = (*((float(t), t + 0.02) for t in range(15)), (15.0, math.inf))
+    procs = [gpu.shim_process("honest", Workload(kernel_s=0.0002), honest),
+             gpu.shim_process("liar", Workload(kernel_s=0.0002, busy=lightly), liar)]
+    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    slot, claimed = liar.processes[0], 0
+    for tick in range(600):
+        gpu.advance(0.1)
+        spent = slot.tokens_spent[0]
+        rate, _ = liar.rates[0]
+        limited = tick >= 2 and 0 < rate < UNLIMITED_RATE
+        claimed = claimed + rate // 10 if limited else spent  # a tick's refill, no more
+        slot.tokens_spent[0] = claimed
+        await controller.tick()
+        slot.tokens_spent[0] = spent
+    assert "tokens_overclaimed" not in controller.error_counts  # nothing to cut
+    assert controller.error_counts["rate_unfollowed"] >= 1
+    shares = gpu.shares(procs[0], 5)
+    assert min(share for t, share in shares if t >= 5) >= 56  # not only in the end
+    assert gpu.shares(procs[1], 15)[-1][1] <= 43
+
+
 async def test_a_capped_container_switched_to_off_is_not_throttled():
     # the cap holds a caught container's rate down; a policy of `off` has no rate to hold
     gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)

@@ -14,10 +14,18 @@ from vgpu_agent.throttle.audit import (
     IDLE_WAITS,
     LIAR_MARGIN,
     LIAR_MARGIN_POINTS,
+    LIAR_PROBE,
+    LIAR_PROBE_STEPS,
+    RISE_FOLLOWED,
+    RISE_READINGS,
+    RISE_UNFOLLOWED,
     SPLIT_RAISE,
     SPLIT_RAISE_READINGS,
     LiarCap,
+    RiseWatch,
 )
+
+LARGEST_PROBE = LIAR_PROBE ** (1 + LIAR_PROBE_STEPS)
 
 TARGET = 40.0
 
@@ -66,7 +74,7 @@ def test_a_container_not_using_its_rate_cannot_raise_its_cap():
     # one waits longer
     cap = LiarCap(int(TARGET * 1e6), caught_ns=0)
     caps = steer(cap, k=1e6, most=2.0, readings=200)
-    assert max(caps) <= 2 * TARGET * 1e6
+    assert max(caps) <= LARGEST_PROBE * TARGET * 1e6
     assert caps[-1] == int(TARGET * 1e6)
     assert cap.idle >= len(IDLE_WAITS)
     raises = sum(1 for before, after in itertools.pairwise(caps) if after > before)
@@ -78,6 +86,31 @@ def test_a_raise_the_use_follows_is_kept():
     cap = LiarCap(int(10 * k), caught_ns=0)  # capped at a quarter of its target
     caps = steer(cap, k=k, most=100.0, readings=12)
     assert caps[-1] == pytest.approx(TARGET * k, rel=0.05)
+    assert cap.idle == 0
+
+
+def test_readings_wandering_at_a_few_percent_raise_nothing():
+    # whole percents at 2 % of use read 1 to 4: a doubling is no sign the use followed a
+    # raise (the cap rose x2 every other reading on such noise, from a quarter of what its
+    # target needs to 16 times over in 8 s, and the container ran unthrottled)
+    first = int(TARGET * 1e6)
+    cap, caps = LiarCap(first, caught_ns=0), []
+    for util in itertools.islice(itertools.cycle([1.0, 2.0, 4.0, 1.0, 3.0, 2.0]), 300):
+        cap.read(cap.cap, util, TARGET)
+        caps.append(cap.cap)
+    assert max(caps) <= LARGEST_PROBE * first  # one probe at a time, each taken back
+    assert sum(1 for c in caps if c > first) <= 2 * 12  # two readings each, the waits doubling
+    assert min(caps[-40:]) == first
+    assert cap.idle >= len(IDLE_WAITS)
+
+
+def test_a_container_whose_use_follows_from_a_few_percent_is_raised_to_its_target():
+    k = 1e6
+    cap = LiarCap(int(2 * k), caught_ns=0)  # a twentieth of what its target needs
+    caps = steer(cap, k=k, most=100.0, readings=12)
+    # within the band where a reading cannot be told from noise, three readings on
+    margin = TARGET * LIAR_MARGIN + LIAR_MARGIN_POINTS
+    assert (TARGET - margin) * k <= caps[2] == caps[-1] <= TARGET * k
     assert cap.idle == 0
 
 
@@ -116,3 +149,48 @@ def test_a_cap_never_falls_below_one_token():
     for _ in range(20):
         cap.read(cap.cap, 90.0, TARGET)
     assert cap.cap == 1
+
+
+def test_a_container_whose_tokens_bought_far_less_climbs_out_with_larger_probes():
+    # its use is a thousandth of what the cap's rate bought before: a probe of LIAR_PROBE
+    # shows no more than noise, so each next probe goes further, and the one it follows
+    # sets the cap near its target
+    k = 1e6
+    cap = LiarCap(int(TARGET * k / 1000), caught_ns=0)
+    caps = steer(cap, k=k, most=100.0, readings=40)
+    margin = TARGET * LIAR_MARGIN + LIAR_MARGIN_POINTS
+    assert (TARGET - margin) * k <= caps[-1] <= TARGET * k
+    assert cap.idle == 0
+
+
+def watch(readings: list[tuple[int, float]]) -> list[bool]:
+    rise = RiseWatch()
+    return [rise.read(rate, util, TARGET) for rate, util in readings]
+
+
+def test_a_rate_raised_far_past_what_its_use_followed_is_caught_after_two_readings():
+    low = TARGET * RISE_FOLLOWED - 1
+    far = RISE_UNFOLLOWED * 1000
+    caught = watch([(1000, 2.0), (10_000, 2.0), (far, low), (far * 10, low), (far * 100, 3.0)])
+    assert caught == [False, False, False, True, True]
+    assert RISE_READINGS == 2
+
+
+def test_a_use_that_follows_the_rate_up_is_never_caught():
+    # an honest container whose first rate was far too low: each raise is followed, and a
+    # reading of half its target moves the rate it is judged from
+    readings = [(1000 * 8**n, min(100.0, 0.1 * 8**n)) for n in range(6)]
+    assert not any(watch(readings))
+
+
+def test_caught_until_its_use_reads_half_its_target_and_judged_afresh_from_there():
+    far = RISE_UNFOLLOWED * 1000
+    rise = RiseWatch()
+    assert [rise.read(r, u, TARGET) for r, u in
+            [(1000, 1.0), (far, 1.0), (far, 1.0), (2000, 1.0), (2000, 5.0)]] \
+        == [False, False, True, True, True]  # held while the use stays low, under any rate
+    assert not rise.read(2000, TARGET * RISE_FOLLOWED, TARGET)
+    assert rise.anchor == 2000
+    assert not rise.read(RISE_UNFOLLOWED * 2000 - 1, 1.0, TARGET)  # short of the factor
+    assert not rise.read(RISE_UNFOLLOWED * 2000, 1.0, TARGET)  # one reading: may be late
+    assert rise.read(RISE_UNFOLLOWED * 2000, 1.0, TARGET)

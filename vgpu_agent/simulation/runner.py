@@ -81,6 +81,8 @@ class RunResult:
     series: dict[str, list[tuple[float, float]]]  # name -> (window end s, share percent)
     cpu_s: float
     window_s: float
+    # what the controller counted (a container it took for a liar, a tick that failed)
+    errors: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: f
                         paced=paced, nvml_poll_periods=nvml_poll_periods)
     await run.advance(scenario.duration_s)
     return RunResult(scenario, _series(run.gpu, run.procs, window_s),
-                     time.process_time() - started, window_s)
+                     time.process_time() - started, window_s, dict(run.controller.error_counts))
 
 
 def run_peer(scenario: Scenario, *, window_s: float = 0.5, peer_gpu: PeerGpu | None = None,

@@ -34,6 +34,21 @@ which the controller keeps until the container has not been caught for `LIAR_HOL
 cap starts at the rate in force, halves while its use reads above its target, and rises only
 as far as a move of the cap proved that its use follows its rate. The law decides below it.
 
+A container claiming exactly what its bucket lets through is never caught by its claims, and
+can play the second lie all the same: running lightly while claiming its whole rate, it reads
+as rate-limited far below its target, and the law multiplied its rate reading after reading
+(six orders of magnitude in 15 s on the simulated GPU); once it ran without pause, the law's
+averaged readings brought the rate down a few percent a reading, and its neighbour was held at
+49 % of a 60 % limit to the end of the run. An honest container cannot do that: spending its
+whole rate, its use follows the rate up. So the rate is also watched (`RiseWatch`): raised
+RISE_UNFOLLOWED times past the rate in force when its use last read at least half its target
+(or its first limited rate), while two fresh readings in a row still show less, the container
+is capped as a caught one is, from twice that rate, and the cap is held while its use stays
+below half its target. An honest container whose tokens come to buy 64 to 128 times less SM
+time or more at once (the one case this takes for a lie) is held back while it climbs out: the
+cap's probes go further after each one its use did not follow (x8, x64, x512), and one it
+follows sets the cap near its target.
+
 Pure: no I/O, no clocks.
 """
 
@@ -71,6 +86,10 @@ def believed_spend(claimed: int, bucket: Bucket | None, rate: int, burst: int, d
 LIAR_MARGIN = 0.15
 LIAR_MARGIN_POINTS = 2.0
 LIAR_HOLD_S = 5.0  # a cap is dropped after this long without a catch
+# The most a cap is raised at once towards the rate its target needs; to this to the power
+# 1 + n after n raises in a row the use did not follow, up to LIAR_PROBE_STEPS.
+LIAR_PROBE = 8.0
+LIAR_PROBE_STEPS = 2
 # After a raise its use did not follow (it is not using its rate), the readings to wait before
 # the next: doubled at each such raise, up to the last.
 IDLE_WAITS = (2, 4, 8, 16, 32)
@@ -91,11 +110,11 @@ class LiarCap:
     while the use reads high; a raise it did not follow is taken back, and the next waits.
     """
 
-    __slots__ = ("cap", "caught_ns", "ceiling", "factor", "idle", "low", "moved_from",
+    __slots__ = ("before", "cap", "caught_ns", "ceiling", "factor", "idle", "low", "moved_from",
                  "readings")
 
     def __init__(self, cap: int, caught_ns: int) -> None:
-        self.cap = self.ceiling = cap
+        self.cap = self.ceiling = self.before = cap
         self.caught_ns = caught_ns  # when it was last caught
         self.readings = 1  # fresh readings since the cap last moved (its first may act)
         self.factor = 1.0  # the last move of the cap, until judged (1: none pending)
@@ -129,9 +148,14 @@ class LiarCap:
                                 if self.idle and self.factor == 1.0 else 0):
             return
         factor, self.factor = self.factor, 1.0
+        margin = target * LIAR_MARGIN + LIAR_MARGIN_POINTS
         if factor != 1.0:
-            ratio = util / self.moved_from if self.moved_from > 0 else 0.0
-            followed = ratio >= factor**0.5 if factor > 1 else ratio <= factor**0.5
+            # at least halfway in ratio, and by more than a reading's noise: at a few percent
+            # of use, readings of whole percents wander by more than half their value
+            ratio = util / max(self.moved_from, 1.0)  # (0 reads as under one percent)
+            moved = util - self.moved_from if factor > 1 else self.moved_from - util
+            followed = moved >= margin / 2 and (
+                ratio >= min(factor**0.5, LIAR_PROBE) if factor > 1 else ratio <= factor**0.5)
             if followed and util >= 1:
                 self.idle = 0
                 self._move(in_force * min(2.0, max(0.5, target / util)) / self.cap, util)
@@ -139,7 +163,7 @@ class LiarCap:
                 return
             if factor > 1:  # raised, and its use did not follow: it does not use its rate
                 self.idle += 1
-                self._move(1 / factor, util)
+                self._move(self.before / self.cap, util)
                 self.factor = 1.0
                 return
             if util > target + LIAR_MARGIN_POINTS:
@@ -147,12 +171,50 @@ class LiarCap:
                 # alone could not tell from noise; cut again while its use is above its target
                 self._move(min(1.0, in_force / self.cap) / 2, util)
                 return
-        margin = target * LIAR_MARGIN + LIAR_MARGIN_POINTS
         if util > target + margin:
             self._move(min(1.0, in_force / self.cap) / 2, util)
         elif util < target - margin and in_force >= self.cap:
-            self._move(min(2.0, target / max(util, 1.0)), util)
+            # as far as its target would need, so that a use that follows moves past noise;
+            # further after each raise it did not follow (a few percent of use, or none, may
+            # be tokens that bought far less than before: they must be able to climb out)
+            most = LIAR_PROBE ** (1 + min(self.idle, LIAR_PROBE_STEPS))
+            self._move(min(most, target / max(util, 0.05)), util)
 
     def _move(self, factor: float, util: float) -> None:
-        self.cap = max(1, int(self.cap * factor))
+        self.before, self.cap = self.cap, max(1, round(self.cap * factor))
         self.factor, self.moved_from, self.readings = factor, util, 0
+
+
+# A rate raised this many times past the rate in force when the use last read at least
+# RISE_FOLLOWED of its target, with the use still below that, is not followed by the use
+# (`RiseWatch`); an honest rate-limited container's use follows it long before.
+RISE_UNFOLLOWED = 64
+RISE_FOLLOWED = 0.5
+RISE_READINGS = 2  # fresh readings in a row (the first may describe the time before a raise)
+
+
+class RiseWatch:
+    """Whether a container's rate was raised far past what its use shows it follows (see the
+    module note): fed each fresh reading of its own use under the rate in force."""
+
+    __slots__ = ("anchor", "caught", "readings")
+
+    def __init__(self) -> None:
+        self.anchor = 0  # the rate in force when the use last read at least RISE_FOLLOWED
+        self.readings = 0  # readings in a row past RISE_UNFOLLOWED times the anchor
+        self.caught = False
+
+    def read(self, in_force: int, util: float, target: float) -> bool:
+        """One fresh reading of its use against its `target`, under the rate `in_force`:
+        whether it is caught (from RISE_READINGS such readings until its use reads at least
+        RISE_FOLLOWED of its target again)."""
+        if util >= RISE_FOLLOWED * target or self.anchor <= 0:
+            self.anchor, self.readings, self.caught = in_force, 0, False
+            return False
+        if in_force >= RISE_UNFOLLOWED * self.anchor:
+            self.readings += 1
+            if self.readings >= RISE_READINGS:
+                self.caught = True
+        else:
+            self.readings = 0
+        return self.caught

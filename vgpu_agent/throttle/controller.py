@@ -84,7 +84,13 @@ from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.shm.headerread import NATIVE_READ
 from vgpu_agent.throttle.attribution import HostEvidence
-from vgpu_agent.throttle.audit import LIAR_HOLD_S, Bucket, LiarCap, believed_spend
+from vgpu_agent.throttle.audit import (
+    LIAR_HOLD_S,
+    Bucket,
+    LiarCap,
+    RiseWatch,
+    believed_spend,
+)
 from vgpu_agent.throttle.control import (
     FULL_SHARE,
     UNLIMITED_RATE,
@@ -226,7 +232,8 @@ class _Device:
     """
 
     __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "liar_cap", "limited", "limits",
-                 "overclaimed", "previous", "read_ns", "region", "seen", "uuid")
+                 "overclaimed", "previous", "read_ns", "region", "rise_watch", "seen",
+                 "unfollowed", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -248,6 +255,8 @@ class _Device:
         self.limited = False  # whether the rate read at the last tick limited the shim
         self.overclaimed = False  # logged once
         self.liar_cap: LiarCap | None = None  # while it is caught overclaiming (`audit`)
+        self.rise_watch: RiseWatch | None = None  # from its first fresh limited reading
+        self.unfollowed = False  # a rate its use did not follow logged once
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -987,6 +996,20 @@ class ThrottleController:
                 if cap is None:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
                 cap.caught_ns = self._now_ns
+            elif not split and obs[7] is not None and device.limited and obs[2] != "off":
+                # its own use under a rate that limited: does the use follow the rate up?
+                watch = device.rise_watch
+                if watch is None:
+                    watch = device.rise_watch = RiseWatch()
+                was = watch.caught
+                if watch.read(written_rate, obs[7], decision[2]):
+                    if cap is None or not was:
+                        start = min(written_rate, 2 * watch.anchor)
+                        if cap is None or cap.cap > start:
+                            cap = device.liar_cap = LiarCap(start, self._now_ns)
+                        if not was:
+                            self._unfollowed(device, written_rate, watch.anchor, obs[7])
+                    cap.caught_ns = self._now_ns
             elif cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
                 cap = device.liar_cap = None
             if cap is not None and obs[2] != "off":  # (off: the law writes no limit)
@@ -1029,6 +1052,16 @@ class ThrottleController:
                         claimed=claimed, believed=believed, rate=rate, burst=burst,
                         interval_s=round(interval_s, 4),
                         why="more tokens than the rate and burst in force let through")
+
+    def _unfollowed(self, device: _Device, rate: int, anchor: int, util: float) -> None:
+        """Counted at each catch; logged the first time per device, with the rates."""
+        self.errors["rate_unfollowed"] += 1
+        if not device.unfollowed:
+            device.unfollowed = True
+            log.warning("throttle_rate_unfollowed", alloc_id=device.alloc_id, dev=device.dev,
+                        rate=rate, followed_rate=anchor, util=util,
+                        why="its rate was raised far past the last one its use followed, "
+                            "and its use did not follow")
 
     def _apply(self, device: _Device, rate: int, burst: int) -> None:
         try:
