@@ -936,16 +936,19 @@ static PyObject *step(PyObject *module, PyObject *args)
             }
             PyObject *state = state_of(c, history, ref(target));
             int64_t change = rate - c->rate;
+            int64_t by_launch = clamp_tokens(p.burst_launches * c->cost, 1, 1);
             if (state == NULL) {
                 Py_DECREF(target);
             } else if (c->rate < UNLIMITED
                        && (double)(change < 0 ? -change : change)
                               <= p.rate_deadband * (double)c->rate) {
-                made = decision(ref(c->rate_obj), ref(c->burst_obj), target, c->hungry,
-                                c->demand, state);
+                /* the bucket kept unless the launches grew past it (control.py) */
+                made = decision(ref(c->rate_obj),
+                                c->burst >= by_launch ? ref(c->burst_obj)
+                                                      : PyLong_FromLongLong(by_launch),
+                                target, c->hungry, c->demand, state);
             } else {
                 int64_t by_time = clamp_tokens((double)rate * p.burst_s, 1, 0);
-                int64_t by_launch = clamp_tokens(p.burst_launches * c->cost, 1, 1);
                 made = decision(PyLong_FromLongLong(rate),
                                 PyLong_FromLongLong(by_launch > by_time ? by_launch : by_time),
                                 target, c->hungry, c->demand, state);

@@ -328,10 +328,11 @@ def control_step_gpu(
         rate = _clamp_tokens(k_rate * target, min_rate)
         state = _new(LoopState, (k, lower_bound, spends, cost, util, spread, noise, pairs, pair,
                                  k_floor, target, count, adopted, hungry, lengths, surprise))
+        by_launch = _clamp_tokens(burst_launches * cost, 1, math.ceil)
         if rate_in_force < UNLIMITED_RATE and abs(rate - rate_in_force) <= deadband * rate_in_force:
-            decisions[key] = _new(Decision, (rate_in_force, o.burst, target, hungry, demand, state))
+            decisions[key] = _new(Decision, (rate_in_force, max(o.burst, by_launch), target,
+                                             hungry, demand, state))
             continue
-        burst = max(_clamp_tokens(rate * burst_s, 1),
-                    _clamp_tokens(burst_launches * cost, 1, math.ceil))
+        burst = max(_clamp_tokens(rate * burst_s, 1), by_launch)
         decisions[key] = _new(Decision, (rate, burst, target, hungry, demand, state))
     return decisions

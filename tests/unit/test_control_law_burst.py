@@ -1,0 +1,53 @@
+"""A bucket kept by the rate's deadband still grows with the container's launches.
+
+A rate within the deadband of the one in force is not rewritten, and its burst was kept with
+it. A container whose launches came to cost more than that burst (a phase of large grids) then
+ran each launch into a debt its refill had to pay first: one lumpy launch per refill, reading
+idle at its rate, and claims beyond what the audit lends (taken for a liar). On the simulated
+GPU, with samples every second (sigma 8), a strict 40 % container whose launches came to
+cost 1,000 times more read 3 % of the GPU 30 s later (`test_controller_large_launches.py`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpu_agent.throttle.control import ControlParams, LoopState, Observation, control_step
+from vgpu_agent.throttle.fastlaw import control_step_gpu
+from vgpu_agent.throttle.nativelaw import control_step_native
+
+LAWS = [control_step, control_step_gpu, control_step_native]
+
+
+def settle(law, spent: int, launches: int) -> tuple[int, int, LoopState]:
+    """A strict 40 % container spending `spent` tokens a tick in `launches` launches at 40 %
+    use, until its rate stays put."""
+    states: dict[str, LoopState] = {}
+    rate = burst = 2**52
+    for _ in range(60):
+        obs = Observation("x", 40.0, "strict", spent=spent, launches=launches, util=40.0,
+                          rate=rate, burst=burst)
+        decision = law([obs], states, 0.1, ControlParams())["x"]
+        states = {"x": decision.state}
+        rate, burst = decision.rate, decision.burst
+    return rate, burst, states["x"]
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_launches_grown_past_the_burst_deepen_it_and_keep_the_rate(law):
+    rate, burst, state = settle(law, spent=10**6, launches=100)
+    assert burst < 10**6  # 10,000 tokens a launch: a fiftieth of a second of refill
+    # the same spending and use, in one launch a tick: 100 times the cost of a launch
+    obs = Observation("x", 40.0, "strict", spent=10**6, launches=1, util=40.0,
+                      rate=rate, burst=burst)
+    decision = law([obs], {"x": state}, 0.1, ControlParams())["x"]
+    assert decision.rate == rate  # within the deadband: not rewritten
+    assert decision.burst >= ControlParams().burst_launches * 10**6  # two of its launches
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_bucket_deep_enough_is_kept_as_it_is(law):
+    rate, burst, state = settle(law, spent=10**6, launches=100)
+    obs = Observation("x", 40.0, "strict", spent=10**6, launches=100, util=40.0,
+                      rate=rate, burst=burst)
+    decision = law([obs], {"x": state}, 0.1, ControlParams())["x"]
+    assert (decision.rate, decision.burst) == (rate, burst)
