@@ -51,3 +51,17 @@ def test_a_bucket_deep_enough_is_kept_as_it_is(law):
                       rate=rate, burst=burst)
     decision = law([obs], {"x": state}, 0.1, ControlParams())["x"]
     assert (decision.rate, decision.burst) == (rate, burst)
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_the_bucket_deepened_in_the_deadband_holds_at_most_a_second_of_refill(law):
+    # launch counts and tokens are the container's word: a claim of one launch costing
+    # everything it may spend would otherwise deepen the bucket, and with it what the audit
+    # lends, without end
+    rate, burst, state = settle(law, spent=10**6, launches=100)
+    obs = Observation("x", 40.0, "strict", spent=10**6, launches=1, util=40.0,
+                      rate=rate, burst=burst)
+    params = ControlParams(burst_launches=1000.0)  # as if each launch cost 100 s of refill
+    decision = law([obs], {"x": state}, 0.1, params)["x"]
+    assert decision.rate == rate
+    assert decision.burst == rate

@@ -943,9 +943,10 @@ static PyObject *step(PyObject *module, PyObject *args)
                        && (double)(change < 0 ? -change : change)
                               <= p.rate_deadband * (double)c->rate) {
                 /* the bucket kept unless the launches grew past it (control.py) */
+                int64_t deeper = by_launch < c->rate ? by_launch : c->rate;
                 made = decision(ref(c->rate_obj),
-                                c->burst >= by_launch ? ref(c->burst_obj)
-                                                      : PyLong_FromLongLong(by_launch),
+                                c->burst >= deeper ? ref(c->burst_obj)
+                                                   : PyLong_FromLongLong(deeper),
                                 target, c->hungry, c->demand, state);
             } else {
                 int64_t by_time = clamp_tokens((double)rate * p.burst_s, 1, 0);

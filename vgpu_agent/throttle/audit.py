@@ -105,13 +105,14 @@ class LiarCap:
     Its claims are held to its rate, so they say nothing of what it spends; what shows whether
     its rate binds is whether its use follows a move of the cap. Each move (by `factor`) is
     judged two readings later, the first after it possibly describing the time before it: the
-    use moved at least halfway (in ratio) with it, and the rate for its target follows from
-    the rate and the use (within x2 a step); a cut that the use did not follow is cut again
-    while the use reads high; a raise it did not follow is taken back, and the next waits.
+    use moved at least halfway (in ratio) with it and by the noise margin (a raise: on two
+    readings in a row), and the rate for its target follows from the rate and the use (within
+    x2 a step); a cut that the use did not follow is cut again while the use reads high; a
+    raise it did not follow is taken back, and the next waits and reaches further.
     """
 
     __slots__ = ("before", "cap", "caught_ns", "ceiling", "factor", "idle", "low", "moved_from",
-                 "readings")
+                 "readings", "seen")
 
     def __init__(self, cap: int, caught_ns: int) -> None:
         self.cap = self.ceiling = self.before = cap
@@ -121,6 +122,7 @@ class LiarCap:
         self.moved_from = 0.0  # the reading before that move
         self.idle = 0  # raises in a row the use did not follow
         self.low = 0  # readings in a row below the target (where moves cannot be judged)
+        self.seen = False  # a raise's first reading showed a follow; the next must too
 
     def read(self, in_force: int, util: float, target: float, own: bool = True) -> None:
         """One fresh reading of its use against its `target`, under the rate `in_force`.
@@ -150,12 +152,18 @@ class LiarCap:
         factor, self.factor = self.factor, 1.0
         margin = target * LIAR_MARGIN + LIAR_MARGIN_POINTS
         if factor != 1.0:
-            # at least halfway in ratio, and by more than a reading's noise: at a few percent
-            # of use, readings of whole percents wander by more than half their value
+            # at least halfway in ratio, and by the margin a reading's noise may take: at a
+            # few percent of use, readings of whole percents wander by more than their value
             ratio = util / max(self.moved_from, 1.0)  # (0 reads as under one percent)
             moved = util - self.moved_from if factor > 1 else self.moved_from - util
-            followed = moved >= margin / 2 and (
+            followed = moved >= margin and (
                 ratio >= min(factor**0.5, LIAR_PROBE) if factor > 1 else ratio <= factor**0.5)
+            if followed and factor > 1 and not self.seen:
+                # a container running in bursts reads high in one sample of several: a raise
+                # is followed only where two readings in a row show it
+                self.seen, self.factor = True, factor
+                return
+            self.seen = False
             if followed and util >= 1:
                 self.idle = 0
                 self._move(in_force * min(2.0, max(0.5, target / util)) / self.cap, util)
@@ -182,6 +190,7 @@ class LiarCap:
 
     def _move(self, factor: float, util: float) -> None:
         self.before, self.cap = self.cap, max(1, round(self.cap * factor))
+        self.seen = False
         self.factor, self.moved_from, self.readings = factor, util, 0
 
 

@@ -30,8 +30,9 @@ SM time, and sets `rate = k * target`. A change of target is therefore applied i
 workload at its operating point, not of the share. A new rate within `rate_deadband` (1 %) of
 the one in force is not written: noisy samples nudge `k` every time, and a nudge is not worth
 the write and the shim's re-read. Its burst is written all the same when the container's
-launches grew past it (`burst_launches` of the largest): a launch costing more than the bucket
-holds runs it into a debt, one lumpy launch a refill, which reads as idle at its rate.
+launches grew past it (`burst_launches` of the largest, up to a second of refill): a launch
+costing more than the bucket holds runs it into a debt, one lumpy launch a refill, which reads
+as idle at its rate.
 
 *Learning `k` through noise.* NVML's per-process samples are coarse (integer percent), late
 (each describes the sample period that ended before it was read) and noisy (a few points from one
@@ -681,8 +682,10 @@ def control_step(
             # the shim's re-read); the bucket keeps what it has, unless its launches grew
             # past it (each then runs the bucket into a debt its refill must pay first, one
             # lumpy launch a refill: the container reads idle at its rate, and its claims
-            # exceed what the audit lends).
-            decisions[o.key] = Decision(o.rate, max(o.burst, by_launch), target, hungry, demand,
+            # exceed what the audit lends). Up to a second of refill: launch counts and tokens
+            # are the container's word, and the audit lends in proportion to the burst.
+            deeper = max(o.burst, min(by_launch, o.rate))
+            decisions[o.key] = Decision(o.rate, deeper, target, hungry, demand,
                                         _state(learned, target))
             continue
         burst = max(_clamp_tokens(rate * params.burst_s, 1), by_launch)

@@ -1023,6 +1023,12 @@ class ThrottleController:
                         rate=rate, burst=burst, state=decision.state._replace(
                             tokens_per_pct=decision.state.tokens_per_pct * scale))
                     self._states[uuid][obs[0]] = decision.state
+            if burst > written_burst and obs[0] in liars:
+                # a bucket deepened for launches its claims say grew, in a tick they were
+                # caught overclaiming: the claims are no evidence (a liar's few launches each
+                # "cost" what it claimed), so no deeper than the rate's own share of it
+                burst = max(written_burst, math.ceil(rate * self.params.burst_s), 1)
+                decision = decision._replace(burst=burst)
             if not lent:
                 lent = (obs[2] == "off" or decision[2] > obs[1] + _SHARE_EPS
                         or rate >= UNLIMITED_RATE)

@@ -330,8 +330,8 @@ def control_step_gpu(
                                  k_floor, target, count, adopted, hungry, lengths, surprise))
         by_launch = _clamp_tokens(burst_launches * cost, 1, math.ceil)
         if rate_in_force < UNLIMITED_RATE and abs(rate - rate_in_force) <= deadband * rate_in_force:
-            decisions[key] = _new(Decision, (rate_in_force, max(o.burst, by_launch), target,
-                                             hungry, demand, state))
+            deeper = max(o.burst, min(by_launch, rate_in_force))  # see control.py
+            decisions[key] = _new(Decision, (rate_in_force, deeper, target, hungry, demand, state))
             continue
         burst = max(_clamp_tokens(rate * burst_s, 1), by_launch)
         decisions[key] = _new(Decision, (rate, burst, target, hungry, demand, state))
