@@ -237,6 +237,30 @@ async def test_a_container_caught_overclaiming_cannot_deepen_its_bucket(attribut
         assert burst <= max(burst_before, math.ceil(rate * 0.02), 1)
 
 
+async def test_a_cap_is_dropped_once_its_container_stops_lying_with_a_reading_every_tick():
+    # samples twice a tick: each tick reads its use, and the cap must still expire
+    gpu = SimGpu(UUID, sample_period_s=0.05, imperfections=REAL)
+    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
+    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
+    gpu.shim_process("honest", Workload(kernel_s=0.0002), honest)
+    gpu.shim_process("liar", Workload(kernel_s=0.0002), liar)
+    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    slot, extra = liar.processes[0], 0
+    for tick in range(200):
+        gpu.advance(0.1)
+        spent = slot.tokens_spent[0]
+        if tick < 50:  # three times its spending for 5 s, then the truth
+            extra = 2 * spent
+        slot.tokens_spent[0] = spent + extra
+        await controller.tick()
+        slot.tokens_spent[0] = spent
+        if tick == 60:
+            assert controller._devices["liar/0"].liar_cap is not None  # caught, held
+    assert controller.error_counts["tokens_overclaimed"] > 10
+    assert controller._devices["liar/0"].liar_cap is None  # 5 s after the last catch
+
+
 async def test_a_capped_container_switched_to_off_is_not_throttled():
     # the cap holds a caught container's rate down; a policy of `off` has no rate to hold
     gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)

@@ -996,22 +996,11 @@ class ThrottleController:
                 if cap is None:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
                 cap.caught_ns = self._now_ns
-            elif not split and obs[7] is not None and device.limited and obs[2] != "off":
-                # its own use under a rate that limited: does the use follow the rate up?
-                watch = device.rise_watch
-                if watch is None:
-                    watch = device.rise_watch = RiseWatch()
-                was = watch.caught
-                if watch.read(written_rate, obs[7], decision[2]):
-                    if cap is None or not was:
-                        start = min(written_rate, 2 * watch.anchor)
-                        if cap is None or cap.cap > start:
-                            cap = device.liar_cap = LiarCap(start, self._now_ns)
-                        if not was:
-                            self._unfollowed(device, written_rate, watch.anchor, obs[7])
-                    cap.caught_ns = self._now_ns
-            elif cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
-                cap = device.liar_cap = None
+            else:
+                if not split and obs[7] is not None and device.limited and obs[2] != "off":
+                    cap = self._watch_rise(device, written_rate, obs[7], decision[2])
+                if cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
+                    cap = device.liar_cap = None
             if cap is not None and obs[2] != "off":  # (off: the law writes no limit)
                 if obs[7] is not None:
                     cap.read(written_rate, obs[7], decision[2], own=not split)
@@ -1058,6 +1047,27 @@ class ThrottleController:
                         claimed=claimed, believed=believed, rate=rate, burst=burst,
                         interval_s=round(interval_s, 4),
                         why="more tokens than the rate and burst in force let through")
+
+    def _watch_rise(self, device: _Device, in_force: int, util: float, target: float
+                    ) -> LiarCap | None:
+        """A fresh reading of the device's own use under a rate that limited: whether its use
+        follows the rate up (`audit.RiseWatch`). Caught, it is capped from twice the rate its
+        use last followed, and the cap is held while it stays caught. Its cap, if any."""
+        watch = device.rise_watch
+        if watch is None:
+            watch = device.rise_watch = RiseWatch()
+        was = watch.caught
+        cap = device.liar_cap
+        if not watch.read(in_force, util, target):
+            return cap
+        if cap is None or not was:
+            start = min(in_force, 2 * watch.anchor)
+            if cap is None or cap.cap > start:
+                cap = device.liar_cap = LiarCap(start, self._now_ns)
+            if not was:
+                self._unfollowed(device, in_force, watch.anchor, util)
+        cap.caught_ns = self._now_ns
+        return cap
 
     def _unfollowed(self, device: _Device, rate: int, anchor: int, util: float) -> None:
         """Counted at each catch; logged the first time per device, with the rates."""
