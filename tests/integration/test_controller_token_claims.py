@@ -174,13 +174,17 @@ async def test_a_container_claiming_its_whole_rate_while_it_runs_lightly_gains_n
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("period_s", [0.2, 1.0])
-async def test_claiming_exactly_its_bucket_while_running_lightly_gains_nothing_after(period_s):
+@pytest.mark.parametrize(("period_s", "attribution"), [
+    (0.2, "per-process"), (1.0, "per-process"), (0.2, "time-sliced")])
+async def test_claiming_exactly_its_bucket_while_running_lightly_gains_nothing_after(
+        period_s, attribution):
     # The same play by a container that claims exactly what its bucket lets through, so that
     # no claim is ever cut: its rate was raised six orders of magnitude in 15 s, and its
     # neighbour got 49 % of its 60 for the rest of the run. The rate is watched instead: raised
-    # far past the last one its use followed while the use stays low, it is capped.
-    gpu = SimGpu(UUID, sample_period_s=period_s, imperfections=REAL)
+    # far past the last one its use followed while the use stays low, it is capped. On a
+    # time-sliced GPU its use is what the periods NVML gave it prove (its part of them).
+    gpu = SimGpu(UUID, sample_period_s=period_s,
+                 imperfections=replace(REAL, nvml_attribution=attribution))
     honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
     liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
     lightly = (*((float(t), t + 0.02) for t in range(15)), (15.0, math.inf))
@@ -201,7 +205,12 @@ async def test_claiming_exactly_its_bucket_while_running_lightly_gains_nothing_a
     assert "tokens_overclaimed" not in controller.error_counts  # nothing to cut
     assert controller.error_counts["rate_unfollowed"] >= 1
     shares = gpu.shares(procs[0], 5)
-    assert min(share for t, share in shares if t >= 5) >= 56  # not only in the end
+    if attribution == "per-process":
+        assert min(share for t, share in shares if t >= 5) >= 56  # not only in the end
+    else:
+        # its cap climbs back while its share reads low, and it takes the GPU for seconds
+        # at the switch (its neighbour at 32-39 % over 5 s); before, at 49 % to the end
+        assert min(share for t, share in shares if t >= 30) >= 56
     assert gpu.shares(procs[1], 15)[-1][1] <= 43
 
 

@@ -44,9 +44,10 @@ whole rate, its use follows the rate up. So the rate is also watched (`RiseWatch
 RISE_UNFOLLOWED times past the rate in force when its use last read at least half its target
 (or its first limited rate), while two fresh readings in a row still show less, the container
 is capped as a caught one is, from twice that rate, and the cap is held while its use stays
-below half its target. An honest container whose tokens come to buy 64 to 128 times less SM
-time or more at once (the one case this takes for a lie) is held back while it climbs out: the
-cap's probes go further after each one its use did not follow (x8, x64, x512), and one it
+below half its target (on a time-sliced GPU, its use there is the part of NVML's periods it was
+given, which no claim moves). An honest container whose tokens come to buy 64 to 128 times less
+SM time or more at once (the one case this takes for a lie) is held back while it climbs out:
+the cap's probes go further after each one its use did not follow (x8, x64, x512), and one it
 follows sets the cap near its target.
 
 Pure: no I/O, no clocks.
@@ -114,8 +115,9 @@ class LiarCap:
     __slots__ = ("before", "cap", "caught_ns", "ceiling", "factor", "idle", "low", "moved_from",
                  "readings", "seen")
 
-    def __init__(self, cap: int, caught_ns: int) -> None:
-        self.cap = self.ceiling = self.before = cap
+    def __init__(self, cap: int, caught_ns: int, ceiling: int = 0) -> None:
+        self.cap = self.before = cap
+        self.ceiling = max(cap, ceiling)  # where a split's raises stop (see `read`)
         self.caught_ns = caught_ns  # when it was last caught
         self.readings = 1  # fresh readings since the cap last moved (its first may act)
         self.factor = 1.0  # the last move of the cap, until judged (1: none pending)

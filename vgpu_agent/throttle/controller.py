@@ -86,6 +86,7 @@ from vgpu_agent.shm.headerread import NATIVE_READ
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.audit import (
     LIAR_HOLD_S,
+    RISE_UNFOLLOWED,
     Bucket,
     LiarCap,
     RiseWatch,
@@ -981,6 +982,13 @@ class ThrottleController:
             # split re-learning (a change of phase found), followed at once
             params = self._split_params
         decisions = self.law(observations, states, dt_s, params)
+        # Where the use is split by tokens, what the periods NVML gave each container prove
+        # (slow, but no claim moves it) is what the rate watch reads.
+        sliced = self._sliced.get(uuid) if split else None
+        proven = None
+        if sliced is not None and measured is not None:
+            busy = sum(measured[0].values())
+            proven = {a: part[0] * busy for a, part in sliced.parts.items()}
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
         changed = self._changed
@@ -997,8 +1005,9 @@ class ThrottleController:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
                 cap.caught_ns = self._now_ns
             else:
-                if not split and obs[7] is not None and device.limited and obs[2] != "off":
-                    cap = self._watch_rise(device, written_rate, obs[7], decision[2])
+                if obs[7] is not None and device.limited and obs[2] != "off":
+                    own = obs[7] if proven is None else proven.get(device.alloc_id, 0.0)
+                    cap = self._watch_rise(device, written_rate, own, decision[2])
                 if cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
                     cap = device.liar_cap = None
             if cap is not None and obs[2] != "off":  # (off: the law writes no limit)
@@ -1063,7 +1072,11 @@ class ThrottleController:
         if cap is None or not was:
             start = min(in_force, 2 * watch.anchor)
             if cap is None or cap.cap > start:
-                cap = device.liar_cap = LiarCap(start, self._now_ns)
+                # on a time-sliced GPU the cap is raised while its share reads low, and may
+                # reach the rate it was caught at: an honest container whose tokens came to
+                # buy far less climbs out there, and is released once its use follows
+                cap = device.liar_cap = LiarCap(start, self._now_ns,
+                                                ceiling=RISE_UNFOLLOWED * watch.anchor)
             if not was:
                 self._unfollowed(device, in_force, watch.anchor, util)
         cap.caught_ns = self._now_ns
