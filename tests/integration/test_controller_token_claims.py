@@ -18,17 +18,31 @@ from vgpu_agent.throttle.control import UNLIMITED_RATE
 from vgpu_agent.throttle.controller import ThrottleController
 
 UUID = "GPU-claims"
+STEADY = Workload(kernel_s=0.0002)
+# 20 ms a second for 15 s, then without pause
+LIGHT_THEN_HEAVY = Workload(kernel_s=0.0002, busy=(
+    *((float(t), t + 0.02) for t in range(15)), (15.0, math.inf)))
+
+
+def pair(liar_work: Workload = STEADY, attribution: str = "per-process",
+         period_s: float = 0.2) -> tuple[SimGpu, SimRegion, list, ThrottleController]:
+    """An honest strict 60 % beside a strict 40 % container that may lie (`liar`), on one
+    simulated GPU the controller steers: the GPU, the liar's region, both processes (honest
+    first) and the controller."""
+    gpu = SimGpu(UUID, sample_period_s=period_s,
+                 imperfections=replace(REAL, nvml_attribution=attribution))
+    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
+    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
+    procs = [gpu.shim_process("honest", STEADY, honest),
+             gpu.shim_process("liar", liar_work, liar)]
+    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
+                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    return gpu, liar, procs, controller
 
 
 async def run(factor: int, attribution: str, from_tick: int = 0
               ) -> tuple[float, float, ThrottleController]:
-    gpu = SimGpu(UUID, sample_period_s=0.2,
-                 imperfections=replace(REAL, nvml_attribution=attribution))
-    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
-    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
-    procs = [gpu.shim_process(r.alloc_id, Workload(kernel_s=0.0002), r) for r in (honest, liar)]
-    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
-                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    gpu, liar, procs, controller = pair(attribution=attribution)
     slot = liar.processes[0]
     for tick in range(400):
         gpu.advance(0.1)
@@ -149,15 +163,7 @@ async def test_a_container_claiming_its_whole_rate_while_it_runs_lightly_gains_n
     # raised its rate reading after reading; at the switch it ran unthrottled, and its
     # neighbour got 49 % of its 60 for the rest of the run. The cap on a caught container's
     # rate rises only where its use follows.
-    gpu = SimGpu(UUID, sample_period_s=0.2,
-                 imperfections=replace(REAL, nvml_attribution=attribution))
-    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
-    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
-    lightly = (*((float(t), t + 0.02) for t in range(15)), (15.0, math.inf))
-    procs = [gpu.shim_process("honest", Workload(kernel_s=0.0002), honest),
-             gpu.shim_process("liar", Workload(kernel_s=0.0002, busy=lightly), liar)]
-    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
-                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    gpu, liar, procs, controller = pair(LIGHT_THEN_HEAVY, attribution)
     slot, claimed = liar.processes[0], 0
     for tick in range(600):
         gpu.advance(0.1)
@@ -183,15 +189,7 @@ async def test_claiming_exactly_its_bucket_while_running_lightly_gains_nothing_a
     # neighbour got 49 % of its 60 for the rest of the run. The rate is watched instead: raised
     # far past the last one its use followed while the use stays low, it is capped. On a
     # time-sliced GPU its use is what the periods NVML gave it prove (its part of them).
-    gpu = SimGpu(UUID, sample_period_s=period_s,
-                 imperfections=replace(REAL, nvml_attribution=attribution))
-    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
-    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
-    lightly = (*((float(t), t + 0.02) for t in range(15)), (15.0, math.inf))
-    procs = [gpu.shim_process("honest", Workload(kernel_s=0.0002), honest),
-             gpu.shim_process("liar", Workload(kernel_s=0.0002, busy=lightly), liar)]
-    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
-                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    gpu, liar, procs, controller = pair(LIGHT_THEN_HEAVY, attribution, period_s)
     slot, claimed = liar.processes[0], 0
     for tick in range(600):
         gpu.advance(0.1)
@@ -220,15 +218,8 @@ async def test_a_container_caught_overclaiming_cannot_deepen_its_bucket(attribut
     # that each launch seems to cost a fortune: the law would deepen its bucket for such
     # launches (and the audit lend it more); in a tick it is caught, it is held to the
     # rate's own share of a bucket.
-    gpu = SimGpu(UUID, sample_period_s=0.2,
-                 imperfections=replace(REAL, nvml_attribution=attribution))
-    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
-    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
-    lightly = tuple((float(t), t + 0.02) for t in range(30))
-    gpu.shim_process("honest", Workload(kernel_s=0.0002), honest)
-    gpu.shim_process("liar", Workload(kernel_s=0.0002, busy=lightly), liar)
-    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
-                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    lightly = Workload(kernel_s=0.0002, busy=tuple((float(t), t + 0.02) for t in range(30)))
+    gpu, liar, _, controller = pair(lightly, attribution)
     slot, claimed, writes = liar.processes[0], 0, []
     for tick in range(300):
         gpu.advance(0.1)
@@ -248,13 +239,7 @@ async def test_a_container_caught_overclaiming_cannot_deepen_its_bucket(attribut
 
 async def test_a_cap_is_dropped_once_its_container_stops_lying_with_a_reading_every_tick():
     # samples twice a tick: each tick reads its use, and the cap must still expire
-    gpu = SimGpu(UUID, sample_period_s=0.05, imperfections=REAL)
-    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
-    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
-    gpu.shim_process("honest", Workload(kernel_s=0.0002), honest)
-    gpu.shim_process("liar", Workload(kernel_s=0.0002), liar)
-    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
-                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    gpu, liar, _, controller = pair(period_s=0.05)
     slot, extra = liar.processes[0], 0
     for tick in range(200):
         gpu.advance(0.1)
@@ -272,13 +257,7 @@ async def test_a_cap_is_dropped_once_its_container_stops_lying_with_a_reading_ev
 
 async def test_a_capped_container_switched_to_off_is_not_throttled():
     # the cap holds a caught container's rate down; a policy of `off` has no rate to hold
-    gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)
-    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
-    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
-    for region in (honest, liar):
-        gpu.shim_process(region.alloc_id, Workload(kernel_s=0.0002), region)
-    controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
-                                    clock=lambda: gpu.now_ns, evidence=SimHostEvidence([gpu]))
+    gpu, liar, _, controller = pair()
     slot = liar.processes[0]
     for tick in range(150):
         if tick == 100:
