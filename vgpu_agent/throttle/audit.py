@@ -40,15 +40,15 @@ as rate-limited far below its target, and the law multiplied its rate reading af
 (six orders of magnitude in 15 s on the simulated GPU); once it ran without pause, the law's
 averaged readings brought the rate down a few percent a reading, and its neighbour was held at
 49 % of a 60 % limit to the end of the run. An honest container cannot do that: spending its
-whole rate, its use follows the rate up. So the rate is also watched (`RiseWatch`): raised
-RISE_UNFOLLOWED times past the rate in force when its use last read at least half its target
-(or its first limited rate), while two fresh readings in a row still show less, the container
-is capped as a caught one is, from twice that rate, and the cap is held while its use stays
-below half its target (on a time-sliced GPU, its use there is the part of NVML's periods it was
-given, which no claim moves). An honest container whose tokens come to buy 64 to 128 times less
-SM time or more at once (the one case this takes for a lie) is held back while it climbs out:
-the cap's probes go further after each one its use did not follow (x8, x64, x512), and one it
-follows sets the cap near its target.
+whole rate, its use follows the rate up. So the rate is also watched (`RiseWatch`, once the law
+has learned from a reading): raised RISE_UNFOLLOWED times past the rate in force when its use
+last read at least half its target (or its first limited rate), while two fresh readings in a
+row still show less, the container is capped as a caught one is, from twice that rate, and the
+cap is held while its use stays below half its target (on a time-sliced GPU, its use there is
+the part of NVML's periods it was given, which no claim moves). An honest container whose
+tokens come to buy 64 to 128 times less SM time or more at once (the one case this takes for a
+lie) is held back while it climbs out: the cap's probes go further after each one its use did
+not follow (x8, x64, x512), and one it follows sets the cap near its target.
 
 Pure: no I/O, no clocks.
 """
@@ -90,7 +90,7 @@ LIAR_HOLD_S = 5.0  # a cap is dropped after this long without a catch
 # The most a cap is raised at once towards the rate its target needs; to this to the power
 # 1 + n after n raises in a row the use did not follow, up to LIAR_PROBE_STEPS.
 LIAR_PROBE = 8.0
-LIAR_PROBE_STEPS = 2
+LIAR_PROBE_STEPS = 3
 # After a raise its use did not follow (it is not using its rate), the readings to wait before
 # the next: doubled at each such raise, up to the last.
 IDLE_WAITS = (2, 4, 8, 16, 32)
@@ -211,7 +211,9 @@ class RiseWatch:
     __slots__ = ("anchor", "caught", "readings")
 
     def __init__(self) -> None:
-        self.anchor = 0  # the rate in force when the use last read at least RISE_FOLLOWED
+        # the rate in force when the use last read at least RISE_FOLLOWED (at first: read a
+        # percent or more)
+        self.anchor = 0
         self.readings = 0  # readings in a row past RISE_UNFOLLOWED times the anchor
         self.caught = False
 
@@ -219,8 +221,14 @@ class RiseWatch:
         """One fresh reading of its use against its `target`, under the rate `in_force`:
         whether it is caught (from RISE_READINGS such readings until its use reads at least
         RISE_FOLLOWED of its target again)."""
-        if util >= RISE_FOLLOWED * target or self.anchor <= 0:
+        if util >= RISE_FOLLOWED * target or (self.anchor <= 0 and util >= 1):
             self.anchor, self.readings, self.caught = in_force, 0, False
+            return False
+        if self.anchor <= 0:
+            # Nothing measurable yet: a rate too low to buy a percent (an honest container's
+            # first, at a few hundred tokens a second, under one launch) is no rate its use
+            # could have followed. From one that buys one, a use that follows reaches half
+            # of any target within x50.
             return False
         if in_force >= RISE_UNFOLLOWED * self.anchor:
             self.readings += 1

@@ -1005,7 +1005,12 @@ class ThrottleController:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
                 cap.caught_ns = self._now_ns
             else:
-                if obs[7] is not None and device.limited and obs[2] != "off":
+                learned = decision.state
+                if (obs[7] is not None and device.limited and obs[2] != "off"
+                        and learned.learned >= 1 and not learned.lower_bound):
+                    # (not before the law learned `k` from a reading: ramping a first rate
+                    # from the cold-start bound, an honest container's may start thousands
+                    # of times below its need; seen with real processes, `nvml_loop.py`)
                     own = obs[7] if proven is None else proven.get(device.alloc_id, 0.0)
                     cap = self._watch_rise(device, written_rate, own, decision[2])
                 if cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
@@ -1070,11 +1075,11 @@ class ThrottleController:
         if not watch.read(in_force, util, target):
             return cap
         if cap is None or not was:
+            # From where it was caught (an honest container ramping from a first rate far
+            # below its need is caught too, its use still a few percent: from there the cap's
+            # probes find where its use follows, and halve a rate its use does not need)
             start = min(in_force, 2 * watch.anchor)
             if cap is None or cap.cap > start:
-                # on a time-sliced GPU the cap is raised while its share reads low, and may
-                # reach the rate it was caught at: an honest container whose tokens came to
-                # buy far less climbs out there, and is released once its use follows
                 cap = device.liar_cap = LiarCap(start, self._now_ns,
                                                 ceiling=RISE_UNFOLLOWED * watch.anchor)
             if not was:
