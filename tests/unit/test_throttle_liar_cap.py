@@ -196,3 +196,14 @@ def test_caught_until_its_use_reads_half_its_target_and_judged_afresh_from_there
     assert not rise.read(RISE_UNFOLLOWED * 2000 - 1, 1.0, TARGET)  # short of the factor
     assert not rise.read(RISE_UNFOLLOWED * 2000, 1.0, TARGET)  # one reading: may be late
     assert rise.read(RISE_UNFOLLOWED * 2000, 1.0, TARGET)
+
+
+def test_no_rate_is_judged_from_before_the_use_read_a_percent():
+    # a first rate far below a container's need buys nothing measurable: raised from there,
+    # an honest container's use reads 0 until the rate nears its need
+    far = RISE_UNFOLLOWED * 1000
+    rise = RiseWatch()
+    assert not any(rise.read(r, 0.0, TARGET) for r in (1000, far, far * 10, far * 100))
+    assert rise.anchor == 0
+    assert not rise.read(far * 100, 1.0, TARGET)  # a percent: judged from this rate on
+    assert rise.anchor == far * 100
