@@ -48,7 +48,7 @@ cap is held while its use stays below half its target (on a time-sliced GPU, its
 the part of NVML's periods it was given, which no claim moves). An honest container whose
 tokens come to buy 64 to 128 times less SM time or more at once (the one case this takes for a
 lie) is held back while it climbs out: the cap's probes go further after each one its use did
-not follow (x8, x64, x512), and one it follows sets the cap near its target.
+not follow (x8, x64, x512, x4,096), and one it follows sets the cap near its target.
 
 Pure: no I/O, no clocks.
 """
