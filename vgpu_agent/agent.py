@@ -585,8 +585,6 @@ class Agent:
         events["identity_rejected"] = self.controller.attributor.rejected_total
         # ticks in which a device's `state` claimed more tokens than its bucket let through
         events["tokens_overclaimed"] = self.controller.error_counts.get("tokens_overclaimed", 0)
-        # devices caught with a rate raised far past what their use followed
-        events["rate_unfollowed"] = self.controller.error_counts.get("rate_unfollowed", 0)
         return events
 
     def _on_breach(self, breach: Breach) -> None:

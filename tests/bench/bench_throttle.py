@@ -261,8 +261,8 @@ def main() -> int:
                   f"{ratio_text} | {'met' if met else 'MISSED':>6} | {cpu_s / len(seeds):5.1f}")
             sys.stdout.flush()
     print("all goals met" if not missed else f"goals MISSED in {len(missed)}: {'; '.join(missed)}")
-    # Every container here is honest: one taken for a liar (`tokens_overclaimed`,
-    # `rate_unfollowed`) is a false catch, and a failed tick a defect.
+    # Every container here is honest: one taken for a liar (`tokens_overclaimed`) is a false
+    # catch, and a failed tick a defect.
     print("controller counted: " + (", ".join(f"{k} {v}" for k, v in sorted(counted.items()))
                                     if counted else "nothing"))
     return 0

@@ -48,7 +48,6 @@ async def test_a_grown_and_a_swapped_state_are_handled_and_allocate_goes_on(root
             assert events["files_truncated"] >= 1 and events["state_replaced"] == 1
             assert events["identity_rejected"] == 0 and events["backstop_memory"] == 0
             assert events["tokens_overclaimed"] == 0  # exported, and its junk was no claim
-            assert events["rate_unfollowed"] == 0
             assert [p.pid for p in region.usage().processes] == [7]
         finally:
             writer.close()

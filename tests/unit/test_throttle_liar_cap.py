@@ -16,13 +16,9 @@ from vgpu_agent.throttle.audit import (
     LIAR_MARGIN_POINTS,
     LIAR_PROBE,
     LIAR_PROBE_STEPS,
-    RISE_FOLLOWED,
-    RISE_READINGS,
-    RISE_UNFOLLOWED,
     SPLIT_RAISE,
     SPLIT_RAISE_READINGS,
     LiarCap,
-    RiseWatch,
 )
 
 LARGEST_PROBE = LIAR_PROBE ** (1 + LIAR_PROBE_STEPS)
@@ -163,47 +159,3 @@ def test_a_container_whose_tokens_bought_far_less_climbs_out_with_larger_probes(
     margin = TARGET * LIAR_MARGIN + LIAR_MARGIN_POINTS
     assert (TARGET - margin) * k <= caps[-1] <= TARGET * k
     assert cap.idle == 0
-
-
-def watch(readings: list[tuple[int, float]]) -> list[bool]:
-    rise = RiseWatch()
-    return [rise.read(rate, util, TARGET) for rate, util in readings]
-
-
-def test_a_rate_raised_far_past_what_its_use_followed_is_caught_after_two_readings():
-    low = TARGET * RISE_FOLLOWED - 1
-    far = RISE_UNFOLLOWED * 1000
-    caught = watch([(1000, 2.0), (10_000, 2.0), (far, low), (far * 10, low), (far * 100, 3.0)])
-    assert caught == [False, False, False, True, True]
-    assert RISE_READINGS == 2
-
-
-def test_a_use_that_follows_the_rate_up_is_never_caught():
-    # an honest container whose first rate was far too low: each raise is followed, and a
-    # reading of half its target moves the rate it is judged from
-    readings = [(1000 * 8**n, min(100.0, 0.1 * 8**n)) for n in range(6)]
-    assert not any(watch(readings))
-
-
-def test_caught_until_its_use_reads_half_its_target_and_judged_afresh_from_there():
-    far = RISE_UNFOLLOWED * 1000
-    rise = RiseWatch()
-    assert [rise.read(r, u, TARGET) for r, u in
-            [(1000, 1.0), (far, 1.0), (far, 1.0), (2000, 1.0), (2000, 5.0)]] \
-        == [False, False, True, True, True]  # held while the use stays low, under any rate
-    assert not rise.read(2000, TARGET * RISE_FOLLOWED, TARGET)
-    assert rise.anchor == 2000
-    assert not rise.read(RISE_UNFOLLOWED * 2000 - 1, 1.0, TARGET)  # short of the factor
-    assert not rise.read(RISE_UNFOLLOWED * 2000, 1.0, TARGET)  # one reading: may be late
-    assert rise.read(RISE_UNFOLLOWED * 2000, 1.0, TARGET)
-
-
-def test_no_rate_is_judged_from_before_the_use_read_a_percent():
-    # a first rate far below a container's need buys nothing measurable: raised from there,
-    # an honest container's use reads 0 until the rate nears its need
-    far = RISE_UNFOLLOWED * 1000
-    rise = RiseWatch()
-    assert not any(rise.read(r, 0.0, TARGET) for r in (1000, far, far * 10, far * 100))
-    assert rise.anchor == 0
-    assert not rise.read(far * 100, 1.0, TARGET)  # a percent: judged from this rate on
-    assert rise.anchor == far * 100

@@ -602,7 +602,6 @@ def _agent_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family | Metric
          "Region lifecycle events: created, adopted after a restart, removed by GC, corrupt; "
          "identity_rejected: process claims in `state` the host refuted; tokens_overclaimed: "
          "ticks a device's `state` claimed more tokens than its bucket let through; "
-         "rate_unfollowed: devices caught with a rate raised far past what their use followed; "
          "state_replaced, files_truncated: container files replaced or grown past their size.",
          "event", "counter", snap.region_events),
         ("vgpu_regions", "Allocation regions on the node, by state.", "state", "gauge",

@@ -35,20 +35,11 @@ cap starts at the rate in force, halves while its use reads above its target, an
 as far as a move of the cap proved that its use follows its rate. The law decides below it.
 
 A container claiming exactly what its bucket lets through is never caught by its claims, and
-can play the second lie all the same: running lightly while claiming its whole rate, it reads
-as rate-limited far below its target, and the law multiplied its rate reading after reading
-(six orders of magnitude in 15 s on the simulated GPU); once it ran without pause, the law's
-averaged readings brought the rate down a few percent a reading, and its neighbour was held at
-49 % of a 60 % limit to the end of the run. An honest container cannot do that: spending its
-whole rate, its use follows the rate up. So the rate is also watched (`RiseWatch`, once the law
-has learned from a reading): raised RISE_UNFOLLOWED times past the rate in force when its use
-last read at least half its target (or its first limited rate), while two fresh readings in a
-row still show less, the container is capped as a caught one is, from twice that rate, and the
-cap is held while its use stays below half its target (on a time-sliced GPU, its use there is
-the part of NVML's periods it was given, which no claim moves). An honest container whose
-tokens come to buy 64 to 128 times less SM time or more at once (the one case this takes for a
-lie) is held back while it climbs out: the cap's probes go further after each one its use did
-not follow (x8, x64, x512, x4,096), and one it follows sets the cap near its target.
+can play the second lie all the same (its neighbour at 49 % of a 60 % limit to the end of the
+run on the simulated GPU). Watching for a rate raised far past the last one its use followed
+caught it, but also honest containers under the real shim whose first rate was thousands of
+times below their need, and whose use read a few percent of noise while the law ramped them:
+capped, they got nothing. That watch was not kept (`BENCHMARKS.md`).
 
 Pure: no I/O, no clocks.
 """
@@ -115,9 +106,8 @@ class LiarCap:
     __slots__ = ("before", "cap", "caught_ns", "ceiling", "factor", "idle", "low", "moved_from",
                  "readings", "seen")
 
-    def __init__(self, cap: int, caught_ns: int, ceiling: int = 0) -> None:
-        self.cap = self.before = cap
-        self.ceiling = max(cap, ceiling)  # where a split's raises stop (see `read`)
+    def __init__(self, cap: int, caught_ns: int) -> None:
+        self.cap = self.ceiling = self.before = cap
         self.caught_ns = caught_ns  # when it was last caught
         self.readings = 1  # fresh readings since the cap last moved (its first may act)
         self.factor = 1.0  # the last move of the cap, until judged (1: none pending)
@@ -195,45 +185,3 @@ class LiarCap:
         self.seen = False
         self.factor, self.moved_from, self.readings = factor, util, 0
 
-
-# A rate raised this many times past the rate in force when the use last read at least
-# RISE_FOLLOWED of its target, with the use still below that, is not followed by the use
-# (`RiseWatch`); an honest rate-limited container's use follows it long before.
-RISE_UNFOLLOWED = 64
-RISE_FOLLOWED = 0.5
-RISE_READINGS = 2  # fresh readings in a row (the first may describe the time before a raise)
-
-
-class RiseWatch:
-    """Whether a container's rate was raised far past what its use shows it follows (see the
-    module note): fed each fresh reading of its own use under the rate in force."""
-
-    __slots__ = ("anchor", "caught", "readings")
-
-    def __init__(self) -> None:
-        # the rate in force when the use last read at least RISE_FOLLOWED (at first: read a
-        # percent or more)
-        self.anchor = 0
-        self.readings = 0  # readings in a row past RISE_UNFOLLOWED times the anchor
-        self.caught = False
-
-    def read(self, in_force: int, util: float, target: float) -> bool:
-        """One fresh reading of its use against its `target`, under the rate `in_force`:
-        whether it is caught (from RISE_READINGS such readings until its use reads at least
-        RISE_FOLLOWED of its target again)."""
-        if util >= RISE_FOLLOWED * target or (self.anchor <= 0 and util >= 1):
-            self.anchor, self.readings, self.caught = in_force, 0, False
-            return False
-        if self.anchor <= 0:
-            # Nothing measurable yet: a rate too low to buy a percent (an honest container's
-            # first, at a few hundred tokens a second, under one launch) is no rate its use
-            # could have followed. From one that buys one, a use that follows reaches half
-            # of any target within x50.
-            return False
-        if in_force >= RISE_UNFOLLOWED * self.anchor:
-            self.readings += 1
-            if self.readings >= RISE_READINGS:
-                self.caught = True
-        else:
-            self.readings = 0
-        return self.caught

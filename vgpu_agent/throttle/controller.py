@@ -84,14 +84,7 @@ from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.shm.headerread import NATIVE_READ
 from vgpu_agent.throttle.attribution import HostEvidence
-from vgpu_agent.throttle.audit import (
-    LIAR_HOLD_S,
-    RISE_UNFOLLOWED,
-    Bucket,
-    LiarCap,
-    RiseWatch,
-    believed_spend,
-)
+from vgpu_agent.throttle.audit import LIAR_HOLD_S, Bucket, LiarCap, believed_spend
 from vgpu_agent.throttle.control import (
     FULL_SHARE,
     UNLIMITED_RATE,
@@ -233,8 +226,7 @@ class _Device:
     """
 
     __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "liar_cap", "limited", "limits",
-                 "overclaimed", "previous", "read_ns", "region", "rise_watch", "seen",
-                 "unfollowed", "uuid")
+                 "overclaimed", "previous", "read_ns", "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -256,8 +248,6 @@ class _Device:
         self.limited = False  # whether the rate read at the last tick limited the shim
         self.overclaimed = False  # logged once
         self.liar_cap: LiarCap | None = None  # while it is caught overclaiming (`audit`)
-        self.rise_watch: RiseWatch | None = None  # from its first fresh limited reading
-        self.unfollowed = False  # a rate its use did not follow logged once
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -982,13 +972,6 @@ class ThrottleController:
             # split re-learning (a change of phase found), followed at once
             params = self._split_params
         decisions = self.law(observations, states, dt_s, params)
-        # Where the use is split by tokens, what the periods NVML gave each container prove
-        # (slow, but no claim moves it) is what the rate watch reads.
-        sliced = self._sliced.get(uuid) if split else None
-        proven = None
-        if sliced is not None and measured is not None:
-            busy = sum(measured[0].values())
-            proven = {a: part[0] * busy for a, part in sliced.parts.items()}
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
         changed = self._changed
@@ -1004,17 +987,8 @@ class ThrottleController:
                 if cap is None:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
                 cap.caught_ns = self._now_ns
-            else:
-                learned = decision.state
-                if (obs[7] is not None and device.limited and obs[2] != "off"
-                        and learned.learned >= 1 and not learned.lower_bound):
-                    # (not before the law learned `k` from a reading: ramping a first rate
-                    # from the cold-start bound, an honest container's may start thousands
-                    # of times below its need; seen with real processes, `nvml_loop.py`)
-                    own = obs[7] if proven is None else proven.get(device.alloc_id, 0.0)
-                    cap = self._watch_rise(device, written_rate, own, decision[2])
-                if cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
-                    cap = device.liar_cap = None
+            elif cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
+                cap = device.liar_cap = None
             if cap is not None and obs[2] != "off":  # (off: the law writes no limit)
                 if obs[7] is not None:
                     cap.read(written_rate, obs[7], decision[2], own=not split)
@@ -1061,41 +1035,6 @@ class ThrottleController:
                         claimed=claimed, believed=believed, rate=rate, burst=burst,
                         interval_s=round(interval_s, 4),
                         why="more tokens than the rate and burst in force let through")
-
-    def _watch_rise(self, device: _Device, in_force: int, util: float, target: float
-                    ) -> LiarCap | None:
-        """A fresh reading of the device's own use under a rate that limited: whether its use
-        follows the rate up (`audit.RiseWatch`). Caught, it is capped from twice the rate its
-        use last followed, and the cap is held while it stays caught. Its cap, if any."""
-        watch = device.rise_watch
-        if watch is None:
-            watch = device.rise_watch = RiseWatch()
-        was = watch.caught
-        cap = device.liar_cap
-        if not watch.read(in_force, util, target):
-            return cap
-        if cap is None or not was:
-            # From where it was caught (an honest container ramping from a first rate far
-            # below its need is caught too, its use still a few percent: from there the cap's
-            # probes find where its use follows, and halve a rate its use does not need)
-            start = min(in_force, 2 * watch.anchor)
-            if cap is None or cap.cap > start:
-                cap = device.liar_cap = LiarCap(start, self._now_ns,
-                                                ceiling=RISE_UNFOLLOWED * watch.anchor)
-            if not was:
-                self._unfollowed(device, in_force, watch.anchor, util)
-        cap.caught_ns = self._now_ns
-        return cap
-
-    def _unfollowed(self, device: _Device, rate: int, anchor: int, util: float) -> None:
-        """Counted at each catch; logged the first time per device, with the rates."""
-        self.errors["rate_unfollowed"] += 1
-        if not device.unfollowed:
-            device.unfollowed = True
-            log.warning("throttle_rate_unfollowed", alloc_id=device.alloc_id, dev=device.dev,
-                        rate=rate, followed_rate=anchor, util=util,
-                        why="its rate was raised far past the last one its use followed, "
-                            "and its use did not follow")
 
     def _apply(self, device: _Device, rate: int, burst: int) -> None:
         try:
