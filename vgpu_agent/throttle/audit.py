@@ -37,9 +37,10 @@ as far as a move of the cap proved that its use follows its rate. The law decide
 A container claiming exactly what its bucket lets through is never caught by its claims, and
 can play the second lie all the same (its neighbour at 49 % of a 60 % limit to the end of the
 run on the simulated GPU). Watching for a rate raised far past the last one its use followed
-caught it, but also honest containers under the real shim whose first rate was thousands of
-times below their need, and whose use read a few percent of noise while the law ramped them:
-capped, they got nothing. That watch was not kept (`BENCHMARKS.md`).
+caught it, but also honest containers in separate processes (stand-ins spending what their rate
+grants, a fake NVML driver) whose first rate was thousands of times below their need, and whose
+use read a few percent of noise while the law ramped them: capped, they got nothing. That watch
+was not kept (`BENCHMARKS.md`).
 
 Pure: no I/O, no clocks.
 """
@@ -184,4 +185,3 @@ class LiarCap:
         self.before, self.cap = self.cap, max(1, round(self.cap * factor))
         self.seen = False
         self.factor, self.moved_from, self.readings = factor, util, 0
-
