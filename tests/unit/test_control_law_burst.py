@@ -65,3 +65,28 @@ def test_the_bucket_deepened_in_the_deadband_holds_at_most_a_second_of_refill(la
     decision = law([obs], {"x": state}, 0.1, params)["x"]
     assert decision.rate == rate
     assert decision.burst == rate
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_bucket_written_with_a_new_rate_holds_at_most_a_second_of_refill(law):
+    # the same bound where the rate changes (here its share halves): a container claiming one
+    # launch of everything it spent may not deepen its bucket past a second of refill either
+    rate, burst, state = settle(law, spent=10**6, launches=100)
+    obs = Observation("x", 20.0, "strict", spent=10**6, launches=1, util=40.0,
+                      rate=rate, burst=burst)
+    params = ControlParams(burst_launches=1000.0)
+    decision = law([obs], {"x": state}, 0.1, params)["x"]
+    assert decision.rate < 0.6 * rate  # written anew, not kept in the deadband
+    assert decision.burst == decision.rate
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_new_rate_keeps_room_for_two_launches_below_a_second_of_refill(law):
+    rate, burst, state = settle(law, spent=10**6, launches=100)
+    # ten launches a tick of 100,000 tokens each: two of them, a fifth of a second of refill
+    obs = Observation("x", 20.0, "strict", spent=10**6, launches=10, util=40.0,
+                      rate=rate, burst=burst)
+    decision = law([obs], {"x": state}, 0.1, ControlParams())["x"]
+    assert decision.rate < 0.6 * rate
+    assert decision.burst >= 2 * 10**5
+    assert decision.burst < decision.rate

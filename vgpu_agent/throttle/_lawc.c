@@ -949,9 +949,11 @@ static PyObject *step(PyObject *module, PyObject *args)
                                                    : PyLong_FromLongLong(deeper),
                                 target, c->hungry, c->demand, state);
             } else {
+                /* room for the largest launches, up to a second of refill (control.py) */
                 int64_t by_time = clamp_tokens((double)rate * p.burst_s, 1, 0);
+                int64_t room = by_launch < rate ? by_launch : rate;
                 made = decision(PyLong_FromLongLong(rate),
-                                PyLong_FromLongLong(by_launch > by_time ? by_launch : by_time),
+                                PyLong_FromLongLong(room > by_time ? room : by_time),
                                 target, c->hungry, c->demand, state);
             }
         }

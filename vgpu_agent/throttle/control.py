@@ -30,9 +30,11 @@ SM time, and sets `rate = k * target`. A change of target is therefore applied i
 workload at its operating point, not of the share. A new rate within `rate_deadband` (1 %) of
 the one in force is not written: noisy samples nudge `k` every time, and a nudge is not worth
 the write and the shim's re-read. Its burst is written all the same when the container's
-launches grew past it (`burst_launches` of the largest, up to a second of refill): a launch
-costing more than the bucket holds runs it into a debt, one lumpy launch a refill, which reads
-as idle at its rate.
+launches grew past it. Every burst is `burst_s` of refill, or room for `burst_launches` of the
+largest launches where that is more, up to a second of refill (a launch costing more than the
+bucket holds runs it into a debt, one lumpy launch a refill, which reads as idle at its rate;
+the bound, because launch counts and tokens are the container's word and the audit lends in
+proportion to the burst).
 
 *Learning `k` through noise.* NVML's per-process samples are coarse (integer percent), late
 (each describes the sample period that ended before it was read) and noisy (a few points from one
@@ -676,19 +678,21 @@ def control_step(
         # within the documented bounds [min_rate, UNLIMITED_RATE], whatever was learned
         rate = _clamp_tokens(rate_for(k, target, o, learned[5], learned[10], params, learned[9]),
                              params.min_rate)
+        # Room for the largest launches (one costing more than the bucket holds runs it into
+        # a debt its refill must pay first, one lumpy launch a refill: the container reads
+        # idle at its rate, and its claims exceed what the audit lends), up to a second of
+        # refill: launch counts and tokens are the container's word, and the audit lends in
+        # proportion to the burst.
         by_launch = _clamp_tokens(params.burst_launches * learned[3], 1, math.ceil)
         if o.rate < UNLIMITED_RATE and abs(rate - o.rate) <= params.rate_deadband * o.rate:
             # Noisy samples nudge k a little every time: a nudge is not worth a write (and
             # the shim's re-read); the bucket keeps what it has, unless its launches grew
-            # past it (each then runs the bucket into a debt its refill must pay first, one
-            # lumpy launch a refill: the container reads idle at its rate, and its claims
-            # exceed what the audit lends). Up to a second of refill: launch counts and tokens
-            # are the container's word, and the audit lends in proportion to the burst.
+            # past it.
             deeper = max(o.burst, min(by_launch, o.rate))
             decisions[o.key] = Decision(o.rate, deeper, target, hungry, demand,
                                         _state(learned, target))
             continue
-        burst = max(_clamp_tokens(rate * params.burst_s, 1), by_launch)
+        burst = max(_clamp_tokens(rate * params.burst_s, 1), min(by_launch, rate))
         decisions[o.key] = Decision(rate, burst, target, hungry, demand, _state(learned, target))
     return decisions
 

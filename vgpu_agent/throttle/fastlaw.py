@@ -333,6 +333,6 @@ def control_step_gpu(
             deeper = max(o.burst, min(by_launch, rate_in_force))  # see control.py
             decisions[key] = _new(Decision, (rate_in_force, deeper, target, hungry, demand, state))
             continue
-        burst = max(_clamp_tokens(rate * burst_s, 1), by_launch)
+        burst = max(_clamp_tokens(rate * burst_s, 1), min(by_launch, rate))
         decisions[key] = _new(Decision, (rate, burst, target, hungry, demand, state))
     return decisions
