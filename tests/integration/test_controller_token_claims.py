@@ -275,3 +275,35 @@ async def test_waits_claimed_without_spending_take_no_loan_from_the_neighbour(
     assert lying[1] == pytest.approx(honest[1], abs=1)  # the claimer uses what it did
     assert honest[0] > borrower_honest
     assert lying[0] == pytest.approx(honest[0], abs=2)
+
+
+async def test_a_first_launch_dearer_than_the_bucket_is_a_debt_not_a_lie():
+    # from 10 s on, each launch costs 1,000 times more tokens (a grid 1,000 times larger): the
+    # first runs the bucket into a debt beyond the loan (the law deepens the bucket only once
+    # it has seen one)
+    gpu, liar, _, controller = pair(liar_work=Workload(kernel_s=0.0002, busy=((0.0, 10.0),)))
+    dear = Workload(kernel_s=0.0002, blocks=1024 * 1000, busy=((10.0, math.inf),))
+    gpu.shim_process("liar-dear", dear, liar)
+    for _ in range(150):
+        gpu.advance(0.1)
+        await controller.tick()
+    assert "tokens_overclaimed" not in controller.error_counts
+    assert controller.status[("liar", 0)].burst >= 2 * dear.cost  # deepened for its launches
+
+
+async def test_claims_of_one_dear_launch_every_tick_are_forgiven_once():
+    gpu, liar, _, controller = pair()
+    slot = liar.processes[0]
+    extra = told = 0
+    for tick in range(100):
+        gpu.advance(0.1)
+        spent, launches = slot.tokens_spent[0], slot.launches[0]
+        if tick >= 20:  # one launch a tick, "costing" ten times what the bucket lets through
+            extra += controller.status[("liar", 0)].rate  # ten ticks' refill
+            told += 1
+            slot.tokens_spent[0], slot.launches[0] = spent + extra, told
+        await controller.tick()
+        slot.tokens_spent[0], slot.launches[0] = spent, launches
+    # every tick's claim of 80 is one launch dearer than the bucket (but the first, whose
+    # launches went backwards): forgiven once in 10 s, no more
+    assert controller.error_counts["tokens_overclaimed"] == 80 - 1

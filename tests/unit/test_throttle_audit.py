@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vgpu_agent.shm import layout
-from vgpu_agent.throttle.audit import JITTER_S, believed_spend
+from vgpu_agent.throttle.audit import JITTER_S, believed_spend, one_dear_launch
 
 STEP_NS = 500_000  # the honest shim below launches as often as its tokens allow, every 0.5 ms
 
@@ -94,3 +94,13 @@ def test_nothing_claimed_is_nothing_believed_and_the_bucket_fills_to_its_burst()
     assert believed == 0 and level == 100 and rate == 5_000
     believed, (level, _) = believed_spend(0, (-300.0, 5_000), 5_000, 100, 1.0)
     assert believed == 0 and level == 100
+
+
+def test_one_launch_dearer_than_the_bucket_explains_a_claim_past_the_allowance_by_one_launch():
+    # one launch of 5,000 tokens, a bucket of 1,000: what was let through, plus up to that launch
+    assert one_dear_launch(claimed=5_000, believed=2_000, launches=1, burst=1_000)
+    assert not one_dear_launch(claimed=5_000, believed=-1, launches=1, burst=1_000)  # more
+    # launches that each fit the bucket explain no debt
+    assert not one_dear_launch(claimed=5_000, believed=4_000, launches=10, burst=1_000)
+    # no launch counted: nothing explains the claim
+    assert not one_dear_launch(claimed=5_000, believed=4_000, launches=0, burst=1_000)

@@ -74,6 +74,22 @@ def believed_spend(claimed: int, bucket: Bucket | None, rate: int, burst: int, d
         (left if left < burst else float(burst)) if left > -lent else -lent, rate)
 
 
+def one_dear_launch(claimed: int, believed: int, launches: int, burst: int) -> bool:
+    """Whether a claim past what the bucket let through is explained by one launch dearer than
+    the bucket: the shim admits such a launch once its balance reaches the burst and takes its
+    whole cost, a debt the loan above may not cover the first time (the law deepens the bucket
+    for launches it has seen, `throttle/control.py`). Seen on the simulated GPU: an honest
+    container whose launches came to cost 50 times more was caught at its first, and its rate
+    capped for seconds. The caller forgives that once per LAUNCH_DEBT_GRACE_S, no more (the
+    cost of a launch is the container's word), and believes the allowance all the same."""
+    if launches < 1:
+        return False
+    cost = claimed / launches
+    return cost > burst and claimed - believed <= cost
+
+
+LAUNCH_DEBT_GRACE_S = 10.0
+
 # A caught container's use reads off its target when it is further than this fraction of the
 # target plus this many points (nearer, a reading is noise around a rate that binds).
 LIAR_MARGIN = 0.15

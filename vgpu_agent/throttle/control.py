@@ -72,7 +72,15 @@ Kalman filter over the model `util = b * spend`:
   counts as noise no more than that: it is the change, not noise.
 - A reading of 0 for a container that spent enough for more than `missing_above` percent is a
   sample NVML missed (its processes were absent from the batch), not evidence of an idle GPU:
-  taken as evidence it would make `k` unbounded and the container unthrottled.
+  taken as evidence it would make `k` unbounded and the container unthrottled. Two in a row
+  from a container measured before are evidence, of a bound: its tokens came to buy next to
+  nothing (grids far larger for the same work), its use is at most the resolution, and `k` is
+  raised to at least what that says (spending / resolution), its estimate widened so that the
+  next reading re-learns it. Without that, such a container read 0 % with its rate unchanged
+  for as long as it ran (simulated: launches 50 times dearer for the same SM time, its share
+  40 %). The controller gives no reading (`None`, not 0) for a container that spent but none
+  of whose processes NVML listed (not yet placed, or missed for several periods), so that
+  only a process seen at 0 % counts here.
 - Between measurements `b` may drift (`drift_per_s`, relative, 0.3 %/s): the filter never
   stops listening, and a workload that changes slowly is followed; a lower drift keeps the
   steady estimate averaging more samples (NVML's noise at 1 sample/s and sigma 8 needs dozens).
@@ -509,7 +517,16 @@ def _observe(
         x, misaligned = _matched_spend(history, weights, params.partial_window)
         if x > 0 and util < params.resolution and x / k > params.missing_above:
             # Nothing seen of a container that spent for several percent: NVML missed its
-            # processes (a reading of no use at all is not noise around such a share).
+            # processes (a reading of no use at all is not noise around such a share) ...
+            if (learned and prev.util is not None and prev.util < params.resolution
+                    and _zero_is_far(x, k, spread, noise, obs.util_samples, params)):
+                # ... once. Twice in a row, from a container measured before, and further off
+                # than noise reaches: its tokens came to buy next to nothing (grids far larger
+                # for the same work). Its use is at most the resolution, so k is at least what
+                # that says, and so uncertain that the next reading re-learns it.
+                k, k_floor, surprise = max(k, x / params.resolution), 0.0, 0.0
+                spread = max(spread, params.initial_spread**2)
+                learned += 1
             x = 0.0
         if x > 0:
             floor = params.resolution**2 / 12
@@ -569,6 +586,17 @@ def _observe(
     learned_now = (k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
                    last_pair, k_floor, learned, adopted, hungry, lengths, surprise)
     return learned_now, hungry, demand
+
+
+def _zero_is_far(x: float, k: float, spread: float, noise: float, samples: int,
+                 params: ControlParams) -> bool:
+    """Whether a reading of 0 at spending `x` is further off than the filter's outlier bound
+    (`surprise_sigmas` of its expected scatter): with ten containers at 10 % and sigma 8, noise
+    alone reads 0 twice in a row now and then."""
+    expected = x / k
+    r = max(noise * _noise_shape(expected, params.noise_tail), params.resolution**2 / 12)
+    return expected * expected > params.surprise_sigmas**2 * (expected * expected * spread
+                                                              + r / samples)
 
 
 def _noise_shape(share: float, tail: float) -> float:

@@ -84,7 +84,14 @@ from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.shm.headerread import NATIVE_READ
 from vgpu_agent.throttle.attribution import HostEvidence
-from vgpu_agent.throttle.audit import LIAR_HOLD_S, Bucket, LiarCap, believed_spend
+from vgpu_agent.throttle.audit import (
+    LAUNCH_DEBT_GRACE_S,
+    LIAR_HOLD_S,
+    Bucket,
+    LiarCap,
+    believed_spend,
+    one_dear_launch,
+)
 from vgpu_agent.throttle.control import (
     FULL_SHARE,
     UNLIMITED_RATE,
@@ -225,8 +232,8 @@ class _Device:
     region); the counters are the cumulative totals of the previous tick.
     """
 
-    __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "liar_cap", "limited", "limits",
-                 "overclaimed", "previous", "read_ns", "region", "seen", "uuid")
+    __slots__ = ("alloc_id", "bucket", "dev", "graced_ns", "key", "last", "liar_cap", "limited",
+                 "limits", "overclaimed", "previous", "read_ns", "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -248,6 +255,7 @@ class _Device:
         self.limited = False  # whether the rate read at the last tick limited the shim
         self.overclaimed = False  # logged once
         self.liar_cap: LiarCap | None = None  # while it is caught overclaiming (`audit`)
+        self.graced_ns: int | None = None  # when a launch's debt was last forgiven (`audit`)
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -720,9 +728,10 @@ class ThrottleController:
     def _utilization(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None,
         spent: Mapping[str, int],
-    ) -> tuple[dict[str, float], float, int] | None:
-        """SM percent per alloc_id from this tick's samples, the seconds they describe and how
-        many samples per process they average; None when nothing new arrived. `spent` is the
+    ) -> tuple[Mapping[str, float | None], float, int] | None:
+        """SM percent per alloc_id from this tick's samples (None for one that spent while
+        none of its processes was listed), the seconds they describe and how many samples per
+        process they average; None when nothing new arrived. `spent` is the
         tokens each container is believed to have spent in the tick (`audit.believed_spend`).
 
         Drivers attribute a sample period in one of two ways, told apart by what they send:
@@ -764,11 +773,13 @@ class ThrottleController:
             self._drop_split(uuid)
         recent = self._recent.setdefault(uuid, {})
         unplaced: list[tuple[int, float]] = []
+        seen: set[str] = set()  # containers with a process in the samples (or carried)
         for pid, values in per_pid.items():
             value = min(100.0, max(0.0, sum(values) / len(values)))
             placed = recent.get(pid)
             if placed is not None and placed[0] in util:
                 util[placed[0]] += value
+                seen.add(placed[0])
                 recent[pid] = (placed[0], newest, value)
             else:
                 unplaced.append((pid, value))
@@ -776,6 +787,7 @@ class ThrottleController:
             for pid, value, found in self._place(uuid, entries, unplaced):
                 if found in util:
                     util[found] += value
+                    seen.add(found)
                     recent[pid] = (found, newest, value)
                 else:
                     recent.pop(pid, None)
@@ -788,6 +800,7 @@ class ThrottleController:
                 del recent[pid]
             elif not sliced:
                 util[alloc_id] += value
+                seen.add(alloc_id)
         if sliced:
             owner = {pid: placed[0] for pid, placed in recent.items()}
             split = self._sliced.setdefault(uuid, TimeSlicedSplit())
@@ -802,7 +815,15 @@ class ThrottleController:
                 min(100.0, sum([max(v for _, v in at[stamp]) for stamp in used]) / len(used)),
                 spent,
             )
-        return util, span_s, count
+            return util, span_s, count
+        # A container that spent, none of whose processes NVML listed (not placed yet, or
+        # missed for several periods), was not measured: no reading, rather than a 0 the law
+        # would take for a process seen idle. One that spent nothing reads 0: it is idle.
+        measured: dict[str, float | None] = dict(util)
+        for alloc_id in util.keys() - seen:
+            if spent.get(alloc_id, 0) > 0:
+                measured[alloc_id] = None
+        return measured, span_s, count
 
     def _place(
         self, uuid: str, entries: _Entries, unplaced: list[tuple[int, float]]
@@ -937,8 +958,14 @@ class ThrottleController:
                         # is a full bucket, not what the unlimited spending used up.
                         device.bucket = (float(burst), rate)
                     elif spent < claimed:
-                        self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
-                        liars.add(device.key)
+                        graced = device.graced_ns
+                        if one_dear_launch(claimed, spent, launches, burst) and (
+                                graced is None
+                                or self._now_ns - graced >= LAUNCH_DEBT_GRACE_NS):
+                            device.graced_ns = self._now_ns  # a debt, once (see `audit`)
+                        else:
+                            self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
+                            liars.add(device.key)
                 else:
                     device.bucket = None  # the shim did not limit (all along): its bucket fills
                 if wait and (rate >= UNLIMITED_RATE
@@ -1072,6 +1099,7 @@ READ_CHUNK = 32
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
 LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)
+LAUNCH_DEBT_GRACE_NS = int(LAUNCH_DEBT_GRACE_S * 1e9)
 
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
 _STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after

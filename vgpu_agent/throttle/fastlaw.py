@@ -237,7 +237,17 @@ def control_step_gpu(
             elif k > 0:  # not NaN: a NaN learns nothing, as in the reference
                 x, misaligned = _matched(history, window, partial)
                 if x > 0 and util < resolution and x / k > missing_above:
-                    x = 0.0  # NVML missed its processes
+                    # NVML missed its processes, once; twice in a row, a bound (control.py)
+                    expected = x / k
+                    if (learned and prev.util is not None and prev.util < resolution
+                            and expected * expected > surprise2 * (
+                                expected * expected * spread
+                                + max(noise * _noise_shape(expected, noise_tail), floor)
+                                / o.util_samples)):
+                        k, k_floor, surprise = max(k, x / resolution), 0.0, 0.0
+                        spread = max(spread, initial_var)
+                        learned += 1
+                    x = 0.0
                 if x > 0:
                     b = 1 / k
                     shape = _noise_shape(b * x, noise_tail)

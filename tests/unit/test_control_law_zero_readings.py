@@ -1,0 +1,92 @@
+"""Readings of 0 % where the law expected several percent.
+
+One is a sample NVML missed (its processes absent from the batch) and teaches nothing. Two in a
+row, from a container measured before, bound its use: its tokens came to buy next to nothing,
+and `k` rises to at least its spending over the resolution. A container never measured (its
+processes not yet placed) learns nothing from them."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpu_agent.throttle.control import ControlParams, LoopState, Observation, control_step
+from vgpu_agent.throttle.fastlaw import control_step_gpu
+from vgpu_agent.throttle.nativelaw import control_step_native
+
+LAWS = [control_step, control_step_gpu, control_step_native]
+SPENT = 10**6  # tokens a tick, 0.1 s: 10 million a second
+
+
+def tick(law, state: LoopState | None, util: float | None, rate: int, burst: int):
+    obs = Observation("x", 40.0, "strict", spent=SPENT, launches=100, util=util,
+                      rate=rate, burst=burst)
+    decision = law([obs], {"x": state} if state else {}, 0.1, ControlParams())["x"]
+    return decision.state, decision.rate, decision.burst
+
+
+def settled(law) -> tuple[LoopState, int, int]:
+    """A strict 40 % container spending 10 million tokens a second at 40 % use."""
+    state, rate, burst = None, 2**52, 2**52
+    for _ in range(60):
+        state, rate, burst = tick(law, state, 40.0, rate, burst)
+    return state, rate, burst
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_one_zero_is_a_missed_sample(law):
+    state, rate, burst = settled(law)
+    after, new_rate, _ = tick(law, state, 0.0, rate, burst)
+    assert new_rate == rate
+    assert after.tokens_per_pct == pytest.approx(state.tokens_per_pct, rel=0.01)
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_two_zeros_in_a_row_raise_k_to_what_they_bound(law):
+    state, rate, burst = settled(law)
+    state, rate, burst = tick(law, state, 0.0, rate, burst)
+    after, new_rate, _ = tick(law, state, 0.0, rate, burst)
+    # 10 million tokens a second for at most 1 %: k at least 10 million, 40 times what it was
+    assert after.tokens_per_pct >= SPENT / 0.1 / ControlParams().resolution * 0.99
+    assert new_rate >= 30 * rate
+    assert after.k_floor == 0.0
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_zeros_apart_teach_nothing_new(law):
+    state, rate, burst = settled(law)
+    k = state.tokens_per_pct
+    for util in (0.0, 40.0, 0.0, 40.0, 0.0):
+        state, rate, burst = tick(law, state, util, rate, burst)
+    assert state.tokens_per_pct == pytest.approx(k, rel=0.1)
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_container_never_measured_learns_nothing_from_zeros(law):
+    # its first tick unthrottled gives the cold-start bound; its processes not placed yet, NVML
+    # shows it at 0: no reading of it has taught anything, so zeros bound nothing
+    state, rate, burst = tick(law, None, None, 2**52, 2**52)
+    state, rate, burst = tick(law, state, None, rate, burst)
+    first = rate
+    for _ in range(5):
+        state, rate, burst = tick(law, state, 0.0, rate, burst)
+    assert state.learned == 0
+    assert rate == first
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_zeros_within_reach_of_the_noise_teach_nothing(law):
+    # at 10 % with readings scattered by 8 points, noise alone reads 0 twice in a row now and
+    # then: that is no bound
+    def at_ten(state, util, rate, burst):
+        obs = Observation("x", 10.0, "strict", spent=SPENT, launches=100, util=util,
+                          rate=rate, burst=burst)
+        d = law([obs], {"x": state} if state else {}, 0.1, ControlParams())["x"]
+        return d.state, d.rate, d.burst
+
+    state, rate, burst = None, 2**52, 2**52
+    for n in range(200):
+        state, rate, burst = at_ten(state, (2.0, 18.0)[n % 2], rate, burst)
+    before = rate
+    for _ in range(2):
+        state, rate, burst = at_ten(state, 0.0, rate, burst)
+    assert rate < 2 * before
