@@ -102,7 +102,7 @@ from vgpu_agent.throttle.control import (
 )
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.nativelaw import NATIVE, control_step_native
-from vgpu_agent.throttle.timesliced import SHARED_PERIODS, TimeSlicedSplit
+from vgpu_agent.throttle.timesliced import PER_PROCESS_HOLD_S, SHARED_PERIODS, TimeSlicedSplit
 
 # One tick of the law for one GPU's containers: `control.control_step`'s signature.
 Law = Callable[
@@ -742,11 +742,12 @@ class ThrottleController:
           one sample goes to one of the processes that ran, and its value is the whole GPU's
           use in it, whoever did the work. `timesliced.TimeSlicedSplit` shares that use out.
         The GPU is read as time-sliced until a stamp with two processes or more that both
-        used the GPU is seen, and again SHARED_PERIODS periods after the last such stamp; with
-        one process running the two readings agree. A process listed at 0 beside the one that
-        ran proves nothing (the simulated time-sliced driver lists them so, and a real one may;
-        taken as proof, the next periods, given whole to one process, read as per-process use
-        starved a borrower cut back when its owner woke), and it was not given the period.
+        used the GPU is seen, and again PER_PROCESS_HOLD_S (at least SHARED_PERIODS periods)
+        after the last such stamp; with one process running the two readings agree. A process
+        listed at 0 beside the one that ran proves nothing (the simulated time-sliced driver
+        lists them so, and a real one may; taken as proof, the next periods, given whole to one
+        process, read as per-process use starved a borrower cut back when its owner woke), and
+        it was not given the period.
         A process placed once stays placed while it keeps appearing; only a new one makes the
         controller read slots.
         """
@@ -768,7 +769,8 @@ class ThrottleController:
         if shared:
             self._shared_us[uuid] = max(shared)
         last_shared = self._shared_us.get(uuid)
-        sliced = last_shared is None or newest - last_shared > SHARED_PERIODS * period_us
+        sliced = last_shared is None or newest - last_shared > max(
+            SHARED_PERIODS * period_us, PER_PROCESS_HOLD_US)
         if not sliced:
             self._drop_split(uuid)
         recent = self._recent.setdefault(uuid, {})
@@ -1100,6 +1102,7 @@ READ_CHUNK = 32
 WAIT_SPEND_FRACTION = 0.5
 LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)
 LAUNCH_DEBT_GRACE_NS = int(LAUNCH_DEBT_GRACE_S * 1e9)
+PER_PROCESS_HOLD_US = int(PER_PROCESS_HOLD_S * 1e6)
 
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
 _STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after

@@ -17,6 +17,14 @@ from collections.abc import Iterable, Mapping
 # time-sliced again (`controller._utilization`); also how long a container given periods
 # without spending tokens is charged for them after its last one
 SHARED_PERIODS = 10
+# ...but once a GPU has shown per-process samples (two processes that both used it in one
+# period, which a time-sliced driver never gives), they are kept this long after the last such
+# period: how a driver attributes its periods changes only with the GPU's set-up (MPS), while a
+# container whose tokens buy next to nothing reads 0 for as long as it takes the law to learn
+# that. Read as time-sliced meanwhile, the GPU's use was split by tokens, most of it charged to
+# that container, and its strict-60 neighbour's rate nearly doubled (it ran at 99 % for tenths
+# of a second, simulated).
+PER_PROCESS_HOLD_S = 60.0
 
 
 class TimeSlicedSplit:
