@@ -45,4 +45,4 @@ async def test_a_container_read_at_zero_does_not_turn_the_gpu_time_sliced():
             assert gpu.uuid not in controller.time_sliced_gpus, tick
     assert controller.error_counts == {}
     assert controller._devices["b/0"].last[0].util in (None, 0.0)  # listed at 0 (or no sample)
-    assert 20 * 0.1 < PER_PROCESS_HOLD_S
+    assert PER_PROCESS_HOLD_S > 20  # the run lies within the hold
