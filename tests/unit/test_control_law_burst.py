@@ -32,24 +32,27 @@ def settle(law, spent: int, launches: int) -> tuple[int, int, LoopState]:
     return rate, burst, states["x"]
 
 
+def after(law, limit: float, launches: int, params: ControlParams | None = None):
+    """Settled at 100 launches a tick, then one tick of the same spending and use in
+    `launches` launches under `limit`: (the rate and burst it had, the decision)."""
+    rate, burst, state = settle(law, spent=10**6, launches=100)
+    obs = Observation("x", limit, "strict", spent=10**6, launches=launches, util=40.0,
+                      rate=rate, burst=burst)
+    return rate, burst, law([obs], {"x": state}, 0.1, params or ControlParams())["x"]
+
+
 @pytest.mark.parametrize("law", LAWS)
 def test_launches_grown_past_the_burst_deepen_it_and_keep_the_rate(law):
-    rate, burst, state = settle(law, spent=10**6, launches=100)
+    # the same spending and use in one launch a tick: 100 times the cost of a launch
+    rate, burst, decision = after(law, 40.0, launches=1)
     assert burst < 10**6  # 10,000 tokens a launch: a fiftieth of a second of refill
-    # the same spending and use, in one launch a tick: 100 times the cost of a launch
-    obs = Observation("x", 40.0, "strict", spent=10**6, launches=1, util=40.0,
-                      rate=rate, burst=burst)
-    decision = law([obs], {"x": state}, 0.1, ControlParams())["x"]
     assert decision.rate == rate  # within the deadband: not rewritten
     assert decision.burst >= ControlParams().burst_launches * 10**6  # two of its launches
 
 
 @pytest.mark.parametrize("law", LAWS)
 def test_a_bucket_deep_enough_is_kept_as_it_is(law):
-    rate, burst, state = settle(law, spent=10**6, launches=100)
-    obs = Observation("x", 40.0, "strict", spent=10**6, launches=100, util=40.0,
-                      rate=rate, burst=burst)
-    decision = law([obs], {"x": state}, 0.1, ControlParams())["x"]
+    rate, burst, decision = after(law, 40.0, launches=100)
     assert (decision.rate, decision.burst) == (rate, burst)
 
 
@@ -58,11 +61,8 @@ def test_the_bucket_deepened_in_the_deadband_holds_at_most_a_second_of_refill(la
     # launch counts and tokens are the container's word: a claim of one launch costing
     # everything it may spend would otherwise deepen the bucket, and with it what the audit
     # lends, without end
-    rate, burst, state = settle(law, spent=10**6, launches=100)
-    obs = Observation("x", 40.0, "strict", spent=10**6, launches=1, util=40.0,
-                      rate=rate, burst=burst)
     params = ControlParams(burst_launches=1000.0)  # as if each launch cost 100 s of refill
-    decision = law([obs], {"x": state}, 0.1, params)["x"]
+    rate, _, decision = after(law, 40.0, launches=1, params=params)
     assert decision.rate == rate
     assert decision.burst == rate
 
@@ -71,22 +71,15 @@ def test_the_bucket_deepened_in_the_deadband_holds_at_most_a_second_of_refill(la
 def test_a_bucket_written_with_a_new_rate_holds_at_most_a_second_of_refill(law):
     # the same bound where the rate changes (here its share halves): a container claiming one
     # launch of everything it spent may not deepen its bucket past a second of refill either
-    rate, burst, state = settle(law, spent=10**6, launches=100)
-    obs = Observation("x", 20.0, "strict", spent=10**6, launches=1, util=40.0,
-                      rate=rate, burst=burst)
-    params = ControlParams(burst_launches=1000.0)
-    decision = law([obs], {"x": state}, 0.1, params)["x"]
+    rate, _, decision = after(law, 20.0, launches=1,
+                              params=ControlParams(burst_launches=1000.0))
     assert decision.rate < 0.6 * rate  # written anew, not kept in the deadband
     assert decision.burst == decision.rate
 
 
 @pytest.mark.parametrize("law", LAWS)
 def test_a_new_rate_keeps_room_for_two_launches_below_a_second_of_refill(law):
-    rate, burst, state = settle(law, spent=10**6, launches=100)
     # ten launches a tick of 100,000 tokens each: two of them, a fifth of a second of refill
-    obs = Observation("x", 20.0, "strict", spent=10**6, launches=10, util=40.0,
-                      rate=rate, burst=burst)
-    decision = law([obs], {"x": state}, 0.1, ControlParams())["x"]
+    rate, _, decision = after(law, 20.0, launches=10)
     assert decision.rate < 0.6 * rate
-    assert decision.burst >= 2 * 10**5
-    assert decision.burst < decision.rate
+    assert 2 * 10**5 <= decision.burst < decision.rate
