@@ -90,3 +90,27 @@ def test_zeros_within_reach_of_the_noise_teach_nothing(law):
     for _ in range(2):
         state, rate, burst = at_ten(state, 0.0, rate, burst)
     assert rate < 2 * before
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_container_waking_from_idle_reads_zero_once_and_keeps_its_k(law):
+    # It goes idle: its last spending still in the reading's window, which reads 0 (set aside,
+    # kept as a surprise). Idle for 3 s (readings of 0 at no spending), it wakes: the first
+    # reading is of the time before it woke. Two zeros while spending, but seconds apart.
+    state, rate, burst = settled(law)
+
+    def idle(state, rate, burst, spent, util):
+        obs = Observation("x", 40.0, "strict", spent=spent, launches=spent // 10**4,
+                          util=util, rate=rate, burst=burst)
+        d = law([obs], {"x": state}, 0.1, ControlParams())["x"]
+        return d.state, d.rate, d.burst
+
+    state, rate, burst = idle(state, rate, burst, SPENT // 2, 0.0)
+    assert state.surprise < 0
+    state, rate, burst = idle(state, rate, burst, 0, None)  # no sample this tick
+    for _ in range(30):  # samples every other tick, of no use at no spending
+        state, rate, burst = idle(state, rate, burst, 0, 0.0)
+        state, rate, burst = idle(state, rate, burst, 0, None)
+    k = state.tokens_per_pct
+    state, rate, burst = tick(law, state, 0.0, rate, burst)
+    assert state.tokens_per_pct == k  # not raised: the zero before it is seconds old

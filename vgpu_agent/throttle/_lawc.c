@@ -740,27 +740,26 @@ static PyObject *step(PyObject *module, PyObject *args)
             } else if (k > 0) {
                 double x, misaligned;
                 matched(hist, h_len, &win, p.partial, scratch, &x, &misaligned);
+                if (x <= 0)
+                    c->surprise = 0.0; /* idle over the reading (control.py) */
                 if (x > 0 && util < p.resolution && x / k > p.missing_above) {
                     /* NVML missed its processes, once; twice in a row, a bound (control.py) */
-                    PyObject *before = PyTuple_GET_ITEM(prev, S_UTIL);
-                    double was;
                     double expected = x / k;
-                    if (c->learned && before != Py_None) {
-                        if (!as_double(before, &was))
-                            goto bail;
-                        double scatter = py_div(&g, py_max(noise * noise_shape(expected,
-                                                                               p.noise_tail),
-                                                           p.floor),
-                                                (double)c->samples);
-                        /* further off than noise reaches (control.py's _zero_is_far) */
-                        if (was < p.resolution
-                            && expected * expected
-                                   > p.surprise2 * (expected * expected * spread + scatter)) {
+                    double scatter = py_div(&g, py_max(noise * noise_shape(expected,
+                                                                           p.noise_tail),
+                                                       p.floor),
+                                            (double)c->samples);
+                    /* further off than noise reaches (control.py's _zero_is_far) */
+                    if (expected * expected
+                        > p.surprise2 * (expected * expected * spread + scatter)) {
+                        if (c->learned && c->surprise < 0) {
                             k = py_max(k, x / p.resolution);
                             k_floor = 0.0;
                             c->surprise = 0.0;
                             spread = py_max(spread, p.initial_var);
                             c->learned += 1;
+                        } else {
+                            c->surprise = -x / k;
                         }
                     }
                     x = 0.0;

@@ -515,18 +515,25 @@ def _observe(
             learned += 1
     elif util is not None and k > 0 and weights is not None:
         x, misaligned = _matched_spend(history, weights, params.partial_window)
+        if x <= 0:
+            surprise = 0.0  # idle over the reading: a surprise before it says nothing now
         if x > 0 and util < params.resolution and x / k > params.missing_above:
             # Nothing seen of a container that spent for several percent: NVML missed its
             # processes (a reading of no use at all is not noise around such a share) ...
-            if (learned and prev.util is not None and prev.util < params.resolution
-                    and _zero_is_far(x, k, spread, noise, obs.util_samples, params)):
-                # ... once. Twice in a row, from a container measured before, and further off
-                # than noise reaches: its tokens came to buy next to nothing (grids far larger
-                # for the same work). Its use is at most the resolution, so k is at least what
-                # that says, and so uncertain that the next reading re-learns it.
+            if not _zero_is_far(x, k, spread, noise, obs.util_samples, params):
+                pass  # noise reaches it: nothing to confirm
+            elif learned and surprise < 0:
+                # ... once. Twice in a row (the first kept as a surprise, as a far reading is),
+                # from a container measured before, and further off than noise reaches: its
+                # tokens came to buy next to nothing (grids far larger for the same work). Its
+                # use is at most the resolution, so k is at least what that says, and so
+                # uncertain that the next reading re-learns it. (A container waking from idle
+                # reads 0 once, for the period before it woke, and then its use.)
                 k, k_floor, surprise = max(k, x / params.resolution), 0.0, 0.0
                 spread = max(spread, params.initial_spread**2)
                 learned += 1
+            else:
+                surprise = -x / k  # confirmed or dismissed by the next reading
             x = 0.0
         if x > 0:
             floor = params.resolution**2 / 12

@@ -236,17 +236,22 @@ def control_step_gpu(
                         learned += 1
             elif k > 0:  # not NaN: a NaN learns nothing, as in the reference
                 x, misaligned = _matched(history, window, partial)
+                if x <= 0:
+                    surprise = 0.0  # idle over the reading (control.py)
                 if x > 0 and util < resolution and x / k > missing_above:
                     # NVML missed its processes, once; twice in a row, a bound (control.py)
                     expected = x / k
-                    if (learned and prev.util is not None and prev.util < resolution
-                            and expected * expected > surprise2 * (
-                                expected * expected * spread
-                                + max(noise * _noise_shape(expected, noise_tail), floor)
-                                / o.util_samples)):
+                    if not expected * expected > surprise2 * (
+                            expected * expected * spread
+                            + max(noise * _noise_shape(expected, noise_tail), floor)
+                            / o.util_samples):
+                        pass  # noise reaches it
+                    elif learned and surprise < 0:
                         k, k_floor, surprise = max(k, x / resolution), 0.0, 0.0
                         spread = max(spread, initial_var)
                         learned += 1
+                    else:
+                        surprise = -x / k
                     x = 0.0
                 if x > 0:
                     b = 1 / k
