@@ -73,10 +73,12 @@ Kalman filter over the model `util = b * spend`:
 - A reading of 0 for a container that spent enough for more than `missing_above` percent is a
   sample NVML missed (its processes were absent from the batch), not evidence of an idle GPU:
   taken as evidence it would make `k` unbounded and the container unthrottled. Two in a row
-  from a container measured before are evidence, of a bound: its tokens came to buy next to
-  nothing (grids far larger for the same work), its use is at most the resolution, and `k` is
-  raised to at least what that says (spending / resolution), its estimate widened so that the
-  next reading re-learns it. Without that, such a container read 0 % with its rate unchanged
+  (the first kept as a surprise), from a container measured before and further off than the
+  noise reaches, are evidence, of a bound: its tokens came to buy next to nothing (grids far
+  larger for the same work), its use is at most the resolution, and `k` is raised to at least
+  what that says (spending / resolution), its estimate widened so that the next reading
+  re-learns it. A reading at no spending clears a surprise: the zero of a container going idle
+  and the one as it wakes, seconds later, are no pair. Without that, such a container read 0 % with its rate unchanged
   for as long as it ran (simulated: launches 50 times dearer for the same SM time, its share
   40 %). The controller gives no reading (`None`, not 0) for a container that spent but none
   of whose processes NVML listed (not yet placed, or missed for several periods), so that
