@@ -78,11 +78,11 @@ Kalman filter over the model `util = b * spend`:
   larger for the same work), its use is at most the resolution, and `k` is raised to at least
   what that says (spending / resolution), its estimate widened so that the next reading
   re-learns it. A reading at no spending clears a surprise: the zero of a container going idle
-  and the one as it wakes, seconds later, are no pair. Without that, such a container read 0 % with its rate unchanged
-  for as long as it ran (simulated: launches 50 times dearer for the same SM time, its share
-  40 %). The controller gives no reading (`None`, not 0) for a container that spent but none
-  of whose processes NVML listed (not yet placed, or missed for several periods), so that
-  only a process seen at 0 % counts here.
+  and the one as it wakes, seconds later, are no pair. Without the bound, such a container read
+  0 % with its rate unchanged for as long as it ran (simulated: launches 50 times dearer for
+  the same SM time, its share 40 %). The controller gives no reading (`None`, not 0) for a
+  container that spent but none of whose processes NVML listed (not yet placed, or missed for
+  several periods), so that only a process seen at 0 % counts here.
 - Between measurements `b` may drift (`drift_per_s`, relative, 0.3 %/s): the filter never
   stops listening, and a workload that changes slowly is followed; a lower drift keeps the
   steady estimate averaging more samples (NVML's noise at 1 sample/s and sigma 8 needs dozens).
