@@ -291,19 +291,20 @@ async def test_a_first_launch_dearer_than_the_bucket_is_a_debt_not_a_lie():
     assert controller.status[("liar", 0)].burst >= 2 * dear.cost  # deepened for its launches
 
 
-async def test_claims_of_one_dear_launch_every_tick_are_forgiven_once():
+async def test_claims_of_one_dear_launch_every_tick_are_forgiven_only_as_debts_repaid():
     gpu, liar, _, controller = pair()
     slot = liar.processes[0]
     extra = told = 0
     for tick in range(100):
         gpu.advance(0.1)
         spent, launches = slot.tokens_spent[0], slot.launches[0]
-        if tick >= 20:  # one launch a tick, "costing" ten times what the bucket lets through
-            extra += controller.status[("liar", 0)].rate  # ten ticks' refill
+        if tick >= 20:  # one launch a tick, "costing" a second of refill
+            extra += controller.status[("liar", 0)].rate
             told += 1
             slot.tokens_spent[0], slot.launches[0] = spent + extra, told
         await controller.tick()
         slot.tokens_spent[0], slot.launches[0] = spent, launches
-    # every tick's claim of 80 is one launch dearer than the bucket (but the first, whose
-    # launches went backwards): forgiven once in 10 s, no more
-    assert controller.error_counts["tokens_overclaimed"] == 80 - 1
+    # An honest shim launches again only once the refill repaid such a launch (a second), or
+    # after waiting MAX_WAIT_NS: of the 80 claims (the first, whose launches went backwards,
+    # explains nothing), about one a second is forgiven, the rest are caught.
+    assert 80 - 1 - 9 <= controller.error_counts["tokens_overclaimed"] < 80 - 1

@@ -98,9 +98,13 @@ def test_nothing_claimed_is_nothing_believed_and_the_bucket_fills_to_its_burst()
 
 def test_one_launch_dearer_than_the_bucket_explains_a_claim_past_the_allowance_by_one_launch():
     # one launch of 5,000 tokens, a bucket of 1,000: what was let through, plus up to that launch
-    assert one_dear_launch(claimed=5_000, believed=2_000, launches=1, burst=1_000)
-    assert not one_dear_launch(claimed=5_000, believed=-1, launches=1, burst=1_000)  # more
-    # launches that each fit the bucket explain no debt
-    assert not one_dear_launch(claimed=5_000, believed=4_000, launches=10, burst=1_000)
-    # no launch counted: nothing explains the claim
-    assert not one_dear_launch(claimed=5_000, believed=4_000, launches=0, burst=1_000)
+    assert one_dear_launch(5_000, believed=2_000, launches=1, burst=1_000, usual_cost=100) == 5_000
+    assert not one_dear_launch(5_000, believed=-1, launches=1, burst=1_000, usual_cost=100)
+    # ten launches, nine at the usual 100 tokens: the tenth cost 4,100, past the bucket (the
+    # first dear launch may share its tick with cheap ones)
+    assert one_dear_launch(5_000, believed=900, launches=10, burst=1_000, usual_cost=100) == 4_100
+    assert not one_dear_launch(5_000, believed=899, launches=10, burst=1_000, usual_cost=100)
+    # ten launches at their usual cost, each within the bucket: no debt explains the claim
+    assert not one_dear_launch(5_000, believed=4_000, launches=10, burst=1_000, usual_cost=500)
+    # no launch counted: nothing explains it
+    assert not one_dear_launch(5_000, believed=4_000, launches=0, burst=1_000, usual_cost=0.0)

@@ -74,21 +74,29 @@ def believed_spend(claimed: int, bucket: Bucket | None, rate: int, burst: int, d
         (left if left < burst else float(burst)) if left > -lent else -lent, rate)
 
 
-def one_dear_launch(claimed: int, believed: int, launches: int, burst: int) -> bool:
-    """Whether a claim past what the bucket let through is explained by one launch dearer than
-    the bucket: the shim admits such a launch once its balance reaches the burst and takes its
-    whole cost, a debt the loan above may not cover the first time (the law deepens the bucket
-    for launches it has seen, `throttle/control.py`). Seen on the simulated GPU: an honest
-    container whose launches came to cost 50 times more was caught at its first, and its rate
-    capped for seconds. The caller forgives that once per LAUNCH_DEBT_GRACE_S, no more (the
-    cost of a launch is the container's word), and believes the allowance all the same."""
+def one_dear_launch(claimed: int, believed: int, launches: int, burst: int,
+                    usual_cost: float) -> float:
+    """The cost of the one launch dearer than the bucket that explains a claim past what the
+    bucket let through, 0.0 when none does. The shim admits such a launch once its balance
+    reaches the burst and takes its whole cost: a debt the loan above may not cover (the law
+    deepens the bucket only for launches it has seen, and never past a second of refill,
+    `throttle/control.py`). The tick's other launches are taken to cost `usual_cost` (what the
+    law learned a launch costs: the first dear launch may share its tick with cheap ones).
+
+    Seen on the simulated GPU: an honest container whose launches came to cost 50 times more
+    was caught at its first and its rate capped for seconds; at 500 times (2.5 s of refill
+    each) it was caught at every launch and held at 0 %. The caller forgives the next such debt
+    once the refill has repaid this one (LAUNCH_DEBT_GRACE_S apart at least), or once the shim
+    would have run its next launch in debt anyway (it waits `layout.MAX_WAIT_NS` at most): an
+    honest shim cannot launch again before. The claim is still held to the allowance; a
+    container that claims such launches every tick is caught in all the others."""
     if launches < 1:
-        return False
-    cost = claimed / launches
-    return cost > burst and claimed - believed <= cost
+        return 0.0
+    dear = claimed - (launches - 1) * usual_cost
+    return dear if dear > burst and claimed - believed <= dear else 0.0
 
 
-LAUNCH_DEBT_GRACE_S = 10.0
+LAUNCH_DEBT_GRACE_S = 1.0  # the least time between two launch debts forgiven
 
 # A caught container's use reads off its target when it is further than this fraction of the
 # target plus this many points (nearer, a reading is noise around a rate that binds).

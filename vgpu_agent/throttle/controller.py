@@ -83,6 +83,7 @@ import structlog
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.shm.headerread import NATIVE_READ
+from vgpu_agent.shm.layout import MAX_WAIT_NS
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.audit import (
     LAUNCH_DEBT_GRACE_S,
@@ -232,8 +233,9 @@ class _Device:
     region); the counters are the cumulative totals of the previous tick.
     """
 
-    __slots__ = ("alloc_id", "bucket", "dev", "graced_ns", "key", "last", "liar_cap", "limited",
-                 "limits", "overclaimed", "previous", "read_ns", "region", "seen", "uuid")
+    __slots__ = ("alloc_id", "bucket", "debt", "dev", "graced_ns", "key", "last", "liar_cap",
+                 "limited", "limits", "overclaimed", "previous", "read_ns", "region", "seen",
+                 "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -256,6 +258,7 @@ class _Device:
         self.overclaimed = False  # logged once
         self.liar_cap: LiarCap | None = None  # while it is caught overclaiming (`audit`)
         self.graced_ns: int | None = None  # when a launch's debt was last forgiven (`audit`)
+        self.debt = 0.0  # tokens of that debt the refill has not repaid yet
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -903,6 +906,7 @@ class ThrottleController:
         # What each device spent, launched and waited since the last tick, as `state` says,
         # the tokens never more than its bucket can have let through (`throttle/audit.py`):
         # each observation's fields, its use and span filled in once measured.
+        states = self._states.get(uuid, {})
         fields: list[list[object]] = []
         steered: list[tuple[_Device, int, int]] = []
         spent_by: dict[str, int] = {}
@@ -951,6 +955,8 @@ class ThrottleController:
                 read_dt_s = (self.tick_s if previous_ns is None
                              else (read_until - previous_ns) / 1e9)
                 if limited:
+                    if device.debt > 0:  # a forgiven launch's debt, repaid by the refill
+                        device.debt -= rate * read_dt_s
                     claimed = spent
                     spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
                                                           read_dt_s)
@@ -960,11 +966,17 @@ class ThrottleController:
                         # is a full bucket, not what the unlimited spending used up.
                         device.bucket = (float(burst), rate)
                     elif spent < claimed:
-                        graced = device.graced_ns
-                        if one_dear_launch(claimed, spent, launches, burst) and (
-                                graced is None
-                                or self._now_ns - graced >= LAUNCH_DEBT_GRACE_NS):
-                            device.graced_ns = self._now_ns  # a debt, once (see `audit`)
+                        state = states.get(device.key)
+                        dear = one_dear_launch(claimed, spent, launches, burst,
+                                               state.cost_per_launch if state else 0.0)
+                        since = (None if device.graced_ns is None
+                                 else self._now_ns - device.graced_ns)
+                        if dear and (since is None or since >= MAX_WAIT_NS or (
+                                device.debt <= 0 and since >= LAUNCH_DEBT_GRACE_NS)):
+                            # A debt, forgiven again once the refill has repaid it, or once
+                            # the shim would have run the next launch in debt anyway (it
+                            # waits MAX_WAIT_NS at most): see `audit.one_dear_launch`.
+                            device.graced_ns, device.debt = self._now_ns, dear - 2.0 * burst
                         else:
                             self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
                             liars.add(device.key)
@@ -987,7 +999,6 @@ class ThrottleController:
             for row, (device, _, _) in zip(fields, steered, strict=True):
                 row[7], row[10], row[11] = utils[device.alloc_id], span_s, count
         observations: list[Observation] = [_new(Observation, row) for row in fields]
-        states = self._states.get(uuid, {})
         for key in liars:
             # Its cold-start bound came from a tick no bucket limited, whose claims nothing
             # could check: from a container caught overclaiming, it proves nothing.
