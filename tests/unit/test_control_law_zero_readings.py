@@ -114,3 +114,26 @@ def test_a_container_waking_from_idle_reads_zero_once_and_keeps_its_k(law):
     k = state.tokens_per_pct
     state, rate, burst = tick(law, state, 0.0, rate, burst)
     assert state.tokens_per_pct == k  # not raised: the zero before it is seconds old
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_container_spending_in_lumps_reads_zero_between_and_still_makes_a_pair(law):
+    # One dear launch every few ticks (a shim that waited as long as it ever waits): readings of
+    # 0 over its launches, and over the quiet ticks between them. The quiet ticks are not idle
+    # (it spent within the history): they keep the first zero for the next to confirm.
+    state, rate, burst = settled(law)
+    k = state.tokens_per_pct
+
+    def step(state, rate, burst, spent, util):
+        obs = Observation("x", 40.0, "strict", spent=spent, launches=1 if spent else 0,
+                          util=util, rate=rate, burst=burst)
+        d = law([obs], {"x": state}, 0.1, ControlParams())["x"]
+        return d.state, d.rate, d.burst
+
+    for _ in range(2):
+        state, rate, burst = step(state, rate, burst, 5 * SPENT, None)  # the launch
+        state, rate, burst = step(state, rate, burst, 0, 0.0)  # its window: 0
+        state, rate, burst = step(state, rate, burst, 0, None)
+        state, rate, burst = step(state, rate, burst, 0, None)
+        state, rate, burst = step(state, rate, burst, 0, 0.0)  # a quiet window: 0
+    assert state.tokens_per_pct > 10 * k

@@ -740,8 +740,14 @@ static PyObject *step(PyObject *module, PyObject *args)
             } else if (k > 0) {
                 double x, misaligned;
                 matched(hist, h_len, &win, p.partial, scratch, &x, &misaligned);
-                if (x <= 0)
-                    c->surprise = 0.0; /* idle over the reading (control.py) */
+                if (x <= 0) {
+                    /* idle as long as the history holds (control.py) */
+                    int idle = 1;
+                    for (Py_ssize_t j = 0; j < h_len && idle; j++)
+                        idle = hist[j] == 0.0;
+                    if (idle)
+                        c->surprise = 0.0;
+                }
                 if (x > 0 && util < p.resolution && x / k > p.missing_above) {
                     /* NVML missed its processes, once; twice in a row, a bound (control.py) */
                     double expected = x / k;

@@ -77,12 +77,13 @@ Kalman filter over the model `util = b * spend`:
   noise reaches, are evidence, of a bound: its tokens came to buy next to nothing (grids far
   larger for the same work), its use is at most the resolution, and `k` is raised to at least
   what that says (spending / resolution), its estimate widened so that the next reading
-  re-learns it. A reading at no spending clears a surprise: the zero of a container going idle
-  and the one as it wakes, seconds later, are no pair. Without the bound, such a container read
-  0 % with its rate unchanged for as long as it ran (simulated: launches 50 times dearer for
-  the same SM time, its share 40 %). The controller gives no reading (`None`, not 0) for a
-  container that spent but none of whose processes NVML listed (not yet placed, or missed for
-  several periods), so that only a process seen at 0 % counts here.
+  re-learns it. A reading after no spending for as long as the history holds clears a
+  surprise: the zero of a container going idle and the one as it wakes, seconds later, are no
+  pair. Without the bound, such a container read 0 % with its rate unchanged for as long as it
+  ran (simulated: launches 50 times dearer for the same SM time, its share 40 %). The
+  controller gives no reading (`None`, not 0) for a container that spent but none of whose
+  processes NVML listed (not yet placed, or missed for several periods), so that only a
+  process seen at 0 % counts here.
 - Between measurements `b` may drift (`drift_per_s`, relative, 0.3 %/s): the filter never
   stops listening, and a workload that changes slowly is followed; a lower drift keeps the
   steady estimate averaging more samples (NVML's noise at 1 sample/s and sigma 8 needs dozens).
@@ -517,8 +518,10 @@ def _observe(
             learned += 1
     elif util is not None and k > 0 and weights is not None:
         x, misaligned = _matched_spend(history, weights, params.partial_window)
-        if x <= 0:
-            surprise = 0.0  # idle over the reading: a surprise before it says nothing now
+        if x <= 0 and not any(history):
+            # idle for as long as the history holds: a surprise before it says nothing now (a
+            # container launching one dear kernel every 2 s spends in every other window only)
+            surprise = 0.0
         if x > 0 and util < params.resolution and x / k > params.missing_above:
             # Nothing seen of a container that spent for several percent: NVML missed its
             # processes (a reading of no use at all is not noise around such a share) ...

@@ -236,8 +236,8 @@ def control_step_gpu(
                         learned += 1
             elif k > 0:  # not NaN: a NaN learns nothing, as in the reference
                 x, misaligned = _matched(history, window, partial)
-                if x <= 0:
-                    surprise = 0.0  # idle over the reading (control.py)
+                if x <= 0 and not any(history):
+                    surprise = 0.0  # idle as long as the history holds (control.py)
                 if x > 0 and util < resolution and x / k > missing_above:
                     # NVML missed its processes, once; twice in a row, a bound (control.py)
                     expected = x / k
