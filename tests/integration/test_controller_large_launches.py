@@ -11,7 +11,9 @@
   samples every second (sigma 8) it got back 19 s after the change, or not within 30 s,
   depending on the plant's seed, and read 0-1 % until then. Two zeros in a row from a process
   NVML lists now bound its use, and its rate rises to what that says: back 4-14 s after the
-  change for these seeds."""
+  change for these seeds.
+- Launches dearer than the shim's longest wait (2 s) of refill: it runs each in debt, and the
+  audit forgives that debt rather than taking it for a lie."""
 
 from __future__ import annotations
 
@@ -53,3 +55,16 @@ async def test_tokens_that_buy_fifty_times_less_get_their_share_back(seed):
     # over the 5 s to 15 s after the change
     assert run.gpu.shares(run.procs["b"][1], 5.0)[-1][1] == pytest.approx(40, abs=3)
     assert run.gpu.shares(run.procs["a"][0], 5.0)[-1][1] <= 64  # its neighbour held as before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_launches_dearer_than_the_shims_longest_wait_are_debts_not_lies(seed):
+    # Grids 5,000 times larger: each launch costs 2.5 s of refill, more than the bucket (a
+    # second of refill at most) and the audit's loan. The shim runs one after its longest wait
+    # (2 s), in debt. Before, each was taken for a lie and the cap held the container near 0 %.
+    run = beside_a_neighbour(Workload(kernel_s=0.0002, blocks=1024 * 500), seed)
+    await run.advance(38.0)
+    assert "tokens_overclaimed" not in run.controller.error_counts
+    assert run.gpu.shares(run.procs["b"][1], 5.0)[-1][1] == pytest.approx(40, abs=3)
+    assert run.gpu.shares(run.procs["a"][0], 5.0)[-1][1] <= 64

@@ -975,8 +975,10 @@ class ThrottleController:
                                 device.debt <= 0 and since >= LAUNCH_DEBT_GRACE_NS)):
                             # A debt, forgiven again once the refill has repaid it, or once
                             # the shim would have run the next launch in debt anyway (it
-                            # waits MAX_WAIT_NS at most): see `audit.one_dear_launch`.
-                            device.graced_ns, device.debt = self._now_ns, dear - 2.0 * burst
+                            # waits MAX_WAIT_NS at most): see `audit.one_dear_launch`. Timed
+                            # from the last read, the earliest this launch can have been.
+                            device.graced_ns = previous_ns or self._now_ns
+                            device.debt = dear - 2.0 * burst
                         else:
                             self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
                             liars.add(device.key)
