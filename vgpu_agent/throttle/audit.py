@@ -85,11 +85,8 @@ def one_dear_launch(claimed: int, believed: int, launches: int, burst: int,
 
     Seen on the simulated GPU: an honest container whose launches came to cost 50 times more
     was caught at its first and its rate capped for seconds; at 500 times (2.5 s of refill
-    each) it was caught at every launch and held at 0 %. The caller forgives the next such debt
-    once the refill has repaid this one (LAUNCH_DEBT_GRACE_S apart at least), or once the shim
-    would have run its next launch in debt anyway (it waits `layout.MAX_WAIT_NS` at most): an
-    honest shim cannot launch again before. The claim is still held to the allowance; a
-    container that claims such launches every tick is caught in all the others."""
+    each) it was caught at every launch and held at 0 %. `LaunchDebt` says which such debts are
+    forgiven. The claim is still held to the allowance."""
     if launches < 1:
         return 0.0
     dear = claimed - (launches - 1) * usual_cost
@@ -97,6 +94,40 @@ def one_dear_launch(claimed: int, believed: int, launches: int, burst: int,
 
 
 LAUNCH_DEBT_GRACE_S = 1.0  # the least time between two launch debts forgiven
+_LAUNCH_DEBT_GRACE_NS = int(LAUNCH_DEBT_GRACE_S * 1e9)
+
+
+class LaunchDebt:
+    """One device's launch debts forgiven (`one_dear_launch`): the next is forgiven once the
+    refill has repaid the last (LAUNCH_DEBT_GRACE_S apart at least), or once the shim would
+    have run its next launch in debt anyway (it waits `max_wait_ns` at most): an honest shim
+    cannot launch again before. A container that claims such launches every tick is caught in
+    all the others."""
+
+    __slots__ = ("forgiven_ns", "left", "max_wait_ns")
+
+    def __init__(self, max_wait_ns: int) -> None:
+        self.max_wait_ns = max_wait_ns
+        self.forgiven_ns: int | None = None  # the earliest the last forgiven launch can have been
+        self.left = 0.0  # tokens of its debt the refill has not repaid yet
+
+    def repay(self, rate: int, dt_s: float) -> None:
+        """A tick's refill at the rate in force, `dt_s` long."""
+        if self.left > 0:
+            self.left -= rate * dt_s
+
+    def forgive(self, dear: float, burst: int, now_ns: int, earliest_ns: int) -> bool:
+        """Whether a debt of one launch of `dear` tokens (0: none explains the claim) is
+        forgiven, seen `now_ns`, launched `earliest_ns` at the earliest (the read before)."""
+        if not dear:
+            return False
+        since = None if self.forgiven_ns is None else now_ns - self.forgiven_ns
+        if since is None or since >= self.max_wait_ns or (
+                self.left <= 0 and since >= _LAUNCH_DEBT_GRACE_NS):
+            self.forgiven_ns, self.left = earliest_ns, dear - 2.0 * burst
+            return True
+        return False
+
 
 # A caught container's use reads off its target when it is further than this fraction of the
 # target plus this many points (nearer, a reading is noise around a rate that binds).

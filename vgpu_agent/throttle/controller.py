@@ -86,9 +86,9 @@ from vgpu_agent.shm.headerread import NATIVE_READ
 from vgpu_agent.shm.layout import MAX_WAIT_NS
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.audit import (
-    LAUNCH_DEBT_GRACE_S,
     LIAR_HOLD_S,
     Bucket,
+    LaunchDebt,
     LiarCap,
     believed_spend,
     one_dear_launch,
@@ -233,9 +233,8 @@ class _Device:
     region); the counters are the cumulative totals of the previous tick.
     """
 
-    __slots__ = ("alloc_id", "bucket", "debt", "dev", "graced_ns", "key", "last", "liar_cap",
-                 "limited", "limits", "overclaimed", "previous", "read_ns", "region", "seen",
-                 "uuid")
+    __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "launch_debt", "liar_cap", "limited",
+                 "limits", "overclaimed", "previous", "read_ns", "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -257,8 +256,7 @@ class _Device:
         self.limited = False  # whether the rate read at the last tick limited the shim
         self.overclaimed = False  # logged once
         self.liar_cap: LiarCap | None = None  # while it is caught overclaiming (`audit`)
-        self.graced_ns: int | None = None  # when a launch's debt was last forgiven (`audit`)
-        self.debt = 0.0  # tokens of that debt the refill has not repaid yet
+        self.launch_debt = LaunchDebt(MAX_WAIT_NS)  # launch debts forgiven (`audit`)
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -955,8 +953,7 @@ class ThrottleController:
                 read_dt_s = (self.tick_s if previous_ns is None
                              else (read_until - previous_ns) / 1e9)
                 if limited:
-                    if device.debt > 0:  # a forgiven launch's debt, repaid by the refill
-                        device.debt -= rate * read_dt_s
+                    device.launch_debt.repay(rate, read_dt_s)
                     claimed = spent
                     spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
                                                           read_dt_s)
@@ -969,17 +966,10 @@ class ThrottleController:
                         state = states.get(device.key)
                         dear = one_dear_launch(claimed, spent, launches, burst,
                                                state.cost_per_launch if state else 0.0)
-                        since = (None if device.graced_ns is None
-                                 else self._now_ns - device.graced_ns)
-                        if dear and (since is None or since >= MAX_WAIT_NS or (
-                                device.debt <= 0 and since >= LAUNCH_DEBT_GRACE_NS)):
-                            # A debt, forgiven again once the refill has repaid it, or once
-                            # the shim would have run the next launch in debt anyway (it
-                            # waits MAX_WAIT_NS at most): see `audit.one_dear_launch`. Timed
-                            # from the last read, the earliest this launch can have been.
-                            device.graced_ns = previous_ns or self._now_ns
-                            device.debt = dear - 2.0 * burst
-                        else:
+                        # a launch's debt, not a lie (`audit.LaunchDebt`): launched after the
+                        # last read at the earliest
+                        if not device.launch_debt.forgive(dear, burst, self._now_ns,
+                                                          previous_ns or self._now_ns):
                             self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
                             liars.add(device.key)
                 else:
@@ -1114,7 +1104,6 @@ READ_CHUNK = 32
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
 LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)
-LAUNCH_DEBT_GRACE_NS = int(LAUNCH_DEBT_GRACE_S * 1e9)
 PER_PROCESS_HOLD_US = int(PER_PROCESS_HOLD_S * 1e6)
 
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
