@@ -60,6 +60,29 @@ async def test_a_paced_run_ticks_at_the_controllers_own_pace():
     assert share(lent, "solo") > 90  # lent the idle rest of the GPU
 
 
+@pytest.mark.parametrize("paced", [False, True])
+async def test_a_run_stepped_in_pieces_is_the_run_one_call_gives(paced):
+    """The tick schedule outlives `advance`: pieces shorter than the tick (which ticked the
+    controller at every call, 20 times a second for 0.05 s pieces) change nothing."""
+    containers = (ContainerSpec("a", 30, BUSY, policy="strict"),
+                  ContainerSpec("b", 70, Workload(kernel_s=0.0005, blocks=512)))
+    whole = ControlledRun(containers, paced=paced)
+    await whole.advance(6)
+    for piece in (0.05, 0.13, 1.0):
+        sliced = ControlledRun(containers, paced=paced)
+        for _ in range(round(6 / piece)):
+            await sliced.advance(piece)
+        await sliced.advance(6 - sliced.gpu.elapsed_s)
+        assert sliced.controller.ticks == whole.controller.ticks, piece
+        for name in ("a", "b"):
+            assert sliced.regions[name].rates == whole.regions[name].rates, (piece, name)
+            assert share(sliced, name, 6) == share(whole, name, 6), (piece, name)
+    if paced:
+        assert whole.controller.ticks < 60  # calm: slower than every 0.1 s
+    else:
+        assert whole.controller.ticks == 60
+
+
 async def test_rates_are_written_only_when_they_change():
     run = ControlledRun((ContainerSpec("solo", 40, BUSY, policy="strict"),))
     await run.advance(5)
