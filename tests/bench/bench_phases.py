@@ -9,7 +9,7 @@ times shorter for the same grid, grids 200 or 5,000 times larger for the same ti
 (sigma 8). Per case and plant, over the seeds: when the container is back within 3 points of
 40 % for good (s after the change, `never` within 30 s), the most its neighbour and it used
 over any 1 s window after the change (both are strict), and how many ticks the controller took
-its claims for a lie (it is honest). With `--baseline DIR` the same runs are made with the code
+its claims for a lie or its use for one its rate does not hold (it is honest). With `--baseline DIR` the same runs are made with the code
 in DIR (another checkout) and printed below this tree's.
 """
 
@@ -61,7 +61,8 @@ async def one(case: str, period_s: float, sigma: float, seed: int) -> Row:
     back = next((t - 10 for i, (t, _) in enumerate(b)
                  if t > 10 and all(abs(v - 40) < 3 for _, v in b[i::per_s])), None)
     return (back, max(v for t, v in a if t > 11), max(v for t, v in b if t > 11),
-            run.controller.error_counts.get("tokens_overclaimed", 0))
+            sum(run.controller.error_counts.get(kind, 0)
+                for kind in ("tokens_overclaimed", "use_over_target")))
 
 
 def measure(cases: list[str], seeds: int) -> dict[str, list[Row]]:

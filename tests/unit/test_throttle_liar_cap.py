@@ -2,23 +2,29 @@
 its claims are held to its rate, so only whether its use follows a move of the cap shows
 whether that rate binds. The plant here is a container whose use is its rate over its true
 `k`, at most what it would use unthrottled, with the reading of a move arriving two readings
-after it."""
+after it. And the watch that caps a strict container whose own use stays above its target
+(`OveruseWatch`), against the simulated GPU's noisy readings."""
 
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
+from vgpu_agent.simulation.imperfections import Imperfections
 from vgpu_agent.throttle.audit import (
+    CAP_CUT_MOST,
     IDLE_WAITS,
     LIAR_MARGIN,
     LIAR_MARGIN_POINTS,
     LIAR_PROBE,
     LIAR_PROBE_STEPS,
+    OVERUSE_READINGS,
     SPLIT_RAISE,
     SPLIT_RAISE_READINGS,
     LiarCap,
+    OveruseWatch,
 )
 
 LARGEST_PROBE = LIAR_PROBE ** (1 + LIAR_PROBE_STEPS)
@@ -41,11 +47,24 @@ def steer(cap: LiarCap, k: float, most: float, readings: int, own: bool = True) 
     return caps
 
 
-def test_a_rate_that_does_not_bind_is_halved_every_second_reading():
-    cap = LiarCap(10**12, caught_ns=0)
-    caps = steer(cap, k=1e6, most=49.0, readings=8)  # it uses 49 % whatever its rate
-    assert caps == [10**12 // 2, 10**12 // 2, 10**12 // 4, 10**12 // 4, 10**12 // 8,
-                    10**12 // 8, 10**12 // 16, 10**12 // 16]
+def test_a_rate_that_does_not_bind_is_cut_every_second_reading_deeper_each_time():
+    # halved, then by 2, 4, 8 and 16 at most as each cut is not followed: a rate six orders
+    # of magnitude too high, halved each time, took forty readings (a minute at a sample a
+    # second) while its neighbour was held below its share
+    cap = LiarCap(10**18, caught_ns=0)
+    caps = steer(cap, k=1e6, most=49.0, readings=14)  # it uses 49 % whatever its rate
+    assert caps[::2] == caps[1::2]  # one move every second reading
+    cuts = [before / after for before, after in itertools.pairwise([10**18, *caps[::2]])]
+    assert cuts == pytest.approx([2, 2, 4, 8, 16, 16, 16])
+    assert CAP_CUT_MOST == 16
+
+
+def test_a_cut_the_use_follows_ends_the_deepening():
+    k = 1e6
+    cap = LiarCap(10**13, caught_ns=0)  # 250,000 times what 40 % takes
+    caps = steer(cap, k=k, most=49.0, readings=60)
+    assert caps[-1] == pytest.approx(TARGET * k, rel=0.05)  # back up to its target's rate
+    assert cap.cuts == 0
 
 
 def test_halving_stops_where_the_rate_binds_and_the_cap_is_set_to_the_target():
@@ -159,3 +178,34 @@ def test_a_container_whose_tokens_bought_far_less_climbs_out_with_larger_probes(
     margin = TARGET * LIAR_MARGIN + LIAR_MARGIN_POINTS
     assert (TARGET - margin) * k <= caps[-1] <= TARGET * k
     assert cap.idle == 0
+
+
+def test_the_overuse_watch_fires_at_the_twelfth_reading_in_a_row_above_the_target():
+    watch = OveruseWatch()
+    above = TARGET + LIAR_MARGIN_POINTS + 0.5
+    fired = [watch.read(above, TARGET) for _ in range(OVERUSE_READINGS - 1)]
+    assert fired == [False] * (OVERUSE_READINGS - 1)
+    assert watch.read(above, TARGET)  # the twelfth
+    assert watch.read(above, TARGET)  # and every one after, while it lasts
+    assert not watch.read(TARGET + LIAR_MARGIN_POINTS, TARGET)  # at the margin: not above
+    assert not any(watch.read(above, TARGET) for _ in range(OVERUSE_READINGS - 1))
+
+
+@pytest.mark.parametrize("sigma", [3.0, 8.0])
+def test_noise_around_the_target_seldom_fires_the_overuse_watch(sigma):
+    # readings as the simulated GPU gives them (a sampled proportion, whole percents) of a
+    # container using exactly its target, an hour of them at six a second
+    imperfections = Imperfections(nvml_sigma=sigma)
+    rng = random.Random(5)
+    watch = OveruseWatch()
+    fires = sum(watch.read(imperfections.observe(TARGET, rng), TARGET) for _ in range(21_600))
+    assert fires <= 2  # 0.4 ** 12 a reading at sigma 8: about one an hour
+
+
+def test_a_container_above_its_target_by_more_than_noise_fires_it_within_seconds():
+    imperfections = Imperfections(nvml_sigma=8.0)
+    rng = random.Random(5)
+    watch = OveruseWatch()
+    first = next(n for n in range(10_000)
+                 if watch.read(imperfections.observe(TARGET + 9.4, rng), TARGET))
+    assert first < 60  # ten seconds of readings at six a second

@@ -90,6 +90,7 @@ from vgpu_agent.throttle.audit import (
     Bucket,
     LaunchDebt,
     LiarCap,
+    OveruseWatch,
     believed_spend,
     one_dear_launch,
 )
@@ -234,7 +235,8 @@ class _Device:
     """
 
     __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "launch_debt", "liar_cap", "limited",
-                 "limits", "overclaimed", "previous", "read_ns", "region", "seen", "uuid")
+                 "limits", "overclaimed", "overuse", "overused", "previous", "read_ns", "region",
+                 "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -257,6 +259,8 @@ class _Device:
         self.overclaimed = False  # logged once
         self.liar_cap: LiarCap | None = None  # while it is caught overclaiming (`audit`)
         self.launch_debt = LaunchDebt(MAX_WAIT_NS)  # launch debts forgiven (`audit`)
+        self.overuse = OveruseWatch()  # its own use against its target (`audit`)
+        self.overused = False  # logged once
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -998,7 +1002,8 @@ class ThrottleController:
             if state is not None and state.k_floor > 0:
                 states[key] = state._replace(k_floor=0.0)
         params = self.params
-        split = uuid in self._sliced and sum([1 for spent in spent_by.values() if spent]) > 1
+        sliced = uuid in self._sliced
+        split = sliced and sum([1 for spent in spent_by.values() if spent]) > 1
         if split:
             # split shares are estimates, not NVML's skewed samples: a far-off one is the
             # split re-learning (a change of phase found), followed at once
@@ -1015,7 +1020,15 @@ class ThrottleController:
             decision = decisions[obs[0]]
             rate, burst = decision[0], decision[1]
             cap = device.liar_cap
-            if obs[0] in liars:
+            # a strict container's own use (per-process samples, not a time-sliced GPU's
+            # split) against the target its rate in force aimed at (a work-conserving one may
+            # use what is lent beyond it)
+            overused = (obs[7] is not None and sliced is False and device.last is not None
+                        and obs[2] == "strict" and obs[1] < FULL_SHARE and written_rate > 0
+                        and device.overuse.read(obs[7], device.last[1].target))
+            if overused:
+                self._overused(device, obs[7], written_rate)  # type: ignore[arg-type]
+            if obs[0] in liars or overused:
                 if cap is None:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
                 cap.caught_ns = self._now_ns
@@ -1067,6 +1080,17 @@ class ThrottleController:
                         claimed=claimed, believed=believed, rate=rate, burst=burst,
                         interval_s=round(interval_s, 4),
                         why="more tokens than the rate and burst in force let through")
+
+    def _overused(self, device: _Device, util: float, rate: int) -> None:
+        """Counted every reading the watch fires; logged the first time per device."""
+        self.errors["use_over_target"] += 1
+        if not device.overused:
+            device.overused = True
+            assert device.last is not None
+            log.warning("throttle_use_over_target", alloc_id=device.alloc_id, dev=device.dev,
+                        util=util, target=round(device.last[1].target, 2), rate=rate,
+                        why="its use read above its target reading after reading: its rate "
+                            "does not hold it")
 
     def _apply(self, device: _Device, rate: int, burst: int) -> None:
         try:
