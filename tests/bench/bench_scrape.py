@@ -539,6 +539,13 @@ def check_bound(body: bytes, pods: set[str]) -> None:
                          f"({cut.group(1).decode() if cut else 'no count exported'}): they "
                          "spend more than their buckets let through (the agent's "
                          "throttle_tokens_overclaimed warning above says by how much)")
+    # and their use follows their rates: none was capped for use above its target
+    over = re.search(rb'vgpu_region_events_total\{[^}]*event="use_over_target"[^}]*\} (\S+)',
+                     body)
+    if over is None or float(over.group(1)) != 0:
+        raise SystemExit("the agent capped honest bench containers for use above their targets "
+                         f"({over.group(1).decode() if over else 'no count exported'}; the "
+                         "agent's throttle_use_over_target warning above names the first)")
 
 
 def pct(ordered: list[float], q: float) -> float:

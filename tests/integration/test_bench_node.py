@@ -81,3 +81,21 @@ def test_the_benchmark_shims_spend_no_more_than_their_buckets_let_through(tmp_pa
         assert layout.is_unlimited(layout.POLICY_STRICT, 0, 0, 0)  # (0, 0): never configured
     finally:
         region.close()
+
+
+@pytest.mark.parametrize(("overclaimed", "over_target", "stops"),
+                         [(0, 0, False), (3, 0, True), (0, 1, True)])
+def test_the_bench_stops_when_an_honest_container_is_cut_or_capped(overclaimed, over_target,
+                                                                    stops):
+    # its containers are honest: a claim cut or a cap for use above its target is a false
+    # catch, and figures measured beside one say nothing
+    from tests.bench.bench_scrape import check_bound
+
+    body = (b'vgpu_container_core_utilization_ratio{pod="pod-0",container="ctr-0"} 0.05\n'
+            b'vgpu_region_events_total{event="tokens_overclaimed"} %d\n'
+            b'vgpu_region_events_total{event="use_over_target"} %d\n' % (overclaimed, over_target))
+    if stops:
+        with pytest.raises(SystemExit):
+            check_bound(body, {"pod-0"})
+    else:
+        check_bound(body, {"pod-0"})
