@@ -585,7 +585,8 @@ class Agent:
         events["identity_rejected"] = self.controller.attributor.rejected_total
         # ticks in which a device's `state` claimed more tokens than its bucket let through
         events["tokens_overclaimed"] = self.controller.error_counts.get("tokens_overclaimed", 0)
-        # readings of a strict container's own use above its target, twelve in a row or more
+        # readings of a strict container's own use above its target, twelve in a row or more,
+        # not following the law's falling k (`throttle/audit.py`, OveruseWatch)
         events["use_over_target"] = self.controller.error_counts.get("use_over_target", 0)
         return events
 

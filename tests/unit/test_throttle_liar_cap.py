@@ -20,6 +20,7 @@ from vgpu_agent.throttle.audit import (
     LIAR_MARGIN_POINTS,
     LIAR_PROBE,
     LIAR_PROBE_STEPS,
+    OVERUSE_K_FALL,
     OVERUSE_READINGS,
     SPLIT_RAISE,
     SPLIT_RAISE_READINGS,
@@ -180,32 +181,47 @@ def test_a_container_whose_tokens_bought_far_less_climbs_out_with_larger_probes(
     assert cap.idle == 0
 
 
-def test_the_overuse_watch_fires_at_the_twelfth_reading_in_a_row_above_the_target():
+def run_watch(readings: list[float], ks: list[float]) -> list[bool]:
     watch = OveruseWatch()
-    above = TARGET + LIAR_MARGIN_POINTS + 0.5
-    fired = [watch.read(above, TARGET) for _ in range(OVERUSE_READINGS - 1)]
-    assert fired == [False] * (OVERUSE_READINGS - 1)
-    assert watch.read(above, TARGET)  # the twelfth
-    assert watch.read(above, TARGET)  # and every one after, while it lasts
-    assert not watch.read(TARGET + LIAR_MARGIN_POINTS, TARGET)  # at the margin: not above
-    assert not any(watch.read(above, TARGET) for _ in range(OVERUSE_READINGS - 1))
+    return [watch.read(util, TARGET, k) for util, k in zip(readings, ks, strict=True)]
+
+
+def test_the_overuse_watch_fires_where_k_fell_and_the_use_did_not_follow():
+    above = TARGET + 9.0
+    falling = [1e9 * 0.95**n for n in range(30)]  # the law's k, a few percent a reading
+    fired = run_watch([above] * 30, falling)
+    first = fired.index(True)
+    # twelve readings at least, and k down to half of what it was when the run began
+    assert first >= OVERUSE_READINGS - 1
+    assert falling[first] <= OVERUSE_K_FALL * falling[0] < falling[first - 1]
+    assert all(fired[first:])
+    # a reading at the margin ends the run: it starts again from there
+    again = run_watch([above] * 20 + [TARGET + LIAR_MARGIN_POINTS] + [above] * 12,
+                      falling + falling[:3])
+    assert again[20:].count(True) == 0
+
+
+def test_a_use_that_follows_k_down_never_fires_it():
+    # an honest container whose tokens came to buy twice as much: the law brings k down as
+    # slowly as it may, and its use comes down with it
+    ks = [1e9 * 0.97**n for n in range(60)]
+    uses = [2 * TARGET * k / ks[0] for k in ks]
+    assert not any(run_watch(uses, ks))
+
+
+def test_a_use_over_target_with_no_spending_claimed_fires_it():
+    # k stands still only where no reading was paired with spending: the use is not the claims'
+    assert run_watch([TARGET + 9.0] * 12, [1e9] * 12)[-1]
+    # a k the law moves, however little, is learning from claimed spending: not this
+    assert not any(run_watch([TARGET + 9.0] * 60, [1e9 * 0.999**n for n in range(60)]))
 
 
 @pytest.mark.parametrize("sigma", [3.0, 8.0])
-def test_noise_around_the_target_seldom_fires_the_overuse_watch(sigma):
+def test_noise_around_the_target_never_fires_the_overuse_watch(sigma):
     # readings as the simulated GPU gives them (a sampled proportion, whole percents) of a
-    # container using exactly its target, an hour of them at six a second
+    # container using exactly its target, an hour of them at six a second, k falling all along
     imperfections = Imperfections(nvml_sigma=sigma)
     rng = random.Random(5)
     watch = OveruseWatch()
-    fires = sum(watch.read(imperfections.observe(TARGET, rng), TARGET) for _ in range(21_600))
-    assert fires <= 2  # 0.4 ** 12 a reading at sigma 8: about one an hour
-
-
-def test_a_container_above_its_target_by_more_than_noise_fires_it_within_seconds():
-    imperfections = Imperfections(nvml_sigma=8.0)
-    rng = random.Random(5)
-    watch = OveruseWatch()
-    first = next(n for n in range(10_000)
-                 if watch.read(imperfections.observe(TARGET + 9.4, rng), TARGET))
-    assert first < 60  # ten seconds of readings at six a second
+    assert not any(watch.read(imperfections.observe(TARGET, rng), TARGET, 1e9 * 0.9**n)
+                   for n in range(21_600))

@@ -603,7 +603,7 @@ def _agent_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family | Metric
          "identity_rejected: process claims in `state` the host refuted; tokens_overclaimed: "
          "ticks a device's `state` claimed more tokens than its bucket let through; "
          "use_over_target: readings of a strict container's own use above its target, each "
-         "the twelfth or later in a row; "
+         "the twelfth or later in a row, not following the law's falling k; "
          "state_replaced, files_truncated: container files replaced or grown past their size.",
          "event", "counter", snap.region_events),
         ("vgpu_regions", "Allocation regions on the node, by state.", "state", "gauge",

@@ -42,15 +42,18 @@ grants, a fake NVML driver) whose first rate was thousands of times below their 
 use read a few percent of noise while the law ramped them: capped, they got nothing. That watch
 was not kept (`BENCHMARKS.md`). What gives such a container away is its use once it runs: its
 claims follow its rate, so the law, learning from them, cuts a rate six orders of magnitude too
-high a few percent a reading, while its use stays above its target. A strict container whose
-own use reads above its target reading after reading (`OveruseWatch`) is capped as a caught
-one is. A work-conserving container may use what is lent beyond its target, and a time-sliced
-GPU's split is no reading of a container's own: for those the gap stays.
+high a few percent a reading, while its use stays above its target and does not follow. A
+strict container whose own use reads above its target reading after reading while the law's
+`k` fell and its use did not follow (`OveruseWatch`) is capped as a caught one is. A
+work-conserving container may use what is lent beyond its target, and a time-sliced GPU's
+split is no reading of a container's own: for those the gap stays.
 
 Pure: no I/O, no clocks.
 """
 
 from __future__ import annotations
+
+import math
 
 JITTER_S = 0.1  # of refill lent for counters read early or late (a CFS period of stall)
 
@@ -158,31 +161,60 @@ SPLIT_RAISE = 1.25
 
 
 OVERUSE_READINGS = 12  # fresh readings in a row above the target by LIAR_MARGIN_POINTS
+OVERUSE_ENDS = 3  # readings averaged at each end of such a run
+OVERUSE_K_FALL = 0.5  # the law's k fell at least this far over the run, the use not with it
 
 
 class OveruseWatch:
-    """One device's own use against the target its rate aimed at. A container whose use reads
-    above that target by more than LIAR_MARGIN_POINTS OVERUSE_READINGS fresh readings in a row
-    is not held by its rate, whatever its claims say: the law corrects a `k` that is merely
-    wrong within a few readings, and noise around the target rarely falls on one side that many
-    times (0.4 ** 12 at sigma 8 and 40 %). The container the claims cannot catch (it claims
-    exactly what its bucket lets through while it runs lightly, so that its rate is raised
-    reading after reading, then runs without pause) ran at 49 % beside a strict 60 % neighbour
-    held to 49 % to the end of the run on the simulated GPU: its claims follow its rate, so the
-    law, learning from them, brought a rate six orders of magnitude too high down a few percent
-    a reading. Such a container is capped as a caught one is (`LiarCap`), from the rate in
-    force."""
+    """One device's own use against the target its rate aimed at, and against the law's `k`
+    (tokens a second a percent of SM time) that rate came from. The container the claims
+    cannot catch (it claims exactly what its bucket lets through while it runs lightly, so that
+    its rate is raised reading after reading, then runs without pause) ran at 49 % beside a
+    strict 60 % neighbour held to 49 % to the end of the run on the simulated GPU: its claims
+    follow its rate, so the law, learning from them, brought a `k` six orders of magnitude too
+    high down a few percent a reading, and the use did not follow. An honest container above
+    its target after its tokens came to buy more (seen on the bench's node: its use doubling
+    for 2 s at a time) is brought down by the law as fast, but its use follows `k` down.
 
-    __slots__ = ("over",)
+    So the watch fires where the use read above the target by more than LIAR_MARGIN_POINTS
+    OVERUSE_READINGS fresh readings in a row (noise around the target rarely falls on one side
+    that often: 0.4 ** 12 at sigma 8 and 40 %), while `k` fell to OVERUSE_K_FALL of what it
+    was at the run's start or lower and the use did not fall halfway (in ratio) with it (the
+    means of OVERUSE_ENDS readings at each end), or `k` did not move at all: the law learns
+    from every reading paired with spending, so none was claimed for the use read (the same
+    container, claiming nothing once its rate reached the law's ceiling, ran at 49 % for good).
+    Such a container is capped as a caught one is (`LiarCap`), from the rate in force."""
+
+    __slots__ = ("first", "k_start", "over", "recent")
 
     def __init__(self) -> None:
         self.over = 0  # readings in a row above the target by the margin
+        self.k_start = 0.0  # the law's k when the run began
+        self.first: list[float] = []  # the run's first readings
+        self.recent: list[float] = []  # and its last
 
-    def read(self, util: float, target: float) -> bool:
-        """One fresh reading of its own use against the `target` its rate in force aimed
-        at; whether the watch fires."""
-        self.over = self.over + 1 if util > target + LIAR_MARGIN_POINTS else 0
-        return self.over >= OVERUSE_READINGS
+    def read(self, util: float, target: float, k: float) -> bool:
+        """One fresh reading of its own use against the `target` its rate in force aimed at,
+        from the law's `k`; whether the watch fires."""
+        if util <= target + LIAR_MARGIN_POINTS or k <= 0:
+            self.over = 0
+            return False
+        if not self.over:
+            self.k_start, self.first, self.recent = k, [], []
+        self.over += 1
+        if len(self.first) < OVERUSE_ENDS:
+            self.first.append(util)
+        self.recent = [*self.recent[1 - OVERUSE_ENDS :], util]
+        if self.over < OVERUSE_READINGS:
+            return False
+        if k == self.k_start:
+            # the law learned nothing from all those readings: no spending was claimed for
+            # them (every reading with spending moves k), yet the use was there
+            return True
+        if k > OVERUSE_K_FALL * self.k_start:
+            return False
+        # the use fell by less than half of k's fall (in ratio): it does not follow k
+        return sum(self.recent) >= sum(self.first) * math.sqrt(k / self.k_start)
 
 
 class LiarCap:

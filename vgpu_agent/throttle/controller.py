@@ -1025,7 +1025,8 @@ class ThrottleController:
             # use what is lent beyond it)
             overused = (obs[7] is not None and sliced is False and device.last is not None
                         and obs[2] == "strict" and obs[1] < FULL_SHARE and written_rate > 0
-                        and device.overuse.read(obs[7], device.last[1].target))
+                        and device.overuse.read(obs[7], device.last[1].target,
+                                                device.last[1].state.tokens_per_pct))
             if overused:
                 self._overused(device, obs[7], written_rate)  # type: ignore[arg-type]
             if obs[0] in liars or overused:
@@ -1089,8 +1090,8 @@ class ThrottleController:
             assert device.last is not None
             log.warning("throttle_use_over_target", alloc_id=device.alloc_id, dev=device.dev,
                         util=util, target=round(device.last[1].target, 2), rate=rate,
-                        why="its use read above its target reading after reading: its rate "
-                            "does not hold it")
+                        why="its use read above its target reading after reading and did not "
+                            "follow the law's falling k: its rate does not hold it")
 
     def _apply(self, device: _Device, rate: int, burst: int) -> None:
         try:
