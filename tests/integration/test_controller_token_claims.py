@@ -210,6 +210,32 @@ async def test_a_strict_container_claiming_exactly_its_allowance_is_held_by_its_
     assert gpu.shares(procs[1], 15)[-1][1] <= 43
 
 
+@pytest.mark.slow
+async def test_the_exact_allowance_game_played_again_finds_its_cap_still_there():
+    # light 15 s, heavy 15 s, four times: a cap dropped 5 s after the watch last fired let
+    # the claimer's rate be raised again in each light phase, and its neighbour was below
+    # 57 % for 6 s of each heavy one (the whole of each with one sample a second)
+    cycles = []
+    for c in range(4):
+        cycles += [(30.0 * c + t, 30.0 * c + t + 0.02) for t in range(15)]
+        cycles.append((30.0 * c + 15, 30.0 * c + 30))
+    gpu, liar, procs, controller = pair(Workload(kernel_s=0.0002, busy=tuple(cycles)))
+    slot, claimed = liar.processes[0], 0
+    for tick in range(1200):
+        gpu.advance(0.1)
+        spent = slot.tokens_spent[0]
+        rate = liar.rates[0][0]
+        if tick >= 2 and rate:
+            claimed += rate // 10
+        slot.tokens_spent[0] = max(spent, claimed)
+        await controller.tick()
+        slot.tokens_spent[0] = spent
+    honest = gpu.shares(procs[0], 1.0)
+    for c in (1, 2, 3):  # the heavy phases after the first
+        heavy = [v for t, v in honest if 30 * c + 15 < t <= 30 * c + 30]
+        assert sum(heavy) / len(heavy) >= 57, c
+
+
 async def test_an_honest_strict_container_beside_another_is_never_taken_for_an_overuser():
     gpu, _, _, controller = pair()
     for _ in range(600):

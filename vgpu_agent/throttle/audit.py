@@ -142,6 +142,10 @@ class LaunchDebt:
 LIAR_MARGIN = 0.15
 LIAR_MARGIN_POINTS = 2.0
 LIAR_HOLD_S = 5.0  # a cap is dropped after this long without a catch
+# ... or this long for a container the overuse watch fired on: it may play its game again (run
+# lightly while its rate is raised, then heavily), and a cap dropped 5 s after the last fire
+# left its neighbour at 49.7 % of 60 through each heavy phase with one sample a second
+OVERUSE_HOLD_S = 300.0
 # The most a cap is raised at once towards the rate its target needs; to this to the power
 # 1 + n after n raises in a row the use did not follow, up to LIAR_PROBE_STEPS.
 LIAR_PROBE = 8.0

@@ -87,6 +87,7 @@ from vgpu_agent.shm.layout import MAX_WAIT_NS
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.audit import (
     LIAR_HOLD_S,
+    OVERUSE_HOLD_S,
     Bucket,
     LaunchDebt,
     LiarCap,
@@ -235,8 +236,8 @@ class _Device:
     """
 
     __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "launch_debt", "liar_cap", "limited",
-                 "limits", "overclaimed", "overuse", "overused", "previous", "read_ns", "region",
-                 "seen", "uuid")
+                 "limits", "long_hold", "overclaimed", "overuse", "overused", "previous",
+                 "read_ns", "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -261,6 +262,8 @@ class _Device:
         self.launch_debt = LaunchDebt(MAX_WAIT_NS)  # launch debts forgiven (`audit`)
         self.overuse = OveruseWatch()  # its own use against its target (`audit`)
         self.overused = False  # logged once
+        # its cap held OVERUSE_HOLD_S: the overuse watch fired while its claims were believed
+        self.long_hold = False
 
 
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
@@ -1029,11 +1032,14 @@ class ThrottleController:
                                                 device.last[1].state.tokens_per_pct))
             if overused:
                 self._overused(device, obs[7], written_rate)  # type: ignore[arg-type]
+                if obs[0] not in liars:  # (one whose claims are cut is held as those are)
+                    device.long_hold = True
             if obs[0] in liars or overused:
                 if cap is None:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
                 cap.caught_ns = self._now_ns
-            elif cap is not None and self._now_ns - cap.caught_ns > LIAR_HOLD_NS:
+            elif cap is not None and self._now_ns - cap.caught_ns > (
+                    OVERUSE_HOLD_NS if device.long_hold else LIAR_HOLD_NS):
                 cap = device.liar_cap = None
             if cap is not None and obs[2] != "off":  # (off: the law writes no limit)
                 if obs[7] is not None:
@@ -1129,6 +1135,7 @@ READ_CHUNK = 32
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
 LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)
+OVERUSE_HOLD_NS = int(OVERUSE_HOLD_S * 1e9)
 PER_PROCESS_HOLD_US = int(PER_PROCESS_HOLD_S * 1e6)
 
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
