@@ -9,8 +9,9 @@ times shorter for the same grid, grids 200 or 5,000 times larger for the same ti
 (sigma 8). Per case and plant, over the seeds: when the container is back within 3 points of
 40 % for good (s after the change, `never` within 30 s), the most its neighbour and it used
 over any 1 s window after the change (both are strict), and how many ticks the controller took
-its claims for a lie or its use for one its rate does not hold (it is honest). With `--baseline DIR` the same runs are made with the code
-in DIR (another checkout) and printed below this tree's.
+its claims for a lie or its use for one its rate does not hold (it is honest). With
+`--baseline DIR` the same runs are made with the code in DIR (another checkout) and printed
+below this tree's.
 """
 
 from __future__ import annotations

@@ -153,13 +153,13 @@ LIAR_PROBE_STEPS = 3
 # After a raise its use did not follow (it is not using its rate), the readings to wait before
 # the next: doubled at each such raise, up to the last.
 IDLE_WAITS = (2, 4, 8, 16, 32)
-# Where moves cannot be judged (`LiarCap.read`), a cap reading low this many readings in a row
-# is raised by this factor.
 # A cut a caught container's use did not follow is followed by a deeper one: by 2, 4, 8, then
 # this at most. Deeper, the cap may land so far below the rate that binds that the use it
 # leaves reads as noise, a raise back then shows no move past the margin, and the cap, taken
 # for one a container does not use, stays there (seen: 65536 left it at 0.002 % of its share).
 CAP_CUT_MOST = 16.0
+# Where moves cannot be judged (`LiarCap.read`), a cap reading low this many readings in a row
+# is raised by this factor.
 SPLIT_RAISE_READINGS = 5
 SPLIT_RAISE = 1.25
 
@@ -182,11 +182,13 @@ class OveruseWatch:
 
     So the watch fires where the use read above the target by more than LIAR_MARGIN_POINTS
     OVERUSE_READINGS fresh readings in a row (noise around the target rarely falls on one side
-    that often: 0.4 ** 12 at sigma 8 and 40 %), while `k` fell to OVERUSE_K_FALL of what it
-    was at the run's start or lower and the use did not fall halfway (in ratio) with it (the
-    means of OVERUSE_ENDS readings at each end), or `k` did not move at all: the law learns
-    from every reading paired with spending, so none was claimed for the use read (the same
-    container, claiming nothing once its rate reached the law's ceiling, ran at 49 % for good).
+    that often: 0.4 ** 12 at sigma 8 and 40 %, for readings as independent as the simulated
+    GPU's; how correlated a real driver's are is not measured), while `k` fell to
+    OVERUSE_K_FALL of what it was at the run's start or lower and the use did not fall halfway
+    (in ratio) with it (the means of OVERUSE_ENDS readings at each end), or `k` did not move at
+    all: the law learns from every reading paired with spending, so none was claimed for the
+    use read (the same container, claiming nothing once its rate reached the law's ceiling, ran
+    at 49 % for good).
     Such a container is capped as a caught one is (`LiarCap`), from the rate in force."""
 
     __slots__ = ("first", "k_start", "over", "recent")

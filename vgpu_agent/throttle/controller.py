@@ -1026,14 +1026,15 @@ class ThrottleController:
             # a strict container's own use (per-process samples, not a time-sliced GPU's
             # split) against the target its rate in force aimed at (a work-conserving one may
             # use what is lent beyond it)
-            overused = (obs[7] is not None and sliced is False and device.last is not None
-                        and obs[2] == "strict" and obs[1] < FULL_SHARE and written_rate > 0
-                        and device.overuse.read(obs[7], device.last[1].target,
-                                                device.last[1].state.tokens_per_pct))
-            if overused:
-                self._overused(device, obs[7], written_rate)  # type: ignore[arg-type]
-                if obs[0] not in liars:  # (one whose claims are cut is held as those are)
-                    device.long_hold = True
+            util, aimed = obs[7], device.last[1] if device.last is not None else None
+            overused = False
+            if (util is not None and aimed is not None and not sliced and obs[2] == "strict"
+                    and obs[1] < FULL_SHARE and written_rate > 0):
+                overused = device.overuse.read(util, aimed.target, aimed.state.tokens_per_pct)
+                if overused:
+                    self._overused(device, util, aimed.target, written_rate)
+                    if obs[0] not in liars:  # (one whose claims are cut is held as those are)
+                        device.long_hold = True
             if obs[0] in liars or overused:
                 if cap is None:
                     cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
@@ -1088,14 +1089,13 @@ class ThrottleController:
                         interval_s=round(interval_s, 4),
                         why="more tokens than the rate and burst in force let through")
 
-    def _overused(self, device: _Device, util: float, rate: int) -> None:
+    def _overused(self, device: _Device, util: float, target: float, rate: int) -> None:
         """Counted every reading the watch fires; logged the first time per device."""
         self.errors["use_over_target"] += 1
         if not device.overused:
             device.overused = True
-            assert device.last is not None
             log.warning("throttle_use_over_target", alloc_id=device.alloc_id, dev=device.dev,
-                        util=util, target=round(device.last[1].target, 2), rate=rate,
+                        util=util, target=round(target, 2), rate=rate,
                         why="its use read above its target reading after reading and did not "
                             "follow the law's falling k: its rate does not hold it")
 
