@@ -1,28 +1,29 @@
-"""The native part of the package: the control law in C (`vgpu_agent/throttle/_lawc.c`) and
-the lean read of a `state` header (`vgpu_agent/shm/_statec.c`).
+"""The native part of the package: the control law in C (`vgpu_agent/throttle/_lawc.c`), the
+common path of the steering around it (`vgpu_agent/throttle/_steerc.c`) and the lean read of a
+`state` header (`vgpu_agent/shm/_statec.c`).
 
-Everything else is in pyproject.toml. Both extensions are optional: where no C compiler is
+Everything else is in pyproject.toml. The extensions are optional: where no C compiler is
 found the package installs without them and the agent runs the same law and the same read in
 Python (`nativelaw.NATIVE` and `headerread.NATIVE_READ` say which runs).
 """
 
 from setuptools import Extension, setup
 
+# floats as Python computes them: no fused multiply-adds, no fast-math
+PYTHON_FLOATS = ["-ffp-contract=off", "-fno-fast-math"]
+
+
+def native(name: str, *flags: str) -> Extension:
+    """The optional C module `vgpu_agent.<name>`, from `vgpu_agent/<name>.c`."""
+    return Extension(f"vgpu_agent.{name}", [f"vgpu_agent/{name.replace('.', '/')}.c"],
+                     extra_compile_args=["-std=c11", "-O2", *flags, "-Wall", "-Wextra"],
+                     optional=True)
+
+
 setup(
     ext_modules=[
-        Extension(
-            "vgpu_agent.throttle._lawc",
-            ["vgpu_agent/throttle/_lawc.c"],
-            # floats as Python computes them: no fused multiply-adds, no fast-math
-            extra_compile_args=["-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math",
-                                "-Wall", "-Wextra"],
-            optional=True,
-        ),
-        Extension(
-            "vgpu_agent.shm._statec",
-            ["vgpu_agent/shm/_statec.c"],
-            extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra"],
-            optional=True,
-        ),
+        native("throttle._lawc", *PYTHON_FLOATS),
+        native("throttle._steerc", *PYTHON_FLOATS),
+        native("shm._statec"),
     ]
 )

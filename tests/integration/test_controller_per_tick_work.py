@@ -352,14 +352,18 @@ async def test_the_loop_runs_between_chunks_of_region_reads():
 
 
 def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
-    """Installed without a compiler: the same law and read in Python, several times slower."""
+    """Installed without a compiler: the same law, steering and read in Python, slower."""
     monkeypatch.setattr(controller_module, "NATIVE", False)
+    monkeypatch.setattr(controller_module, "NATIVE_STEERING", False)
     monkeypatch.setattr(controller_module, "NATIVE_READ", False)
     with capture_logs() as logs:
-        ThrottleController(Samples({}), list)
+        controller = ThrottleController(Samples({}), list)
     events = [e["event"] for e in logs]
-    assert events == ["throttle_law_not_native", "throttle_read_not_native"]
+    assert events == ["throttle_law_not_native", "throttle_steering_not_native",
+                      "throttle_read_not_native"]
+    assert not controller.native_steering  # (it steers every device in Python)
     monkeypatch.setattr(controller_module, "NATIVE", True)
+    monkeypatch.setattr(controller_module, "NATIVE_STEERING", True)
     monkeypatch.setattr(controller_module, "NATIVE_READ", True)
     with capture_logs() as logs:
         ThrottleController(Samples({}), list)

@@ -11,7 +11,9 @@ with `set_rate` where they changed, a container caught overclaiming never above 
 (`audit.LiarCap`).
 The law is `nativelaw.control_step_native`, all containers of a GPU in one call, in C where the
 extension was built (`fastlaw.control_step_gpu` in Python otherwise); both decide exactly as
-the reference `control.control_step` (which `law=` can select, as the tests do). The slots
+the reference `control.control_step` (which `law=` can select, as the tests do). The steering
+around it, per device, is `_observe` and `_settle`; `_steerc.c` does what they do for the
+devices on the common path where it was built (`native_steering`) and hands them the rest. The slots
 (what the container claims runs in it) are read only when a sample names a process the
 controller cannot yet place, at most once a second per GPU. A failing region or GPU is logged
 and counted; the loop goes on.
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -86,8 +89,12 @@ from vgpu_agent.shm.headerread import NATIVE_READ
 from vgpu_agent.shm.layout import MAX_WAIT_NS
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.audit import (
+    JITTER_S,
     LIAR_HOLD_S,
+    LIAR_MARGIN_POINTS,
+    OVERUSE_ENDS,
     OVERUSE_HOLD_S,
+    OVERUSE_READINGS,
     Bucket,
     LaunchDebt,
     LiarCap,
@@ -106,6 +113,13 @@ from vgpu_agent.throttle.control import (
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.nativelaw import NATIVE, control_step_native
 from vgpu_agent.throttle.timesliced import PER_PROCESS_HOLD_S, SHARED_PERIODS, TimeSlicedSplit
+
+try:
+    from vgpu_agent.throttle import _steerc  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: the steering in Python
+    _steerc = None
+# whether `_steer_gpu` runs its common path in C (`_steerc.c`)
+NATIVE_STEERING = _steerc is not None
 
 # One tick of the law for one GPU's containers: `control.control_step`'s signature.
 Law = Callable[
@@ -343,6 +357,11 @@ class ThrottleController:
         if law is control_step_native and not NATIVE:
             log.warning("throttle_law_not_native", reason="vgpu_agent.throttle._lawc was not "
                         "built (no C compiler at install)", law="python")
+        # the common path of each device's steering in C where it was built (see `_steer_gpu`)
+        self.native_steering = NATIVE_STEERING
+        if not NATIVE_STEERING:
+            log.warning("throttle_steering_not_native", reason="vgpu_agent.throttle._steerc "
+                        "was not built (no C compiler at install)", steering="python")
         if not NATIVE_READ:
             log.warning("throttle_read_not_native", reason="vgpu_agent.shm._statec was not "
                         "built (no C compiler at install)", read="python")
@@ -902,11 +921,11 @@ class ThrottleController:
     ) -> None:
         """One GPU's tick: observations from what was read, the law, the rates written.
 
-        The observations are built without `Observation`'s checks: every field is made valid
-        here (counters from `state`, which a container may fake, only as differences clamped at
-        0 of values `layout.state_counters` bounds, the tokens never more than the bucket let
-        through; limits and policies from `control`, which only the agent writes, the policy
-        checked against the allowed names).
+        Per device, `_observe` (before the law) and `_settle` (after it) are the reference;
+        where `_steerc` was built, it does what they do for devices on the common path (no
+        first sight, no claim cut, no cap, an overuse watch that cannot fire on this reading)
+        and hands the others to them, so that every device is steered as they would steer it
+        (the tests compare the two).
         """
         # What each device spent, launched and waited since the last tick, as `state` says,
         # the tokens never more than its bucket can have let through (`throttle/audit.py`):
@@ -916,82 +935,12 @@ class ThrottleController:
         steered: list[tuple[_Device, int, int]] = []
         spent_by: dict[str, int] = {}
         liars: set[str] = set()
-        for device, (counters, rates, policies, priority, read_from, read_until) in entries:
-            dev = device.dev
-            at = 3 * dev
-            now = counters[at : at + 3]
-            if len(now) < 3:
-                now = (0, 0, 0)
-            previous, previous_ns = device.previous, device.read_ns
-            device.previous, device.read_ns = now, read_from  # type: ignore[assignment]
-            # The rate in force for the law, and what the write compares with (a rate changed
-            # behind the agent's back, or left by its previous run, is seen and fixed).
-            written_rate, written_burst = rates[2 * dev], rates[2 * dev + 1]
-            rate, burst = written_rate, written_burst
-            if rate == 0 and burst == 0:
-                rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
-            limits = device.limits
-            if limits is not None and limits[2] == policies[dev] and limits[3] == priority:
-                limit, policy = limits[0], limits[1]
-            else:
-                try:
-                    limit, policy = self._limits(device, policies[dev], priority)
-                except Exception:
-                    self._failed("region_read", "throttle_region_read_failed",
-                                 alloc_id=device.alloc_id, dev=dev)
-                    continue
-            # The rate read now was in force from the last tick's write until this tick's: the
-            # time since the last read was wholly limited only if the rate read then limited too
-            # (the write comes after the reads, and the shim spends without limit until then).
-            # Where it was not, the claim is still held to the bucket (the law must not learn
-            # from more), but no container is called a liar for it.
-            limited = rate < UNLIMITED_RATE and limit < FULL_SHARE and policies[dev] != "off"
-            limited_before, device.limited = device.limited, limited
-            if previous is None:  # first sight (or agent restart): only a baseline
-                spent = launches = wait = 0
-                device.bucket = None
-            else:
-                # Totals drop when the shim reclaims a dead process's slot: count nothing then.
-                spent = max(0, now[0] - previous[0])
-                launches = max(0, now[1] - previous[1])
-                wait = max(0, now[2] - previous[2])
-                # the refill over the longest the time between this device's two reads may
-                # have been
-                read_dt_s = (self.tick_s if previous_ns is None
-                             else (read_until - previous_ns) / 1e9)
-                if limited:
-                    device.launch_debt.repay(rate, read_dt_s)
-                    claimed = spent
-                    spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
-                                                          read_dt_s)
-                    if not limited_before:
-                        # The shim's bucket was full when the rate reached it, and what it
-                        # spent before without limit leaves it no debt: from here, the bound
-                        # is a full bucket, not what the unlimited spending used up.
-                        device.bucket = (float(burst), rate)
-                    elif spent < claimed:
-                        state = states.get(device.key)
-                        dear = one_dear_launch(claimed, spent, launches, burst,
-                                               state.cost_per_launch if state else 0.0)
-                        # a launch's debt, not a lie (`audit.LaunchDebt`): launched after the
-                        # last read at the earliest
-                        if not device.launch_debt.forgive(dear, burst, self._now_ns,
-                                                          previous_ns or self._now_ns):
-                            self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
-                            liars.add(device.key)
-                else:
-                    device.bucket = None  # the shim did not limit (all along): its bucket fills
-                if wait and (rate >= UNLIMITED_RATE
-                             or spent < WAIT_SPEND_FRACTION * rate * read_dt_s):
-                    # A shim waits only when its bucket ran dry (or for its turn behind a
-                    # process that waits so), which takes a rate, and spending near it: waits
-                    # claimed without are not believed (they would make the container hungry,
-                    # and it would take loans its neighbours can use while spending none).
-                    wait = 0
-            spent_by[device.alloc_id] = spent_by.get(device.alloc_id, 0) + spent
-            fields.append([device.key, limit, policy, priority, spent, launches, wait / 1e9,
-                           None, rate, burst, 0.0, 1])
-            steered.append((device, written_rate, written_burst))
+        native = self.native_steering
+        if native:
+            _steerc.observe(entries, self._observe, states, fields, steered, spent_by, liars)
+        else:
+            for device, reading in entries:
+                self._observe(device, reading, states, fields, steered, spent_by, liars)
         measured = self._utilization(uuid, entries, samples, spent_by)
         if measured is not None:
             utils, span_s, count = measured
@@ -1014,68 +963,172 @@ class ThrottleController:
         decisions = self.law(observations, states, dt_s, params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
-        changed = self._changed
-        calm_points, calm_fraction = self.calm_target_points, self.calm_rate_fraction
         # lent, or a reclaim may be needed at any moment (see the module note)
         lent = self._lent or len(observations) < len(entries) \
             or sum([obs[1] for obs in observations]) > FULL_SHARE + _SHARE_EPS
-        for obs, (device, written_rate, written_burst) in zip(observations, steered, strict=True):
-            decision = decisions[obs[0]]
-            rate, burst = decision[0], decision[1]
-            cap = device.liar_cap
-            # a strict container's own use (per-process samples, not a time-sliced GPU's
-            # split) against the target its rate in force aimed at (a work-conserving one may
-            # use what is lent beyond it)
-            util, aimed = obs[7], device.last[1] if device.last is not None else None
-            overused = False
-            if (util is not None and aimed is not None and not sliced and obs[2] == "strict"
-                    and obs[1] < FULL_SHARE and written_rate > 0):
-                overused = device.overuse.read(util, aimed.target, aimed.state.tokens_per_pct)
-                if overused:
-                    self._overused(device, util, aimed.target, written_rate)
-                    if obs[0] not in liars:  # (one whose claims are cut is held as those are)
-                        device.long_hold = True
-            if obs[0] in liars or overused:
-                if cap is None:
-                    cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
-                cap.caught_ns = self._now_ns
-            elif cap is not None and self._now_ns - cap.caught_ns > (
-                    OVERUSE_HOLD_NS if device.long_hold else LIAR_HOLD_NS):
-                cap = device.liar_cap = None
-            if cap is not None and obs[2] != "off":  # (off: the law writes no limit)
-                if obs[7] is not None:
-                    cap.read(written_rate, obs[7], decision[2], own=not split)
-                if rate > cap.cap:
-                    # and its k with it, so that the law's next decisions start from there
-                    scale = cap.cap / rate
-                    rate, burst = cap.cap, max(1, int(burst * scale))
-                    decision = decision._replace(
-                        rate=rate, burst=burst, state=decision.state._replace(
-                            tokens_per_pct=decision.state.tokens_per_pct * scale))
-                    self._states[uuid][obs[0]] = decision.state
-            if burst > written_burst and obs[0] in liars:
-                # a bucket deepened for launches its claims say grew, in a tick they were
-                # caught overclaiming: the claims are no evidence (a liar's few launches each
-                # "cost" what it claimed), so no deeper than the rate's own share of it
-                burst = max(written_burst, math.ceil(rate * self.params.burst_s), 1)
-                decision = decision._replace(burst=burst)
-            if not lent:
-                lent = (obs[2] == "off" or decision[2] > obs[1] + _SHARE_EPS
-                        or rate >= UNLIMITED_RATE)
-            if not changed:
-                # news enough to keep the tick fast (see the module note)?
-                last = device.last
-                changed = (
-                    last is None
-                    or abs(last[1].target - decision.target) > calm_points
-                    or abs(rate - written_rate) > calm_fraction * written_rate
-                    # a reading far off, which the next one confirms or dismisses: soon
-                    or decision.state.surprise != 0
-                )
-            if rate != written_rate or burst != written_burst:
-                self._apply(device, rate, burst)
-            device.last = (obs, decision, open_loop)
-        self._changed, self._lent = changed, lent
+        settle = functools.partial(self._settle, uuid, liars, sliced, split, open_loop)
+        if native:
+            self._changed, self._lent = _steerc.settle(
+                observations, steered, decisions, liars, settle, self._apply, sliced,
+                open_loop, self.calm_target_points, self.calm_rate_fraction, self._changed, lent)
+        else:
+            changed = self._changed
+            for obs, entry in zip(observations, steered, strict=True):
+                changed, lent = settle(obs, entry, decisions[obs[0]], changed, lent)
+            self._changed, self._lent = changed, lent
+
+    def _observe(self, device: _Device, reading: _RegionReading, states: Mapping[str, LoopState],
+                 fields: list[list[object]], steered: list[tuple[_Device, int, int]],
+                 spent_by: dict[str, int], liars: set[str]) -> None:
+        """One device's observation from its region's reading, appended to `fields` (with the
+        rate in force to `steered`), its believed spending added to `spent_by`, and its key
+        to `liars` where its claim was cut.
+
+        Built without `Observation`'s checks: every field is made valid here (counters from
+        `state`, which a container may fake, only as differences clamped at 0 of values
+        `layout.state_counters` bounds, the tokens never more than the bucket let through;
+        limits and policies from `control`, which only the agent writes, the policy checked
+        against the allowed names).
+        """
+        counters, rates, policies, priority, read_from, read_until = reading
+        dev = device.dev
+        at = 3 * dev
+        now = counters[at : at + 3]
+        if len(now) < 3:
+            now = (0, 0, 0)
+        previous, previous_ns = device.previous, device.read_ns
+        device.previous, device.read_ns = now, read_from  # type: ignore[assignment]
+        # The rate in force for the law, and what the write compares with (a rate changed
+        # behind the agent's back, or left by its previous run, is seen and fixed).
+        written_rate, written_burst = rates[2 * dev], rates[2 * dev + 1]
+        rate, burst = written_rate, written_burst
+        if rate == 0 and burst == 0:
+            rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
+        limits = device.limits
+        if limits is not None and limits[2] == policies[dev] and limits[3] == priority:
+            limit, policy = limits[0], limits[1]
+        else:
+            try:
+                limit, policy = self._limits(device, policies[dev], priority)
+            except Exception:
+                self._failed("region_read", "throttle_region_read_failed",
+                             alloc_id=device.alloc_id, dev=dev)
+                return
+        # The rate read now was in force from the last tick's write until this tick's: the
+        # time since the last read was wholly limited only if the rate read then limited too
+        # (the write comes after the reads, and the shim spends without limit until then).
+        # Where it was not, the claim is still held to the bucket (the law must not learn
+        # from more), but no container is called a liar for it.
+        limited = rate < UNLIMITED_RATE and limit < FULL_SHARE and policies[dev] != "off"
+        limited_before, device.limited = device.limited, limited
+        if previous is None:  # first sight (or agent restart): only a baseline
+            spent = launches = wait = 0
+            device.bucket = None
+        else:
+            # Totals drop when the shim reclaims a dead process's slot: count nothing then.
+            spent = max(0, now[0] - previous[0])
+            launches = max(0, now[1] - previous[1])
+            wait = max(0, now[2] - previous[2])
+            # the refill over the longest the time between this device's two reads may
+            # have been
+            read_dt_s = (self.tick_s if previous_ns is None
+                         else (read_until - previous_ns) / 1e9)
+            if limited:
+                device.launch_debt.repay(rate, read_dt_s)
+                claimed = spent
+                spent, device.bucket = believed_spend(claimed, device.bucket, rate, burst,
+                                                      read_dt_s)
+                if not limited_before:
+                    # The shim's bucket was full when the rate reached it, and what it
+                    # spent before without limit leaves it no debt: from here, the bound
+                    # is a full bucket, not what the unlimited spending used up.
+                    device.bucket = (float(burst), rate)
+                elif spent < claimed:
+                    state = states.get(device.key)
+                    dear = one_dear_launch(claimed, spent, launches, burst,
+                                           state.cost_per_launch if state else 0.0)
+                    # a launch's debt, not a lie (`audit.LaunchDebt`): launched after the
+                    # last read at the earliest
+                    if not device.launch_debt.forgive(dear, burst, self._now_ns,
+                                                      previous_ns or self._now_ns):
+                        self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
+                        liars.add(device.key)
+            else:
+                device.bucket = None  # the shim did not limit (all along): its bucket fills
+            if wait and (rate >= UNLIMITED_RATE
+                         or spent < WAIT_SPEND_FRACTION * rate * read_dt_s):
+                # A shim waits only when its bucket ran dry (or for its turn behind a
+                # process that waits so), which takes a rate, and spending near it: waits
+                # claimed without are not believed (they would make the container hungry,
+                # and it would take loans its neighbours can use while spending none).
+                wait = 0
+        spent_by[device.alloc_id] = spent_by.get(device.alloc_id, 0) + spent
+        fields.append([device.key, limit, policy, priority, spent, launches, wait / 1e9,
+                       None, rate, burst, 0.0, 1])
+        steered.append((device, written_rate, written_burst))
+
+    def _settle(self, uuid: str, liars: set[str], sliced: bool, split: bool, open_loop: bool,
+                obs: Observation, entry: tuple[_Device, int, int], decision: Decision,
+                changed: bool, lent: bool) -> tuple[bool, bool]:
+        """One device's decision made final (its cap, the overuse watch) and written where it
+        changes what is in force; (changed, lent) as this device leaves them (see the module
+        note)."""
+        device, written_rate, written_burst = entry
+        rate, burst = decision[0], decision[1]
+        cap = device.liar_cap
+        # a strict container's own use (per-process samples, not a time-sliced GPU's
+        # split) against the target its rate in force aimed at (a work-conserving one may
+        # use what is lent beyond it)
+        util, aimed = obs[7], device.last[1] if device.last is not None else None
+        overused = False
+        if (util is not None and aimed is not None and not sliced and obs[2] == "strict"
+                and obs[1] < FULL_SHARE and written_rate > 0):
+            overused = device.overuse.read(util, aimed.target, aimed.state.tokens_per_pct)
+            if overused:
+                self._overused(device, util, aimed.target, written_rate)
+                if obs[0] not in liars:  # (one whose claims are cut is held as those are)
+                    device.long_hold = True
+        if obs[0] in liars or overused:
+            if cap is None:
+                cap = device.liar_cap = LiarCap(written_rate, self._now_ns)
+            cap.caught_ns = self._now_ns
+        elif cap is not None and self._now_ns - cap.caught_ns > (
+                OVERUSE_HOLD_NS if device.long_hold else LIAR_HOLD_NS):
+            cap = device.liar_cap = None
+        if cap is not None and obs[2] != "off":  # (off: the law writes no limit)
+            if obs[7] is not None:
+                cap.read(written_rate, obs[7], decision[2], own=not split)
+            if rate > cap.cap:
+                # and its k with it, so that the law's next decisions start from there
+                scale = cap.cap / rate
+                rate, burst = cap.cap, max(1, int(burst * scale))
+                decision = decision._replace(
+                    rate=rate, burst=burst, state=decision.state._replace(
+                        tokens_per_pct=decision.state.tokens_per_pct * scale))
+                self._states[uuid][obs[0]] = decision.state
+        if burst > written_burst and obs[0] in liars:
+            # a bucket deepened for launches its claims say grew, in a tick they were
+            # caught overclaiming: the claims are no evidence (a liar's few launches each
+            # "cost" what it claimed), so no deeper than the rate's own share of it
+            burst = max(written_burst, math.ceil(rate * self.params.burst_s), 1)
+            decision = decision._replace(burst=burst)
+        if not lent:
+            lent = (obs[2] == "off" or decision[2] > obs[1] + _SHARE_EPS
+                    or rate >= UNLIMITED_RATE)
+        if not changed:
+            # news enough to keep the tick fast (see the module note)?
+            last = device.last
+            changed = (
+                last is None
+                or abs(last[1].target - decision.target) > self.calm_target_points
+                or abs(rate - written_rate) > self.calm_rate_fraction * written_rate
+                # a reading far off, which the next one confirms or dismisses: soon
+                or decision.state.surprise != 0
+            )
+        if rate != written_rate or burst != written_burst:
+            self._apply(device, rate, burst)
+        device.last = (obs, decision, open_loop)
+        return changed, lent
 
     def _overclaimed(self, device: _Device, claimed: int, believed: int, rate: int, burst: int,
                      interval_s: float) -> None:
@@ -1134,6 +1187,10 @@ READ_CHUNK = 32
 # Waits are believed for a tick in which the container spent at least this part of what its
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
+if _steerc is not None:
+    _steerc.bind(UNLIMITED_RATE, JITTER_S, WAIT_SPEND_FRACTION, LIAR_MARGIN_POINTS, _SHARE_EPS,
+                 OVERUSE_READINGS, OVERUSE_ENDS,
+                 (*Observation._fields, "|", *Decision._fields, "|", *LoopState._fields))
 LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)
 OVERUSE_HOLD_NS = int(OVERUSE_HOLD_S * 1e9)
 PER_PROCESS_HOLD_US = int(PER_PROCESS_HOLD_S * 1e6)
