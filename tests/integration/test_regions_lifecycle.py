@@ -190,6 +190,11 @@ async def test_each_container_gets_its_own_region_in_creation_order() -> None:
         dirs = {dict((m.container_path, m.host_path) for m in a.response.mounts)[
                     "/run/vgpu/state"] for a in (first, second)}
         assert len(dirs) == 2
+        # the list is the caller's (the store sorts once per change, not once per call)
+        regions.clear()
+        assert [r.seq for r in n.store.regions()] == [1, 2]
+        await n.admit("c")
+        assert [r.seq for r in n.store.regions()] == [1, 2, 3]
 
 
 async def test_without_an_installed_shim_the_container_still_gets_its_region() -> None:
