@@ -89,7 +89,8 @@ static int observe_one(PyObject *device, PyObject *reading, PyObject *fields, Py
         return 0;
     PyObject *counters = PyTuple_GET_ITEM(reading, 0), *rates = PyTuple_GET_ITEM(reading, 1),
              *policies = PyTuple_GET_ITEM(reading, 2), *priority = PyTuple_GET_ITEM(reading, 3),
-             *read_from = PyTuple_GET_ITEM(reading, 4), *read_until_o = PyTuple_GET_ITEM(reading, 5);
+             *read_from = PyTuple_GET_ITEM(reading, 4),
+             *read_until_o = PyTuple_GET_ITEM(reading, 5);
     if (!PyTuple_CheckExact(counters) || !PyTuple_CheckExact(rates)
         || !PyTuple_CheckExact(policies) || !PyLong_CheckExact(read_from))
         return 0;
@@ -315,7 +316,8 @@ static int over_target(PyObject *watch, PyObject *util, PyObject *k)
         PyErr_SetString(PyExc_TypeError, "the overuse watch's readings must be lists");
         goto fail;
     }
-    if ((count = PyLong_FromLongLong(over + 1)) == NULL || PyObject_SetAttr(watch, a_over, count) < 0)
+    if ((count = PyLong_FromLongLong(over + 1)) == NULL
+        || PyObject_SetAttr(watch, a_over, count) < 0)
         goto fail;
     if (PyList_GET_SIZE(first) < overuse_ends && PyList_Append(first, util) < 0)
         goto fail;

@@ -13,10 +13,10 @@ The law is `nativelaw.control_step_native`, all containers of a GPU in one call,
 extension was built (`fastlaw.control_step_gpu` in Python otherwise); both decide exactly as
 the reference `control.control_step` (which `law=` can select, as the tests do). The steering
 around it, per device, is `_observe` and `_settle`; `_steerc.c` does what they do for the
-devices on the common path where it was built (`native_steering`) and hands them the rest. The slots
-(what the container claims runs in it) are read only when a sample names a process the
-controller cannot yet place, at most once a second per GPU. A failing region or GPU is logged
-and counted; the loop goes on.
+devices on the common path where it was built (`native_steering`) and hands them the rest.
+The slots (what the container claims runs in it) are read only when a sample names a process
+the controller cannot yet place, at most once a second per GPU. A failing region or GPU is
+logged and counted; the loop goes on.
 
 What a tick costs, and how often it runs:
 
