@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import random
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -46,6 +48,16 @@ def test_a_layout_it_was_not_built_for_is_refused():
         steering._steerc.bind(2**60, 9.0, 9.0, 9.0, 9.0, 12, 3, ())
     with pytest.raises(ValueError, match="from 1 to 1000000, got 0 and 3"):
         steering._steerc.bind(UNLIMITED_RATE, 9.0, 9.0, 9.0, 9.0, 0, 3, ())
+
+
+def test_the_module_refuses_to_steer_before_it_is_bound():
+    # the controller binds it at import; imported alone it has no UNLIMITED_RATE to write
+    code = ("from vgpu_agent.throttle import _steerc\n"
+            "try:\n    _steerc.observe([], print, {}, [], [], {}, set())\n"
+            "except RuntimeError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "_steerc.bind() was not called"
 
 
 def test_entries_that_are_not_pairs_are_refused_by_name():

@@ -6,12 +6,12 @@
  * The common path before the law: a device seen before, its limits as remembered, no launch
  * debt being repaid, and no claim cut by its bucket. After it: no cap, no claim cut this tick,
  * and an overuse watch that cannot fire on this reading (its run of readings above the target
- * restarted or counted, as `OveruseWatch.read` does). Every
- * other case (a first sight, a policy changed, a liar, a cap, an int too large for a double to
- * hold exactly) is handed to the Python method before anything of the device was changed, so
- * that it is steered wholly by the reference. What is done here is what the methods do, with
- * the same float operations in the same order: the tests steer recorded and random runs both
- * ways and compare every field written.
+ * restarted or counted, as `OveruseWatch.read` does). Every other case (a first sight, a
+ * policy changed, a liar, a cap, an int too large for a double to hold exactly) is handed to
+ * the Python method before anything of the device was changed, so that it is steered wholly by
+ * the reference. What is done here is what the methods do, with the same float operations in
+ * the same order: the tests steer random and simulated runs both ways and compare every field
+ * written.
  *
  * No I/O of its own: the rate writes are the controller's `_apply`, called back.
  */
@@ -266,6 +266,10 @@ static PyObject *observe(PyObject *module, PyObject *args)
                           &PyList_Type, &fields, &PyList_Type, &steered, &PyDict_Type, &spent_by,
                           &liars))
         return NULL;
+    if (unlimited_obj == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_steerc.bind() was not called");
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
         PyObject *pair = PyList_GET_ITEM(entries, i);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
@@ -455,6 +459,10 @@ static PyObject *settle(PyObject *module, PyObject *args)
                           &steered, &PyDict_Type, &decisions, &liars, &slow, &apply, &sliced,
                           &open_loop, &calm_points, &calm_fraction, &changed, &lent))
         return NULL;
+    if (unlimited_obj == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_steerc.bind() was not called");
+        return NULL;
+    }
     if (!PyAnySet_Check(liars)) {
         PyErr_SetString(PyExc_TypeError, "liars must be a set");
         return NULL;
