@@ -107,12 +107,13 @@ class FakeRegion:
         self.rates[dev] = (rate, burst)
 
 
-def twins(native_first: bool = True) -> list[ThrottleController]:
+def twins() -> list[ThrottleController]:
+    """Two controllers, the first steering in C, the second in Python."""
     pair = []
     for native in (True, False):
         controller = ThrottleController(backend=None, regions=list,  # type: ignore[arg-type]
                                         clock=lambda: 0)
-        controller.native_steering = native if native_first else not native
+        controller.native_steering = native
         pair.append(controller)
     return pair
 
