@@ -351,6 +351,36 @@ async def test_the_loop_runs_between_chunks_of_region_reads():
     assert chunk in seen_between and 2 * chunk in seen_between
 
 
+async def test_the_loop_runs_between_one_gpus_steering_and_the_next():
+    """Allocate and scrapes wait for one GPU's steering at most, not for all eight."""
+    regions = [SimRegion(f"r{n}", (f"GPU-{n % 8}",), (10.0,), ("strict",)) for n in range(24)]
+    controller = ThrottleController(Samples({}), lambda: regions, clock=Clock())
+    order: list[str] = []
+    steer = controller._steer_gpu
+
+    def steering(uuid, *args):  # type: ignore[no-untyped-def]
+        order.append(uuid)
+        return steer(uuid, *args)
+    controller._steer_gpu = steering  # type: ignore[method-assign]
+    done = asyncio.Event()
+
+    async def another_task() -> None:
+        while not done.is_set():
+            if order and order[-1] != "loop":
+                order.append("loop")
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(another_task())
+    await asyncio.sleep(0)
+    await controller.tick()
+    done.set()
+    await other
+    steered = [entry for entry in order if entry != "loop"]
+    assert sorted(steered) == [f"GPU-{n}" for n in range(8)]
+    # after every GPU but the last, the other task ran before the next GPU was steered
+    assert order[: 2 * 8 - 1] == [e for gpu in steered for e in (gpu, "loop")][: 2 * 8 - 1]
+
+
 def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
     """Installed without a compiler: the same law, steering and read in Python, slower."""
     monkeypatch.setattr(controller_module, "NATIVE", False)
