@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -321,6 +322,22 @@ def test_nvml_poll_periods_out_of_range_are_refused(periods):
         ThrottleController(SimBackend([]), list, nvml_poll_periods=periods)
 
 
+async def tick_beside(controller: ThrottleController, each_turn: Callable[[], None]) -> None:
+    """One tick, with another task on the loop calling `each_turn` whenever it runs."""
+    done = asyncio.Event()
+
+    async def another_task() -> None:
+        while not done.is_set():
+            each_turn()
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(another_task())
+    await asyncio.sleep(0)
+    await controller.tick()
+    done.set()
+    await other
+
+
 async def test_the_loop_runs_between_chunks_of_region_reads():
     """Allocate and scrapes wait for one chunk of reads at most, not for all of a busy node's."""
     regions = [SimRegion(f"r{n}", ("GPU-x",), (1.0,), ("strict",))
@@ -333,18 +350,7 @@ async def test_the_loop_runs_between_chunks_of_region_reads():
         region.counters = counters  # type: ignore[method-assign]
     controller = ThrottleController(Samples({}), lambda: regions, clock=Clock())
     seen_between: list[int] = []
-    done = asyncio.Event()
-
-    async def another_task() -> None:
-        while not done.is_set():
-            seen_between.append(read["n"])
-            await asyncio.sleep(0)
-
-    other = asyncio.create_task(another_task())
-    await asyncio.sleep(0)
-    await controller.tick()
-    done.set()
-    await other
+    await tick_beside(controller, lambda: seen_between.append(read["n"]))
     assert read["n"] == len(regions)
     chunk = controller_module.READ_CHUNK
     # it ran after the first chunk and after the second, before all were read
@@ -362,19 +368,12 @@ async def test_the_loop_runs_between_one_gpus_steering_and_the_next():
         order.append(uuid)
         return steer(uuid, *args)
     controller._steer_gpu = steering  # type: ignore[method-assign]
-    done = asyncio.Event()
 
-    async def another_task() -> None:
-        while not done.is_set():
-            if order and order[-1] != "loop":
-                order.append("loop")
-            await asyncio.sleep(0)
+    def loop_ran() -> None:
+        if order and order[-1] != "loop":
+            order.append("loop")
 
-    other = asyncio.create_task(another_task())
-    await asyncio.sleep(0)
-    await controller.tick()
-    done.set()
-    await other
+    await tick_beside(controller, loop_ran)
     steered = [entry for entry in order if entry != "loop"]
     assert sorted(steered) == [f"GPU-{n}" for n in range(8)]
     # after every GPU but the last, the other task ran before the next GPU was steered
