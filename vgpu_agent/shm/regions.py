@@ -918,9 +918,9 @@ class RegionStore:
         self._retired_skipped_records = 0
         self._retired_tampering = {"state_replaced": 0, "files_truncated": 0, "foreign_removed": 0}
         self._regions: dict[str, Region] = {}
-        # `regions()` as last sorted, and the open regions it was sorted from
-        self._sorted_from: tuple[Region, ...] = ()
-        self._sorted: list[Region] = []
+        # the open regions `regions()` last sorted, and their order, as one pair: it is asked
+        # from worker threads too, and two fields set by two callers could pair apart
+        self._sorted: tuple[tuple[Region, ...], list[Region]] = ((), [])
         self._binding = _Binding()
         self._next_seq: int | None = None
         self._seq_lock = threading.Lock()
@@ -938,10 +938,10 @@ class RegionStore:
         Sorted again only when the open regions changed: the controller asks every tick, and
         sorting 128 regions by a property cost the agent more than comparing them."""
         now = tuple(self._regions.values())
-        if now != self._sorted_from:
-            self._sorted_from = now
-            self._sorted = sorted(now, key=lambda r: r.seq)
-        return list(self._sorted)
+        known = self._sorted
+        if now != known[0]:
+            known = self._sorted = (now, sorted(now, key=lambda r: r.seq))
+        return list(known[1])
 
     def get(self, alloc_id: str) -> Region | None:
         return self._regions.get(alloc_id)
