@@ -1,0 +1,149 @@
+"""The settling bound: what an estimator using every NVML sample as well as it can reaches."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import sys
+from dataclasses import replace
+
+import pytest
+
+from vgpu_agent.simulation.bound import (
+    BoundSpec,
+    Learner,
+    median_bound,
+    reading_sd,
+    settling_bound,
+)
+from vgpu_agent.simulation.imperfections import IDEAL, REAL
+
+TEN = [Learner(9.875, 1 + i % 3) for i in range(10)]  # the bench's scenario 5
+
+
+def noisy(sigma: float, attribution: str = "per-process"):
+    return replace(REAL, nvml_sigma=sigma, nvml_attribution=attribution)
+
+
+@pytest.mark.parametrize("percent", [5.0, 10.0, 30.0, 50.0, 90.0])
+@pytest.mark.parametrize("sigma", [3.0, 8.0])
+def test_the_spread_drawn_is_the_plants_own(percent, sigma):
+    """The bound draws samples from a normal distribution; the plant counts the driver's
+    instants. Their spreads agree (within the error of 4,000 draws of the plant)."""
+    imp = noisy(sigma)
+    rng = random.Random(7)
+    readings = [imp.observe(percent, rng) for _ in range(4000)]
+    expected = math.sqrt(reading_sd(percent, imp) ** 2 + 1 / 12)  # and the rounding
+    assert statistics.pstdev(readings) == pytest.approx(expected, rel=0.08)
+    assert statistics.mean(readings) == pytest.approx(percent, abs=0.4)
+
+
+def test_the_spread_of_a_sampled_proportion_and_of_additive_noise():
+    assert reading_sd(50.0, noisy(8.0)) == pytest.approx(8.0, rel=0.02)
+    assert reading_sd(0.0, noisy(8.0)) == reading_sd(100.0, noisy(8.0)) == 0.0
+    assert reading_sd(10.0, replace(noisy(8.0), nvml_noise="additive")) == 8.0
+    assert reading_sd(10.0, IDEAL) == 0.0
+
+
+def test_exact_samples_settle_ten_containers_as_soon_as_the_first_sample_acts():
+    # first sample at 1/6 s, acting from the third tick; its window is whole at 0.7 s
+    times = settling_bound(TEN, BoundSpec(IDEAL), runs=20)
+    assert times == [pytest.approx(0.7)] * 20
+
+
+def test_a_container_alone_is_known_from_its_unthrottled_tick_whatever_the_noise():
+    for sigma, period in ((3.0, 1 / 6), (8.0, 1.0)):
+        spec = BoundSpec(noisy(sigma), period, full=True)
+        assert median_bound([Learner(30.0)], spec) == pytest.approx(0.6)
+    # without a full GPU to tell it, the same container waits for its samples
+    lonely = BoundSpec(noisy(8.0), 1.0, full=False)
+    assert median_bound([Learner(30.0)], lonely) > 3.0
+
+
+def test_containers_whose_workload_went_on_are_not_relearned():
+    spec = BoundSpec(noisy(8.0), 1.0)
+    assert median_bound([Learner(30.0, known=True), Learner(70.0, known=True)],
+                        spec) == pytest.approx(0.5)
+    # one new container beside a known one: the full GPU tells it
+    assert median_bound([Learner(30.0, known=True), Learner(70.0)], spec) == pytest.approx(0.6)
+
+
+def test_more_noise_and_rarer_samples_take_longer():
+    figures = [median_bound(TEN, BoundSpec(noisy(s), p), runs=100)
+               for s, p in ((3.0, 1 / 6), (8.0, 1 / 6), (3.0, 1.0), (8.0, 1.0))]
+    s3_fast, s8_fast, s3_slow, s8_slow = figures
+    assert s3_fast < s8_fast < s8_slow
+    assert s3_fast < s3_slow < s8_slow
+    # the bench's goals: 2 and 4 s at 6 Hz, 4 and 6 s at 1 Hz; the last is out of reach
+    assert s3_fast < 2.0
+    assert s8_slow > 6.0 * 2
+
+
+def test_a_full_gpu_helps_a_few_containers_more_than_many():
+    three = [Learner(20.0), Learner(30.0), Learner(50.0)]
+    with_sum = median_bound(three, BoundSpec(noisy(8.0), 1.0, full=True), runs=100)
+    without = median_bound(three, BoundSpec(noisy(8.0), 1.0, full=False), runs=100)
+    assert with_sum < without
+
+
+def test_a_time_sliced_gpu_tells_the_split_only_over_many_periods():
+    pair = [Learner(40.0), Learner(60.0)]
+    per_process = median_bound(pair, BoundSpec(noisy(3.0), 1 / 6), runs=100)
+    sliced = median_bound(pair, BoundSpec(noisy(3.0, "time-sliced"), 1 / 6), runs=100)
+    assert per_process < 1.0
+    assert sliced > 10.0
+    assert median_bound(TEN, BoundSpec(noisy(3.0, "time-sliced"), 1 / 6), runs=50) == math.inf
+    # a single process gets samples of its own on such a GPU too
+    assert median_bound([Learner(30.0)], BoundSpec(noisy(8.0, "time-sliced"), 1.0)) \
+        == pytest.approx(0.6)
+
+
+def test_the_same_seed_gives_the_same_figures_and_another_seed_others():
+    spec = BoundSpec(noisy(8.0), 1 / 6)
+    assert settling_bound(TEN, spec, runs=30, seed=3) == settling_bound(TEN, spec, runs=30,
+                                                                         seed=3)
+    assert settling_bound(TEN, spec, runs=30, seed=3) != settling_bound(TEN, spec, runs=30,
+                                                                         seed=4)
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda: Learner(0.0), "Learner.share"),
+    (lambda: Learner(101.0), "Learner.share"),
+    (lambda: Learner(10.0, processes=0), "Learner.processes"),
+    (lambda: BoundSpec(IDEAL, sample_period_s=0.0), "BoundSpec.sample_period_s"),
+    (lambda: BoundSpec(IDEAL, hold_s=-1.0), "BoundSpec.hold_s"),
+    (lambda: BoundSpec(IDEAL, window_s=0.05), "BoundSpec.window_s"),
+    (lambda: settling_bound([Learner(10.0)], BoundSpec(IDEAL), runs=0), "runs"),
+    (lambda: settling_bound([], BoundSpec(IDEAL)), "at least one container"),
+])
+def test_bad_input_is_refused_by_name(make, named):
+    with pytest.raises(ValueError, match=named):
+        make()
+
+
+def _bench_throttle():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_throttle.py"
+    spec = importlib.util.spec_from_file_location("bench_throttle_for_bound", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_bounds_each_change_with_what_it_had_to_learn():
+    bench = _bench_throttle()
+    by_name = {sc.name.split()[0]: sc for sc in bench.scenarios(30.0)}
+    s8_1hz = next(p for p in bench.PLANTS if p.name == "s8/1Hz").spec
+    # alone, then a reclaim whose owner is the only new workload on a full GPU: both known
+    # from the first tick
+    assert bench.settling_bound(by_name["2"], s8_1hz, 0.1) == pytest.approx(0.6)
+    assert bench.settling_bound(by_name["3"], s8_1hz, 0.1) == pytest.approx(0.6)
+    # ten new containers at one sample a second: far beyond the goal of 6 s
+    assert bench.settling_bound(by_name["5"], s8_1hz, 0.1) > 12.0
+    # both phases change at once: the second change has two workloads to learn
+    assert bench.settling_bound(by_name["6"], s8_1hz, 0.1) > 1.0
