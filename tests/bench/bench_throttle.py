@@ -16,8 +16,9 @@ worst in brackets; a cell meets the goals when its medians do.
 
 `bound s` (per-process attribution) is the median settling of an estimator that learns every
 new workload's cost from the plant's NVML samples as well as they allow and is otherwise ideal
-(`simulation/bound.py`): no law that knows nothing more settles sooner, and a settling goal
-below it asks for more than the samples hold. On a time-sliced GPU the samples tell shares
+(`simulation/bound.py`): no law that learns costs from the samples settles sooner, and a
+settling goal below it asks for more than the samples hold (a law may still beat it by a
+belief that happens to be right: the cold start's equal parts in scenario 1, for instance). On a time-sliced GPU the samples tell shares
 only by how many periods go to each container's processes, which settles no cell of two
 containers or more within 30 s (the module computes it: scenario 4 at 6 Hz, 19 s, the others
 never); there the split's belief that costs are equal (`throttle/timesliced.py`) is what
@@ -169,8 +170,8 @@ def attainable(sc: Scenario, plant: PlantSpec) -> Scenario:
 
 
 def settling_bound(sc: Scenario, plant: PlantSpec, tick_s: float) -> float:
-    """The longest, over the scenario's changes, of the median settling no law beats with the
-    plant's NVML samples (`simulation/bound.py`): each change's containers with the shares the
+    """The longest, over the scenario's changes, of the median settling of the best estimator of
+    costs from the plant's NVML samples (`simulation/bound.py`): each change's containers with the shares the
     scenario names (not those `attainable` scales), those whose workload went on unchanged
     counted as known."""
     worst = 0.0
@@ -258,7 +259,7 @@ def main() -> int:
     print(header)
     print("-" * len(header))
     missed: list[str] = []
-    beyond: list[str] = []  # missed settling goals below the bound: no law meets them
+    beyond: list[str] = []  # missed settling goals below the bound
     counted: dict[str, int] = {}
     for plant in PLANTS:
         if args.plant and args.plant not in plant.name:
@@ -304,7 +305,7 @@ def main() -> int:
     print("all goals met" if not missed else f"goals MISSED in {len(missed)}: {'; '.join(missed)}")
     if beyond:
         print(f"of which the settling goal is below the bound in {len(beyond)}, so that no law "
-              f"meets it with these samples: {'; '.join(beyond)}")
+              f"learning costs from these samples meets it: {'; '.join(beyond)}")
     # Every container here is honest: one taken for a liar (`tokens_overclaimed`) is a false
     # catch, and a failed tick a defect.
     print("controller counted: " + (", ".join(f"{k} {v}" for k, v in sorted(counted.items()))

@@ -25,8 +25,11 @@ by counting the driver's instants, which would cost minutes per cell. An estimat
 first tick after its sample's period ends. Everything else is ideal: each container's share is
 exactly what its estimate aims at (no kernel jitter, no lumpy spending, no transient), the cost
 per token never changes, and nothing is spent on caution (no strict margin, no outlier test).
-So no law reaches this figure, it can only approach it: a settling goal below it asks for more
-than the samples hold.
+So no law that learns costs from the samples reaches this figure, it can only approach it: a
+settling goal below it asks for more than the samples hold. A law that assumes more can beat
+it where the assumption happens to hold: the law's cold start gives newcomers equal parts of
+the GPU, which is exact for three containers of one workload and one process each (the bench's
+scenario 1, settled at one sample a second before the first sample came), and wrong for others.
 """
 
 from __future__ import annotations
