@@ -43,11 +43,15 @@ def test_a_layout_it_was_not_built_for_is_refused():
     # a field moved in Observation, Decision or LoopState would be read at the wrong place
     # (refused before anything is bound: the values given here would otherwise stay)
     with pytest.raises(ValueError, match="not those this module was built for"):
-        steering._steerc.bind(UNLIMITED_RATE, 9.0, 9.0, 9.0, 9.0, 12, 3, ("rate", "key"))
+        steering._steerc.bind(UNLIMITED_RATE, 100.0, 9.0, 9.0, 9.0, 9.0, 12, 3,
+                              ("rate", "key"))
     with pytest.raises(ValueError, match=r"\[0, 2\*\*53\]"):
-        steering._steerc.bind(2**60, 9.0, 9.0, 9.0, 9.0, 12, 3, ())
+        steering._steerc.bind(2**60, 100.0, 9.0, 9.0, 9.0, 9.0, 12, 3, ())
     with pytest.raises(ValueError, match="from 1 to 1000000, got 0 and 3"):
-        steering._steerc.bind(UNLIMITED_RATE, 9.0, 9.0, 9.0, 9.0, 0, 3, ())
+        steering._steerc.bind(UNLIMITED_RATE, 100.0, 9.0, 9.0, 9.0, 9.0, 0, 3, ())
+    # a full GPU is 100 % in here, whatever Python's FULL_SHARE said
+    with pytest.raises(ValueError, match=r"FULL_SHARE must be 100\.0, .* got 99\.0"):
+        steering._steerc.bind(UNLIMITED_RATE, 99.0, 9.0, 9.0, 9.0, 9.0, 12, 3, ())
 
 
 def test_the_module_refuses_to_steer_before_it_is_bound():

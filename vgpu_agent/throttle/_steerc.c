@@ -525,16 +525,24 @@ static PyObject *settle(PyObject *module, PyObject *args)
 static PyObject *bind(PyObject *module, PyObject *args)
 {
     (void)module;
-    PyObject *unlimited_o, *layout;
+    PyObject *unlimited_o, *full_share, *layout;
     double jitter, fraction, margin, eps;
     long long readings, ends;
-    if (!PyArg_ParseTuple(args, "O!ddddLLO!", &PyLong_Type, &unlimited_o, &jitter, &fraction,
-                          &margin, &eps, &readings, &ends, &PyTuple_Type, &layout))
+    if (!PyArg_ParseTuple(args, "O!O!ddddLLO!", &PyLong_Type, &unlimited_o, &PyFloat_Type,
+                          &full_share, &jitter, &fraction, &margin, &eps, &readings, &ends,
+                          &PyTuple_Type, &layout))
         return NULL;
     int64_t value;
     if (!small_int(unlimited_o, &value)) {
         PyErr_Format(PyExc_ValueError, "UNLIMITED_RATE must be an int in [0, 2**53], got %R",
                      unlimited_o);
+        return NULL;
+    }
+    if (PyFloat_AS_DOUBLE(full_share) != FULL_SHARE) {
+        /* compared with limits and targets in here: a Python value of its own would make the
+           two steerings disagree */
+        PyErr_Format(PyExc_ValueError, "FULL_SHARE must be 100.0, the value this module was "
+                     "built with, got %R", full_share);
         return NULL;
     }
     if (readings < 1 || ends < 1 || readings > 1000000 || ends > 1000000) {
@@ -580,7 +588,8 @@ static PyMethodDef methods[] = {
      "calm_points, calm_fraction, changed, lent) -> (changed, lent): "
      "ThrottleController._settle for every device, the common path here"},
     {"bind", bind, METH_VARARGS,
-     "bind(UNLIMITED_RATE, JITTER_S, WAIT_SPEND_FRACTION, LIAR_MARGIN_POINTS, share_eps, "
+     "bind(UNLIMITED_RATE, FULL_SHARE, JITTER_S, WAIT_SPEND_FRACTION, LIAR_MARGIN_POINTS, "
+     "share_eps, "
      "OVERUSE_READINGS, OVERUSE_ENDS, "
      "fields of Observation, '|', of Decision, '|', of LoopState)"},
     {NULL, NULL, 0, NULL},

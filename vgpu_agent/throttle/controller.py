@@ -1188,8 +1188,8 @@ READ_CHUNK = 32
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
 if _steerc is not None:
-    _steerc.bind(UNLIMITED_RATE, JITTER_S, WAIT_SPEND_FRACTION, LIAR_MARGIN_POINTS, _SHARE_EPS,
-                 OVERUSE_READINGS, OVERUSE_ENDS,
+    _steerc.bind(UNLIMITED_RATE, FULL_SHARE, JITTER_S, WAIT_SPEND_FRACTION, LIAR_MARGIN_POINTS,
+                 _SHARE_EPS, OVERUSE_READINGS, OVERUSE_ENDS,
                  (*Observation._fields, "|", *Decision._fields, "|", *LoopState._fields))
 LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)
 OVERUSE_HOLD_NS = int(OVERUSE_HOLD_S * 1e9)
