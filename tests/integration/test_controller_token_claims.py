@@ -25,14 +25,15 @@ LIGHT_THEN_HEAVY = Workload(kernel_s=0.0002, busy=(
 
 
 def pair(liar_work: Workload = STEADY, attribution: str = "per-process",
-         period_s: float = 0.2) -> tuple[SimGpu, SimRegion, list, ThrottleController]:
-    """An honest strict 60 % beside a strict 40 % container that may lie (`liar`), on one
+         period_s: float = 0.2, policy: str = "strict"
+         ) -> tuple[SimGpu, SimRegion, list, ThrottleController]:
+    """An honest 60 % beside a 40 % container that may lie (`liar`), both of `policy`, on one
     simulated GPU the controller steers: the GPU, the liar's region, both processes (honest
     first) and the controller."""
     gpu = SimGpu(UUID, sample_period_s=period_s,
                  imperfections=replace(REAL, nvml_attribution=attribution))
-    honest = SimRegion("honest", (UUID,), (60.0,), ("strict",))
-    liar = SimRegion("liar", (UUID,), (40.0,), ("strict",))
+    honest = SimRegion("honest", (UUID,), (60.0,), (policy,))  # type: ignore[arg-type]
+    liar = SimRegion("liar", (UUID,), (40.0,), (policy,))  # type: ignore[arg-type]
     procs = [gpu.shim_process("honest", STEADY, honest),
              gpu.shim_process("liar", liar_work, liar)]
     controller = ThrottleController(SimBackend([gpu]), lambda: [honest, liar],
@@ -180,18 +181,20 @@ async def test_a_container_claiming_its_whole_rate_while_it_runs_lightly_gains_n
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", ["strict", "work-conserving"])
 @pytest.mark.parametrize("period_s", [0.2, 1.0])
 @pytest.mark.parametrize("below_the_ceiling", [False, True])
-async def test_a_strict_container_claiming_exactly_its_allowance_is_held_by_its_use(
-        period_s, below_the_ceiling):
+async def test_a_container_claiming_exactly_its_allowance_is_held_by_its_use(
+        period_s, below_the_ceiling, policy):
     # It runs 20 ms a second for 15 s, then without pause, and claims in `state` exactly what
     # its bucket lets through, so that no claim is cut: its use reading low, its rate was
     # raised reading after reading (to 2.6e15 tokens a second in 15 s); after the switch the
     # law, learning from claims that follow its rate, brought that down a few percent a
     # reading, and its neighbour got 49 % of its 60 for the rest of the run. Its own use above
     # its target reading after reading while the law's k fell and its use did not follow caps
-    # it as a caught container is (`OveruseWatch`).
-    gpu, liar, procs, controller = pair(LIGHT_THEN_HEAVY, period_s=period_s)
+    # it as a caught container is (`OveruseWatch`). Work-conserving, the two are lent nothing
+    # once both run (the GPU is full), and the same game took the neighbour's share.
+    gpu, liar, procs, controller = pair(LIGHT_THEN_HEAVY, period_s=period_s, policy=policy)
     slot, claimed = liar.processes[0], 0
     for tick in range(600):
         gpu.advance(0.1)
@@ -211,7 +214,8 @@ async def test_a_strict_container_claiming_exactly_its_allowance_is_held_by_its_
 
 
 @pytest.mark.slow
-async def test_the_exact_allowance_game_played_again_finds_its_cap_still_there():
+@pytest.mark.parametrize("policy", ["strict", "work-conserving"])
+async def test_the_exact_allowance_game_played_again_finds_its_cap_still_there(policy):
     # light 15 s, heavy 15 s, four times: a cap dropped 5 s after the watch last fired let
     # the claimer's rate be raised again in each light phase, and its neighbour was below
     # 57 % for 6 s of each heavy one (the whole of each with one sample a second)
@@ -219,7 +223,8 @@ async def test_the_exact_allowance_game_played_again_finds_its_cap_still_there()
     for c in range(4):
         cycles += [(30.0 * c + t, 30.0 * c + t + 0.02) for t in range(15)]
         cycles.append((30.0 * c + 15, 30.0 * c + 30))
-    gpu, liar, procs, controller = pair(Workload(kernel_s=0.0002, busy=tuple(cycles)))
+    gpu, liar, procs, controller = pair(Workload(kernel_s=0.0002, busy=tuple(cycles)),
+                                        policy=policy)
     slot, claimed = liar.processes[0], 0
     for tick in range(1200):
         gpu.advance(0.1)
@@ -236,12 +241,18 @@ async def test_the_exact_allowance_game_played_again_finds_its_cap_still_there()
         assert sum(heavy) / len(heavy) >= 57, c
 
 
-async def test_an_honest_strict_container_beside_another_is_never_taken_for_an_overuser():
-    gpu, _, _, controller = pair()
+@pytest.mark.parametrize("policy", ["strict", "work-conserving"])
+@pytest.mark.parametrize("work", [STEADY, LIGHT_THEN_HEAVY], ids=["steady", "light-then-heavy"])
+async def test_an_honest_container_beside_another_is_never_taken_for_an_overuser(policy, work):
+    # work-conserving and light for 15 s, the other borrows what it leaves, and gives it back
+    gpu, _, procs, controller = pair(work, policy=policy)
     for _ in range(600):
         gpu.advance(0.1)
         await controller.tick()
     assert controller.error_counts == {}
+    if policy == "work-conserving" and work is LIGHT_THEN_HEAVY:
+        lent = [v for t, v in gpu.shares(procs[0], 1.0) if 5 < t <= 15]
+        assert sum(lent) / len(lent) > 80  # it did borrow
 
 
 @pytest.mark.parametrize("attribution", ["per-process", "time-sliced"])

@@ -401,8 +401,8 @@ static int settle_one(PyObject *obs, PyObject *entry, PyObject *decision, PyObje
             || !a_float(PyTuple_GET_ITEM(aimed, D_TARGET), &last_target))
             goto out;
     }
-    /* the overuse watch: a strict container's own use against the target its rate aimed at */
-    int watched = util_o != Py_None && last != Py_None && !sliced && is_ascii(policy, "strict")
+    /* the overuse watch: a limited container's own use against the target its rate aimed at */
+    int watched = util_o != Py_None && last != Py_None && !sliced && !is_ascii(policy, "off")
                   && limit < FULL_SHARE && written_rate > 0;
     if (watched) {
         PyObject *aimed_state = PyTuple_GET_ITEM(PyTuple_GET_ITEM(last, 1), D_STATE);

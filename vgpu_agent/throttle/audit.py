@@ -43,10 +43,10 @@ use read a few percent of noise while the law ramped them: capped, they got noth
 was not kept (`BENCHMARKS.md`). What gives such a container away is its use once it runs: its
 claims follow its rate, so the law, learning from them, cuts a rate six orders of magnitude too
 high a few percent a reading, while its use stays above its target and does not follow. A
-strict container whose own use reads above its target reading after reading while the law's
-`k` fell and its use did not follow (`OveruseWatch`) is capped as a caught one is. A
-work-conserving container may use what is lent beyond its target, and a time-sliced GPU's
-split is no reading of a container's own: for those the gap stays.
+limited container (strict, or work-conserving: its target includes what it is lent) whose own
+use reads above its target reading after reading while the law's `k` fell and its use did not
+follow (`OveruseWatch`) is capped as a caught one is. A time-sliced GPU's split is no reading
+of a container's own: there the gap stays.
 
 Pure: no I/O, no clocks.
 """

@@ -1076,12 +1076,11 @@ class ThrottleController:
         device, written_rate, written_burst = entry
         rate, burst = decision[0], decision[1]
         cap = device.liar_cap
-        # a strict container's own use (per-process samples, not a time-sliced GPU's
-        # split) against the target its rate in force aimed at (a work-conserving one may
-        # use what is lent beyond it)
+        # a limited container's own use (per-process samples, not a time-sliced GPU's
+        # split) against the target its rate in force aimed at, loans included
         util, aimed = obs[7], device.last[1] if device.last is not None else None
         overused = False
-        if (util is not None and aimed is not None and not sliced and obs[2] == "strict"
+        if (util is not None and aimed is not None and not sliced and obs[2] != "off"
                 and obs[1] < FULL_SHARE and written_rate > 0):
             overused = device.overuse.read(util, aimed.target, aimed.state.tokens_per_pct)
             if overused:
