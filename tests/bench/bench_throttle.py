@@ -18,11 +18,12 @@ worst in brackets; a cell meets the goals when its medians do.
 new workload's cost from the plant's NVML samples as well as they allow and is otherwise ideal
 (`simulation/bound.py`): no law that learns costs from the samples settles sooner, and a
 settling goal below it asks for more than the samples hold (a law may still beat it by a
-belief that happens to be right: the cold start's equal parts in scenario 1, for instance). On a time-sliced GPU the samples tell shares
-only by how many periods go to each container's processes, which settles no cell of two
-containers or more within 30 s (the module computes it: scenario 4 at 6 Hz, 19 s, the others
-never); there the split's belief that costs are equal (`throttle/timesliced.py`) is what
-settles the cells whose containers' costs are equal, so no bound is printed.
+belief that happens to be right: the cold start's equal parts in scenario 1, for instance).
+On a time-sliced GPU the samples tell shares only by how many periods go to each container's
+processes, which settles no cell of two containers or more within 30 s (the module computes
+it: scenario 4 at 6 Hz, 19 s, the others never); there the split's belief that costs are
+equal (`throttle/timesliced.py`) is what settles the cells whose containers' costs are equal,
+so no bound is printed.
 
     python tests/bench/bench_throttle.py [--only NAME] [--plant NAME] [--duration S] [--seeds N]
                                          [--attribution per-process|time-sliced]
@@ -171,9 +172,9 @@ def attainable(sc: Scenario, plant: PlantSpec) -> Scenario:
 
 def settling_bound(sc: Scenario, plant: PlantSpec, tick_s: float) -> float:
     """The longest, over the scenario's changes, of the median settling of the best estimator of
-    costs from the plant's NVML samples (`simulation/bound.py`): each change's containers with the shares the
-    scenario names (not those `attainable` scales), those whose workload went on unchanged
-    counted as known."""
+    costs from the plant's NVML samples (`simulation/bound.py`): each change's containers with
+    the shares the scenario names (not those `attainable` scales), those whose workload went on
+    unchanged counted as known."""
     worst = 0.0
     edges = [0.0, *sc.changes, sc.duration_s]
     for change, end in itertools.pairwise(edges):
@@ -296,9 +297,11 @@ def main() -> int:
                 missed.append(f"{plant.name} {sc.name}")
                 if bound > plant.max_settling_s:
                     beyond.append(f"{plant.name} {sc.name} ({bound:.1f} s)")
+            bound_text = "-" if math.isnan(bound) else f"{bound:.1f}"
             print(f"{plant.name:6} {sc.name:28} | {ours.mean_abs_error:8.2f} "
                   f"{ours.median_error:5.2f} {ours.p95_error:5.2f} {ours.p99_error:5.2f} "
-                  f"{ours_settle:>8} {'-' if math.isnan(bound) else format(bound, '.1f'):>7} | {peer.mean_abs_error:8.2f} {peer.median_error:5.2f} "
+                  f"{ours_settle:>8} {bound_text:>7} | {peer.mean_abs_error:8.2f} "
+                  f"{peer.median_error:5.2f} "
                   f"{peer.p95_error:5.2f} {peer.p99_error:5.2f} {peer_settle:>8} | "
                   f"{ratio_text} | {'met' if met else 'MISSED':>6} | {cpu_s / len(seeds):5.1f}")
             sys.stdout.flush()
