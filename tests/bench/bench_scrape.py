@@ -2,6 +2,7 @@
 
     python tests/bench/bench_scrape.py [--gpus 8] [--sizes 16,64,144,256] [--seconds 30]
                                        [--allocates 600] [--nvml-call-ms 2.2]
+                                       [--policy strict|work-conserving]
 
 The agent is the whole agent, as `vgpu-agent run` composes it (`Agent` on the agent's own
 event loop: device plugin, PodResources, health checks, NVML poll, controller, backstop,
@@ -106,7 +107,8 @@ ALLOCATE_PAIR_S = 0.04
 
 
 def build_regions(root: Path, gpus: int, containers: int,
-                  regions_dir: Path | None = None) -> list[dict[str, object]]:
+                  regions_dir: Path | None = None, policy: str = "strict"
+                  ) -> list[dict[str, object]]:
     """Region directories (in `regions_dir`, else `root`) as Allocate leaves them on a full
     node: each GPU split into as many equal slices as it holds container-devices (its limits add
     up to 100 %); two containers in every `gpus` x `gpus` have a second GPU, the next one, so
@@ -126,7 +128,7 @@ def build_regions(root: Path, gpus: int, containers: int,
     next_slice: dict[int, int] = defaultdict(int)
     layout_rows = []
     for n, devices in enumerate(placed):
-        specs = [DeviceSpec(inventory[d].uuid, 4 * GIB, 100 / per_gpu[d], "strict")
+        specs = [DeviceSpec(inventory[d].uuid, 4 * GIB, 100 / per_gpu[d], policy)
                  for d in devices]
         ids = []
         for d in devices:
@@ -380,9 +382,11 @@ def samples_from(directory: Path, rows: list[dict[str, object]]
     return samples
 
 
-def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int = 1) -> object:
+def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int = 1,
+                 policy: str = "strict") -> object:
     """The agent's configuration on the bench node: its defaults but for the paths, the
-    simulated GPUs and, while shares change, a tick held at 100 ms."""
+    simulated GPUs, the node's core policy (the bench's regions' own) and, while shares change,
+    a tick held at 100 ms."""
     from vgpu_agent.config import Config
 
     return Config(
@@ -400,6 +404,7 @@ def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int =
         # as if something changed every tick: the cost of a controller that never calms down
         throttle_calm_slowdown=1 if changing else 4,
         throttle_nvml_poll_periods=nvml_poll_periods,
+        core_policy=policy,
     )
 
 
@@ -424,7 +429,7 @@ def cpu_burner(ms: float) -> Callable[[], None]:
 
 async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
                 reference_law: bool = False, nvml_call_ms: float = 0.0,
-                nvml_poll_periods: int = 1) -> None:
+                nvml_poll_periods: int = 1, policy: str = "strict") -> None:
     """The whole agent, as `vgpu-agent run` composes it (`Agent` on its own event loop), on
     simulated GPUs whose per-process samples are the containers' and whose processes belong to
     their containers (what /proc proves on a real node)."""
@@ -448,7 +453,8 @@ async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
 
     backend.set_sample_source(samples)
     backend.set_process_owner(owner.get)
-    agent = Agent(agent_config(root, gpus, changing, nvml_poll_periods),  # type: ignore[arg-type]
+    agent = Agent(agent_config(root, gpus, changing, nvml_poll_periods,  # type: ignore[arg-type]
+                               policy),
                   backend=backend)
     if reference_law:
         from vgpu_agent.throttle.control import control_step
@@ -523,14 +529,19 @@ def scrape(port: int, accept: str = "", gzipped: bool = False) -> tuple[float, b
     return (time.perf_counter() - started) * 1000, body
 
 
-def check_bound(body: bytes, pods: set[str]) -> None:
+def check_bound(body: bytes, pods: set[str], policy: str = "strict") -> None:
     """Figures of an agent that is not doing its job say nothing: every container's pod must be
-    named (PodResources bound its region) with its utilization (its samples attributed)."""
+    named (PodResources bound its region) with its utilization (its samples attributed), and
+    under the core policy the bench asked for."""
     named = {m.decode() for m in re.findall(
         rb'vgpu_container_core_utilization_ratio\{[^}]*pod="([^"]+)"', body)}
     if named != pods:
         raise SystemExit(f"the agent names {len(named)} of {len(pods)} pods with their "
                          f"utilization; missing e.g. {sorted(pods - named)[:3]}")
+    in_force = {m.decode() for m in re.findall(
+        rb'vgpu_container_core_policy_info\{[^}]*policy="([^"]+)"[^}]*\} 1', body)}
+    if in_force != {policy}:
+        raise SystemExit(f"the agent's containers run under {sorted(in_force)}, not {policy!r}")
     # and the bench's shims are honest ones: the agent believed every token they claimed
     cut = re.search(rb'vgpu_region_events_total\{[^}]*event="tokens_overclaimed"[^}]*\} (\S+)',
                     body)
@@ -648,7 +659,7 @@ def stop_child(child: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def running_node(root: Path, gpus: int, changing: bool = False, reference_law: bool = False,
-                 nvml_call_ms: float = 0.0, nvml_poll_periods: int = 1
+                 nvml_call_ms: float = 0.0, nvml_poll_periods: int = 1, policy: str = "strict"
                  ) -> Iterator[tuple[subprocess.Popen, int]]:
     """The kubelet stand-in and the whole agent, each in its own process, on the node built in
     `root`: yields the agent's process and its metrics port once it serves."""
@@ -663,7 +674,7 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
              *(["--changing"] if changing else []),
              *(["--reference-law"] if reference_law else []),
              "--nvml-call-ms", str(nvml_call_ms), "--nvml-poll-periods", str(nvml_poll_periods),
-             "--port-file", str(port_file)],
+             "--policy", policy, "--port-file", str(port_file)],
             port_file, "the agent")
         try:
             yield child, int(port_file.read_text())
@@ -678,7 +689,7 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool
     if shim.accounting is not None:
         shim.accounting.changing = changing
     with running_node(root, args.gpus, changing, reference_law,
-                      args.nvml_call_ms, args.nvml_poll_periods) as (child, port):
+                      args.nvml_call_ms, args.nvml_poll_periods, args.policy) as (child, port):
         return measure_agent(args, shim, child, port, root / "dp" / "vgpu-agent.sock",
                              changing, bare)
 
@@ -717,7 +728,7 @@ def measure_agent(args: argparse.Namespace, shim: ShimSide, child: subprocess.Po
     if bare is not None:
         allocate = measure_allocate(args, shim, port, plugin, bare)
     _, body = scrape(port)
-    check_bound(body, shim.pods)
+    check_bound(body, shim.pods, args.policy)
     _, om_body = scrape(port, "application/openmetrics-text; version=1.0.0")
     rss, peak = rss_mb(child.pid)
     latencies.sort()
@@ -761,6 +772,9 @@ def main() -> int:
     parser.add_argument("--nvml-poll-periods", type=int, default=1,
                         help="the agent's throttle_nvml_poll_periods: NVML asked once every "
                              "this many sample periods")
+    parser.add_argument("--policy", choices=("strict", "work-conserving"), default="strict",
+                        help="every container's core policy (its region's and the node's "
+                             "core_policy)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubelet", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
@@ -774,7 +788,8 @@ def main() -> int:
 
         with asyncio.Runner(loop_factory=SlackEventLoop) as runner:
             runner.run(serve(args.root, args.gpus, args.port_file, args.changing,
-                             args.reference_law, args.nvml_call_ms, args.nvml_poll_periods))
+                             args.reference_law, args.nvml_call_ms, args.nvml_poll_periods,
+                             args.policy))
         return 0
     if args.kubelet:
         asyncio.run(kubelet_side(args.root, args.port_file))
@@ -783,7 +798,7 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.gpus} GPUs, "
           f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls, "
-          f"NVML per-process call {args.nvml_call_ms:g} ms of CPU")
+          f"NVML per-process call {args.nvml_call_ms:g} ms of CPU, containers {args.policy}")
     configs: tuple[tuple[str, bool, bool], ...] = (("steady", False, False),
                                                    ("changing", True, False))
     if args.reference_law:  # the same, with the reference law, side by side
@@ -825,7 +840,7 @@ def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool],
         root = Path(tmp)
         regions = root / "state" / REGIONS_DIR
         regions.mkdir(parents=True)
-        rows = build_regions(root, args.gpus, containers_for(size), regions)
+        rows = build_regions(root, args.gpus, containers_for(size), regions, args.policy)
         shim = ShimSide(regions, rows, accounting=Accounting(root / "nvml", rows))
         with shim.moving():
             results = {name: measure(args, root, shim, changing, reference, bare)
