@@ -85,15 +85,8 @@ class BoundSpec:
 
 def reading_sd(percent: float, imp: Imperfections) -> float:
     """The standard deviation of one process's NVML sample at `percent` true use (before the
-    rounding to a whole percent)."""
-    sigma = imp.nvml_sigma
-    if not sigma:
-        return 0.0
-    if imp.nvml_noise == "additive":
-        return sigma
-    instants = max(1, round((50 / sigma) ** 2))
-    p = min(1.0, max(0.0, percent / 100))
-    return 100 * math.sqrt(p * (1 - p) / instants)
+    rounding to a whole percent): the plant's own (`Imperfections.spread`)."""
+    return imp.spread(percent)
 
 
 class _Estimates:

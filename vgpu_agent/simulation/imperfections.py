@@ -88,14 +88,29 @@ class Imperfections:
                 raise ValueError(f"Imperfections.{name} out of range: {getattr(self, name)!r} "
                                  "(see the module note for what is allowed)")
 
+    @property
+    def instants(self) -> int:
+        """How many busy-or-idle instants a "sampled" sample counts: a proportion of that many
+        spreads by `nvml_sigma` at 50 % use (0 without noise)."""
+        return max(1, round((50 / self.nvml_sigma) ** 2)) if self.nvml_sigma else 0
+
+    def spread(self, percent: float) -> float:
+        """The standard deviation of a sample of a process truly at `percent` (before the
+        rounding to a whole percent)."""
+        if not self.nvml_sigma:
+            return 0.0
+        if self.nvml_noise == "additive":
+            return self.nvml_sigma
+        p = min(1.0, max(0.0, percent / 100))
+        return 100 * math.sqrt(p * (1 - p) / self.instants)
+
     def observe(self, percent: float, rng: random.Random) -> int:
         """What NVML reports for a process that truly used `percent` of the SMs."""
         sigma = self.nvml_sigma
         if sigma and self.nvml_noise == "additive":
             percent += rng.gauss(0, sigma)
         elif sigma:
-            # n busy-or-idle instants give a proportion whose spread at 50 % is sigma
-            instants = max(1, round((50 / sigma) ** 2))
+            instants = self.instants
             p = min(1.0, max(0.0, percent / 100))
             if instants <= 400:
                 busy = sum(1 for _ in range(instants) if rng.random() < p)
