@@ -83,17 +83,22 @@ def test_the_benchmark_shims_spend_no_more_than_their_buckets_let_through(tmp_pa
         region.close()
 
 
-@pytest.mark.parametrize(("overclaimed", "over_target", "stops"),
-                         [(0, 0, False), (3, 0, True), (0, 1, True)])
+@pytest.mark.parametrize(("overclaimed", "over_target", "policy", "stops"),
+                         [(0, 0, "strict", False), (3, 0, "strict", True),
+                          (0, 1, "strict", True), (0, 0, "work-conserving", True)])
 def test_the_bench_stops_when_an_honest_container_is_cut_or_capped(overclaimed, over_target,
-                                                                    stops):
+                                                                    policy, stops):
     # its containers are honest: a claim cut or a cap for use above its target is a false
-    # catch, and figures measured beside one say nothing
+    # catch, and figures measured beside one say nothing; nor do figures of containers under
+    # another policy than the one the bench asked for (strict here)
     from tests.bench.bench_scrape import check_bound
 
     body = (b'vgpu_container_core_utilization_ratio{pod="pod-0",container="ctr-0"} 0.05\n'
+            b'vgpu_container_core_policy_info{pod="pod-0",container="ctr-0",policy="%s",'
+            b'policy_source="default"} 1\n'
             b'vgpu_region_events_total{event="tokens_overclaimed"} %d\n'
-            b'vgpu_region_events_total{event="use_over_target"} %d\n' % (overclaimed, over_target))
+            b'vgpu_region_events_total{event="use_over_target"} %d\n'
+            % (policy.encode(), overclaimed, over_target))
     if stops:
         with pytest.raises(SystemExit):
             check_bound(body, {"pod-0"})
