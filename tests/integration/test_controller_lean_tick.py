@@ -272,6 +272,31 @@ async def test_while_anything_is_lent_the_calm_tick_grows_to_max_tick_only(
     assert 0.1 < max(intervals) <= 0.4 + 1e-9  # it did calm down, only not further
 
 
+@pytest.mark.parametrize(("ppm", "lends"), [
+    (333_333, False),  # a GPU cut in three: limits a hair under 100 % leave crumbs to lend
+    (333_334, False),  # and a hair over it, over-committed by two parts per million
+    (333_000, True),  # a tenth of a point spare: a loan, however small, is one
+])
+async def test_limits_rounded_to_parts_per_million_are_no_loan(ppm, lends):
+    """Three busy work-conserving thirds of a GPU, their limits as `control` keeps them (parts
+    per million): what rounding leaves spare, or over-commits, is no loan that keeps the tick
+    at `max_tick_s`; a real one is."""
+    gpu = SimGpu(SIM_UUID)
+    regions = []
+    for n in range(3):
+        region = SimRegion(f"c{n}", (SIM_UUID,), (ppm / 10_000,), ("work-conserving",))
+        regions.append(region)
+        gpu.shim_process(f"c{n}", BUSY, region)
+    controller = paced_controller(gpu, regions)
+    intervals = await pace(controller, gpu, 150)
+    if lends:
+        assert 0.1 < max(intervals) <= 0.4 + 1e-9
+    else:
+        assert max(intervals) == pytest.approx(UNLENT_TICK_S)
+    for process in gpu.processes:  # and every third still gets its share
+        assert gpu.shares(process, 5)[-1][1] == pytest.approx(100 / 3, abs=2)
+
+
 @pytest.mark.parametrize("fault", ["raises", "corrupt"])
 async def test_a_region_that_cannot_be_read_keeps_the_tick_at_max_tick(fault):
     """What an unreadable region's container does is not known: however calm the rest, the

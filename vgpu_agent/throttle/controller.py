@@ -38,12 +38,13 @@ What a tick costs, and how often it runs:
   and no reading is far off awaiting the next to confirm it (`LoopState.surprise`).
   Where nothing is lent, the calm tick may grow further, to `unlent_tick_s` (by default
   `UNLENT_TICK_S`, 2 s, which the defaults reach after 19 s of calm): on every GPU no
-  container runs above its limit, the limits fit in the GPU, none is `off` (its use could grow
-  into the others' at any moment) and each has a rate (a container not yet throttled may start
-  spending at any moment). Then a container that wakes needs nobody's rate lowered: its own
-  rate already allows its share, so the slower tick costs only how soon spare share is lent,
-  never a guarantee. A region that cannot be read is
-  not known to be any of that: while one fails, the tick grows to `max_tick_s` at most (and a
+  container runs above its limit, the limits fit in the GPU (both to `_SHARE_EPS`, a
+  hundredth of a point: limits kept in parts per million leave equal slices a hair off 100 %),
+  none is `off` (its use could grow into the others' at any moment) and each has a rate (a
+  container not yet throttled may start spending at any moment). Then a container that wakes
+  needs nobody's rate lowered: its own rate already allows its share, so the slower tick costs
+  only how soon spare share is lent, never a guarantee. A region that cannot be read is not
+  known to be any of that: while one fails, the tick grows to `max_tick_s` at most (and a
   header corrupt for good is not a change every tick: its devices are followed once it reads).
   What counts is what the law decides, not why: a container that spends about its rate flips
   between waiting for tokens and not from tick to tick, which moves its target only where the
@@ -131,7 +132,12 @@ log = structlog.get_logger(__name__)
 # Observations are built as the plain tuples they are (see `_steer_gpu`): without the checks
 # `Observation.__new__` makes of values that come from elsewhere.
 _new = tuple.__new__
-_SHARE_EPS = 1e-6  # percent: a target this close to its limit is at it, not above
+# Points of share within which a target is at its limit, not above it, and limits adding up
+# to 100 % fit the GPU. Limits are kept in parts per million, so a GPU cut into 18 (or 3)
+# equal slices has limits adding up to a hair under 100 % (or over it): a hair lent, or
+# over-committed, would count as lending and keep the tick fast forever (BENCHMARKS.md). A
+# loan this small is no share anyone could measure (NVML reads whole percents).
+_SHARE_EPS = 0.01
 
 NVML_ERROR_NOT_SUPPORTED = 3  # pynvml.NVML_ERROR_NOT_SUPPORTED
 # The calm tick where nothing is lent (see the module note): only how soon spare share is lent
