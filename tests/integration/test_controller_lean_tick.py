@@ -250,26 +250,87 @@ async def test_a_reading_far_off_brings_the_fast_tick_back_until_the_next_one_de
     assert intervals[-1] > 0.1
 
 
-@pytest.mark.parametrize(("limits", "policies", "busy"), [
-    ((30.0,), ("work-conserving",), (True,)),  # lent the idle rest of the GPU
-    ((30.0, 20.0), ("strict", "off"), (True, True)),  # `off` may grow into the others' share
-    ((60.0, 60.0), ("strict", "strict"), (True, True)),  # limits that do not fit
-    ((30.0, 20.0), ("strict", "strict"), (True, False)),  # one never spent: no rate yet
+@pytest.mark.parametrize(("limits", "policies"), [
+    ((30.0, 20.0), ("strict", "off")),  # `off` may grow into the others' share
+    ((60.0, 60.0), ("strict", "strict")),  # limits that do not fit
 ])
-async def test_while_anything_is_lent_the_calm_tick_grows_to_max_tick_only(
-        limits, policies, busy):
-    """Where a waking container might need another's rate lowered, the tick is kept at
-    `max_tick_s` at most, however long all is calm."""
+async def test_where_only_a_tick_sees_a_reclaim_coming_the_calm_tick_grows_to_max_tick_only(
+        limits, policies):
+    """Where a waking container might need another's rate lowered and its tokens would not
+    say so, the tick is kept at `max_tick_s` at most, however long all is calm."""
     gpu = SimGpu(SIM_UUID)
     regions = []
-    for n, (limit, policy, spends) in enumerate(zip(limits, policies, busy, strict=True)):
+    for n, (limit, policy) in enumerate(zip(limits, policies, strict=True)):
         region = SimRegion(f"c{n}", (SIM_UUID,), (limit,), (policy,))
         regions.append(region)
-        if spends:
-            gpu.shim_process(f"c{n}", BUSY, region)
+        gpu.shim_process(f"c{n}", BUSY, region)
     controller = paced_controller(gpu, regions)
     intervals = await pace(controller, gpu, 150)
     assert 0.1 < max(intervals) <= 0.4 + 1e-9  # it did calm down, only not further
+    assert controller.watch_s is None
+
+
+@pytest.mark.parametrize(("limits", "policies", "idle"), [
+    ((30.0, 70.0), ("work-conserving", "work-conserving"), "never spent"),  # its 70 % lent
+    ((30.0, 20.0), ("strict", "strict"), "never spent"),  # no rate yet: it would run free
+    ((30.0, 70.0), ("work-conserving", "strict"), "went idle"),  # spent, then lent its share
+])
+async def test_an_idle_container_is_watched_between_slow_ticks(limits, policies, idle):
+    """Where the only reclaim to come is an idle container waking, the calm tick grows to
+    `unlent_tick_s`, and in between that container's spending is looked at every
+    `max_tick_s`: nothing while it stays idle, a wake-up as soon as it spends."""
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion(f"c{n}", (SIM_UUID,), (limit,), (policy,))
+               for n, (limit, policy) in enumerate(zip(limits, policies, strict=True))]
+    gpu.shim_process("c0", BUSY, regions[0])
+    if idle == "went idle":
+        gpu.shim_process("c1-early", Workload(kernel_s=0.002, busy=((0.0, 3.0),)), regions[1])
+    controller = paced_controller(gpu, regions)
+    intervals = await pace(controller, gpu, 150)
+    assert max(intervals) == pytest.approx(UNLENT_TICK_S)
+    assert controller.watch_s == pytest.approx(0.4)
+    for _ in range(3):
+        gpu.advance(0.4)
+        assert not controller.idle_woke()
+    gpu.shim_process("c1", Workload(kernel_s=0.002, busy=((gpu.elapsed_s, 1e9),)), regions[1])
+    gpu.advance(0.4)
+    assert controller.idle_woke()
+
+
+async def test_a_lender_waking_between_slow_ticks_is_served_as_soon_as_at_fast_ticks():
+    """A work-conserving borrower has the GPU while its 70 % neighbour is idle; the neighbour
+    wakes 30 s in, a slow tick after the last. The first tick after its first launch comes
+    within `max_tick_s` (the look that finds it, then the tick), and the neighbour has its
+    share back as soon as where the tick never grew past `max_tick_s`."""
+    from vgpu_agent.simulation.runner import ContainerSpec, ControlledRun
+
+    async def run(unlent_tick_s: float | None) -> tuple[list[float], float]:
+        sim = ControlledRun((
+            ContainerSpec("borrower", 30, BUSY),
+            ContainerSpec("owner", 70, Workload(kernel_s=0.002, busy=((30.0, 1e9),))),
+        ), paced=True)
+        if unlent_tick_s is not None:
+            sim.controller.unlent_tick_s = unlent_tick_s
+        ticks: list[float] = []
+        tick = sim.controller.tick
+
+        async def timed() -> None:
+            ticks.append(sim.gpu.elapsed_s)
+            await tick()
+
+        sim.controller.tick = timed  # type: ignore[method-assign]
+        await sim.advance(33.0)
+        owner = sim.procs["owner"][0]
+        back = next(t for t, share in sim.gpu.shares(owner, 0.1) if t > 30 and share >= 60)
+        return ticks, back
+
+    ticks, back = await run(None)
+    slow = [b - a for a, b in itertools.pairwise(ticks) if b < 30]
+    assert max(slow) == pytest.approx(UNLENT_TICK_S)  # it did slow down while the owner slept
+    first_after = min(t for t in ticks if t > 30)
+    assert first_after - 30 <= 0.4 + 0.1 + 1e-9
+    _, back_fast = await run(0.4)  # never slower than `max_tick_s`
+    assert back <= back_fast + 0.2
 
 
 @pytest.mark.parametrize(("ppm", "lends"), [
@@ -279,8 +340,9 @@ async def test_while_anything_is_lent_the_calm_tick_grows_to_max_tick_only(
 ])
 async def test_limits_rounded_to_parts_per_million_are_no_loan(ppm, lends):
     """Three busy work-conserving thirds of a GPU, their limits as `control` keeps them (parts
-    per million): what rounding leaves spare, or over-commits, is no loan that keeps the tick
-    at `max_tick_s`; a real one is."""
+    per million): what rounding leaves spare, or over-commits, is no loan, nor limits that do
+    not fit, either of which would keep the tick at `max_tick_s`. A real loan is one; with
+    every container busy there is nobody to watch, and the tick grows all the same."""
     gpu = SimGpu(SIM_UUID)
     regions = []
     for n in range(3):
@@ -289,10 +351,10 @@ async def test_limits_rounded_to_parts_per_million_are_no_loan(ppm, lends):
         gpu.shim_process(f"c{n}", BUSY, region)
     controller = paced_controller(gpu, regions)
     intervals = await pace(controller, gpu, 150)
-    if lends:
-        assert 0.1 < max(intervals) <= 0.4 + 1e-9
-    else:
-        assert max(intervals) == pytest.approx(UNLENT_TICK_S)
+    assert max(intervals) == pytest.approx(UNLENT_TICK_S)
+    assert controller.watch_s is None  # nobody idle to watch
+    statuses = controller.status.values()
+    assert any(d.target > d.limit + 0.01 for d in statuses) == lends
     for process in gpu.processes:  # and every third still gets its share
         assert gpu.shares(process, 5)[-1][1] == pytest.approx(100 / 3, abs=2)
 
@@ -411,3 +473,43 @@ async def test_an_idle_controller_still_ticks_every_idle_tick_without_a_wake():
         with pytest.raises(asyncio.CancelledError):
             await task
 
+
+
+async def test_the_loop_looks_at_idle_containers_between_slow_ticks():
+    """`run` sleeps to the next tick in steps of `watch_s` while there are idle containers to
+    look at, and ticks at once when one of them woke (`idle_woke`)."""
+    import asyncio
+
+    controller = ThrottleController(SimBackend([]), list, tick_s=0.02, max_tick_s=0.05,
+                                    unlent_tick_s=1.0)
+    woke = [False]
+    looks = [0]
+    ticks: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def tick() -> None:  # a calm tick of a GPU that lends: slow, with someone to watch
+        ticks.append(loop.time())
+        controller.interval_s = 1.0
+        controller._watched = [object()]  # type: ignore[list-item]
+
+    def idle_woke() -> bool:
+        looks[0] += 1
+        return woke[0]
+
+    controller.tick = tick  # type: ignore[method-assign]
+    controller.idle_woke = idle_woke  # type: ignore[method-assign]
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert len(ticks) == 1 and looks[0] >= 4  # asleep to the slow tick, looking meanwhile
+        woke[0] = True
+        woken_at = loop.time()
+        for _ in range(30):
+            await asyncio.sleep(0.01)
+            if len(ticks) > 1:
+                break
+        assert len(ticks) == 2 and ticks[1] - woken_at < 0.1  # within a look, not the tick
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -43,8 +43,9 @@ async def test_steers_containers_to_their_limits_and_beats_every_tick():
 
 async def test_a_paced_run_ticks_at_the_controllers_own_pace():
     """`paced` steps the plant by the controller's `interval_s`, as the agent's loop sleeps:
-    fast while it settles, slower once calm (up to 1 s with nothing lent, 0.4 s while a
-    work-conserving container borrows); unpaced, every tick_s."""
+    fast while it settles, slower once calm (up to 2 s, also while a work-conserving container
+    borrows the GPU's unallocated rest: no idle container's wake-up to watch for); unpaced,
+    every tick_s."""
     strict = (ContainerSpec("solo", 40, BUSY, policy="strict"),)
     lending = (ContainerSpec("solo", 40, BUSY),)
     fixed, paced = ControlledRun(strict), ControlledRun(strict, paced=True)
@@ -55,8 +56,8 @@ async def test_a_paced_run_ticks_at_the_controllers_own_pace():
     assert 25 <= paced.controller.ticks < 80  # 0.1 s at first, then up to 1 s
     assert paced.controller.interval_s > 0.4
     assert share(paced, "solo") == pytest.approx(40, abs=3)
-    assert 50 <= lent.controller.ticks < 120  # 0.1 s at first, then mostly 0.4 s
-    assert lent.controller.interval_s == pytest.approx(0.4)
+    assert 25 <= lent.controller.ticks < 80
+    assert lent.controller.interval_s > 0.4 and lent.controller.watch_s is None
     assert share(lent, "solo") > 90  # lent the idle rest of the GPU
 
 

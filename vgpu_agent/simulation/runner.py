@@ -132,6 +132,7 @@ class ControlledRun:
             ]
         self.tick_s = tick_s
         self._due_s = tick_s  # when, on the plant's clock, the next tick is due
+        self._look_s: float | None = None  # and when idle containers are next looked at
         self.controller = ThrottleController(
             SimBackend([self.gpu]), lambda: list(self.regions.values()), tick_s=tick_s,
             params=params, clock=lambda: self.gpu.now_ns, evidence=SimHostEvidence([self.gpu]),
@@ -143,12 +144,25 @@ class ControlledRun:
         schedule outlives the call: a caller stepping in pieces shorter than the tick (0.05 s
         pieces ticked it 20 times a second, paced or not) gets the run one call would."""
         end = self.gpu.elapsed_s + seconds
+        controller = self.controller
         while self.gpu.elapsed_s < end - 1e-9:
-            self.gpu.advance(min(self._due_s, end) - self.gpu.elapsed_s)
-            if self.gpu.elapsed_s >= self._due_s - 1e-9:
-                await self.controller.tick()
-                self._due_s = self.gpu.elapsed_s + (
-                    self.controller.interval_s if self.paced else self.tick_s)
+            # paced, idle containers are looked at between slow ticks, as the agent's loop does
+            look_at = self._look_s if self._look_s is not None else math.inf
+            self.gpu.advance(min(self._due_s, look_at, end) - self.gpu.elapsed_s)
+            now = self.gpu.elapsed_s
+            if now < self._due_s - 1e-9 and now >= look_at - 1e-9:
+                watch_s = controller.watch_s
+                if controller.idle_woke():
+                    self._due_s = now
+                elif watch_s is not None:
+                    self._look_s = look_at + watch_s
+            if now >= self._due_s - 1e-9:
+                await controller.tick()
+                self._due_s = now + (controller.interval_s if self.paced else self.tick_s)
+                watch_s = controller.watch_s if self.paced else None
+                self._look_s = now + watch_s if watch_s is not None else None
+            elif self._look_s is not None and self._look_s > self._due_s - 1e-9:
+                self._look_s = None
 
 
 async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: float = 0.5,

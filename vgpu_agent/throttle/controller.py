@@ -36,16 +36,22 @@ What a tick costs, and how often it runs:
   when no container came or went, no target moved by more than `calm_target_points`, and no
   rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little),
   and no reading is far off awaiting the next to confirm it (`LoopState.surprise`).
-  Where nothing is lent, the calm tick may grow further, to `unlent_tick_s` (by default
-  `UNLENT_TICK_S`, 2 s, which the defaults reach after 19 s of calm): on every GPU no
-  container runs above its limit, the limits fit in the GPU (both to `_SHARE_EPS`, a
-  hundredth of a point: limits kept in parts per million leave equal slices a hair off 100 %),
-  none is `off` (its use could grow into the others' at any moment) and each has a rate (a
-  container not yet throttled may start spending at any moment). Then a container that wakes
-  needs nobody's rate lowered: its own rate already allows its share, so the slower tick costs
-  only how soon spare share is lent, never a guarantee. A region that cannot be read is not
-  known to be any of that: while one fails, the tick grows to `max_tick_s` at most (and a
-  header corrupt for good is not a change every tick: its devices are followed once it reads).
+  The calm tick may grow further, to `unlent_tick_s` (by default `UNLENT_TICK_S`, 2 s, which
+  the defaults reach after 19 s of calm), where nothing is lent: on every GPU no container
+  runs above its limit, the limits fit in the GPU (both to `_SHARE_EPS`, a hundredth of a
+  point: limits kept in parts per million leave equal slices a hair off 100 %), none is `off`
+  (its use could grow into the others' at any moment) and each has a rate (a container not
+  yet throttled runs unthrottled once it spends). Then a container that wakes needs nobody's
+  rate lowered: its own rate already allows its share, so the slower tick costs only how soon
+  spare share is lent, never a guarantee. It may also grow where the only reclaim to come is
+  an idle container waking (one whose share is lent to others, or which has no rate yet):
+  until the next tick, each such container's header is read every `max_tick_s` (`watch_s`,
+  `idle_woke`), and one that spent for more than its demand at the last tick brings the next
+  tick at once, as soon as `max_tick_s` ticks would have seen it. Limits that do not fit, an
+  `off` container, a device not observed keep the tick at `max_tick_s`: only a tick sees
+  those coming. A region that cannot be read is not known to be any of that: while one
+  fails, the tick grows to `max_tick_s` at most (and a header corrupt for good is not a change
+  every tick: its devices are followed once it reads).
   What counts is what the law decides, not why: a container that spends about its rate flips
   between waiting for tokens and not from tick to tick, which moves its target only where the
   allocation depends on it (lending), and then the target says so.
@@ -403,7 +409,12 @@ class ThrottleController:
         self.calm_target_points, self.calm_rate_fraction = 0.5, 0.02
         self.unlent_tick_s = unlent_tick_s
         self.interval_s = tick_s  # until the next tick: tick_s, longer while all is calm
-        self._lent = False  # this tick, some GPU lends (or may have to reclaim): see the note
+        # this tick, some GPU may have to reclaim in a way only a tick sees (see the note)
+        self._lent = False
+        # idle containers of GPUs that lend, or that have a container not yet throttled: their
+        # spending is looked at between slow ticks (`idle_woke`), as (device, k, demand)
+        self._watching: list[tuple[_Device, float, float]] = []
+        self._watched: list[tuple[_Device, float, float]] = []
         self._calm_s = 0.0  # seconds of calm ticks in a row (their planned intervals)
         self._changed = False  # this tick saw a change
         self._inline = False  # whether the last reads were cheap enough to do on the loop
@@ -532,7 +543,13 @@ class ThrottleController:
                     next_at = loop.time()
                     continue
                 next_at = max(next_at + self.interval_s, loop.time())
-                await asyncio.sleep(next_at - loop.time())
+                watch_s = self.watch_s
+                while watch_s is not None and next_at - loop.time() > watch_s:
+                    await asyncio.sleep(watch_s)
+                    if self.idle_woke():
+                        next_at = loop.time()
+                        break
+                await asyncio.sleep(max(0.0, next_at - loop.time()))
         finally:
             self._loop = self._woken = None
 
@@ -548,6 +565,7 @@ class ThrottleController:
             return
         self._idle = not regions
         self._changed = self._lent = False
+        self._watching = []
         by_gpu: dict[str, _Entries] = defaultdict(list)
         for start in range(0, len(regions), READ_CHUNK):
             if start:
@@ -604,6 +622,38 @@ class ThrottleController:
         steps = int(self._calm_s / (self.calm_ticks * self.tick_s) + 1e-9)
         ceiling = self.max_tick_s if self._lent else self.unlent_tick_s
         self.interval_s = min(ceiling, self.tick_s * (1 + steps))
+        self._watched = self._watching
+
+    @property
+    def watch_s(self) -> float | None:
+        """How often, until the next tick, the idle containers' spending should be looked at
+        (`idle_woke`); None when there is nothing to look at or the next tick comes as soon."""
+        return self.max_tick_s if self._watched and self.interval_s > self.max_tick_s else None
+
+    def idle_woke(self) -> bool:
+        """Whether a container that was idle at the last tick (its share lent to others, or
+        not yet throttled) has spent since for more than its demand then: the next tick should
+        come now, so that what is lent comes back as soon as at `max_tick_s` ticks. One header
+        read per such container; a region that cannot be read says yes (the tick will see)."""
+        now = self.clock()
+        for device, k, demand in self._watched:
+            region = device.region
+            if region.closed:
+                continue
+            previous, read_ns = device.previous, device.read_ns
+            try:
+                counters = _counters(region)
+            except Exception:
+                return True
+            if counters is None or previous is None or read_ns is None:
+                return True
+            spent = counters[3 * device.dev] - previous[0]
+            if spent == 0:
+                continue
+            seconds = (now - read_ns) / 1e9
+            if spent < 0 or k <= 0 or seconds <= 0 or spent / seconds / k > demand:
+                return True
+        return False
 
     def _sample(self, by_gpu: Mapping[str, _Entries]) -> dict[str, _Sampled]:
         """Every GPU's new samples, once its regions were read (in a worker thread when slow)."""
@@ -969,19 +1019,28 @@ class ThrottleController:
         decisions = self.law(observations, states, dt_s, params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
-        # lent, or a reclaim may be needed at any moment (see the module note)
-        lent = self._lent or len(observations) < len(entries) \
+        # a reclaim may be needed at any moment that only a tick would see (see the module
+        # note): a device not observed, limits that do not fit
+        hard = self._lent or len(observations) < len(entries) \
             or sum([obs[1] for obs in observations]) > FULL_SHARE + _SHARE_EPS
         settle = functools.partial(self._settle, uuid, liars, sliced, split, open_loop)
         if native:
-            self._changed, self._lent = _steerc.settle(
+            self._changed, lent = _steerc.settle(
                 observations, steered, decisions, liars, settle, self._apply, sliced,
-                open_loop, self.calm_target_points, self.calm_rate_fraction, self._changed, lent)
+                open_loop, self.calm_target_points, self.calm_rate_fraction, self._changed, hard)
         else:
-            changed = self._changed
+            changed, lent = self._changed, hard
             for obs, entry in zip(observations, steered, strict=True):
                 changed, lent = settle(obs, entry, decisions[obs[0]], changed, lent)
-            self._changed, self._lent = changed, lent
+            self._changed = changed
+        if lent and not hard:
+            idle = _idle_devices(steered)
+            if idle is None:
+                self._lent = True
+            else:
+                self._watching.extend(idle)
+        else:
+            self._lent = lent
 
     def _observe(self, device: _Device, reading: _RegionReading, states: Mapping[str, LoopState],
                  fields: list[list[object]], steered: list[tuple[_Device, int, int]],
@@ -1202,6 +1261,24 @@ PER_PROCESS_HOLD_US = int(PER_PROCESS_HOLD_S * 1e6)
 
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
 _STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after
+
+
+def _idle_devices(steered: list[tuple[_Device, int, int]]
+                  ) -> list[tuple[_Device, float, float]] | None:
+    """A lending GPU's devices to watch between slow ticks: (device, k, demand) of each that
+    is not waiting for tokens (a lender, or one not yet throttled), none when nothing waits;
+    None when one is `off` (what it uses is not its tokens' to say: only NVML, at a tick)."""
+    idle = []
+    for device, _, _ in steered:
+        last = device.last
+        if last is None:
+            return None
+        obs, decision, _ = last
+        if obs[2] == "off":
+            return None
+        if not decision.hungry:
+            idle.append((device, decision.state.tokens_per_pct, decision.demand))
+    return idle
 
 
 def _counters(region: RegionHandle) -> tuple[int, ...] | None:
