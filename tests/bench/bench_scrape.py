@@ -2,7 +2,7 @@
 
     python tests/bench/bench_scrape.py [--gpus 8] [--sizes 16,64,144,256] [--seconds 30]
                                        [--allocates 600] [--nvml-call-ms 2.2]
-                                       [--policy strict|work-conserving]
+                                       [--policy strict|work-conserving] [--idle-every N]
 
 The agent is the whole agent, as `vgpu-agent run` composes it (`Agent` on the agent's own
 event loop: device plugin, PodResources, health checks, NVML poll, controller, backstop,
@@ -44,6 +44,8 @@ every tick (the law would otherwise learn flips this regular as noise and calm d
 cost of a controller that never does.
 The node is full and valid: one container in eight has a second GPU (the next one), spread so
 that every GPU holds as many container-devices (18 at 144), its limits adding up to 100 %.
+With `--idle-every N` the last container of every N holds its slices and never launches (a
+notebook between sessions): its share is lent where the policy lends, and it has no rate.
 
 Goals: scrape p99 <= 50 ms, agent CPU <= 2 % of one core steady and <= 5 % while shares change,
 Allocate p99 <= 2x a bare call (at 144 container-devices), RSS <= 150 MB.
@@ -157,8 +159,12 @@ class ShimSide:
 
     def __init__(self, root: Path, rows: list[dict[str, object]],
                  clock: Callable[[], int] = time.monotonic_ns,
-                 accounting: Accounting | None = None):
+                 accounting: Accounting | None = None, idle_every: int = 0):
         from vgpu_agent.shm import layout
+
+        # containers that hold their slices and never launch (notebooks between sessions): the
+        # last of every `idle_every` (none with 0)
+        self.idle = {n for n in range(len(rows)) if idle_every and n % idle_every == idle_every - 1}
 
         self.accounting = accounting  # the GPUs' drivers, told what was spent
 
@@ -187,11 +193,14 @@ class ShimSide:
         self.pods = {str(row["identity"][1]) for row in rows}  # type: ignore[index]
         self.device_ids = {str(i) for row in rows for i in row["device_ids"]}  # type: ignore[attr-defined]
 
-    def _spend(self, control: mmap.mmap, dev: int, totals: list, steps: int) -> None:  # type: ignore[type-arg]
+    def _spend(self, control: mmap.mmap, dev: int, totals: list, steps: int,  # type: ignore[type-arg]
+               idle: bool = False) -> None:
         """`steps` of 10 ms on one device, by the shim's own bucket rule (`shm.layout`, the
-        twin of `bucket.h`): each step, the launches its balance admits, up to the demand."""
+        twin of `bucket.h`): each step, the launches its balance admits, up to the demand
+        (none where the container is `idle`)."""
         layout = self.layout
-        want = self.DEMAND_PER_STEP * steps
+        per_step = 0 if idle else self.DEMAND_PER_STEP
+        want = per_step * steps
         rate, burst, policy, core_limit = (
             layout.load_u64(control, layout.control_device_offset(dev, field))
             for field in ("rate", "burst", "policy", "core_limit"))
@@ -215,7 +224,7 @@ class ShimSide:
                 balance, last_ns = layout.refill(balance, last_ns or now_ns, now_ns,
                                                  rate if n == steps - 1 else before, burst)
                 if layout.admits(balance, self.COST, burst):
-                    launches = min(self.DEMAND_PER_STEP // self.COST, balance // self.COST)
+                    launches = min(per_step // self.COST, balance // self.COST)
                     balance = layout.spend(balance, launches * self.COST)
                     spent += launches * self.COST
             totals[3], totals[4] = balance, last_ns
@@ -264,7 +273,7 @@ class ShimSide:
             for dev in range(devices):
                 totals = self.totals[(n, dev)]
                 if steps > 0:
-                    self._spend(control, dev, totals, steps)
+                    self._spend(control, dev, totals, steps, n in self.idle)
                 spent, launches, waited = totals[:3]
                 base = slot + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE
                 struct.pack_into("<5Q", buf, base, GIB, launches, spent, waited, now)
@@ -775,6 +784,9 @@ def main() -> int:
     parser.add_argument("--policy", choices=("strict", "work-conserving"), default="strict",
                         help="every container's core policy (its region's and the node's "
                              "core_policy)")
+    parser.add_argument("--idle-every", type=int, default=0,
+                        help="the last container of every N never launches (it holds its "
+                             "slices, as a notebook between sessions does); 0: none")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubelet", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
@@ -798,7 +810,8 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.gpus} GPUs, "
           f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls, "
-          f"NVML per-process call {args.nvml_call_ms:g} ms of CPU, containers {args.policy}")
+          f"NVML per-process call {args.nvml_call_ms:g} ms of CPU, containers {args.policy}"
+          + (f", every {args.idle_every}th idle" if args.idle_every else ""))
     configs: tuple[tuple[str, bool, bool], ...] = (("steady", False, False),
                                                    ("changing", True, False))
     if args.reference_law:  # the same, with the reference law, side by side
@@ -841,7 +854,8 @@ def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool],
         regions = root / "state" / REGIONS_DIR
         regions.mkdir(parents=True)
         rows = build_regions(root, args.gpus, containers_for(size), regions, args.policy)
-        shim = ShimSide(regions, rows, accounting=Accounting(root / "nvml", rows))
+        shim = ShimSide(regions, rows, accounting=Accounting(root / "nvml", rows),
+                        idle_every=args.idle_every)
         with shim.moving():
             results = {name: measure(args, root, shim, changing, reference, bare)
                        for name, changing, reference in configs}

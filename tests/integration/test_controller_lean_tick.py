@@ -513,3 +513,39 @@ async def test_the_loop_looks_at_idle_containers_between_slow_ticks():
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_region_added_ends_a_calm_sleep_though_no_sooner_than_a_tick():
+    """`wake` (the region store calls it for every region it adds) brings the next tick at
+    once even between slow calm ticks, so that a new container is followed before it
+    launches; wakes in a row (a kubelet admitting one container after another) tick the
+    controller no faster than `tick_s`."""
+    import asyncio
+
+    controller = ThrottleController(SimBackend([]), list, tick_s=0.05, max_tick_s=0.1,
+                                    unlent_tick_s=2.0)
+    ticks: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def tick() -> None:  # calm, nothing lent: the slowest tick
+        ticks.append(loop.time())
+        controller.interval_s = 2.0
+
+    controller.tick = tick  # type: ignore[method-assign]
+    task = asyncio.create_task(controller.run())
+    try:
+        await asyncio.sleep(0.3)
+        assert len(ticks) == 1
+        woken_at = loop.time()
+        controller.wake()
+        await asyncio.sleep(0.03)
+        assert len(ticks) == 2 and ticks[1] - woken_at < 0.03
+        for _ in range(20):  # a wake every 10 ms for 0.2 s
+            controller.wake()
+            await asyncio.sleep(0.01)
+        assert 4 <= len(ticks) <= 7
+        assert all(b - a >= 0.05 - 0.005 for a, b in itertools.pairwise(ticks))
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -57,7 +57,10 @@ What a tick costs, and how often it runs:
   allocation depends on it (lending), and then the target says so.
 - Without regions a tick reads nothing and asks NVML nothing, and the loop then sleeps until a
   region is added (`wake`, which the agent calls from the region store) or `idle_tick_s` passed:
-  an idle agent's controller wakes once in `idle_tick_s`, not ten times a second.
+  an idle agent's controller wakes once in `idle_tick_s`, not ten times a second. A region
+  added also ends a calm tick's sleep (no sooner than `tick_s` after the last tick began):
+  Allocate comes before the container starts, so it is followed, and watched if it stays
+  idle, before its first launch, however slow the calm tick was.
 - On the loop, the tick holds it for one GPU's steering at a time (it yields between GPUs), so
   an Allocate or a scrape waits for a fraction of a tick, not for all of it.
 - Per device, the law's input is built from one read per region of `state`'s header
@@ -507,8 +510,10 @@ class ThrottleController:
 
     # -- the loop -----------------------------------------------------------------------------
     def wake(self) -> None:
-        """A region was added: tick now if the loop sleeps for want of regions. Safe from
-        any thread (regions may be built in a worker thread)."""
+        """A region was added: tick now, whether the loop sleeps for want of regions or
+        between calm ticks (a new container is followed before it launches), though no sooner
+        than `tick_s` after the last tick. Safe from any thread (regions may be built in a
+        worker thread)."""
         loop, woken = self._loop, self._woken
         if loop is None or woken is None:
             return  # not running yet: the first tick comes at once anyway
@@ -530,7 +535,8 @@ class ThrottleController:
         next_at = loop.time()
         try:
             while True:
-                woken.clear()  # a region added during the tick ends the idle sleep at once
+                woken.clear()  # a region added during the tick ends the sleep at once
+                started = loop.time()
                 try:
                     await self.tick()
                 except Exception:  # the loop must survive anything one tick throws
@@ -543,13 +549,19 @@ class ThrottleController:
                     next_at = loop.time()
                     continue
                 next_at = max(next_at + self.interval_s, loop.time())
+                # A region added (`wake`) or an idle container that spent ends the sleep: a
+                # new container is followed before it launches, however slow the calm tick ...
                 watch_s = self.watch_s
                 while watch_s is not None and next_at - loop.time() > watch_s:
-                    await asyncio.sleep(watch_s)
-                    if self.idle_woke():
+                    if await _nap(woken, watch_s) or self.idle_woke():
                         next_at = loop.time()
                         break
-                await asyncio.sleep(max(0.0, next_at - loop.time()))
+                if next_at > loop.time() and await _nap(woken, next_at - loop.time()):
+                    next_at = loop.time()
+                # ... but no sooner than `tick_s` after the last tick began (a kubelet adding
+                # containers one after another must not tick the controller at its pace)
+                if started + self.tick_s > loop.time():
+                    await asyncio.sleep(started + self.tick_s - loop.time())
         finally:
             self._loop = self._woken = None
 
@@ -1261,6 +1273,14 @@ PER_PROCESS_HOLD_US = int(PER_PROCESS_HOLD_S * 1e6)
 
 _SLOTS_EVERY_NS = 1_000_000_000  # slots read afresh at most this often per GPU
 _STRANGER_RETRY_NS = 5_000_000_000  # a process no container claims is looked for again after
+
+
+async def _nap(woken: asyncio.Event, seconds: float) -> bool:
+    """Sleep `seconds`, or until `woken` is set; whether it was."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await woken.wait()
+    return woken.is_set()
 
 
 def _idle_devices(steered: list[tuple[_Device, int, int]]
