@@ -297,6 +297,34 @@ async def test_an_idle_container_is_watched_between_slow_ticks(limits, policies,
     assert controller.idle_woke()
 
 
+@pytest.mark.parametrize("fault", ["raises", "corrupt", "backwards", "closed"])
+async def test_an_idle_container_whose_header_turns_bad_brings_the_tick(fault):
+    """What a watched container writes is its own: a header that cannot be read, or totals
+    that went backwards, are not known to be idle, and bring the tick (which judges them);
+    a region closed meanwhile is skipped."""
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion("busy", (SIM_UUID,), (30.0,), ("work-conserving",)),
+               SimRegion("idle", (SIM_UUID,), (70.0,), ("strict",))]
+    gpu.shim_process("busy", BUSY, regions[0])
+    gpu.shim_process("early", Workload(kernel_s=0.002, busy=((0.0, 3.0),)), regions[1])
+    controller = paced_controller(gpu, regions)
+    await pace(controller, gpu, 150)
+    assert controller.watch_s is not None and not controller.idle_woke()
+    idle = regions[1]
+    if fault == "raises":
+        def unreadable() -> tuple[int, ...]:
+            raise OSError("state is gone")
+        idle.counters = unreadable  # type: ignore[method-assign]
+    elif fault == "corrupt":
+        idle.counters = lambda: None  # type: ignore[method-assign,assignment,return-value]
+    elif fault == "backwards":
+        idle.counters = lambda: (0, 0, 0)  # type: ignore[method-assign]
+    else:
+        idle.closed = True  # collected meanwhile
+    gpu.advance(0.4)
+    assert controller.idle_woke() is (fault != "closed")
+
+
 async def test_a_lender_waking_between_slow_ticks_is_served_as_soon_as_at_fast_ticks():
     """A work-conserving borrower has the GPU while its 70 % neighbour is idle; the neighbour
     wakes 30 s in, a slow tick after the last. The first tick after its first launch comes
