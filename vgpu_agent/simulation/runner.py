@@ -146,23 +146,29 @@ class ControlledRun:
         end = self.gpu.elapsed_s + seconds
         controller = self.controller
         while self.gpu.elapsed_s < end - 1e-9:
-            # paced, idle containers are looked at between slow ticks, as the agent's loop does
             look_at = self._look_s if self._look_s is not None else math.inf
             self.gpu.advance(min(self._due_s, look_at, end) - self.gpu.elapsed_s)
             now = self.gpu.elapsed_s
-            if now < self._due_s - 1e-9 and now >= look_at - 1e-9:
-                watch_s = controller.watch_s
-                if controller.idle_woke():
-                    self._due_s = now
-                elif watch_s is not None:
-                    self._look_s = look_at + watch_s
-            if now >= self._due_s - 1e-9:
-                await controller.tick()
-                self._due_s = now + (controller.interval_s if self.paced else self.tick_s)
-                watch_s = controller.watch_s if self.paced else None
-                self._look_s = now + watch_s if watch_s is not None else None
-            elif self._look_s is not None and self._look_s > self._due_s - 1e-9:
-                self._look_s = None
+            if now < self._due_s - 1e-9:
+                if now >= look_at - 1e-9:  # a look between ticks: tick now if one woke
+                    if controller.idle_woke():
+                        self._due_s = now
+                    else:
+                        self._look_s = self._next_look(look_at)
+                if now < self._due_s - 1e-9:
+                    continue
+            await controller.tick()
+            self._due_s = now + (controller.interval_s if self.paced else self.tick_s)
+            self._look_s = self._next_look(now)
+
+    def _next_look(self, after: float) -> float | None:
+        """When, paced, idle containers are next looked at (`watch_s` after `after`, as the
+        agent's loop does between slow ticks); None when nothing is watched or the next tick
+        comes first."""
+        watch_s = self.controller.watch_s if self.paced else None
+        if watch_s is None or after + watch_s >= self._due_s - 1e-9:
+            return None
+        return after + watch_s
 
 
 async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: float = 0.5,

@@ -543,9 +543,7 @@ class ThrottleController:
                     self._failed("tick", "throttle_tick_failed")
                     self._status = None  # whatever the tick decided before it failed
                 if self._idle:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.idle_tick_s):
-                            await woken.wait()
+                    await _nap(woken, self.idle_tick_s)
                     next_at = loop.time()
                     continue
                 next_at = max(next_at + self.interval_s, loop.time())
