@@ -1284,7 +1284,7 @@ async def _nap(woken: asyncio.Event, seconds: float) -> bool:
 def _idle_devices(steered: list[tuple[_Device, int, int]]
                   ) -> list[tuple[_Device, float, float]] | None:
     """A lending GPU's devices to watch between slow ticks: (device, k, demand) of each that
-    is not waiting for tokens (a lender, or one not yet throttled), none when nothing waits;
+    is not waiting for tokens (a lender, or one not yet throttled; empty when all wait);
     None when one is `off` (what it uses is not its tokens' to say: only NVML, at a tick)."""
     idle = []
     for device, _, _ in steered:
