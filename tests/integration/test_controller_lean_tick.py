@@ -325,6 +325,55 @@ async def test_an_idle_container_whose_header_turns_bad_brings_the_tick(fault):
     assert controller.idle_woke() is (fault != "closed")
 
 
+async def test_many_idle_containers_are_looked_at_in_chunks_that_yield(monkeypatch):
+    """The look between slow ticks reads one header per idle container; with many of them it
+    yields to the loop between chunks of `READ_CHUNK` reads, as the tick does, and still finds
+    the one that woke in the last chunk."""
+    import asyncio
+
+    from vgpu_agent.throttle import controller as module
+
+    idle_count = 2 * module.READ_CHUNK + 6
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion("busy", (SIM_UUID,), (20.0,), ("work-conserving",))]
+    regions += [SimRegion(f"idle{n}", (SIM_UUID,), (1.0,), ("strict",))
+                for n in range(idle_count)]
+    gpu.shim_process("busy", BUSY, regions[0])
+    controller = paced_controller(gpu, regions)
+    await pace(controller, gpu, 150)
+    assert controller.watch_s is not None and len(controller._watched) == idle_count
+
+    turns = [0]
+    seen: list[int] = []
+    read = module._counters
+
+    def counted(region: object) -> object:
+        seen.append(turns[0])
+        return read(region)  # type: ignore[arg-type]
+
+    async def other_work() -> None:  # what Allocate and scrapes are to the loop
+        while True:
+            turns[0] += 1
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(module, "_counters", counted)
+    other = asyncio.create_task(other_work())
+    try:
+        await asyncio.sleep(0)
+        gpu.advance(0.4)
+        assert not await controller._idle_woke_in_chunks()
+        chunks = [seen[n: n + module.READ_CHUNK] for n in range(0, len(seen), module.READ_CHUNK)]
+        assert len(seen) == idle_count and len(chunks) == 3
+        assert all(len(set(chunk)) == 1 for chunk in chunks)  # no yield inside a chunk
+        assert chunks[0][0] < chunks[1][0] < chunks[2][0]  # the loop ran between chunks
+        gpu.shim_process("last", Workload(kernel_s=0.002, busy=((gpu.elapsed_s, 1e9),)),
+                         regions[-1])
+        gpu.advance(0.4)
+        assert await controller._idle_woke_in_chunks() and controller.idle_woke()
+    finally:
+        other.cancel()
+
+
 async def test_a_lender_waking_between_slow_ticks_is_served_as_soon_as_at_fast_ticks():
     """A work-conserving borrower has the GPU while its 70 % neighbour is idle; the neighbour
     wakes 30 s in, a slow tick after the last. The first tick after its first launch comes
@@ -505,7 +554,7 @@ async def test_an_idle_controller_still_ticks_every_idle_tick_without_a_wake():
 
 async def test_the_loop_looks_at_idle_containers_between_slow_ticks():
     """`run` sleeps to the next tick in steps of `watch_s` while there are idle containers to
-    look at, and ticks at once when one of them woke (`idle_woke`)."""
+    look at, and ticks at once when one of them woke (`idle_woke`'s test)."""
     import asyncio
 
     controller = ThrottleController(SimBackend([]), list, tick_s=0.02, max_tick_s=0.05,
@@ -520,12 +569,12 @@ async def test_the_loop_looks_at_idle_containers_between_slow_ticks():
         controller.interval_s = 1.0
         controller._watched = [object()]  # type: ignore[list-item]
 
-    def idle_woke() -> bool:
+    def woke_among(watched: list[object]) -> bool:
         looks[0] += 1
         return woke[0]
 
     controller.tick = tick  # type: ignore[method-assign]
-    controller.idle_woke = idle_woke  # type: ignore[method-assign]
+    controller._woke_among = woke_among  # type: ignore[method-assign,assignment]
     task = asyncio.create_task(controller.run())
     try:
         await asyncio.sleep(0.3)

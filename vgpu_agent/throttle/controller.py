@@ -551,7 +551,7 @@ class ThrottleController:
                 # new container is followed before it launches, however slow the calm tick ...
                 watch_s = self.watch_s
                 while watch_s is not None and next_at - loop.time() > watch_s:
-                    if await _nap(woken, watch_s) or self.idle_woke():
+                    if await _nap(woken, watch_s) or await self._idle_woke_in_chunks():
                         next_at = loop.time()
                         break
                 if next_at > loop.time() and await _nap(woken, next_at - loop.time()):
@@ -645,8 +645,22 @@ class ThrottleController:
         not yet throttled) has spent since for more than its demand then: the next tick should
         come now, so that what is lent comes back as soon as at `max_tick_s` ticks. One header
         read per such container; a region that cannot be read says yes (the tick will see)."""
+        return self._woke_among(self._watched)
+
+    async def _idle_woke_in_chunks(self) -> bool:
+        """`idle_woke` on the loop, yielding between chunks of reads as the tick does: a node
+        of idle containers must not hold Allocate and scrapes for all their reads at once."""
+        watched = self._watched
+        for start in range(0, len(watched), READ_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            if self._woke_among(watched[start : start + READ_CHUNK]):
+                return True
+        return False
+
+    def _woke_among(self, watched: list[tuple[_Device, float, float]]) -> bool:
         now = self.clock()
-        for device, k, demand in self._watched:
+        for device, k, demand in watched:
             region = device.region
             if region.closed:
                 continue
