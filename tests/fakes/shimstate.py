@@ -18,6 +18,7 @@ from pathlib import Path
 
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import CorePolicy, RegionUsage
+from vgpu_agent.shm.regions import core_limit_ppm
 
 POLICY_CODES = {"off": layout.POLICY_OFF, "strict": layout.POLICY_STRICT,
                 "work-conserving": layout.POLICY_WORK_CONSERVING}
@@ -43,7 +44,7 @@ def make_region(
             layout.ControlDevice(
                 uuid=d.uuid,
                 memory_limit=d.memory_limit,
-                core_limit=int(d.core_percent / 100 * layout.CORE_LIMIT_FULL),
+                core_limit=core_limit_ppm(d.core_percent),  # as Allocate rounds it
                 rate=d.rate,
                 burst=d.burst,
                 policy=POLICY_CODES[d.policy],
