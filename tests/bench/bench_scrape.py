@@ -3,6 +3,7 @@
     python tests/bench/bench_scrape.py [--gpus 8] [--sizes 16,64,144,256] [--seconds 30]
                                        [--allocates 600] [--nvml-call-ms 2.2]
                                        [--policy strict|work-conserving] [--idle-every N]
+                                       [--changing-gpus N]
 
 The agent is the whole agent, as `vgpu-agent run` composes it (`Agent` on the agent's own
 event loop: device plugin, PodResources, health checks, NVML poll, controller, backstop,
@@ -46,6 +47,9 @@ The node is full and valid: one container in eight has a second GPU (the next on
 that every GPU holds as many container-devices (18 at 144), its limits adding up to 100 %.
 With `--idle-every N` the last container of every N holds its slices and never launches (a
 notebook between sessions): its share is lent where the policy lends, and it has no rate.
+With `--changing-gpus N` a third configuration: the work a token buys changes as above for
+the containers of the first N GPUs only, and the agent runs at its own pace, as steady (each
+GPU keeps its own tick: what a node pays while one GPU's containers change).
 
 Goals: scrape p99 <= 50 ms, agent CPU <= 2 % of one core steady and <= 5 % while shares change,
 Allocate p99 <= 2x a bare call (at 144 container-devices), RSS <= 150 MB.
@@ -309,8 +313,8 @@ class Accounting:
     from the tokens its shim spent, as a real GPU's samples follow the work its processes
     launched: tokens a second over TOKENS_PER_PERCENT, in whole percent as NVML gives it.
     While shares change (`changing`), the work a token buys doubles every other 2 s for each
-    container, out of step with half the others: the same spend shows as twice the use, and
-    the law must learn `k` anew.
+    container (on the GPUs in `changing_gpus` only, where it is a set), out of step with half
+    the others: the same spend shows as twice the use, and the law must learn `k` anew.
 
     Kept here, beside the shims, and written per GPU into `directory/<uuid>` (the last HISTORY
     periods): the agent's fake NVML (`samples_from`) reads one small file per call, so that
@@ -323,14 +327,16 @@ class Accounting:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.changing = False
+        self.changing_gpus: set[str] | None = None  # None: all of them
         self.on_gpu = devices_on_gpus(rows)
         self.period = time.time_ns() // 1000 // SAMPLE_PERIOD_US
         self.read_us = time.time_ns() // 1000
         self.spent: dict[tuple[int, int], int] = {}
         self.kept: dict[str, list[bytes]] = {uuid: [] for uuid in self.on_gpu}
 
-    def per_percent(self, pid: int, stamp_us: int) -> float:
-        if self.changing and (stamp_us // 2_000_000 + pid) % 2:
+    def per_percent(self, uuid: str, pid: int, stamp_us: int) -> float:
+        if self.changing and (self.changing_gpus is None or uuid in self.changing_gpus) \
+                and (stamp_us // 2_000_000 + pid) % 2:
             return TOKENS_PER_PERCENT / 2
         return TOKENS_PER_PERCENT
 
@@ -348,7 +354,7 @@ class Accounting:
             for n in ended:
                 values = [
                     min(100, round((totals[pair][0] - self.spent.get(pair, totals[pair][0]))
-                                   / elapsed_s / self.per_percent(pid, n * SAMPLE_PERIOD_US)))
+                                   / elapsed_s / self.per_percent(uuid, pid, n * SAMPLE_PERIOD_US)))
                     for pair, pid in pairs]
                 kept.append(self.RECORD.pack(n) + struct.pack(f"<{len(values)}H", *values))
             del kept[:-self.HISTORY]
@@ -694,9 +700,15 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
 
 
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool = False,
-            reference_law: bool = False, bare: Path | None = None) -> dict:
+            reference_law: bool = False, bare: Path | None = None,
+            changing_gpus: int = 0) -> dict:
+    """One configuration. `changing`: every container's `k` changes and the agent's tick is
+    held at 100 ms; `changing_gpus`: the containers of that many GPUs change, the agent runs
+    at its own pace (as steady)."""
     if shim.accounting is not None:
-        shim.accounting.changing = changing
+        shim.accounting.changing = changing or changing_gpus > 0
+        shim.accounting.changing_gpus = (
+            set(sorted(shim.accounting.on_gpu)[:changing_gpus]) if changing_gpus else None)
     with running_node(root, args.gpus, changing, reference_law,
                       args.nvml_call_ms, args.nvml_poll_periods, args.policy) as (child, port):
         return measure_agent(args, shim, child, port, root / "dp" / "vgpu-agent.sock",
@@ -784,6 +796,9 @@ def main() -> int:
     parser.add_argument("--policy", choices=("strict", "work-conserving"), default="strict",
                         help="every container's core policy (its region's and the node's "
                              "core_policy)")
+    parser.add_argument("--changing-gpus", type=int, default=0,
+                        help="also measure the agent at its own pace while the containers of "
+                             "this many GPUs change (the rest steady)")
     parser.add_argument("--idle-every", type=int, default=0,
                         help="the last container of every N never launches (it holds its "
                              "slices, as a notebook between sessions does); 0: none")
@@ -812,10 +827,12 @@ def main() -> int:
           f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls, "
           f"NVML per-process call {args.nvml_call_ms:g} ms of CPU, containers {args.policy}"
           + (f", every {args.idle_every}th idle" if args.idle_every else ""))
-    configs: tuple[tuple[str, bool, bool], ...] = (("steady", False, False),
-                                                   ("changing", True, False))
+    configs: tuple[tuple[str, bool, bool, int], ...] = (("steady", False, False, 0),
+                                                        ("changing", True, False, 0))
+    if args.changing_gpus:
+        configs += ((f"{args.changing_gpus} GPU changing", False, False, args.changing_gpus),)
     if args.reference_law:  # the same, with the reference law, side by side
-        configs += (("ref law", False, True), ("ref, changing", True, True))
+        configs += (("ref law", False, True, 0), ("ref, changing", True, True, 0))
     with tempfile.TemporaryDirectory(prefix="bench-bare-") as bare_dir:
         bare = start_bare(Path(bare_dir)) if args.allocates > 0 else None
         try:
@@ -844,7 +861,7 @@ def start_bare(directory: Path) -> tuple[subprocess.Popen, Path]:
     return proc, socket
 
 
-def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool], ...],
+def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool, int], ...],
                 size: int, bare: Path | None) -> None:
     from vgpu_agent.shm.regions import REGIONS_DIR
 
@@ -857,8 +874,8 @@ def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool],
         shim = ShimSide(regions, rows, accounting=Accounting(root / "nvml", rows),
                         idle_every=args.idle_every)
         with shim.moving():
-            results = {name: measure(args, root, shim, changing, reference, bare)
-                       for name, changing, reference in configs}
+            results = {name: measure(args, root, shim, changing, reference, bare, gpus)
+                       for name, changing, reference, gpus in configs}
     devices = sum(int(r["devices"]) for r in rows)
     print(f"\n{len(rows)} containers, {devices} container-devices; load average "
           f"{os.getloadavg()[0]:.1f}")

@@ -305,18 +305,30 @@ def test_rates_are_stored_as_the_layout_stores_them(tmp_path, generation):
 
 
 @pytest.mark.parametrize(("tick_s", "calm_ticks", "max_tick_s"), [(0.1, 10, 0.4), (0.05, 4, 0.5)])
-async def test_the_tick_slows_down_by_calm_time_not_calm_ticks(tick_s, calm_ticks, max_tick_s):
+async def test_the_tick_slows_down_by_calm_time_not_calm_ticks(tmp_path, tick_s, calm_ticks,
+                                                                max_tick_s):
     """One more `tick_s` per `calm_ticks` * `tick_s` seconds of calm: longer ticks do not make
-    the slowing down itself slower."""
-    run = ThrottleController(Samples({}), list, tick_s=tick_s, calm_ticks=calm_ticks,
-                             max_tick_s=max_tick_s)
+    the slowing down itself slower. The first tick sees a new container (a change); the law
+    decides the same from then on."""
+    region = file_region(tmp_path, 1, UUIDS[:1], (30.0,))
+    clock = Clock()
+    run = ThrottleController(Samples({}), lambda: [region], clock=clock, law=Scripted({}),
+                             proc_root="/nonexistent", tick_s=tick_s, calm_ticks=calm_ticks,
+                             max_tick_s=max_tick_s, unlent_tick_s=max_tick_s)
+    run.inline_read_s = 10.0
     span = calm_ticks * tick_s
-    elapsed, seen = 0.0, []
-    while run.interval_s < max_tick_s - 1e-9:
-        elapsed += run.interval_s
-        await run.tick()
-        seen.append((elapsed, run.interval_s))
-        assert elapsed < 20
+    try:
+        await run.tick(paced=True)
+        assert run.interval_s == pytest.approx(tick_s)
+        elapsed, seen = 0.0, []  # calm since the first tick
+        while run.interval_s < max_tick_s - 1e-9:
+            elapsed += run.interval_s
+            clock.ns += round(run.interval_s * 1e9)
+            await run.tick(paced=True)
+            seen.append((elapsed, run.interval_s))
+            assert elapsed < 20
+    finally:
+        region.close()
     for at, interval in seen:
         expected = min(max_tick_s, tick_s * (1 + int(at / span + 1e-9)))
         assert interval == pytest.approx(expected)

@@ -157,8 +157,10 @@ class ControlledRun:
                         self._look_s = self._next_look(look_at)
                 if now < self._due_s - 1e-9:
                     continue
-            await controller.tick()
-            self._due_s = now + (controller.interval_s if self.paced else self.tick_s)
+            await controller.tick(paced=self.paced)
+            # paced, as the agent's loop: until the first GPU is due, no sooner than `tick_s`
+            self._due_s = now + (max(controller.interval_s, self.tick_s) if self.paced
+                                 else self.tick_s)
             self._look_s = self._next_look(now)
 
     def _next_look(self, after: float) -> float | None:

@@ -29,15 +29,22 @@ What a tick costs, and how often it runs:
   about 2 ms each, and one in trouble may hang), inline while they cost less than the hop.
 - Every region's heartbeat is refreshed every `heartbeat_s`, not every tick (and every tick
   where ticks are further apart).
-- The tick slows down while nothing changes: after `calm_ticks` * `tick_s` seconds of calm
-  ticks in a row the interval grows by one `tick_s`, and by one more per further such span, up
-  to `max_tick_s` (counted in time, not ticks: with the defaults 0.1 s, 0.2 s after 1 s of calm,
-  0.4 s after 3 s); the first tick that sees a change goes back to `tick_s`. A tick is calm
-  when no container came or went, no target moved by more than `calm_target_points`, and no
-  rate by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little),
-  and no reading is far off awaiting the next to confirm it (`LoopState.surprise`).
+- Each GPU keeps its own tick (`_Pace`): a GPU whose containers change is steered every
+  `tick_s` while a calm one beside it is read, asked and steered at its own slower pace, so that
+  a node pays for what changes, not for all it holds. The loop wakes when the first GPU is due
+  and steers every GPU due within half a `tick_s` (GPUs on one pace share ticks); a region not
+  seen before brings its GPUs' tick at once, and a region gone brings the tick of the GPU it
+  left. A region is read when one of its devices' GPUs is due. (`tick` without `paced`, as the
+  simulator's unpaced runs call it, steers every GPU.)
+- A GPU's tick slows down while nothing changes on it: after `calm_ticks` * `tick_s` seconds of
+  calm ticks in a row the interval grows by one `tick_s`, and by one more per further such span,
+  up to `max_tick_s` (counted in time, not ticks: with the defaults 0.1 s, 0.2 s after 1 s of
+  calm, 0.4 s after 3 s); the first tick that sees a change goes back to `tick_s`. A tick is calm
+  when no container came or went, no target moved by more than `calm_target_points`, and no rate
+  by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little), and no
+  reading is far off awaiting the next to confirm it (`LoopState.surprise`).
   The calm tick may grow further, to `unlent_tick_s` (by default `UNLENT_TICK_S`, 2 s, which
-  the defaults reach after 19 s of calm), where nothing is lent: on every GPU no container
+  the defaults reach after 19 s of calm), where nothing is lent: on that GPU no container
   runs above its limit, the limits fit in the GPU (both to `_SHARE_EPS`, a hundredth of a
   point: limits kept in parts per million leave equal slices a hair off 100 %), none is `off`
   (its use could grow into the others' at any moment) and each has a rate (a container not
@@ -47,10 +54,12 @@ What a tick costs, and how often it runs:
   an idle container waking (one whose share is lent to others, or which has no rate yet):
   until the next tick, each such container's header is read every `max_tick_s` (`watch_s`,
   `idle_woke`), and one that spent for more than its demand at the last tick brings the next
-  tick at once, as soon as `max_tick_s` ticks would have seen it. Limits that do not fit, an
-  `off` container, a device not observed keep the tick at `max_tick_s`: only a tick sees
-  those coming. A region that cannot be read is not known to be any of that: while one
-  fails, the tick grows to `max_tick_s` at most (and a header corrupt for good is not a change
+  tick at once, as soon as `max_tick_s` ticks would have seen it (where another GPU keeps the
+  loop ticking faster, the look comes at its ticks, once in `max_tick_s`, and brings the
+  waking container's GPU only). Limits that do not fit, an `off` container, a device not
+  observed keep the tick at `max_tick_s`: only a tick sees those coming. A region that cannot be
+  read is not known to be any of that: while one fails, the tick of its GPUs (of every GPU where
+  they cannot be told) grows to `max_tick_s` at most (and a header corrupt for good is not a change
   every tick: its devices are followed once it reads).
   What counts is what the law decides, not why: a container that spends about its rate flips
   between waiting for tokens and not from tick to tick, which moves its target only where the
@@ -295,6 +304,20 @@ class _Device:
         self.long_hold = False
 
 
+class _Pace:
+    """One GPU's own tick: how long its interval is, how long it has been calm, when it is
+    due next and when it was last steered, and its idle containers to watch meanwhile."""
+
+    __slots__ = ("calm_s", "due_ns", "interval_s", "steered_ns", "watching")
+
+    def __init__(self, tick_s: float) -> None:
+        self.interval_s = tick_s
+        self.calm_s = 0.0  # seconds of calm ticks in a row (their planned intervals)
+        self.due_ns = 0
+        self.steered_ns = 0
+        self.watching: list[tuple[_Device, float, float]] = []
+
+
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
 # device, flattened), and of `control` the (rate, burst) per device (flattened), the policies and
 # the priority in force; and when the counters were read (a moment between these two clocks).
@@ -364,7 +387,9 @@ class ThrottleController:
             fallback=self.pid_resolver,
             on_error=self._resolver_failed,
         )
-        self._sampled_pids: set[int] = set()
+        # per GPU: the host pids its last samples named (who is alive, `Attributor.end_tick`)
+        self._sampled_pids: dict[str, set[int]] = {}
+        self._sampled_now = False  # some GPU was sampled this tick
         self.params = params or ControlParams()
         # the law's tuning where a time-sliced GPU's use is split among containers
         self._split_params = replace(self.params, confirm_surprises=False)
@@ -411,15 +436,23 @@ class ThrottleController:
         self.max_tick_s, self.calm_ticks, self.inline_read_s = max_tick_s, calm_ticks, inline_read_s
         self.calm_target_points, self.calm_rate_fraction = 0.5, 0.02
         self.unlent_tick_s = unlent_tick_s
-        self.interval_s = tick_s  # until the next tick: tick_s, longer while all is calm
-        # this tick, some GPU may have to reclaim in a way only a tick sees (see the note)
+        self.interval_s = tick_s  # until the next tick: until the first GPU is due
+        self._paces: dict[str, _Pace] = {}  # per GPU: its own tick (see the module note)
+        self._due_now: set[str] = set()  # GPUs an idle container woke on: due at the next tick
+        self._present: set[str] = set()  # GPUs some region has a device on, as of this tick
+        # the GPUs of a region that could not be read this tick (all of them where its own
+        # cannot be told): they may have to reclaim in a way only a tick sees
+        self._unsure: set[str] | None = set()
+        # The GPU being steered: whether it may have to reclaim so (see the note), its idle
+        # containers (of a GPU that lends, or that has one not yet throttled: their spending
+        # is looked at between slow ticks, `idle_woke`, as (device, k, demand)), and whether
+        # it saw a change.
         self._lent = False
-        # idle containers of GPUs that lend, or that have a container not yet throttled: their
-        # spending is looked at between slow ticks (`idle_woke`), as (device, k, demand)
         self._watching: list[tuple[_Device, float, float]] = []
+        self._changed = False
+        # the idle containers of the GPUs whose next tick is further than `max_tick_s`
         self._watched: list[tuple[_Device, float, float]] = []
-        self._calm_s = 0.0  # seconds of calm ticks in a row (their planned intervals)
-        self._changed = False  # this tick saw a change
+        self._looked_ns = 0  # when they were last looked at
         self._inline = False  # whether the last reads were cheap enough to do on the loop
         self.hops = 0  # ticks whose reads went to a worker thread
         self.idle_tick_s = idle_tick_s
@@ -538,7 +571,7 @@ class ThrottleController:
                 woken.clear()  # a region added during the tick ends the sleep at once
                 started = loop.time()
                 try:
-                    await self.tick()
+                    await self.tick(paced=True)
                 except Exception:  # the loop must survive anything one tick throws
                     self._failed("tick", "throttle_tick_failed")
                     self._status = None  # whatever the tick decided before it failed
@@ -563,9 +596,10 @@ class ThrottleController:
         finally:
             self._loop = self._woken = None
 
-    async def tick(self) -> None:
+    async def tick(self, paced: bool = False) -> None:
+        """Steer the GPUs: each whose own next tick has come where `paced` (as `run` ticks),
+        every one otherwise (a tick at a fixed rate, as the simulator's unpaced runs)."""
         now_ns = self._now_ns = self.clock()
-        dt_s = self.tick_s if self._last_tick_ns is None else (now_ns - self._last_tick_ns) / 1e9
         self._last_tick_ns = now_ns
         self.ticks += 1
         try:
@@ -574,13 +608,16 @@ class ThrottleController:
             self._failed("list_regions", "throttle_list_regions_failed")
             return
         self._idle = not regions
-        self._changed = self._lent = False
-        self._watching = []
+        self._unsure = set()
+        if self._watched and now_ns - self._looked_ns >= self.max_tick_s * 1e9 * (1 - 1e-9):
+            # idle containers of GPUs not due are looked at as between ticks
+            self._woke_among(self._watched)
+        due, to_read = self._due_gpus(regions, now_ns, paced)
         by_gpu: dict[str, _Entries] = defaultdict(list)
-        for start in range(0, len(regions), READ_CHUNK):
+        for start in range(0, len(to_read), READ_CHUNK):
             if start:
                 await asyncio.sleep(0)  # Allocate and scrapes wait for a chunk's reads at most
-            self._gather(regions[start : start + READ_CHUNK], by_gpu)
+            self._gather(to_read[start : start + READ_CHUNK], by_gpu, due)
         sampled: dict[str, _Sampled] = {}
         if by_gpu:
             # NVML's calls block (about 2 ms each on a real driver, longer when it is in
@@ -591,6 +628,7 @@ class ThrottleController:
             else:
                 self.hops += 1
                 sampled = await asyncio.to_thread(self._sample, by_gpu)
+        steered: dict[str, tuple[bool, bool, list[tuple[_Device, float, float]]]] = {}
         for n, (uuid, entries) in enumerate(by_gpu.items()):
             if n:
                 # One GPU at a time on the loop: Allocate and scrapes wait for one GPU's
@@ -599,11 +637,17 @@ class ThrottleController:
             # A region collected meanwhile is closed now: skipped, not an error.
             entries[:] = [e for e in entries if not e[0].region.closed]
             samples = self._samples(uuid, sampled[uuid])
+            pace = self._paces.get(uuid)
+            dt_s = self.tick_s if pace is None else (now_ns - pace.steered_ns) / 1e9
+            unsure = self._unsure
+            self._changed, self._watching = False, []
+            self._lent = unsure is None or uuid in unsure
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
             except Exception:
                 self._lent = True  # not known: watched as closely as a lending GPU
                 self._failed("gpu", "throttle_gpu_failed", uuid=uuid)
+            steered[uuid] = (self._changed, self._lent, self._watching)
         regions = [r for r in regions if not r.closed]
         if self._last_beat_ns is None or now_ns - self._last_beat_ns >= self.heartbeat_ns:
             self._last_beat_ns = now_ns
@@ -612,27 +656,93 @@ class ThrottleController:
                     region.beat(now_ns)
                 except Exception:
                     self._failed("beat", "throttle_beat_failed", alloc_id=_alloc_id(region))
-        self._forget(regions, by_gpu)
-        if self._sampled_pids:  # ticks without new samples say nothing about who is alive
-            self.ns_resolver.forget_except(self._sampled_pids)
+        changed = self._forget(regions, by_gpu, due, to_read)
+        if self._sampled_now:  # ticks without new samples say nothing about who is alive
+            self._sampled_now = False
+            live = set().union(*self._sampled_pids.values())
+            self.ns_resolver.forget_except(live)
             # each region's slot reads sized by the processes placed in it (on host evidence)
             placed: dict[str, int] = defaultdict(int)
             for recent in self._recent.values():
                 for alloc_id, _, _ in recent.values():
                     placed[alloc_id] += 1
-            self.attributor.end_tick(self._sampled_pids, regions, placed)
-            self._sampled_pids = set()
+            self.attributor.end_tick(live, regions, placed)
         self._status = None  # built afresh from this tick's decisions when next asked
-        self._pace()
+        self._pace(now_ns, due, steered, changed)
 
-    def _pace(self) -> None:
-        """The interval to the next tick (see the module note)."""
-        self._calm_s = 0.0 if self._changed else self._calm_s + self.interval_s
-        # a hair under the span, so that float sums of intervals reach it on time
-        steps = int(self._calm_s / (self.calm_ticks * self.tick_s) + 1e-9)
-        ceiling = self.max_tick_s if self._lent else self.unlent_tick_s
-        self.interval_s = min(ceiling, self.tick_s * (1 + steps))
-        self._watched = self._watching
+    def _due_gpus(self, regions: list[RegionHandle], now_ns: int, paced: bool
+                  ) -> tuple[set[str], list[RegionHandle]]:
+        """The GPUs this tick steers, and the regions it reads for them. Unless `paced`, all.
+        Paced: each GPU whose own next tick has come (within half a `tick_s`, so that GPUs on
+        one pace share ticks) or that ticks at `tick_s`, the GPUs of a region not seen before,
+        those an idle container woke on; every region with a device on one of them. Sets
+        `_present`."""
+        paces, fast_s = self._paces, self.tick_s * (1 + 1e-9)
+        soon_ns = now_ns + round(self.tick_s * 5e8)
+        due, self._due_now = self._due_now, set()
+        present: set[str] = set()
+        pairs: list[tuple[RegionHandle, tuple[str, ...] | None]] = []
+        for region in regions:
+            if region.closed:
+                continue
+            known = self._by_region.get(id(region))
+            if known is None or known[0] is not region:
+                # New (or reopened): read now, and its GPUs steered with it. One whose devices
+                # cannot be told is read all the same (the read reports it).
+                try:
+                    uuids = tuple(region.device_uuids)
+                except Exception:
+                    uuids = ()
+                due.update(uuids)
+                present.update(uuids)
+                pairs.append((region, None))
+                continue
+            uuids = tuple([device.uuid for device in known[1]])
+            present.update(uuids)
+            for uuid in uuids:
+                pace = paces.get(uuid)
+                if not paced or pace is None or pace.interval_s <= fast_s \
+                        or pace.due_ns <= soon_ns:
+                    due.add(uuid)
+            pairs.append((region, uuids))
+        self._present = present
+        return due, [r for r, uuids in pairs
+                     if uuids is None or any([uuid in due for uuid in uuids])]
+
+    def _pace(self, now_ns: int, due: set[str],
+              steered: Mapping[str, tuple[bool, bool, list[tuple[_Device, float, float]]]],
+              changed: set[str]) -> None:
+        """Each GPU's interval to its next tick (see the module note), and the loop's: until
+        the first GPU is due."""
+        paces = self._paces
+        for uuid in [u for u in paces if u not in self._present]:
+            del paces[uuid]
+        for uuid in due & self._present:
+            # a GPU none of whose devices could be steered is not known to be calm
+            gpu_changed, lent, watching = steered.get(uuid, (False, True, []))
+            pace = paces.get(uuid)
+            if pace is None:
+                pace = paces[uuid] = _Pace(self.tick_s)
+            pace.calm_s = 0.0 if gpu_changed or uuid in changed else pace.calm_s + pace.interval_s
+            # a hair under the span, so that float sums of intervals reach it on time
+            steps = int(pace.calm_s / (self.calm_ticks * self.tick_s) + 1e-9)
+            ceiling = self.max_tick_s if lent else self.unlent_tick_s
+            pace.interval_s = min(ceiling, self.tick_s * (1 + steps))
+            pace.due_ns = now_ns + round(pace.interval_s * 1e9)
+            pace.steered_ns = now_ns
+            pace.watching = watching
+        for uuid in changed - due:
+            # a container gone from a GPU not steered this tick: its share is to be lent
+            pace = paces.get(uuid)
+            if pace is not None:
+                pace.calm_s, pace.interval_s = 0.0, self.tick_s
+                pace.due_ns = min(pace.due_ns, now_ns + round(self.tick_s * 1e9))
+        first_ns = min([pace.due_ns for pace in paces.values()], default=None)
+        self.interval_s = (self.tick_s if first_ns is None
+                           else max(0.0, (first_ns - now_ns) / 1e9))
+        beyond_ns = now_ns + round(self.max_tick_s * 1e9)
+        self._watched = [w for pace in paces.values() if pace.due_ns > beyond_ns
+                         for w in pace.watching]
 
     @property
     def watch_s(self) -> float | None:
@@ -659,25 +769,29 @@ class ThrottleController:
         return False
 
     def _woke_among(self, watched: list[tuple[_Device, float, float]]) -> bool:
-        now = self.clock()
+        """Whether any of `watched` woke; the GPU of each that did is due at the next tick."""
+        now = self._looked_ns = self.clock()
+        woke = self._due_now
         for device, k, demand in watched:
             region = device.region
-            if region.closed:
+            if region.closed or device.uuid in woke:
                 continue
             previous, read_ns = device.previous, device.read_ns
             try:
                 counters = _counters(region)
             except Exception:
-                return True
+                woke.add(device.uuid)
+                continue
             if counters is None or previous is None or read_ns is None:
-                return True
+                woke.add(device.uuid)
+                continue
             spent = counters[3 * device.dev] - previous[0]
             if spent == 0:
                 continue
             seconds = (now - read_ns) / 1e9
             if spent < 0 or k <= 0 or seconds <= 0 or spent / seconds / k > demand:
-                return True
-        return False
+                woke.add(device.uuid)
+        return bool(woke)
 
     def _sample(self, by_gpu: Mapping[str, _Entries]) -> dict[str, _Sampled]:
         """Every GPU's new samples, once its regions were read (in a worker thread when slow)."""
@@ -701,8 +815,10 @@ class ThrottleController:
             self._inline = per_call_s * len(by_gpu) < self.inline_read_s
         return sampled
 
-    def _gather(self, regions: list[RegionHandle], by_gpu: dict[str, _Entries]) -> None:
-        """Each region's counters and controls, added to its devices' GPUs in `by_gpu`."""
+    def _gather(self, regions: list[RegionHandle], by_gpu: dict[str, _Entries],
+                due: set[str]) -> None:
+        """Each region's counters and controls, added to its devices' GPUs in `by_gpu` where
+        they are `due`."""
         tick = self.ticks
         for region in regions:
             if region.closed:
@@ -715,12 +831,12 @@ class ThrottleController:
                 counters = _counters(region)
                 read_until = self.clock()
                 if counters is None:
-                    self._lent = True
+                    self._unsure_of(region)
                     self.errors["region_corrupt"] += 1
                     continue
                 devices = self._devices_of(region)
             except Exception:
-                self._lent = True
+                self._unsure_of(region)
                 self._failed(
                     "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
                 )
@@ -729,7 +845,7 @@ class ThrottleController:
                 rates, policies, priority = _controls(region, len(devices))
             except Exception:
                 if not region.closed:  # collected meanwhile: not an error
-                    self._lent = True
+                    self._unsure_of(region)
                     self._failed("region_read", "throttle_region_read_failed",
                                  alloc_id=_alloc_id(region))
                 continue
@@ -740,7 +856,24 @@ class ThrottleController:
             reading = (counters, rates, policies, priority, read_from, read_until)
             for device in devices:
                 device.seen = tick
-                by_gpu[device.uuid].append((device, reading))
+                if device.uuid in due:
+                    by_gpu[device.uuid].append((device, reading))
+
+    def _unsure_of(self, region: RegionHandle) -> None:
+        """A region could not be read: its GPUs are not known to be calm this tick."""
+        known = self._by_region.get(id(region))
+        if known is not None and known[0] is region:
+            uuids = {device.uuid for device in known[1]}
+        else:
+            try:
+                uuids = set(region.device_uuids)
+            except Exception:
+                uuids = set()
+        if self._unsure is not None:
+            if uuids:
+                self._unsure |= uuids
+            else:
+                self._unsure = None  # whose, not known: every GPU steered this tick
 
     def _devices_of(self, region: RegionHandle) -> list[_Device]:
         """The region's devices, looked up once per region object."""
@@ -866,7 +999,8 @@ class ThrottleController:
         for s in samples:
             per_pid[s.pid].append(s.sm_util)
             at[s.timestamp_us].append((s.pid, s.sm_util))
-        self._sampled_pids.update(per_pid)
+        self._sampled_pids[uuid] = set(per_pid)
+        self._sampled_now = True
         span_s, count = self._span(uuid, samples)
         newest = self._newest_us[uuid]
         period_us = self._period_us.get(uuid) or 1_000_000
@@ -1247,26 +1381,36 @@ class ThrottleController:
             self._failed("set_rate", "throttle_set_rate_failed", alloc_id=device.alloc_id,
                          dev=device.dev)
 
-    def _forget(self, regions: list[RegionHandle], by_gpu: Mapping[str, _Entries]) -> None:
-        """Drop what belongs to regions gone and devices not read this tick."""
+    def _forget(self, regions: list[RegionHandle], by_gpu: Mapping[str, _Entries],
+                due: set[str], read: list[RegionHandle]) -> set[str]:
+        """Drop what belongs to regions gone and to regions that could not be `read` this
+        tick; the GPUs that lost a device (a change)."""
+        present_gpus = self._present
         for uuid in list(self._states):
-            if uuid not in by_gpu:
+            if uuid not in present_gpus or (uuid in due and uuid not in by_gpu):
                 del self._states[uuid]
                 self._drop_split(uuid)
+        for uuid in [u for u in self._sampled_pids if u not in present_gpus]:
+            del self._sampled_pids[uuid]
         tick = self.ticks
-        if any(d.seen != tick for d in self._devices.values()):
+        present = {id(region) for region in regions}
+        tried = {id(region) for region in read}
+        lost = [d for d in self._devices.values()
+                if d.seen != tick and (id(d.region) in tried or id(d.region) not in present)]
+        changed = {d.uuid for d in lost}
+        if lost:
             # Unreadable this tick, or gone: the next reading is a new baseline.
-            self._changed = True
-            self._devices = {k: d for k, d in self._devices.items() if d.seen == tick}
+            gone = {d.key for d in lost}
+            self._devices = {k: d for k, d in self._devices.items() if k not in gone}
             self._by_region = {
-                k: v for k, v in self._by_region.items() if v[1] and v[1][0].seen == tick
+                k: v for k, v in self._by_region.items()
+                if k in present and v[1] and not any([d.key in gone for d in v[1]])
             }
         elif len(self._by_region) > len(regions):
-            present = {id(region) for region in regions}
             self._by_region = {k: v for k, v in self._by_region.items() if k in present}
         if len(self._procs) > len(self._by_region):
             self._procs = {k: v for k, v in self._procs.items() if k in self._by_region}
-
+        return changed
 
 LAG_READINGS = 20  # readings over which the least delay from stamp to reading is taken
 # Regions read between two yields to the loop: 32 headers and controls took about 0.4 ms in
