@@ -695,8 +695,10 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
             yield child, int(port_file.read_text())
         finally:
             stop_child(child)
+            port_file.unlink()  # a later configuration of the same kind waits for its own
     finally:
         stop_child(kubelet)
+        kubelet_ready.unlink()
 
 
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool = False,
