@@ -318,6 +318,21 @@ class _Pace:
         self.watching: list[tuple[_Device, float, float]] = []
 
 
+class _Layout:
+    """The regions of a tick's list by GPU (their indices), mapped again only when the list or
+    what is known of its regions changes: a tick that steers one GPU of eight reads its regions
+    without looking at the others'."""
+
+    __slots__ = ("fresh", "key", "on_gpu", "present", "unknown")
+
+    def __init__(self, key: list[int]) -> None:
+        self.key = key  # the ids of the regions listed, in order
+        self.present: set[str] = set()  # GPUs with a device of some region
+        self.on_gpu: dict[str, list[int]] = {}  # GPU -> indices of the regions on it
+        self.fresh: set[str] = set()  # GPUs of regions not seen before
+        self.unknown: list[int] = []  # regions not seen before (read whatever is due)
+
+
 # What one tick reads of a region: the counters of `state` (tokens spent, launches, ns waited per
 # device, flattened), and of `control` the (rate, burst) per device (flattened), the policies and
 # the priority in force; and when the counters were read (a moment between these two clocks).
@@ -440,9 +455,12 @@ class ThrottleController:
         self._paces: dict[str, _Pace] = {}  # per GPU: its own tick (see the module note)
         self._due_now: set[str] = set()  # GPUs an idle container woke on: due at the next tick
         self._present: set[str] = set()  # GPUs some region has a device on, as of this tick
+        self._layout: _Layout | None = None  # the last tick's regions by GPU
+        self._remapped = True  # this tick's regions were not the last tick's
         # the GPUs of a region that could not be read this tick (all of them where its own
         # cannot be told): they may have to reclaim in a way only a tick sees
         self._unsure: set[str] | None = set()
+        self._unread: list[RegionHandle] = []  # the regions that could not be read this tick
         # The GPU being steered: whether it may have to reclaim so (see the note), its idle
         # containers (of a GPU that lends, or that has one not yet throttled: their spending
         # is looked at between slow ticks, `idle_woke`, as (device, k, demand)), and whether
@@ -608,7 +626,7 @@ class ThrottleController:
             self._failed("list_regions", "throttle_list_regions_failed")
             return
         self._idle = not regions
-        self._unsure = set()
+        self._unsure, self._unread = set(), []
         if self._watched and now_ns - self._looked_ns >= self.max_tick_s * 1e9 * (1 - 1e-9):
             # idle containers of GPUs not due are looked at as between ticks
             self._woke_among(self._watched)
@@ -677,12 +695,36 @@ class ThrottleController:
         one pace share ticks) or that ticks at `tick_s`, the GPUs of a region not seen before,
         those an idle container woke on; every region with a device on one of them. Sets
         `_present`."""
-        paces, fast_s = self._paces, self.tick_s * (1 + 1e-9)
-        soon_ns = now_ns + round(self.tick_s * 5e8)
+        key = [id(region) for region in regions]
+        layout = self._layout
+        self._remapped = layout is None or layout.key != key
+        if layout is None or self._remapped:
+            layout = self._layout = self._map_regions(regions, key)
+        present = self._present = layout.present
         due, self._due_now = self._due_now, set()
-        present: set[str] = set()
-        pairs: list[tuple[RegionHandle, tuple[str, ...] | None]] = []
-        for region in regions:
+        if paced:
+            paces, fast_s = self._paces, self.tick_s * (1 + 1e-9)
+            soon_ns = now_ns + round(self.tick_s * 5e8)
+            for uuid in present:
+                pace = paces.get(uuid)
+                if pace is None or pace.interval_s <= fast_s or pace.due_ns <= soon_ns:
+                    due.add(uuid)
+        else:
+            due |= present
+        if layout.unknown:
+            due |= layout.fresh
+            self._layout = None  # known once read: mapped afresh at the next tick
+        if present <= due:
+            return due, regions
+        chosen = set(layout.unknown)
+        for uuid in due:
+            chosen.update(layout.on_gpu.get(uuid, ()))
+        return due, [regions[n] for n in sorted(chosen)]
+
+    def _map_regions(self, regions: list[RegionHandle], key: list[int]) -> _Layout:
+        """Which regions have a device on which GPU, as far as the devices are known."""
+        layout = _Layout(key)
+        for n, region in enumerate(regions):
             if region.closed:
                 continue
             known = self._by_region.get(id(region))
@@ -690,24 +732,19 @@ class ThrottleController:
                 # New (or reopened): read now, and its GPUs steered with it. One whose devices
                 # cannot be told is read all the same (the read reports it).
                 try:
-                    uuids = tuple(region.device_uuids)
+                    uuids = set(region.device_uuids)
                 except Exception:
-                    uuids = ()
-                due.update(uuids)
-                present.update(uuids)
-                pairs.append((region, None))
+                    uuids = set()
+                layout.fresh |= uuids
+                layout.present |= uuids
+                layout.unknown.append(n)
                 continue
-            uuids = tuple([device.uuid for device in known[1]])
-            present.update(uuids)
-            for uuid in uuids:
-                pace = paces.get(uuid)
-                if not paced or pace is None or pace.interval_s <= fast_s \
-                        or pace.due_ns <= soon_ns:
-                    due.add(uuid)
-            pairs.append((region, uuids))
-        self._present = present
-        return due, [r for r, uuids in pairs
-                     if uuids is None or any([uuid in due for uuid in uuids])]
+            for device in known[1]:
+                layout.present.add(device.uuid)
+                on_gpu = layout.on_gpu.setdefault(device.uuid, [])
+                if not on_gpu or on_gpu[-1] != n:
+                    on_gpu.append(n)
+        return layout
 
     def _pace(self, now_ns: int, due: set[str],
               steered: Mapping[str, tuple[bool, bool, list[tuple[_Device, float, float]]]],
@@ -860,7 +897,9 @@ class ThrottleController:
                     by_gpu[device.uuid].append((device, reading))
 
     def _unsure_of(self, region: RegionHandle) -> None:
-        """A region could not be read: its GPUs are not known to be calm this tick."""
+        """A region could not be read: its GPUs are not known to be calm this tick, and its
+        devices are dropped at its end (`_forget`)."""
+        self._unread.append(region)
         known = self._by_region.get(id(region))
         if known is not None and known[0] is region:
             uuids = {device.uuid for device in known[1]}
@@ -1393,24 +1432,39 @@ class ThrottleController:
         for uuid in [u for u in self._sampled_pids if u not in present_gpus]:
             del self._sampled_pids[uuid]
         tick = self.ticks
-        present = {id(region) for region in regions}
-        tried = {id(region) for region in read}
-        lost = [d for d in self._devices.values()
-                if d.seen != tick and (id(d.region) in tried or id(d.region) not in present)]
+        layout = self._layout
+        if not self._remapped and layout is not None and len(regions) == len(layout.key):
+            # the regions as at the last tick, none closed since: only one that could not be
+            # read can be lost
+            by_region = self._by_region
+            lost = [d for region in self._unread
+                    for d in by_region.get(id(region), (region, ()))[1] if d.seen != tick]
+            present: set[int] | None = None
+        else:
+            present = {id(region) for region in regions}
+            tried = {id(region) for region in read}
+            lost = [d for d in self._devices.values()
+                    if d.seen != tick and (id(d.region) in tried or id(d.region) not in present)]
         changed = {d.uuid for d in lost}
         if lost:
             # Unreadable this tick, or gone: the next reading is a new baseline.
             gone = {d.key for d in lost}
             self._devices = {k: d for k, d in self._devices.items() if k not in gone}
+            self._layout = None
+            if present is None:
+                present = {id(region) for region in regions}
             self._by_region = {
                 k: v for k, v in self._by_region.items()
                 if k in present and v[1] and not any([d.key in gone for d in v[1]])
             }
         elif len(self._by_region) > len(regions):
+            self._layout = None
+            present = {id(region) for region in regions}
             self._by_region = {k: v for k, v in self._by_region.items() if k in present}
         if len(self._procs) > len(self._by_region):
             self._procs = {k: v for k, v in self._procs.items() if k in self._by_region}
         return changed
+
 
 LAG_READINGS = 20  # readings over which the least delay from stamp to reading is taken
 # Regions read between two yields to the loop: 32 headers and controls took about 0.4 ms in
