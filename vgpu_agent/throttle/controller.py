@@ -445,7 +445,6 @@ class ThrottleController:
         # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
         self._recent: dict[str, dict[int, tuple[str, int, float]]] = {}
         self._open_loop: set[str] = set()
-        self._last_tick_ns: int | None = None
         self.heartbeat_ns = round(heartbeat_s * 1e9)
         self._last_beat_ns: int | None = None
         self.max_tick_s, self.calm_ticks, self.inline_read_s = max_tick_s, calm_ticks, inline_read_s
@@ -618,7 +617,6 @@ class ThrottleController:
         """Steer the GPUs: each whose own next tick has come where `paced` (as `run` ticks),
         every one otherwise (a tick at a fixed rate, as the simulator's unpaced runs)."""
         now_ns = self._now_ns = self.clock()
-        self._last_tick_ns = now_ns
         self.ticks += 1
         try:
             regions = list(self.regions())
@@ -629,7 +627,7 @@ class ThrottleController:
         self._unsure, self._unread = set(), []
         if self._watched and now_ns - self._looked_ns >= self.max_tick_s * 1e9 * (1 - 1e-9):
             # idle containers of GPUs not due are looked at as between ticks
-            self._woke_among(self._watched)
+            await self._idle_woke_in_chunks()
         due, to_read = self._due_gpus(regions, now_ns, paced)
         by_gpu: dict[str, _Entries] = defaultdict(list)
         for start in range(0, len(to_read), READ_CHUNK):
@@ -797,13 +795,12 @@ class ThrottleController:
     async def _idle_woke_in_chunks(self) -> bool:
         """`idle_woke` on the loop, yielding between chunks of reads as the tick does: a node
         of idle containers must not hold Allocate and scrapes for all their reads at once."""
-        watched = self._watched
+        watched, woke = self._watched, False
         for start in range(0, len(watched), READ_CHUNK):
             if start:
                 await asyncio.sleep(0)
-            if self._woke_among(watched[start : start + READ_CHUNK]):
-                return True
-        return False
+            woke = self._woke_among(watched[start : start + READ_CHUNK]) or woke
+        return woke
 
     def _woke_among(self, watched: list[tuple[_Device, float, float]]) -> bool:
         """Whether any of `watched` woke; the GPU of each that did is due at the next tick."""
