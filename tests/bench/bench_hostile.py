@@ -66,9 +66,11 @@ class Containers:
     """The shims: one process each, counters moving; hostile ones fill every slot."""
 
     def __init__(self, root: Path, rows: list[dict[str, object]]):
+        from tests.fakes.shimstate import store_words
         from vgpu_agent.shm import layout
 
         self.layout = layout
+        self.store_words = store_words  # one 8-byte store a field, as the shim's atomics
         self.maps = []
         for row in rows:
             fd = os.open(root / "regions" / str(row["alloc_id"]) / "state", os.O_RDWR)
@@ -104,11 +106,11 @@ class Containers:
                 layout.store_u64(buf, mark, layout.MAX_PROCS)
             else:
                 layout.store_u64(buf, mark, 1)
-            struct.pack_into("<QQQ", buf, slot0, 1, host_pid, 0)
+            self.store_words(buf, slot0, 1, host_pid, 0)
             dev = slot0 + layout.SLOT_OFFSETS["devices"]
-            struct.pack_into("<5Q", buf, dev, GIB, self.step * 50, self.step * 50_000, 0, 1)
+            self.store_words(buf, dev, GIB, self.step * 50, self.step * 50_000, 0, 1)
             totals = layout.STATE_OFFSETS["devices"]
-            struct.pack_into("<Q", buf, totals + layout.STATE_DEVICE_OFFSETS["tokens_spent"],
+            self.store_words(buf, totals + layout.STATE_DEVICE_OFFSETS["tokens_spent"],
                              self.step * 50_000)
         self.filled = hostile
 

@@ -164,6 +164,7 @@ class ShimSide:
     def __init__(self, root: Path, rows: list[dict[str, object]],
                  clock: Callable[[], int] = time.monotonic_ns,
                  accounting: Accounting | None = None, idle_every: int = 0):
+        from tests.fakes.shimstate import store_words
         from vgpu_agent.shm import layout
 
         # containers that hold their slices and never launch (notebooks between sessions): the
@@ -173,6 +174,7 @@ class ShimSide:
         self.accounting = accounting  # the GPUs' drivers, told what was spent
 
         self.layout = layout
+        self.store_words = store_words
         self.clock = clock  # the controller's, where it is not the monotonic one
         self.maps = []
         for row in rows:
@@ -271,26 +273,25 @@ class ShimSide:
         now = time.monotonic_ns()
         slot = layout.STATE_OFFSETS["slots"]
         mark = layout.STATE_OFFSETS["slot_high_water"]
+        fields, store_words = layout.STATE_DEVICE_OFFSETS, self.store_words
+        # one 8-byte store a field, as the shim's atomics (`store_words`: the agent reads while
+        # this thread writes, and a field written in parts can read as a total fallen to 0)
         for n, (buf, control, devices, host_pid) in enumerate(self.maps):
             layout.store_u64(buf, mark, 1)  # slot 0 claimed, as the shim marks it
-            struct.pack_into("<QQ", buf, slot, 100 + n, host_pid)
+            store_words(buf, slot, 100 + n, host_pid)
             for dev in range(devices):
                 totals = self.totals[(n, dev)]
                 if steps > 0:
                     self._spend(control, dev, totals, steps, n in self.idle)
                 spent, launches, waited = totals[:3]
                 base = slot + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE
-                struct.pack_into("<5Q", buf, base, GIB, launches, spent, waited, now)
+                store_words(buf, base, GIB, launches, spent, waited, now)
                 header = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
-                struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["memory_used"],
-                                 GIB)
+                store_words(buf, header + fields["memory_used"], GIB)
                 # the totals the shim keeps in the header beside the slots
-                struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["tokens_spent"],
-                                 spent)
-                struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["launches"],
-                                 launches)
-                struct.pack_into("<Q", buf, header + layout.STATE_DEVICE_OFFSETS["wait_ns"],
-                                 waited)
+                store_words(buf, header + fields["tokens_spent"], spent)
+                store_words(buf, header + fields["launches"], launches)
+                store_words(buf, header + fields["wait_ns"], waited)
         if self.accounting is not None:
             self.accounting.update(self.totals)
 

@@ -59,8 +59,17 @@ def make_region(
     return directory
 
 
+def store_words(buf: mmap.mmap | bytearray, offset: int, *values: int) -> None:
+    """`values` as consecutive u64 fields from `offset`, each in one aligned 8-byte store, as
+    the shim's atomic stores. Not `struct.pack_into`: it writes a field in parts, zeroes first,
+    and a reader in another process (the agent's pread) can see a total fallen to 0 halfway."""
+    for n, value in enumerate(values):
+        layout.store_u64(buf, offset + 8 * n, value)
+
+
 class ShimWriter:
-    """Writes a region's `state` the way the shim does (plain stores at ABI offsets)."""
+    """Writes a region's `state` the way the shim does (one 8-byte store per field, at ABI
+    offsets)."""
 
     def __init__(self, directory: Path):
         self._fd = os.open(directory / "state", os.O_RDWR)
@@ -87,20 +96,19 @@ class ShimWriter:
         mark = layout.STATE_OFFSETS["slot_high_water"]
         layout.store_u64(self._map, mark, max(layout.load_u64(self._map, mark), slot + 1))
         base = layout.STATE_OFFSETS["slots"] + slot * layout.SLOT_SIZE
-        struct.pack_into("<QQ", self._map, base + layout.SLOT_OFFSETS["pid"], pid, host_pid)
+        store_words(self._map, base + layout.SLOT_OFFSETS["pid"], pid, host_pid)
         dev_base = base + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE
         o = layout.PROC_DEVICE_OFFSETS
-        struct.pack_into("<Q", self._map, dev_base + o["memory_used"], memory)
-        struct.pack_into("<Q", self._map, dev_base + o["launches"], launches)
-        struct.pack_into("<Q", self._map, dev_base + o["tokens_spent"], tokens)
-        struct.pack_into("<Q", self._map, dev_base + o["wait_ns"], wait_ns)
-        struct.pack_into("<Q", self._map, dev_base + o["last_launch_ns"], last_launch_ns)
+        for field, value in (("memory_used", memory), ("launches", launches),
+                             ("tokens_spent", tokens), ("wait_ns", wait_ns),
+                             ("last_launch_ns", last_launch_ns)):
+            store_words(self._map, dev_base + o[field], value)
 
     def device_totals(self, dev: int, *, memory: int, tokens: int = 0) -> None:
         base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
         o = layout.STATE_DEVICE_OFFSETS
-        struct.pack_into("<Q", self._map, base + o["memory_used"], memory)
-        struct.pack_into("<Q", self._map, base + o["tokens_spent"], tokens)
+        store_words(self._map, base + o["memory_used"], memory)
+        store_words(self._map, base + o["tokens_spent"], tokens)
 
     def memory_kinds(
         self, dev: int, *, context: int = 0, module: int = 0, pool: int = 0, spilled: int = 0
@@ -111,13 +119,12 @@ class ShimWriter:
         o = layout.STATE_EXT_DEVICE_OFFSETS
         for field, value in (("memory_context", context), ("memory_module", module),
                              ("memory_pool", pool), ("memory_spilled", spilled)):
-            struct.pack_into("<Q", self._map, base + o[field], value)
+            store_words(self._map, base + o[field], value)
 
     def graphs_unpriced(self, dev: int, count: int) -> None:
         """Executable graphs the shim priced at the graph_cost floor (the ABI 1.1 extension)."""
         base = layout.STATE_OFFSETS["ext"] + dev * layout.STATE_EXT_DEVICE_SIZE
-        struct.pack_into("<Q", self._map, base + layout.STATE_EXT_DEVICE_OFFSETS["graphs_unpriced"],
-                         count)
+        store_words(self._map, base + layout.STATE_EXT_DEVICE_OFFSETS["graphs_unpriced"], count)
 
     def scribble_header(self) -> None:
         """What a buggy or hostile process in the container could do to the file."""

@@ -104,3 +104,51 @@ def test_the_bench_stops_when_an_honest_container_is_cut_or_capped(overclaimed, 
             check_bound(body, {"pod-0"})
     else:
         check_bound(body, {"pod-0"})
+
+
+_WATCH_TOTALS = """
+import sys, time
+from pathlib import Path
+from vgpu_agent.shm.regions import Region
+
+regions = [Region.open(Path(p)) for p in sys.argv[1:]]
+last = [None] * len(regions)
+reads = falls = 0
+print("ready", flush=True)
+until = time.monotonic() + 1.0
+while time.monotonic() < until:
+    for n, region in enumerate(regions):
+        now = region.counters()
+        if last[n] is not None and any(a < b for a, b in zip(now, last[n])):
+            falls += 1
+        last[n] = now
+        reads += 1
+print(reads, falls)
+"""
+
+
+def test_the_benchmark_shims_totals_never_read_lower_to_a_reader_in_another_process(tmp_path):
+    # The agent reads `state` while the bench's shims write it. A total read lower than the
+    # one before is a dead process's slot reclaimed (the agent counts nothing), and the next
+    # read claims everything since: a field written in parts (`struct.pack_into` zeroes it
+    # first) read halfway stopped the bench on "honest claims cut". Written a field at a time
+    # in one 8-byte store, as the shim's atomics are, it never reads lower.
+    import subprocess
+    import sys
+
+    from tests.bench.bench_scrape import ShimSide
+
+    rows = build_regions(tmp_path, 2, 4)
+    clock = [0]
+    shim = ShimSide(tmp_path, rows, clock=lambda: clock[0])
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", _WATCH_TOTALS, *(str(tmp_path / str(r["alloc_id"])) for r in rows)],
+        stdout=subprocess.PIPE, text=True)
+    assert watcher.stdout is not None
+    assert watcher.stdout.readline().strip() == "ready"
+    while watcher.poll() is None:
+        clock[0] += 10_000_000  # a step each, unlimited: every total moves
+        shim.tick()
+    reads, falls = map(int, watcher.stdout.read().split())
+    assert watcher.returncode == 0
+    assert reads > 1_000 and falls == 0
