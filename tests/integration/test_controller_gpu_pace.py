@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.clock import ManualClock
 from tests.fakes.shimstate import DeviceSpec, make_region, put_totals
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm.regions import Region, format_alloc_id
@@ -58,20 +59,12 @@ class Law:
         return out
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 10**12
-
-    def __call__(self) -> int:
-        return self.ns
-
-
 class Node:
     """A controller over file regions on two GPUs, ticked as `run` ticks it (paced, at the
     interval it asks for, never closer than `tick_s`) on a clock the test moves."""
 
     def __init__(self, regions: list[Region], **kwargs: object) -> None:
-        self.regions, self.law, self.clock, self.nvml = regions, Law(), Clock(), Asked()
+        self.regions, self.law, self.clock, self.nvml = regions, Law(), ManualClock(), Asked()
         self.controller = ThrottleController(
             self.nvml, lambda: [r for r in self.regions if not r.closed], clock=self.clock,
             law=self.law, proc_root="/nonexistent", **kwargs)  # type: ignore[arg-type]

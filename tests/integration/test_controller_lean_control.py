@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.clock import ManualClock
 from tests.fakes.shimstate import DeviceSpec, make_region, put_totals
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm import layout
@@ -88,14 +89,6 @@ class Samples:
         return [ProcessSample(pid, self.now_us, self.util) for pid in self.pids.get(uuid, [])]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 10**12
-
-    def __call__(self) -> int:
-        return self.ns
-
-
 class Recorder:
     """The fast law, with every observation it was given and every decision it made kept."""
 
@@ -111,7 +104,7 @@ class Recorder:
         return decisions
 
 
-def controller(regions: list[Region], law: Recorder, clock: Clock) -> ThrottleController:
+def controller(regions: list[Region], law: Recorder, clock: ManualClock) -> ThrottleController:
     run = ThrottleController(Samples({}), lambda: regions, clock=clock, law=law,
                              proc_root="/nonexistent")
     run.inline_read_s = 10.0  # on the loop: the test steps it tick by tick
@@ -137,7 +130,7 @@ async def test_observations_are_what_the_checked_constructor_makes_whatever_stat
         file_region(tmp_path, 2, (UUIDS[1], UUIDS[0]), (20.0, 10.0), "work-conserving"),
         file_region(tmp_path, 3, UUIDS[:1], (50.0,), "off"),
     ]
-    law, clock = Recorder(), Clock()
+    law, clock = Recorder(), ManualClock()
     run = controller(regions, law, clock)
     totals = {(r.alloc_id, d): (0, 0, 0) for r in regions for d in range(r.device_count)}
     rate_before: dict[str, int] = {}
@@ -200,7 +193,7 @@ async def run_pair(root: Path, hostile: bool) -> Recorder:
     liar = file_region(root, 1, UUIDS[:2], (40.0, 40.0), "work-conserving")
     victim = file_region(root, 2, UUIDS[2:], (30.0, 70.0))
     regions = [liar, victim]
-    law, clock = Recorder(), Clock()
+    law, clock = Recorder(), ManualClock()
     run = controller(regions, law, clock)
     spent = 0
     liar_totals = [(0, 0, 0), (0, 0, 0)]
@@ -245,7 +238,7 @@ async def test_the_tick_yields_to_the_loop_between_gpus(tmp_path):
         events.append("law")
         return control_step_gpu(observations, states, dt_s, params)
 
-    clock = Clock()
+    clock = ManualClock()
     run = ThrottleController(Samples({}), lambda: regions, clock=clock, law=law,
                              proc_root="/nonexistent")
     run.inline_read_s = 10.0
@@ -311,7 +304,7 @@ async def test_the_tick_slows_down_by_calm_time_not_calm_ticks(tmp_path, tick_s,
     the slowing down itself slower. The first tick sees a new container (a change); the law
     decides the same from then on."""
     region = file_region(tmp_path, 1, UUIDS[:1], (30.0,))
-    clock = Clock()
+    clock = ManualClock()
     run = ThrottleController(Samples({}), lambda: [region], clock=clock, law=Scripted({}),
                              proc_root="/nonexistent", tick_s=tick_s, calm_ticks=calm_ticks,
                              max_tick_s=max_tick_s, unlent_tick_s=max_tick_s)
@@ -356,7 +349,7 @@ async def test_calm_is_judged_by_what_the_law_decides(tmp_path, moves, fast_at):
     """A container flipping between waiting for tokens and not, at the same target and rate,
     lets the tick slow down; a target that moves past `calm_target_points` (and back) does not."""
     region = file_region(tmp_path, 1, UUIDS[:1], (30.0,))
-    law, clock = Scripted(moves), Clock()
+    law, clock = Scripted(moves), ManualClock()
     run = ThrottleController(Samples({}), lambda: [region], clock=clock, law=law,
                              proc_root="/nonexistent", unlent_tick_s=0.4)
     run.inline_read_s = 10.0
@@ -396,7 +389,7 @@ async def test_a_region_closed_between_its_two_reads_is_skipped_quietly(tmp_path
 
     victim.controls = close_first  # type: ignore[method-assign]
     broken.controls = fail  # type: ignore[method-assign]
-    law, clock = Recorder(), Clock()
+    law, clock = Recorder(), ManualClock()
     run = controller([kept, victim, broken], law, clock)
     try:
         clock.ns += 100_000_000

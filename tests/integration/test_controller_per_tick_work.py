@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from tests.fakes.clock import ManualClock
 from tests.fakes.hostproc import FakeHostProc
 from tests.fakes.shimstate import DeviceSpec, ShimWriter, make_region
 from vgpu_agent.gpu.model import ProcessSample
@@ -31,17 +32,6 @@ GIB = 1 << 30
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 UUID_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
 BUSY = Workload(kernel_s=0.002)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 10**12
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def step(self) -> None:
-        self.ns += 100_000_000
 
 
 class Samples:
@@ -68,16 +58,16 @@ def file_region(root: Path, seq: int, uuids: tuple[str, ...], percent: float = 2
 
 async def test_unchanged_rates_are_not_rewritten(tmp_path):
     region = file_region(tmp_path, 1, (UUID_A,))
-    clock = Clock()
+    clock = ManualClock()
     controller = ThrottleController(Samples({}), lambda: [region], clock=clock)
     try:
         # Idle: no model, so the never-configured rate becomes "unlimited" once and stays.
-        clock.step()
+        clock.advance(0.1)
         await controller.tick()
         assert region.rate(0) == (UNLIMITED_RATE, UNLIMITED_RATE)
         generation = region.generation
         for _ in range(10):
-            clock.step()
+            clock.advance(0.1)
             await controller.tick()
         assert region.generation == generation  # nothing changed, nothing written
         # while the heartbeat still goes out, once a second
@@ -224,13 +214,13 @@ async def test_slow_nvml_takes_one_worker_hop_per_tick_cheap_nvml_none_and_regio
             read_on.add(threading.get_ident())
             return real()
         region.counters = counters  # type: ignore[method-assign]
-    clock = Clock()
+    clock = ManualClock()
     # "slow": any NVML call counts as slow; "cheap": any counts as cheap
     controller = ThrottleController(backend, lambda: regions, clock=clock,
                                     inline_read_s=60.0 if cheap else 0.0, proc_root=host.path)
     try:
         for _ in range(4):
-            clock.step()
+            clock.advance(0.1)
             await controller.tick()
         if cheap:
             # the first tick cannot know what reads cost: one hop, then none
@@ -260,11 +250,11 @@ async def test_an_unexpected_nvml_failure_in_the_worker_is_counted_and_logged_on
         def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
             raise RuntimeError("driver returned garbage")
 
-    clock = Clock()
+    clock = ManualClock()
     controller = ThrottleController(Broken(), lambda: [region], clock=clock)
     with capture_logs() as logs:
         for _ in range(3):
-            clock.step()
+            clock.advance(0.1)
             await controller.tick()
     assert controller.error_counts["nvml"] == 3
     failures = [e for e in logs if e["event"] == "throttle_nvml_failed"]
@@ -348,7 +338,7 @@ async def test_the_loop_runs_between_chunks_of_region_reads():
             read["n"] += 1
             return real()
         region.counters = counters  # type: ignore[method-assign]
-    controller = ThrottleController(Samples({}), lambda: regions, clock=Clock())
+    controller = ThrottleController(Samples({}), lambda: regions, clock=ManualClock())
     seen_between: list[int] = []
     await tick_beside(controller, lambda: seen_between.append(read["n"]))
     assert read["n"] == len(regions)
@@ -360,7 +350,7 @@ async def test_the_loop_runs_between_chunks_of_region_reads():
 async def test_the_loop_runs_between_one_gpus_steering_and_the_next():
     """Allocate and scrapes wait for one GPU's steering at most, not for all eight."""
     regions = [SimRegion(f"r{n}", (f"GPU-{n % 8}",), (10.0,), ("strict",)) for n in range(24)]
-    controller = ThrottleController(Samples({}), lambda: regions, clock=Clock())
+    controller = ThrottleController(Samples({}), lambda: regions, clock=ManualClock())
     order: list[str] = []
     steer = controller._steer_gpu
 
@@ -413,7 +403,7 @@ async def test_a_region_collected_between_chunks_of_reads_is_skipped_not_an_erro
     regions = [Closable(f"r{n}", ("GPU-x",), (1.0,), ("strict",))
                for n in range(controller_module.READ_CHUNK + 8)]
     last = regions[-1]
-    controller = ThrottleController(Samples({}), lambda: regions, clock=Clock())
+    controller = ThrottleController(Samples({}), lambda: regions, clock=ManualClock())
 
     async def collect() -> None:  # runs at the tick's first yield, after the first chunk
         last.closed = True
@@ -440,11 +430,11 @@ async def test_slow_nvml_stays_off_the_loop_through_ticks_that_ask_it_nothing():
     regions = [SimRegion(f"r{n}", (uuid,), (20.0,), ("strict",))
                for n, uuid in enumerate((UUID_A, UUID_B))]
     backend = SlowOncePerSecond({5_000: 10})
-    clock = Clock()
+    clock = ManualClock()
     # one call cheap enough alone, two (every GPU) not
     controller = ThrottleController(backend, lambda: regions, clock=clock, inline_read_s=0.005)
     for tick in range(40):
-        clock.step()
+        clock.advance(0.1)
         if tick % 10 == 0:
             backend.now_us += 1_000_000  # a new sample each second
         await controller.tick()

@@ -20,6 +20,7 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
+from tests.fakes.clock import ManualClock
 from tests.integration.plugin_harness import short_dir
 from vgpu_agent.deviceplugin.allocation import Split
 from vgpu_agent.deviceplugin.ids import parse_device_id
@@ -41,24 +42,13 @@ GPUS = [
 SPLIT = Split(4)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ns = 1_000 * S
-
-    def __call__(self) -> int:
-        return self.ns
-
-    def advance(self, seconds: float) -> None:
-        self.ns += round(seconds * S)
-
-
 @dataclass
 class Node:
     root: Path
     store: RegionStore
     kubelet: KubeletStandIn
     client: PodResourcesClient
-    clock: Clock
+    clock: ManualClock
 
     async def admit(self, pod: str, count: int = 1, ns: str = "default") -> Admission:
         return await self.kubelet.admit(ns, pod, "main", RESOURCE, count)
@@ -85,7 +75,7 @@ class Node:
 async def node(*, grace_s: float = 30.0, shim: bool = True, adopt: bool = True,
                offload_io: bool = False) -> AsyncIterator[Node]:
     with short_dir() as root:
-        clock = Clock()
+        clock = ManualClock(1_000 * S)
         store = RegionStore(root / "state", gc_grace_s=grace_s, clock=clock,
                             offload_io=offload_io)
         if shim:

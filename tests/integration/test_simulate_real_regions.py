@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from tests.fakes.clock import ManualClock
 from tests.integration.plugin_harness import RESOURCE, config_for, running_agent, short_dir
 from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice, preferred_allocation
 from vgpu_agent.gpu.sim import SimBackend
@@ -32,20 +33,12 @@ GIB = 1 << 30
 START_NS = 7_000 * 10**9
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ns = START_NS
-
-    def __call__(self) -> int:
-        return self.ns
-
-
 class Bench:
     """Regions from a real `RegionStore`, the agent's simulated backend, the real controller and
     the demo, all on one simulated clock."""
 
     def __init__(self, root: Path, spec: str = "2xA100-80GB"):
-        self.clock = Clock()
+        self.clock = ManualClock(START_NS)
         self.store = RegionStore(root, default_policy="strict", clock=self.clock)
         self.backend = SimBackend(spec)
         self.backend.start()
