@@ -25,6 +25,7 @@
 
 #define EPS 1e-9
 #define FULL_SHARE 100.0
+#define ZERO_SPREAD 4.0 /* control.py's _ZERO_SPREAD */
 #define UNLIMITED ((int64_t)1 << 52)
 #define EXACT_INT ((int64_t)1 << 53) /* ints beyond this do not convert to doubles exactly */
 
@@ -767,8 +768,12 @@ static PyObject *step(PyObject *module, PyObject *args)
                         } else {
                             c->surprise = -x / k;
                         }
+                        x = 0.0;
+                    } else if (spread * p.surprise2 * ZERO_SPREAD > 1) {
+                        /* noise reaches it: a reading like any other, once the estimate is
+                           close enough (control.py) */
+                        x = 0.0;
                     }
-                    x = 0.0;
                 }
                 if (x > 0) {
                     double b = 1 / k;

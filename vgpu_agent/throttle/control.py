@@ -70,9 +70,14 @@ Kalman filter over the model `util = b * spend`:
   noisy sample after a cut to 30 % as a changed workload and re-learn k from it alone (seen:
   k off by 30 % to a factor of three). And a pair that differs by more than a changed workload
   counts as noise no more than that: it is the change, not noise.
-- A reading of 0 for a container that spent enough for more than `missing_above` percent is a
-  sample NVML missed (its processes were absent from the batch), not evidence of an idle GPU:
-  taken as evidence it would make `k` unbounded and the container unthrottled. Two in a row
+- A reading of 0 for a container that spent enough for more than `missing_above` percent,
+  further off than noise reaches, is a sample NVML missed (its processes were absent from the
+  batch), not evidence of an idle GPU: taken as evidence it would make `k` unbounded and the
+  container unthrottled. One that noise reaches is a reading like any other once the estimate
+  is close enough that it moves `k` by a third at most (`_ZERO_SPREAD`): a small share read
+  coarsely reads 0 often, and dropping those zeros read the container busier than it was, its
+  `k` and rate too low (three processes at 1.3 % each, sigma 8: `k` at 0.7 of the truth,
+  against 0.85 using them; the rest is the skew of small shares' samples). Two far off in a row
   (the first kept as a surprise), from a container measured before and further off than the
   noise reaches, are evidence, of a bound: its tokens came to buy next to nothing (grids far
   larger for the same work), its use is at most the resolution, and `k` is raised to at least
@@ -135,6 +140,9 @@ from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy
 UNLIMITED_RATE = 1 << 52
 
 FULL_SHARE = 100.0
+# A reading of 0 that noise reaches is used once the estimate's spread is below 1 / (this x
+# surprise_sigmas^2): one such reading then moves b by at most 1 / this (k up by a third).
+_ZERO_SPREAD = 4.0
 _EPS = 1e-9
 
 
@@ -526,7 +534,14 @@ def _observe(
             # Nothing seen of a container that spent for several percent: NVML missed its
             # processes (a reading of no use at all is not noise around such a share) ...
             if not _zero_is_far(x, k, spread, noise, obs.util_samples, params):
-                pass  # noise reaches it: nothing to confirm
+                # Noise reaches it: a reading like any other, once the estimate is close
+                # enough that one reading moves k by a third at most (`_ZERO_SPREAD`; a
+                # looser one, at cold start or re-learning, would be thrown far by it). A
+                # small share read coarsely reads 0 often (three processes at 1.3 % each,
+                # sigma 8: one sample in six); dropping those zeros read the container busier
+                # than it was, its k too low and its rate with it (see the module note).
+                if spread * params.surprise_sigmas**2 * _ZERO_SPREAD > 1:
+                    x = 0.0
             elif learned and surprise < 0:
                 # ... once. Twice in a row (the first kept as a surprise, as a far reading is),
                 # from a container measured before, and further off than noise reaches: its
@@ -537,9 +552,10 @@ def _observe(
                 k, k_floor, surprise = max(k, x / params.resolution), 0.0, 0.0
                 spread = max(spread, params.initial_spread**2)
                 learned += 1
+                x = 0.0
             else:
                 surprise = -x / k  # confirmed or dismissed by the next reading
-            x = 0.0
+                x = 0.0
         if x > 0:
             floor = params.resolution**2 / 12
             b = 1 / k

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from vgpu_agent.throttle.control import (
     _BLANK,
     _EPS,
+    _ZERO_SPREAD,
     FULL_SHARE,
     UNLIMITED_RATE,
     Claim,
@@ -245,14 +246,18 @@ def control_step_gpu(
                             expected * expected * spread
                             + max(noise * _noise_shape(expected, noise_tail), floor)
                             / o.util_samples):
-                        pass  # noise reaches it
+                        # noise reaches it: a reading like any other, once the estimate is
+                        # close enough (control.py)
+                        if spread * surprise2 * _ZERO_SPREAD > 1:
+                            x = 0.0
                     elif learned and surprise < 0:
                         k, k_floor, surprise = max(k, x / resolution), 0.0, 0.0
                         spread = max(spread, initial_var)
                         learned += 1
+                        x = 0.0
                     else:
                         surprise = -x / k
-                    x = 0.0
+                        x = 0.0
                 if x > 0:
                     b = 1 / k
                     shape = _noise_shape(b * x, noise_tail)
