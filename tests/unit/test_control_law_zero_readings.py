@@ -148,8 +148,9 @@ def test_zeros_that_noise_reaches_count_once_the_estimate_is_close(law, seed):
     # of 39 instants busy, in whole percent): their sum reads 0 about one sample in six.
     # Dropping every zero read the container busier than it was: k at 0.69-0.72 of the truth
     # in these runs, its rate as low. Once the estimate is close, a zero that noise reaches
-    # is a reading like any other. (The rest of the shortfall, 0.84-0.88 here, is the skew
-    # of small shares' samples: a far high reading followed by a high one re-learns.)
+    # is a reading like any other. (The rest of the shortfall, 0.84-0.88 here, is in the
+    # readings: they average 4.4-4.7 for a true 4, each process's steps of 2.56 % rounded to
+    # whole percents, so 0.86-0.90 is all they allow.)
     import random
     from dataclasses import replace
 

@@ -77,7 +77,7 @@ Kalman filter over the model `util = b * spend`:
   is close enough that it moves `k` by a third at most (`_ZERO_SPREAD`): a small share read
   coarsely reads 0 often, and dropping those zeros read the container busier than it was, its
   `k` and rate too low (three processes at 1.3 % each, sigma 8: `k` at 0.7 of the truth,
-  against 0.85 using them; the rest is the skew of small shares' samples). Two far off in a row
+  against 0.84-0.88 using them, about what those readings allow). Two far off in a row
   (the first kept as a surprise), from a container measured before and further off than the
   noise reaches, are evidence, of a bound: its tokens came to buy next to nothing (grids far
   larger for the same work), its use is at most the resolution, and `k` is raised to at least
