@@ -770,8 +770,8 @@ static PyObject *step(PyObject *module, PyObject *args)
                         }
                         x = 0.0;
                     } else if (spread * p.surprise2 * ZERO_SPREAD > 1) {
-                        /* noise reaches it: a reading like any other, once the estimate is
-                           close enough (control.py) */
+                        /* noise reaches it, but the estimate is too loose for one reading to
+                           move it safely: set aside (control.py) */
                         x = 0.0;
                     }
                 }

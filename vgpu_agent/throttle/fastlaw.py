@@ -246,8 +246,8 @@ def control_step_gpu(
                             expected * expected * spread
                             + max(noise * _noise_shape(expected, noise_tail), floor)
                             / o.util_samples):
-                        # noise reaches it: a reading like any other, once the estimate is
-                        # close enough (control.py)
+                        # noise reaches it: a reading like any other, unless the estimate is
+                        # too loose for one reading to move it safely (control.py)
                         if spread * surprise2 * _ZERO_SPREAD > 1:
                             x = 0.0
                     elif learned and surprise < 0:
