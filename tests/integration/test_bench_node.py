@@ -143,12 +143,13 @@ def test_the_benchmark_shims_totals_never_read_lower_to_a_reader_in_another_proc
     shim = ShimSide(tmp_path, rows, clock=lambda: clock[0])
     watcher = subprocess.Popen(
         [sys.executable, "-c", _WATCH_TOTALS, *(str(tmp_path / str(r["alloc_id"])) for r in rows)],
-        stdout=subprocess.PIPE, text=True)
-    assert watcher.stdout is not None
-    assert watcher.stdout.readline().strip() == "ready"
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watcher.stdout is not None and watcher.stderr is not None
+    ready = watcher.stdout.readline().strip()
+    assert ready == "ready", watcher.stderr.read()
     while watcher.poll() is None:
         clock[0] += 10_000_000  # a step each, unlimited: every total moves
         shim.tick()
+    assert watcher.returncode == 0, watcher.stderr.read()
     reads, falls = map(int, watcher.stdout.read().split())
-    assert watcher.returncode == 0
     assert reads > 1_000 and falls == 0
