@@ -14,8 +14,8 @@ import types
 import pytest
 
 from tests.unit.test_control_fastlaw_agreement import assert_same, native
-from vgpu_agent.throttle import nativelaw
-from vgpu_agent.throttle.control import LoopState, Observation, control_step
+from vgpu_agent.throttle import control, nativelaw
+from vgpu_agent.throttle.control import Decision, LoopState, Observation, control_step
 from vgpu_agent.throttle.controller import ThrottleController
 from vgpu_agent.throttle.nativelaw import control_step_native, native_step
 
@@ -106,3 +106,16 @@ def test_many_steps_leave_no_memory_behind():
         tracemalloc.stop()
     # one tuple leaked per container and step would be megabytes
     assert grown < 64_000, f"{grown} bytes more after 2000 steps"
+
+
+@pytest.mark.parametrize(("zero_spread", "eps"), [(5.0, control._EPS), (control._ZERO_SPREAD, 1e-6)])
+def test_a_reference_law_whose_constants_moved_is_refused_by_the_built_one(zero_spread, eps):
+    # The C law compiles in the constants of a branch or two; bound to a reference law whose
+    # values moved, it would disagree only where those branches run. It refuses at import.
+    with pytest.raises(ValueError, match=r"_ZERO_SPREAD .* and _EPS .* differ .*\(4\.0, 1e-9\)"):
+        nativelaw._lawc.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE,
+                             control.FULL_SHARE, zero_spread, eps)
+    # the binding in force is untouched: the law still decides as the reference
+    test_the_controller_runs_the_native_law_by_default()
+    obs = [BUSY_OBS]
+    assert_same(control_step_native(obs, {"a": LEARNED}, 0.1), control_step(obs, {"a": LEARNED}, 0.1))

@@ -23,10 +23,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#define EPS 1e-9
+#define EPS 1e-9 /* control.py's _EPS, checked by bind() */
 #define FULL_SHARE 100.0
-#define ZERO_SPREAD 4.0 /* control.py's _ZERO_SPREAD */
+#define ZERO_SPREAD 4.0 /* control.py's _ZERO_SPREAD, checked by bind() */
 #define UNLIMITED ((int64_t)1 << 52)
+#define TEXT_(x) #x
+#define TEXT(x) TEXT_(x) /* a macro's value as a string literal */
 #define EXACT_INT ((int64_t)1 << 53) /* ints beyond this do not convert to doubles exactly */
 
 /* LoopState's fields */
@@ -1018,13 +1020,15 @@ done:
     return result;
 }
 
-/* bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE) */
+/* bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE, _ZERO_SPREAD, _EPS) */
 static PyObject *bind(PyObject *module, PyObject *args)
 {
     (void)module;
     PyObject *state, *dec, *blank_obj, *unlimited, *full;
-    if (!PyArg_ParseTuple(args, "O!O!OO!O!", &PyType_Type, &state, &PyType_Type, &dec,
-                          &blank_obj, &PyLong_Type, &unlimited, &PyFloat_Type, &full))
+    double zero_spread, eps;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!dd", &PyType_Type, &state, &PyType_Type, &dec,
+                          &blank_obj, &PyLong_Type, &unlimited, &PyFloat_Type, &full,
+                          &zero_spread, &eps))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)state, &PyTuple_Type)
         || !PyType_IsSubtype((PyTypeObject *)dec, &PyTuple_Type)
@@ -1039,6 +1043,15 @@ static PyObject *bind(PyObject *module, PyObject *args)
         || PyFloat_AS_DOUBLE(full) != FULL_SHARE) {
         PyErr_SetString(PyExc_ValueError, "UNLIMITED_RATE and FULL_SHARE differ from the "
                                           "values this module was built with");
+        return NULL;
+    }
+    /* the law's constants are compiled in: a reference law changed without this module
+       would otherwise decide differently only in the branches that use them */
+    if (zero_spread != ZERO_SPREAD || eps != EPS) {
+        PyErr_Format(PyExc_ValueError, "_ZERO_SPREAD %R and _EPS %R differ from the values "
+                                       "this module was built with (" TEXT(ZERO_SPREAD) ", "
+                                       TEXT(EPS) ")",
+                     PyTuple_GET_ITEM(args, 5), PyTuple_GET_ITEM(args, 6));
         return NULL;
     }
     Py_INCREF(state);
@@ -1058,7 +1071,7 @@ static PyMethodDef methods[] = {
     {"step", step, METH_VARARGS,
      "step(observations, states, dt_s, params, history_len) -> dict of Decision, or None "
      "where the Python law must decide"},
-    {"bind", bind, METH_VARARGS, "bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE)"},
+    {"bind", bind, METH_VARARGS, "bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE, _ZERO_SPREAD, _EPS)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,7 +27,8 @@ try:
 except ImportError:  # built without a C compiler: the Python law
     _lawc = None
 else:
-    _lawc.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE, control.FULL_SHARE)
+    _lawc.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE, control.FULL_SHARE,
+               control._ZERO_SPREAD, control._EPS)
 
 NATIVE = _lawc is not None
 _DEFAULT_PARAMS = ControlParams()
