@@ -108,7 +108,8 @@ def test_many_steps_leave_no_memory_behind():
     assert grown < 64_000, f"{grown} bytes more after 2000 steps"
 
 
-@pytest.mark.parametrize(("zero_spread", "eps"), [(5.0, control._EPS), (control._ZERO_SPREAD, 1e-6)])
+@pytest.mark.parametrize(("zero_spread", "eps"),
+                         [(5.0, control._EPS), (control._ZERO_SPREAD, 1e-6)])
 def test_a_reference_law_whose_constants_moved_is_refused_by_the_built_one(zero_spread, eps):
     # The C law compiles in the constants of a branch or two; bound to a reference law whose
     # values moved, it would disagree only where those branches run. It refuses at import.
@@ -116,6 +117,5 @@ def test_a_reference_law_whose_constants_moved_is_refused_by_the_built_one(zero_
         nativelaw._lawc.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE,
                              control.FULL_SHARE, zero_spread, eps)
     # the binding in force is untouched: the law still decides as the reference
-    test_the_controller_runs_the_native_law_by_default()
-    obs = [BUSY_OBS]
-    assert_same(control_step_native(obs, {"a": LEARNED}, 0.1), control_step(obs, {"a": LEARNED}, 0.1))
+    obs, states = [BUSY_OBS], {"a": LEARNED}
+    assert_same(control_step_native(obs, states, 0.1), control_step(obs, states, 0.1))

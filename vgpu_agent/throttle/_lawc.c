@@ -1071,7 +1071,8 @@ static PyMethodDef methods[] = {
     {"step", step, METH_VARARGS,
      "step(observations, states, dt_s, params, history_len) -> dict of Decision, or None "
      "where the Python law must decide"},
-    {"bind", bind, METH_VARARGS, "bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE, _ZERO_SPREAD, _EPS)"},
+    {"bind", bind, METH_VARARGS,
+     "bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE, _ZERO_SPREAD, _EPS)"},
     {NULL, NULL, 0, NULL},
 };
 
