@@ -373,6 +373,7 @@ async def test_the_loop_runs_between_one_gpus_steering_and_the_next():
 def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
     """Installed without a compiler: the same law, steering and read in Python, slower."""
     monkeypatch.setattr(controller_module, "NATIVE", False)
+    monkeypatch.setattr(controller_module, "NOT_NATIVE_REASON", "built from another version")
     monkeypatch.setattr(controller_module, "NATIVE_STEERING", False)
     monkeypatch.setattr(controller_module, "NATIVE_READ", False)
     with capture_logs() as logs:
@@ -380,6 +381,7 @@ def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
     events = [e["event"] for e in logs]
     assert events == ["throttle_law_not_native", "throttle_steering_not_native",
                       "throttle_read_not_native"]
+    assert logs[0]["reason"] == "built from another version"  # the law says why
     assert not controller.native_steering  # (it steers every device in Python)
     monkeypatch.setattr(controller_module, "NATIVE", True)
     monkeypatch.setattr(controller_module, "NATIVE_STEERING", True)

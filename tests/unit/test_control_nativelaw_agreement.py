@@ -7,6 +7,8 @@ random ticks and recorded runs is in `test_control_fastlaw_agreement`.
 from __future__ import annotations
 
 import gc
+import importlib
+import re
 import sys
 import tracemalloc
 import types
@@ -15,7 +17,7 @@ import pytest
 
 from tests.unit.test_control_fastlaw_agreement import assert_same, native
 from vgpu_agent.throttle import control, nativelaw
-from vgpu_agent.throttle.control import Decision, LoopState, Observation, control_step
+from vgpu_agent.throttle.control import LoopState, Observation, control_step
 from vgpu_agent.throttle.controller import ThrottleController
 from vgpu_agent.throttle.nativelaw import control_step_native, native_step
 
@@ -110,12 +112,35 @@ def test_many_steps_leave_no_memory_behind():
 
 @pytest.mark.parametrize(("zero_spread", "eps"),
                          [(5.0, control._EPS), (control._ZERO_SPREAD, 1e-6)])
-def test_a_reference_law_whose_constants_moved_is_refused_by_the_built_one(zero_spread, eps):
+def test_a_reference_law_whose_constants_moved_is_refused_by_the_built_one(
+        monkeypatch, zero_spread, eps):
     # The C law compiles in the constants of a branch or two; bound to a reference law whose
-    # values moved, it would disagree only where those branches run. It refuses at import.
-    with pytest.raises(ValueError, match=r"_ZERO_SPREAD .* and _EPS .* differ .*\(4\.0, 1e-9\)"):
-        nativelaw._lawc.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE,
-                             control.FULL_SHARE, zero_spread, eps)
+    # values moved, it would disagree only where those branches run. It refuses, saying why,
+    # and the import falls back to the Python law on that reason.
+    monkeypatch.setattr(control, "_ZERO_SPREAD", zero_spread)
+    monkeypatch.setattr(control, "_EPS", eps)
+    reason = nativelaw.bind(nativelaw._lawc)
+    assert reason is not None
+    assert re.search(r"built from another version of the law: _ZERO_SPREAD .* and _EPS .* "
+                     r"differ .*\(4\.0, 1e-9\)", reason), reason
+    monkeypatch.undo()
     # the binding in force is untouched: the law still decides as the reference
     obs, states = [BUSY_OBS], {"a": LEARNED}
     assert_same(control_step_native(obs, states, 0.1), control_step(obs, states, 0.1))
+    assert nativelaw.bind(nativelaw._lawc) is None  # the reference as built binds
+
+
+def test_a_stale_c_law_leaves_the_python_law_deciding(monkeypatch):
+    monkeypatch.setattr(control, "_ZERO_SPREAD", 5.0)
+    stale = importlib.reload(nativelaw)
+    try:
+        assert not stale.NATIVE and stale._lawc is None
+        assert "_ZERO_SPREAD 5.0" in stale.NOT_NATIVE_REASON
+        obs, states = [BUSY_OBS], {"a": LEARNED}
+        assert stale.native_step(obs, states, 0.1) is None  # left to Python ...
+        assert_same(stale.control_step_native(obs, states, 0.1),  # ... which decides
+                    control_step(obs, states, 0.1))
+    finally:
+        monkeypatch.undo()
+        importlib.reload(nativelaw)
+    assert nativelaw.NATIVE and nativelaw.NOT_NATIVE_REASON is None

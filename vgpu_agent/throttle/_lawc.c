@@ -789,7 +789,8 @@ static PyObject *step(PyObject *module, PyObject *args)
                                 * (double)c->samples,
                             shape);
                         seen = py_min(seen, p.surprise2 * noise); /* a change, not noise */
-                        double weight = py_max(p.noise_memory, py_div(&g, 1, (double)(c->pairs + 2)));
+                        double weight = py_max(p.noise_memory,
+                                               py_div(&g, 1, (double)(c->pairs + 2)));
                         noise = py_max(p.floor, (1 - weight) * noise + weight * seen);
                         c->pairs += 1;
                     }

@@ -130,7 +130,7 @@ from vgpu_agent.throttle.control import (
     Observation,
 )
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
-from vgpu_agent.throttle.nativelaw import NATIVE, control_step_native
+from vgpu_agent.throttle.nativelaw import NATIVE, NOT_NATIVE_REASON, control_step_native
 from vgpu_agent.throttle.timesliced import PER_PROCESS_HOLD_S, SHARED_PERIODS, TimeSlicedSplit
 
 try:
@@ -410,8 +410,7 @@ class ThrottleController:
         self._split_params = replace(self.params, confirm_surprises=False)
         self.law = law
         if law is control_step_native and not NATIVE:
-            log.warning("throttle_law_not_native", reason="vgpu_agent.throttle._lawc was not "
-                        "built (no C compiler at install)", law="python")
+            log.warning("throttle_law_not_native", reason=NOT_NATIVE_REASON, law="python")
         # the common path of each device's steering in C where it was built (see `_steer_gpu`)
         self.native_steering = NATIVE_STEERING
         if not NATIVE_STEERING:

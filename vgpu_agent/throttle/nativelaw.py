@@ -7,8 +7,9 @@ input is not what the law makes (an int beyond 2**53, a state that is not a `Loo
 where Python would raise (a division by zero, an overflowing square), the C step declines and
 the Python law decides: the answer, or the error, is then the reference's own.
 
-Without the extension (no compiler where the package was built) `control_step_native` is the
-Python law itself; `NATIVE` says which one runs.
+Without the extension (no compiler where the package was built), or with one built from a
+reference law whose constants have since moved, `control_step_native` is the Python law itself;
+`NATIVE` says which one runs and `NOT_NATIVE_REASON` why not.
 
 Pure: no I/O, no clocks.
 """
@@ -17,18 +18,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from vgpu_agent.throttle import control
 from vgpu_agent.throttle.control import ControlParams, Decision, LoopState, Observation
 from vgpu_agent.throttle.fastlaw import control_step_gpu
 
+
+def bind(module: Any) -> str | None:
+    """Bind the C law to this reference law: None where it is bound, else why it cannot be (it
+    was built from a law whose constants differ; the binding in force, if any, is kept)."""
+    try:
+        module.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE,
+                    control.FULL_SHARE, control._ZERO_SPREAD, control._EPS)
+    except ValueError as error:
+        return f"vgpu_agent.throttle._lawc was built from another version of the law: {error}"
+    return None
+
+
 try:
     from vgpu_agent.throttle import _lawc  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: the Python law
     _lawc = None
+    NOT_NATIVE_REASON: str | None = (
+        "vgpu_agent.throttle._lawc was not built (no C compiler at install)")
 else:
-    _lawc.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE, control.FULL_SHARE,
-               control._ZERO_SPREAD, control._EPS)
+    # A stale build would disagree with the reference in the branches that use the constants
+    # it compiled in: the Python law decides instead, and the controller says why.
+    NOT_NATIVE_REASON = bind(_lawc)
+    if NOT_NATIVE_REASON is not None:
+        _lawc = None
 
 NATIVE = _lawc is not None
 _DEFAULT_PARAMS = ControlParams()
