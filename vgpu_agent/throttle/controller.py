@@ -50,8 +50,10 @@ What a tick costs, and how often it runs:
   (its use could grow into the others' at any moment) and each has a rate (a container not
   yet throttled runs unthrottled once it spends). Then a container that wakes needs nobody's
   rate lowered: its own rate already allows its share, so the slower tick costs only how soon
-  spare share is lent, never a guarantee. It may also grow where the only reclaim to come is
-  an idle container waking (one whose share is lent to others, or which has no rate yet):
+  spare share is lent, never a guarantee, as long as tokens buy what they did: an application
+  whose phase changes so that its tokens buy more SM time takes from its neighbours until the
+  next tick's samples show it (only NVML tells it). It may also grow where the only reclaim to
+  come is an idle container waking (one whose share is lent to others, or which has no rate yet):
   until the next tick, each such container's header is read every `max_tick_s` (`watch_s`,
   `idle_woke`), and one that spent for more than its demand at the last tick brings the next
   tick at once, as soon as `max_tick_s` ticks would have seen it (where another GPU keeps the
