@@ -54,6 +54,21 @@ def test_a_layout_it_was_not_built_for_is_refused():
         steering._steerc.bind(UNLIMITED_RATE, 99.0, 9.0, 9.0, 9.0, 9.0, 12, 3, ())
 
 
+def test_a_steering_built_for_other_records_is_not_used_and_says_why(monkeypatch):
+    # a stale build would read a moved field at its old place: the agent steers in Python and
+    # logs this reason, rather than failing to start
+    from vgpu_agent.throttle.control import Observation
+
+    monkeypatch.setattr(Observation, "_fields", (*Observation._fields, "moved"))
+    reason = steering.bind_steering(steering._steerc)
+    assert reason is not None
+    assert reason.startswith(
+        "vgpu_agent.throttle._steerc was built from another version of the steering: ")
+    assert "not those this module was built for" in reason
+    monkeypatch.undo()
+    assert steering.bind_steering(steering._steerc) is None  # and binds again as it was
+
+
 def test_the_module_refuses_to_steer_before_it_is_bound():
     # the controller binds it at import; imported alone it has no UNLIMITED_RATE to write
     code = ("from vgpu_agent.throttle import _steerc\n"

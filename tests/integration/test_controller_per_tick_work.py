@@ -375,13 +375,17 @@ def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
     monkeypatch.setattr(controller_module, "NATIVE", False)
     monkeypatch.setattr(controller_module, "NOT_NATIVE_REASON", "built from another version")
     monkeypatch.setattr(controller_module, "NATIVE_STEERING", False)
+    monkeypatch.setattr(controller_module, "NOT_NATIVE_STEERING_REASON", "steering: no compiler")
     monkeypatch.setattr(controller_module, "NATIVE_READ", False)
+    monkeypatch.setattr(controller_module, "NOT_NATIVE_READ_REASON", "read: another layout")
     with capture_logs() as logs:
         controller = ThrottleController(Samples({}), list)
     events = [e["event"] for e in logs]
     assert events == ["throttle_law_not_native", "throttle_steering_not_native",
                       "throttle_read_not_native"]
-    assert logs[0]["reason"] == "built from another version"  # the law says why
+    # each says why
+    assert [e["reason"] for e in logs] == ["built from another version", "steering: no compiler",
+                                           "read: another layout"]
     assert not controller.native_steering  # (it steers every device in Python)
     monkeypatch.setattr(controller_module, "NATIVE", True)
     monkeypatch.setattr(controller_module, "NATIVE_STEERING", True)

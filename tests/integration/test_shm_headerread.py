@@ -118,6 +118,19 @@ def test_layouts_the_c_read_cannot_hold_are_refused_by_name():
         module.bind(1, 1, (0, 8, 16, 20, 24), 1088, 64, 64, 48, 1 << 62, 16)
 
 
+def test_a_c_read_built_for_smaller_headers_is_not_used_and_says_why(monkeypatch):
+    # a layout grown past what the built read holds (a newer ABI, an old build): the agent reads
+    # in Python and logs this reason, rather than failing to start
+    module = fresh_statec()
+    monkeypatch.setattr(layout, "STATE_HEADER_SIZE", 8192)
+    reason = headerread.bind(module)
+    assert reason is not None
+    assert reason.startswith("vgpu_agent.shm._statec was built for another state layout: ")
+    assert "header 8192 bytes" in reason
+    monkeypatch.undo()
+    assert headerread.bind(module) is None  # the layout this tree has, it holds
+
+
 CHILD = textwrap.dedent("""
     import os, random, struct
     module = load("vgpu_agent.shm._statec", sys.argv[1])

@@ -3,29 +3,48 @@
 In C where `_statec.c` was built (`pip install .` through setup.py; optional): the same
 refusals as the Python decoder, without a buffer, a list and a struct call per region (the
 controller reads every region's header every tick). The tests hold the two to the same answers
-on any bytes. Without the extension the Python read runs; `NATIVE_READ` says which.
+on any bytes. Without the extension, or with one built for a layout it cannot hold, the Python
+read runs; `NATIVE_READ` says which and `NOT_NATIVE_READ_REASON` why not.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 from vgpu_agent.shm import layout
+
+
+def bind(module: Any) -> str | None:
+    """Give the C read this layout's numbers: None where it holds them, else why it cannot (it
+    was built for smaller headers; the layout in force, if any, is kept)."""
+    try:
+        module.bind(
+            layout.STATE_MAGIC, layout.ABI_MAJOR,
+            tuple(layout.STATE_OFFSETS[name] for name in
+                  ("magic", "abi_major", "header_size", "device_count", "total_size")),
+            layout.STATE_HEADER_SIZE, layout.STATE_OFFSETS["devices"], layout.STATE_DEVICE_SIZE,
+            layout.STATE_DEVICE_OFFSETS["tokens_spent"], layout.PLAUSIBLE_COUNTER,
+            layout.MAX_DEVICES,
+        )
+    except ValueError as error:
+        return f"vgpu_agent.shm._statec was built for another state layout: {error}"
+    return None
+
 
 try:
     from vgpu_agent.shm import _statec  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: the Python read
     _statec = None
+    NOT_NATIVE_READ_REASON: str | None = (
+        "vgpu_agent.shm._statec was not built (no C compiler at install)")
 else:
-    _statec.bind(
-        layout.STATE_MAGIC, layout.ABI_MAJOR,
-        tuple(layout.STATE_OFFSETS[name] for name in
-              ("magic", "abi_major", "header_size", "device_count", "total_size")),
-        layout.STATE_HEADER_SIZE, layout.STATE_OFFSETS["devices"], layout.STATE_DEVICE_SIZE,
-        layout.STATE_DEVICE_OFFSETS["tokens_spent"], layout.PLAUSIBLE_COUNTER,
-        layout.MAX_DEVICES,
-    )
+    # a stale build cannot read this layout's headers: the Python read, and the controller
+    # says why
+    NOT_NATIVE_READ_REASON = bind(_statec)
+    if NOT_NATIVE_READ_REASON is not None:
+        _statec = None
 
 NATIVE_READ = _statec is not None
 _buffers = threading.local()

@@ -100,13 +100,13 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
-from vgpu_agent.shm.headerread import NATIVE_READ
+from vgpu_agent.shm.headerread import NATIVE_READ, NOT_NATIVE_READ_REASON
 from vgpu_agent.shm.layout import MAX_WAIT_NS
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.audit import (
@@ -139,8 +139,10 @@ try:
     from vgpu_agent.throttle import _steerc  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: the steering in Python
     _steerc = None
-# whether `_steer_gpu` runs its common path in C (`_steerc.c`)
-NATIVE_STEERING = _steerc is not None
+    NOT_NATIVE_STEERING_REASON: str | None = (
+        "vgpu_agent.throttle._steerc was not built (no C compiler at install)")
+else:
+    NOT_NATIVE_STEERING_REASON = None  # unless `bind_steering` refuses, below
 
 # One tick of the law for one GPU's containers: `control.control_step`'s signature.
 Law = Callable[
@@ -416,11 +418,10 @@ class ThrottleController:
         # the common path of each device's steering in C where it was built (see `_steer_gpu`)
         self.native_steering = NATIVE_STEERING
         if not NATIVE_STEERING:
-            log.warning("throttle_steering_not_native", reason="vgpu_agent.throttle._steerc "
-                        "was not built (no C compiler at install)", steering="python")
+            log.warning("throttle_steering_not_native", reason=NOT_NATIVE_STEERING_REASON,
+                        steering="python")
         if not NATIVE_READ:
-            log.warning("throttle_read_not_native", reason="vgpu_agent.shm._statec was not "
-                        "built (no C compiler at install)", read="python")
+            log.warning("throttle_read_not_native", reason=NOT_NATIVE_READ_REASON, read="python")
         self.clock = clock
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
@@ -1471,10 +1472,30 @@ READ_CHUNK = 32
 # Waits are believed for a tick in which the container spent at least this part of what its
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
+
+
+def bind_steering(module: Any) -> str | None:
+    """Give the C steering this module's constants and the law's record layouts: None where it
+    takes them, else why it cannot (it was built for other fields or constants; what it held
+    before, if anything, is kept)."""
+    try:
+        module.bind(UNLIMITED_RATE, FULL_SHARE, JITTER_S, WAIT_SPEND_FRACTION,
+                    LIAR_MARGIN_POINTS, _SHARE_EPS, OVERUSE_READINGS, OVERUSE_ENDS,
+                    (*Observation._fields, "|", *Decision._fields, "|", *LoopState._fields))
+    except ValueError as error:
+        return ("vgpu_agent.throttle._steerc was built from another version of the steering: "
+                f"{error}")
+    return None
+
+
 if _steerc is not None:
-    _steerc.bind(UNLIMITED_RATE, FULL_SHARE, JITTER_S, WAIT_SPEND_FRACTION, LIAR_MARGIN_POINTS,
-                 _SHARE_EPS, OVERUSE_READINGS, OVERUSE_ENDS,
-                 (*Observation._fields, "|", *Decision._fields, "|", *LoopState._fields))
+    # a stale build would read the law's records by the wrong positions: the steering in
+    # Python instead, and the controller says why
+    NOT_NATIVE_STEERING_REASON = bind_steering(_steerc)
+    if NOT_NATIVE_STEERING_REASON is not None:
+        _steerc = None
+# whether `_steer_gpu` runs its common path in C (`_steerc.c`)
+NATIVE_STEERING = _steerc is not None
 LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)
 OVERUSE_HOLD_NS = int(OVERUSE_HOLD_S * 1e9)
 PER_PROCESS_HOLD_US = int(PER_PROCESS_HOLD_S * 1e6)
