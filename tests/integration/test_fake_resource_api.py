@@ -524,3 +524,30 @@ async def test_a_stopped_server_refuses_connections_and_keeps_its_port_for_the_r
         await writer.wait_closed()
     finally:
         await api.stop()
+
+
+async def test_a_watch_still_open_when_the_server_stops_is_dropped_not_waited_for(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client that opens a watch just as the server stops (after its open watches were ended)
+    # must not hold the stop for aiohttp's shutdown timeout (60 s): a server going away drops
+    # its connections. Here the watch is left open by making the ending a no-op.
+    await api.raw(api.v1.create_resource_slice, slice_body("s1"))
+    response = await api.v1.list_resource_slice(watch=True, _preload_content=False)
+    try:
+        assert len(await read_watch(response, 1)) == 1
+        monkeypatch.setattr(api.fake.resources, "close_watches", lambda: None)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with asyncio.timeout(10):
+            await api.fake.stop()
+        assert loop.time() - started < 5
+        try:  # the stream is cut: it ends or fails, it does not stay open
+            rest = await read_watch(response, 1)
+        except TimeoutError:
+            pytest.fail("the watch stayed open")
+        except Exception:  # a dropped connection, by whichever client error
+            rest = []
+        assert rest == []
+    finally:
+        response.release()

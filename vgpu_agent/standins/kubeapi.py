@@ -50,6 +50,7 @@ from vgpu_agent.standins.resourceapi import ResourceStore, add_routes, json_patc
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+_DROP_AFTER_S = 0.5  # a request still running at `stop` is cut after this long (see `start`)
 
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -117,7 +118,10 @@ class FakeKubeAPI:
         add_routes(app, self.resources, lambda request: request[_BODY])
         app.router.add_get("/api/v1/pods", self._pods_route)
         app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict_pod)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        # A request still running when the server stops (a watch opened just after `stop` ended
+        # the others) is cut after this long, as a server going away drops its connections;
+        # aiohttp would otherwise wait up to 60 s for it, holding `stop`.
+        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=_DROP_AFTER_S)
         await self._runner.setup()
         if self._held_port is not None:
             self._held_port.close()
