@@ -16,6 +16,7 @@ import math
 import random
 import subprocess
 import sys
+import types
 from dataclasses import replace
 
 import pytest
@@ -67,6 +68,10 @@ def test_a_steering_built_for_other_records_is_not_used_and_says_why(monkeypatch
     assert "not those this module was built for" in reason
     monkeypatch.undo()
     assert steering.bind_steering(steering._steerc) is None  # and binds again as it was
+    # a build whose bind takes other arguments is refused the same way, not raised at import
+    older = types.SimpleNamespace(bind=lambda unlimited, full: None)
+    reason = steering.bind_steering(older)
+    assert reason is not None and "argument" in reason
 
 
 def test_the_module_refuses_to_steer_before_it_is_bound():

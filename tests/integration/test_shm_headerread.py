@@ -10,6 +10,7 @@ import os
 import shutil
 import struct
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,10 @@ def test_a_c_read_built_for_smaller_headers_is_not_used_and_says_why(monkeypatch
     assert "header 8192 bytes" in reason
     monkeypatch.undo()
     assert headerread.bind(module) is None  # the layout this tree has, it holds
+    # a build whose bind takes other arguments is refused the same way, not raised at import
+    older = types.SimpleNamespace(bind=lambda magic, major: None)
+    reason = headerread.bind(older)
+    assert reason is not None and "argument" in reason
 
 
 CHILD = textwrap.dedent("""

@@ -130,6 +130,14 @@ def test_a_reference_law_whose_constants_moved_is_refused_by_the_built_one(
     assert nativelaw.bind(nativelaw._lawc) is None  # the reference as built binds
 
 
+def test_a_c_law_whose_bind_takes_other_arguments_is_refused_not_raised():
+    # built before `bind` took the law's constants: five arguments, not seven
+    older = types.SimpleNamespace(bind=lambda state, decision, blank, unlimited, full: None)
+    reason = nativelaw.bind(older)
+    assert reason is not None and "built from another version of the law" in reason
+    assert "argument" in reason  # Python's own words for the mismatch
+
+
 def test_a_stale_c_law_leaves_the_python_law_deciding(monkeypatch):
     monkeypatch.setattr(control, "_ZERO_SPREAD", 5.0)
     stale = importlib.reload(nativelaw)

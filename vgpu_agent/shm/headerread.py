@@ -28,7 +28,7 @@ def bind(module: Any) -> str | None:
             layout.STATE_DEVICE_OFFSETS["tokens_spent"], layout.PLAUSIBLE_COUNTER,
             layout.MAX_DEVICES,
         )
-    except ValueError as error:
+    except (TypeError, ValueError) as error:  # TypeError: a bind of another signature
         return f"vgpu_agent.shm._statec was built for another state layout: {error}"
     return None
 

@@ -1482,7 +1482,7 @@ def bind_steering(module: Any) -> str | None:
         module.bind(UNLIMITED_RATE, FULL_SHARE, JITTER_S, WAIT_SPEND_FRACTION,
                     LIAR_MARGIN_POINTS, _SHARE_EPS, OVERUSE_READINGS, OVERUSE_ENDS,
                     (*Observation._fields, "|", *Decision._fields, "|", *LoopState._fields))
-    except ValueError as error:
+    except (TypeError, ValueError) as error:  # TypeError: a bind of another signature
         return ("vgpu_agent.throttle._steerc was built from another version of the steering: "
                 f"{error}")
     return None

@@ -27,11 +27,12 @@ from vgpu_agent.throttle.fastlaw import control_step_gpu
 
 def bind(module: Any) -> str | None:
     """Bind the C law to this reference law: None where it is bound, else why it cannot be (it
-    was built from a law whose constants differ; the binding in force, if any, is kept)."""
+    was built from a law whose constants or `bind` differ; the binding in force, if any, is
+    kept)."""
     try:
         module.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE,
                     control.FULL_SHARE, control._ZERO_SPREAD, control._EPS)
-    except ValueError as error:
+    except (TypeError, ValueError) as error:  # TypeError: a bind of another signature
         return f"vgpu_agent.throttle._lawc was built from another version of the law: {error}"
     return None
 
