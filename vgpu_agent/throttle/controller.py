@@ -166,6 +166,12 @@ NVML_ERROR_NOT_SUPPORTED = 3  # pynvml.NVML_ERROR_NOT_SUPPORTED
 # waits on it; at 144 busy devices 2 s rather than 1 s saves the settled agent half a point of
 # a core (BENCHMARKS.md).
 UNLENT_TICK_S = 2.0
+# A launch whose tokens moved by this factor either way, since the last tick, over at least
+# WATCH_LAUNCHES launches, brings its GPU's tick between slow ticks (`_woke_among`): the
+# kernels launched changed, and what a token buys may have changed with them (a phase change
+# of four times halved or doubled a launch's tokens in the bench's applications).
+LAUNCH_COST_MOVE = 1.5
+WATCH_LAUNCHES = 8
 
 
 class UtilizationSource(Protocol):
@@ -278,8 +284,8 @@ class _Device:
     """
 
     __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "launch_debt", "liar_cap", "limited",
-                 "limits", "long_hold", "overclaimed", "overuse", "overused", "previous",
-                 "read_ns", "region", "seen", "uuid")
+                 "limits", "long_hold", "looked", "overclaimed", "overuse", "overused",
+                 "previous", "read_ns", "region", "seen", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -293,6 +299,9 @@ class _Device:
         self.previous = previous  # tokens spent, launches, wait ns (cumulative)
         # when `previous` was read at the earliest (the controller's clock)
         self.read_ns: int | None = None
+        # (read_ns it followed, tokens spent, launches) when last looked at between slow
+        # ticks for its launch cost (`_woke_among`), None until then
+        self.looked: tuple[int | None, int, int] | None = None
         # the last decision, kept raw: `DeviceStatus` is built only when someone asks
         self.last: tuple[Observation, Decision, bool] | None = None
         self.seen = 0  # the tick that last read the device
@@ -308,6 +317,12 @@ class _Device:
         self.long_hold = False
 
 
+# One device looked at between slow ticks: (device, tokens per percent, demand, tokens per
+# launch). An idle one wakes its GPU when it spends for more than its demand (math.inf: it is
+# not watched for that); a launching one when its tokens per launch move (0.0: not watched so).
+_Watch = tuple[_Device, float, float, float]
+
+
 class _Pace:
     """One GPU's own tick: how long its interval is, how long it has been calm, when it is
     due next and when it was last steered, and its idle containers to watch meanwhile."""
@@ -319,7 +334,7 @@ class _Pace:
         self.calm_s = 0.0  # seconds of calm ticks in a row (their planned intervals)
         self.due_ns = 0
         self.steered_ns = 0
-        self.watching: list[tuple[_Device, float, float]] = []
+        self.watching: list[_Watch] = []
 
 
 class _Layout:
@@ -467,10 +482,10 @@ class ThrottleController:
         # is looked at between slow ticks, `idle_woke`, as (device, k, demand)), and whether
         # it saw a change.
         self._lent = False
-        self._watching: list[tuple[_Device, float, float]] = []
+        self._watching: list[_Watch] = []
         self._changed = False
         # the idle containers of the GPUs whose next tick is further than `max_tick_s`
-        self._watched: list[tuple[_Device, float, float]] = []
+        self._watched: list[_Watch] = []
         self._looked_ns = 0  # when they were last looked at
         self._inline = False  # whether the last reads were cheap enough to do on the loop
         self.hops = 0  # ticks whose reads went to a worker thread
@@ -618,6 +633,10 @@ class ThrottleController:
     async def tick(self, paced: bool = False) -> None:
         """Steer the GPUs: each whose own next tick has come where `paced` (as `run` ticks),
         every one otherwise (a tick at a fixed rate, as the simulator's unpaced runs)."""
+        if self._watched and self.clock() - self._looked_ns >= self.max_tick_s * 1e9 * (1 - 1e-9):
+            # the watched containers of GPUs not due are looked at as between ticks (before
+            # the tick's clock is read: the look's reads take time too)
+            await self._idle_woke_in_chunks()
         now_ns = self._now_ns = self.clock()
         self.ticks += 1
         try:
@@ -627,9 +646,6 @@ class ThrottleController:
             return
         self._idle = not regions
         self._unsure, self._unread = set(), []
-        if self._watched and now_ns - self._looked_ns >= self.max_tick_s * 1e9 * (1 - 1e-9):
-            # idle containers of GPUs not due are looked at as between ticks
-            await self._idle_woke_in_chunks()
         due, to_read = self._due_gpus(regions, now_ns, paced)
         by_gpu: dict[str, _Entries] = defaultdict(list)
         for start in range(0, len(to_read), READ_CHUNK):
@@ -646,7 +662,7 @@ class ThrottleController:
             else:
                 self.hops += 1
                 sampled = await asyncio.to_thread(self._sample, by_gpu)
-        steered: dict[str, tuple[bool, bool, list[tuple[_Device, float, float]]]] = {}
+        steered: dict[str, tuple[bool, bool, list[_Watch]]] = {}
         for n, (uuid, entries) in enumerate(by_gpu.items()):
             if n:
                 # One GPU at a time on the loop: Allocate and scrapes wait for one GPU's
@@ -747,7 +763,7 @@ class ThrottleController:
         return layout
 
     def _pace(self, now_ns: int, due: set[str],
-              steered: Mapping[str, tuple[bool, bool, list[tuple[_Device, float, float]]]],
+              steered: Mapping[str, tuple[bool, bool, list[_Watch]]],
               changed: set[str]) -> None:
         """Each GPU's interval to its next tick (see the module note), and the loop's: until
         the first GPU is due."""
@@ -804,11 +820,13 @@ class ThrottleController:
             woke = self._woke_among(watched[start : start + READ_CHUNK]) or woke
         return woke
 
-    def _woke_among(self, watched: list[tuple[_Device, float, float]]) -> bool:
-        """Whether any of `watched` woke; the GPU of each that did is due at the next tick."""
+    def _woke_among(self, watched: list[_Watch]) -> bool:
+        """Whether any of `watched` woke (an idle one spent for more than its demand, a
+        launching one's launches cost other tokens); the GPU of each that did is due at the
+        next tick."""
         now = self._looked_ns = self.clock()
         woke = self._due_now
-        for device, k, demand in watched:
+        for device, k, demand, per_launch in watched:
             region = device.region
             if region.closed or device.uuid in woke:
                 continue
@@ -821,11 +839,16 @@ class ThrottleController:
             if counters is None or previous is None or read_ns is None:
                 woke.add(device.uuid)
                 continue
-            spent = counters[3 * device.dev] - previous[0]
-            if spent == 0:
-                continue
-            seconds = (now - read_ns) / 1e9
-            if spent < 0 or k <= 0 or seconds <= 0 or spent / seconds / k > demand:
+            at = 3 * device.dev
+            if demand < math.inf:
+                spent = counters[at] - previous[0]
+                seconds = (now - read_ns) / 1e9
+                if spent and (spent < 0 or k <= 0 or seconds <= 0
+                              or spent / seconds / k > demand):
+                    woke.add(device.uuid)
+                    continue
+            if per_launch > 0 and _launch_cost_moved(device, counters[at], counters[at + 1],
+                                                     per_launch):
                 woke.add(device.uuid)
         return bool(woke)
 
@@ -1237,6 +1260,8 @@ class ThrottleController:
                 self._watching.extend(idle)
         else:
             self._lent = lent
+        if not self._lent:
+            _watch_launch_costs(self._watching, steered)
 
     def _observe(self, device: _Device, reading: _RegionReading, states: Mapping[str, LoopState],
                  fields: list[list[object]], steered: list[tuple[_Device, int, int]],
@@ -1513,11 +1538,12 @@ async def _nap(woken: asyncio.Event, seconds: float) -> bool:
 
 
 def _idle_devices(steered: list[tuple[_Device, int, int]]
-                  ) -> list[tuple[_Device, float, float]] | None:
-    """A lending GPU's devices to watch between slow ticks: (device, k, demand) of each that
-    is not waiting for tokens (a lender, or one not yet throttled; empty when all wait);
-    None when one is `off` (what it uses is not its tokens' to say: only NVML, at a tick)."""
-    idle = []
+                  ) -> list[_Watch] | None:
+    """A lending GPU's devices to watch between slow ticks for their spending: (device, k,
+    demand, 0.0) of each that is not waiting for tokens (a lender, or one not yet throttled;
+    empty when all wait); None when one is `off` (what it uses is not its tokens' to say:
+    only NVML, at a tick)."""
+    idle: list[_Watch] = []
     for device, _, _ in steered:
         last = device.last
         if last is None:
@@ -1526,8 +1552,58 @@ def _idle_devices(steered: list[tuple[_Device, int, int]]
         if obs[2] == "off":
             return None
         if not decision.hungry:
-            idle.append((device, decision.state.tokens_per_pct, decision.demand))
+            idle.append((device, decision.state.tokens_per_pct, decision.demand, 0.0))
     return idle
+
+
+def _watch_launch_costs(watching: list[_Watch], steered: list[tuple[_Device, int, int]]) -> None:
+    """Adds to `watching` (or to a device's entry there) the tokens per launch of each device
+    that launched at least WATCH_LAUNCHES times since the last tick, where a change of phase
+    could take from someone: its GPU has other devices, or its own policy is strict (a limit
+    it must not pass even alone). Between slow ticks, launches that cost other tokens bring
+    the tick (`_launch_cost_moved`); NVML alone would show the change, at the next tick."""
+    if len(steered) < 2 and not any(
+            device.last is not None and device.last[0][2] == "strict" for device, _, _ in steered):
+        return
+    at = {id(w[0]): n for n, w in enumerate(watching)}
+    for device, _, _ in steered:
+        last = device.last
+        if last is None:
+            continue
+        obs = last[0]
+        spent, launches = obs[4], obs[5]
+        if launches < WATCH_LAUNCHES or spent <= 0:
+            continue
+        n = at.get(id(device))
+        if n is None:
+            watching.append((device, 0.0, math.inf, spent / launches))
+        else:
+            watched, k, demand, _ = watching[n]
+            watching[n] = (watched, k, demand, spent / launches)
+
+
+def _launch_cost_moved(device: _Device, spent_total: int, launches_total: int,
+                       per_launch: float) -> bool:
+    """Whether the launches a device made since it was last looked at (or since the last
+    tick) cost other tokens than its launches did at the last tick: LAUNCH_COST_MOVE times
+    more or less, over at least WATCH_LAUNCHES launches (fewer are kept for the next look).
+    Totals that went backwards (the shim reclaimed a dead process's slot) start afresh."""
+    looked, previous = device.looked, device.previous
+    if looked is not None and looked[0] == device.read_ns:
+        since_spent, since_launches = looked[1], looked[2]
+    elif previous is not None:
+        since_spent, since_launches = previous[0], previous[1]
+    else:
+        return False
+    spent, launches = spent_total - since_spent, launches_total - since_launches
+    if spent < 0 or launches < 0:
+        device.looked = (device.read_ns, spent_total, launches_total)
+        return False
+    if launches < WATCH_LAUNCHES:
+        return False
+    device.looked = (device.read_ns, spent_total, launches_total)
+    moved = spent / launches / per_launch
+    return not 1 / LAUNCH_COST_MOVE <= moved <= LAUNCH_COST_MOVE
 
 
 def _counters(region: RegionHandle) -> tuple[int, ...] | None:
