@@ -70,12 +70,12 @@ async def test_launches_that_cost_other_tokens_bring_the_slow_tick(after, wakes)
     while gpu.elapsed_s + 0.4 <= CHANGE_S:
         gpu.advance(0.4)
         looks += 1
-        assert not controller.idle_woke()  # the same kernels: nothing to tick for
+        assert not controller.watched_woke()  # the same kernels: nothing to tick for
     assert looks >= 1
     woke_at = None
     for _ in range(3):
         gpu.advance(0.4)
-        if controller.idle_woke():
+        if controller.watched_woke():
             woke_at = gpu.elapsed_s
             break
     if wakes:
@@ -223,7 +223,7 @@ async def test_a_tenant_flipping_its_kernels_ticks_its_gpu_no_faster_than_a_lend
         watch_s = controller.watch_s
         while watch_s is not None and next_at - gpu.elapsed_s > watch_s:
             gpu.advance(watch_s)
-            if controller.idle_woke():
+            if controller.watched_woke():
                 next_at = gpu.elapsed_s
                 break
         gpu.advance(max(0.0, next_at - gpu.elapsed_s))

@@ -44,6 +44,46 @@ def test_counters_come_from_the_header_alone(tmp_path):
         region.close()
 
 
+def test_a_peek_reads_the_header_without_the_file_checks(tmp_path, monkeypatch):
+    """The looks between slow ticks read many headers for one answer: `peek_counters` reads
+    what `counters` reads without the path `stat` (and the directory sweep) that `counters`
+    makes at most every `_LEAN_POLICE_NS`; a `state` replaced meanwhile is found at the next
+    policed read, and peeks read the file held until then."""
+    import os
+    import shutil
+
+    from vgpu_agent.shm import regions as module
+
+    region = file_region(tmp_path)
+    try:
+        put_totals(region.path, 0, 1_000, 10, 5)
+        stats: list[object] = []
+        real_stat = os.stat
+
+        def counted(path: object, *args: object, **kwargs: object) -> os.stat_result:
+            stats.append(path)
+            return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(module.os, "stat", counted)
+        for _ in range(50):
+            assert region.peek_counters() == (1_000, 10, 5)
+        assert stats == []
+        region._policed_ns = None  # a policed read is due
+        assert region.counters() == (1_000, 10, 5)
+        assert len(stats) >= 1
+        # the tenant replaces its `state` with one of other totals
+        state = region.path / "state"
+        shutil.copy(state, tmp_path / "forged")
+        os.replace(tmp_path / "forged", state)
+        put_totals(region.path, 0, 9_000, 90, 0)
+        assert region.peek_counters() == (1_000, 10, 5)  # the file held
+        region._policed_ns = None
+        assert region.counters() == (9_000, 90, 0) and region.state_replaced == 1
+        assert region.peek_counters() == (9_000, 90, 0)
+    finally:
+        region.close()
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("magic", 0), ("abi_major", 2), ("device_count", 3), ("header_size", 64)],
@@ -291,10 +331,10 @@ async def test_an_idle_container_is_watched_between_slow_ticks(limits, policies,
     assert controller.watch_s == pytest.approx(0.4)
     for _ in range(3):
         gpu.advance(0.4)
-        assert not controller.idle_woke()
+        assert not controller.watched_woke()
     gpu.shim_process("c1", Workload(kernel_s=0.002, busy=((gpu.elapsed_s, 1e9),)), regions[1])
     gpu.advance(0.4)
-    assert controller.idle_woke()
+    assert controller.watched_woke()
 
 
 @pytest.mark.parametrize("fault", ["raises", "corrupt", "backwards", "closed"])
@@ -309,7 +349,7 @@ async def test_an_idle_container_whose_header_turns_bad_brings_the_tick(fault):
     gpu.shim_process("early", Workload(kernel_s=0.002, busy=((0.0, 3.0),)), regions[1])
     controller = paced_controller(gpu, regions)
     await pace(controller, gpu, 150)
-    assert controller.watch_s is not None and not controller.idle_woke()
+    assert controller.watch_s is not None and not controller.watched_woke()
     idle = regions[1]
     if fault == "raises":
         def unreadable() -> tuple[int, ...]:
@@ -322,7 +362,7 @@ async def test_an_idle_container_whose_header_turns_bad_brings_the_tick(fault):
     else:
         idle.closed = True  # collected meanwhile
     gpu.advance(0.4)
-    assert controller.idle_woke() is (fault != "closed")
+    assert controller.watched_woke() is (fault != "closed")
 
 
 async def test_many_idle_containers_are_looked_at_in_chunks_that_yield(monkeypatch):
@@ -348,9 +388,9 @@ async def test_many_idle_containers_are_looked_at_in_chunks_that_yield(monkeypat
     seen: list[int] = []
     read = module._counters
 
-    def counted(region: object) -> object:
+    def counted(region: object, peek: bool = False) -> object:
         seen.append(turns[0])
-        return read(region)  # type: ignore[arg-type]
+        return read(region, peek)  # type: ignore[arg-type]
 
     async def other_work() -> None:  # what Allocate and scrapes are to the loop
         while True:
@@ -362,7 +402,7 @@ async def test_many_idle_containers_are_looked_at_in_chunks_that_yield(monkeypat
     try:
         await asyncio.sleep(0)
         gpu.advance(0.4)
-        assert not await controller._idle_woke_in_chunks()
+        assert not await controller._watched_woke_in_chunks()
         chunks = [seen[n: n + module.READ_CHUNK] for n in range(0, len(seen), module.READ_CHUNK)]
         assert len(seen) == idle_count + 1 and len(chunks) == 3
         assert all(len(set(chunk)) == 1 for chunk in chunks)  # no yield inside a chunk
@@ -370,7 +410,7 @@ async def test_many_idle_containers_are_looked_at_in_chunks_that_yield(monkeypat
         gpu.shim_process("last", Workload(kernel_s=0.002, busy=((gpu.elapsed_s, 1e9),)),
                          regions[-1])
         gpu.advance(0.4)
-        assert await controller._idle_woke_in_chunks() and controller.idle_woke()
+        assert await controller._watched_woke_in_chunks() and controller.watched_woke()
     finally:
         other.cancel()
 
@@ -556,7 +596,7 @@ async def test_an_idle_controller_still_ticks_every_idle_tick_without_a_wake():
 
 async def test_the_loop_looks_at_idle_containers_between_slow_ticks():
     """`run` sleeps to the next tick in steps of `watch_s` while there are idle containers to
-    look at, and ticks at once when one of them woke (`idle_woke`'s test)."""
+    look at, and ticks at once when one of them woke (`watched_woke`'s test)."""
     import asyncio
 
     controller = ThrottleController(SimBackend([]), list, tick_s=0.02, max_tick_s=0.05,

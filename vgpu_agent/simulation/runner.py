@@ -151,7 +151,7 @@ class ControlledRun:
             now = self.gpu.elapsed_s
             if now < self._due_s - 1e-9:
                 if now >= look_at - 1e-9:  # a look between ticks: tick now if one woke
-                    if controller.idle_woke():
+                    if controller.watched_woke():
                         self._due_s = now
                     else:
                         self._look_s = self._next_look(look_at)

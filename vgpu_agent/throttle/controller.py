@@ -52,17 +52,24 @@ What a tick costs, and how often it runs:
   rate lowered: its own rate already allows its share, so the slower tick costs only how soon
   spare share is lent, never a guarantee, as long as tokens buy what they did: an application
   whose phase changes so that its tokens buy more SM time takes from its neighbours until the
-  next tick's samples show it (only NVML tells it). It may also grow where the only reclaim to
-  come is an idle container waking (one whose share is lent to others, or which has no rate yet):
-  until the next tick, each such container's header is read every `max_tick_s` (`watch_s`,
-  `idle_woke`), and one that spent for more than its demand at the last tick brings the next
-  tick at once, as soon as `max_tick_s` ticks would have seen it (where another GPU keeps the
-  loop ticking faster, the look comes at its ticks, once in `max_tick_s`, and brings the
-  waking container's GPU only). Limits that do not fit, an `off` container, a device not
-  observed keep the tick at `max_tick_s`: only a tick sees those coming. A region that cannot be
-  read is not known to be any of that: while one fails, the tick of its GPUs (of every GPU where
-  they cannot be told) grows to `max_tick_s` at most (and a header corrupt for good is not a change
-  every tick: its devices are followed once it reads).
+  next tick's samples show it (only NVML tells what a token buys). The kernels launched mostly
+  change with the phase, and with them the tokens a launch costs: until the next tick, each
+  device that launched `WATCH_LAUNCHES` times or more at the last tick (on a GPU with others
+  on it, or strict) has its header read every `max_tick_s`, and launches that cost
+  `LAUNCH_COST_MOVE` times more or less than at the last tick bring the tick at once (a phase
+  whose kernels keep their grids waits for the next tick; a tenant flipping its kernels
+  brings a tick per look at most, as a lending GPU ticks). It may also grow where the only
+  reclaim to come is an idle container waking (one whose share is lent to others, or which
+  has no rate yet): until the next tick, each such container's header is read every
+  `max_tick_s` too (`watch_s`, `watched_woke`), and one that spent for more than its demand at
+  the last tick brings the next tick at once, as soon as `max_tick_s` ticks would have seen it
+  (where another GPU keeps the loop ticking faster, the look comes at its ticks, once in
+  `max_tick_s`, and brings the waking container's GPU only). Limits that do not fit, an `off`
+  container, a device not observed keep the tick at `max_tick_s`: only a tick sees those
+  coming. A region that cannot be read is not known to be any of that: while one fails, the
+  tick of its GPUs (of every GPU where they cannot be told) grows to `max_tick_s` at most (and
+  a header corrupt for good is not a change every tick: its devices are followed once it
+  reads).
   What counts is what the law decides, not why: a container that spends about its rate flips
   between waiting for tokens and not from tick to tick, which moves its target only where the
   allocation depends on it (lending), and then the target says so.
@@ -477,14 +484,14 @@ class ThrottleController:
         # cannot be told): they may have to reclaim in a way only a tick sees
         self._unsure: set[str] | None = set()
         self._unread: list[RegionHandle] = []  # the regions that could not be read this tick
-        # The GPU being steered: whether it may have to reclaim so (see the note), its idle
-        # containers (of a GPU that lends, or that has one not yet throttled: their spending
-        # is looked at between slow ticks, `idle_woke`, as (device, k, demand)), and whether
-        # it saw a change.
+        # The GPU being steered: whether it may have to reclaim so (see the note), its devices
+        # to look at between slow ticks (`watched_woke`, as `_Watch`: idle ones of a GPU that
+        # lends or has one not yet throttled, for their spending; launching ones of a GPU
+        # that does not lend, for their launches' cost), and whether it saw a change.
         self._lent = False
         self._watching: list[_Watch] = []
         self._changed = False
-        # the idle containers of the GPUs whose next tick is further than `max_tick_s`
+        # the watched devices of the GPUs whose next tick is further than `max_tick_s`
         self._watched: list[_Watch] = []
         self._looked_ns = 0  # when they were last looked at
         self._inline = False  # whether the last reads were cheap enough to do on the loop
@@ -618,7 +625,7 @@ class ThrottleController:
                 # new container is followed before it launches, however slow the calm tick ...
                 watch_s = self.watch_s
                 while watch_s is not None and next_at - loop.time() > watch_s:
-                    if await _nap(woken, watch_s) or await self._idle_woke_in_chunks():
+                    if await _nap(woken, watch_s) or await self._watched_woke_in_chunks():
                         next_at = loop.time()
                         break
                 if next_at > loop.time() and await _nap(woken, next_at - loop.time()):
@@ -636,7 +643,7 @@ class ThrottleController:
         if self._watched and self.clock() - self._looked_ns >= self.max_tick_s * 1e9 * (1 - 1e-9):
             # the watched containers of GPUs not due are looked at as between ticks (before
             # the tick's clock is read: the look's reads take time too)
-            await self._idle_woke_in_chunks()
+            await self._watched_woke_in_chunks()
         now_ns = self._now_ns = self.clock()
         self.ticks += 1
         try:
@@ -799,20 +806,22 @@ class ThrottleController:
 
     @property
     def watch_s(self) -> float | None:
-        """How often, until the next tick, the idle containers' spending should be looked at
-        (`idle_woke`); None when there is nothing to look at or the next tick comes as soon."""
+        """How often, until the next tick, the watched devices should be looked at
+        (`watched_woke`); None when there is nothing to look at or the next tick comes as soon."""
         return self.max_tick_s if self._watched and self.interval_s > self.max_tick_s else None
 
-    def idle_woke(self) -> bool:
+    def watched_woke(self) -> bool:
         """Whether a container that was idle at the last tick (its share lent to others, or
-        not yet throttled) has spent since for more than its demand then: the next tick should
-        come now, so that what is lent comes back as soon as at `max_tick_s` ticks. One header
-        read per such container; a region that cannot be read says yes (the tick will see)."""
+        not yet throttled) has spent since for more than its demand then, or one that launched
+        now launches at another cost (`_launch_cost_moved`): the next tick should come now, so
+        that what is lent comes back, and a change of phase is steered, as soon as at
+        `max_tick_s` ticks. One header read per watched device; a region that cannot be read
+        says yes (the tick will see)."""
         return self._woke_among(self._watched)
 
-    async def _idle_woke_in_chunks(self) -> bool:
-        """`idle_woke` on the loop, yielding between chunks of reads as the tick does: a node
-        of idle containers must not hold Allocate and scrapes for all their reads at once."""
+    async def _watched_woke_in_chunks(self) -> bool:
+        """`watched_woke` on the loop, yielding between chunks of reads as the tick does: a node
+        of watched containers must not hold Allocate and scrapes for all their reads at once."""
         watched, woke = self._watched, False
         for start in range(0, len(watched), READ_CHUNK):
             if start:
@@ -832,7 +841,7 @@ class ThrottleController:
                 continue
             previous, read_ns = device.previous, device.read_ns
             try:
-                counters = _counters(region)
+                counters = _counters(region, peek=True)
             except Exception:
                 woke.add(device.uuid)
                 continue
@@ -1606,12 +1615,15 @@ def _launch_cost_moved(device: _Device, spent_total: int, launches_total: int,
     return not 1 / LAUNCH_COST_MOVE <= moved <= LAUNCH_COST_MOVE
 
 
-def _counters(region: RegionHandle) -> tuple[int, ...] | None:
+def _counters(region: RegionHandle, peek: bool = False) -> tuple[int, ...] | None:
     """The region's per-device (tokens spent, launches, ns waited), None when unreadable.
 
-    From the lean header read where the region has one; otherwise summed from its usage.
+    From the lean header read where the region has one (`peek`: without its file checks, where
+    it has such a read, for the looks between slow ticks); otherwise summed from its usage.
     """
-    lean = getattr(region, "counters", None)
+    lean = getattr(region, "peek_counters", None) if peek else None
+    if lean is None:
+        lean = getattr(region, "counters", None)
     if lean is not None:
         counters: tuple[int, ...] | None = lean()
         return counters
