@@ -84,6 +84,26 @@ async def test_launches_that_cost_other_tokens_bring_the_slow_tick(after, wakes)
         assert woke_at is None
 
 
+async def test_a_wake_by_launch_costs_ticks_at_max_tick_until_calm_again():
+    """Kernels of another grid whose tokens buy what they did (NVML will show nothing): the
+    wake's tick finds all calm, and the GPU ticks every `max_tick_s` from there (the samples
+    that would show a change may come a second later), not at once back at 2 s; then the
+    calm tick grows to 2 s again."""
+    gpu, regions = two_busy(Workload(kernel_s=0.001, blocks=512))  # same SM time per token
+    controller = paced_controller(gpu, regions)
+    await calm_until(controller, gpu, CHANGE_S - 0.5)
+    assert controller.interval_s == pytest.approx(UNLENT_TICK_S)
+    while not controller.watched_woke():
+        gpu.advance(0.4)
+        assert gpu.elapsed_s < CHANGE_S + 1.0
+    await controller.tick(paced=True)
+    assert controller.interval_s == pytest.approx(0.4)
+    statuses = controller.status.values()
+    assert all(abs(d.target - d.limit) < 0.5 for d in statuses)  # nothing for the law to do
+    intervals = await calm_until(controller, gpu, CHANGE_S + 30)
+    assert intervals[0] == pytest.approx(0.4) and max(intervals) == pytest.approx(UNLENT_TICK_S)
+
+
 async def test_a_container_alone_is_watched_for_its_launches_only_where_strict():
     """A phase change of a container alone takes from nobody, unless it is held to its limit
     even alone (strict): then its launches are watched too."""

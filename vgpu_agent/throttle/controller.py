@@ -56,20 +56,21 @@ What a tick costs, and how often it runs:
   change with the phase, and with them the tokens a launch costs: until the next tick, each
   device that launched `WATCH_LAUNCHES` times or more at the last tick (on a GPU with others
   on it, or strict) has its header read every `max_tick_s`, and launches that cost
-  `LAUNCH_COST_MOVE` times more or less than at the last tick bring the tick at once (a phase
-  whose kernels keep their grids waits for the next tick; a tenant flipping its kernels
-  brings a tick per look at most, as a lending GPU ticks). It may also grow where the only
-  reclaim to come is an idle container waking (one whose share is lent to others, or which
-  has no rate yet): until the next tick, each such container's header is read every
-  `max_tick_s` too (`watch_s`, `watched_woke`), and one that spent for more than its demand at
-  the last tick brings the next tick at once, as soon as `max_tick_s` ticks would have seen it
-  (where another GPU keeps the loop ticking faster, the look comes at its ticks, once in
-  `max_tick_s`, and brings the waking container's GPU only). Limits that do not fit, an `off`
-  container, a device not observed keep the tick at `max_tick_s`: only a tick sees those
-  coming. A region that cannot be read is not known to be any of that: while one fails, the
-  tick of its GPUs (of every GPU where they cannot be told) grows to `max_tick_s` at most (and
-  a header corrupt for good is not a change every tick: its devices are followed once it
-  reads).
+  `LAUNCH_COST_MOVE` times more or less than at the last tick bring the tick at once, and
+  ticks of `max_tick_s` from there until calm again (NVML's samples may show the change a
+  second later; a phase whose kernels keep their grids waits for the next tick; a tenant
+  flipping its kernels holds its GPU at `max_tick_s` ticks, as a lending GPU ticks). It may
+  also grow where the only reclaim to come is an idle container waking (one whose share is
+  lent to others, or which has no rate yet): until the next tick, each such container's
+  header is read every `max_tick_s` too (`watch_s`, `watched_woke`), and one that spent for
+  more than its demand at the last tick brings the next tick at once, as soon as `max_tick_s`
+  ticks would have seen it (where another GPU keeps the loop ticking faster, the look comes at
+  its ticks, once in `max_tick_s`, and brings the waking container's GPU only). Limits that
+  do not fit, an `off` container, a device not observed keep the tick at `max_tick_s`: only a
+  tick sees those coming. A region that cannot be read is not known to be any of that: while
+  one fails, the tick of its GPUs (of every GPU where they cannot be told) grows to
+  `max_tick_s` at most (and a header corrupt for good is not a change every tick: its devices
+  are followed once it reads).
   What counts is what the law decides, not why: a container that spends about its rate flips
   between waiting for tokens and not from tick to tick, which moves its target only where the
   allocation depends on it (lending), and then the target says so.
@@ -476,7 +477,9 @@ class ThrottleController:
         self.unlent_tick_s = unlent_tick_s
         self.interval_s = tick_s  # until the next tick: until the first GPU is due
         self._paces: dict[str, _Pace] = {}  # per GPU: its own tick (see the module note)
-        self._due_now: set[str] = set()  # GPUs an idle container woke on: due at the next tick
+        self._due_now: set[str] = set()  # GPUs a watched device woke: due at the next tick
+        # GPUs a device's launch costs woke: ticked at `max_tick_s` from there (see `_pace`)
+        self._quicken: set[str] = set()
         self._present: set[str] = set()  # GPUs some region has a device on, as of this tick
         self._layout: _Layout | None = None  # the last tick's regions by GPU
         self._remapped = True  # this tick's regions were not the last tick's
@@ -777,6 +780,10 @@ class ThrottleController:
         paces = self._paces
         for uuid in [u for u in paces if u not in self._present]:
             del paces[uuid]
+        quicken, self._quicken = self._quicken & due, self._quicken - due
+        # the calm a GPU's interval is `max_tick_s` at (the steps below, the other way)
+        quick_calm_s = (max(1.0, self.max_tick_s / self.tick_s) - 1) \
+            * self.calm_ticks * self.tick_s
         for uuid in due & self._present:
             # a GPU none of whose devices could be steered is not known to be calm
             gpu_changed, lent, watching = steered.get(uuid, (False, True, []))
@@ -784,6 +791,12 @@ class ThrottleController:
             if pace is None:
                 pace = paces[uuid] = _Pace(self.tick_s)
             pace.calm_s = 0.0 if gpu_changed or uuid in changed else pace.calm_s + pace.interval_s
+            if uuid in quicken:
+                # Its launches cost other tokens: a change of phase that NVML's next samples
+                # will show, maybe after this tick's (a second apart on some GPUs). Ticks of
+                # `max_tick_s` until then, as where something is lent; no faster (a tenant
+                # flipping its kernels must not buy its GPU fast ticks).
+                pace.calm_s = min(pace.calm_s, quick_calm_s)
             # a hair under the span, so that float sums of intervals reach it on time
             steps = int(pace.calm_s / (self.calm_ticks * self.tick_s) + 1e-9)
             ceiling = self.max_tick_s if lent else self.unlent_tick_s
@@ -859,6 +872,7 @@ class ThrottleController:
             if per_launch > 0 and _launch_cost_moved(device, counters[at], counters[at + 1],
                                                      per_launch):
                 woke.add(device.uuid)
+                self._quicken.add(device.uuid)
         return bool(woke)
 
     def _sample(self, by_gpu: Mapping[str, _Entries]) -> dict[str, _Sampled]:
