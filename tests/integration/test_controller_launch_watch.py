@@ -16,13 +16,14 @@ from vgpu_agent.simulation.runner import SIM_UUID, ContainerSpec, ControlledRun
 from vgpu_agent.throttle import controller as module
 from vgpu_agent.throttle.controller import (
     LAUNCH_COST_MOVE,
+    LAUNCH_LOOKS,
     UNLENT_TICK_S,
     WATCH_LAUNCHES,
     _Device,
     _launch_cost_moved,
 )
 
-from .test_controller_lean_tick import paced_controller
+from .test_controller_lean_tick import paced_controller, record_ticks
 
 BUSY = Workload(kernel_s=0.002)
 CHANGE_S = 40.0  # well after the GPU's tick has grown to `unlent_tick_s`
@@ -73,13 +74,13 @@ async def test_launches_that_cost_other_tokens_bring_the_slow_tick(after, wakes)
         assert not controller.watched_woke()  # the same kernels: nothing to tick for
     assert looks >= 1
     woke_at = None
-    for _ in range(3):
+    for _ in range(LAUNCH_LOOKS + 2):
         gpu.advance(0.4)
         if controller.watched_woke():
             woke_at = gpu.elapsed_s
             break
-    if wakes:
-        assert woke_at is not None and woke_at - CHANGE_S <= 0.8 + 1e-9
+    if wakes:  # each is read at one look in LAUNCH_LOOKS, and one may straddle the change
+        assert woke_at is not None and woke_at - CHANGE_S <= 0.4 * (LAUNCH_LOOKS + 1) + 1e-9
     else:
         assert woke_at is None
 
@@ -95,13 +96,44 @@ async def test_a_wake_by_launch_costs_ticks_at_max_tick_until_calm_again():
     assert controller.interval_s == pytest.approx(UNLENT_TICK_S)
     while not controller.watched_woke():
         gpu.advance(0.4)
-        assert gpu.elapsed_s < CHANGE_S + 1.0
+        assert gpu.elapsed_s < CHANGE_S + 0.4 * (LAUNCH_LOOKS + 2)
     await controller.tick(paced=True)
     assert controller.interval_s == pytest.approx(0.4)
     statuses = controller.status.values()
     assert all(abs(d.target - d.limit) < 0.5 for d in statuses)  # nothing for the law to do
     intervals = await calm_until(controller, gpu, CHANGE_S + 30)
     assert intervals[0] == pytest.approx(0.4) and max(intervals) == pytest.approx(UNLENT_TICK_S)
+
+
+async def test_launching_devices_are_read_at_one_look_in_launch_looks_idle_ones_at_each(
+        monkeypatch):
+    """Reading every launching device's header every 0.4 s cost too much at a hundred
+    containers: each is read at one look in LAUNCH_LOOKS, an idle one (whose waking reclaims
+    a share) at every look."""
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion(name, (SIM_UUID,), (limit,), ("work-conserving",))
+               for name, limit in (("a", 20.0), ("b", 20.0), ("c", 20.0), ("idle", 40.0))]
+    for region in regions[:3]:
+        gpu.shim_process(region.alloc_id, BUSY, region)
+    controller = paced_controller(gpu, regions)
+    await calm_until(controller, gpu, 40.0)
+    assert sorted((w[0].key, w[2] < math.inf, w[3] > 0) for w in controller._watched) == [
+        ("a/0", False, True), ("b/0", False, True), ("c/0", False, True),
+        ("idle/0", True, False)]
+    reads: dict[str, int] = {}
+    read = module._counters
+
+    def counted(region: SimRegion, peek: bool = False) -> tuple[int, ...] | None:
+        reads[region.alloc_id] = reads.get(region.alloc_id, 0) + 1
+        return read(region, peek)
+
+    monkeypatch.setattr(module, "_counters", counted)
+    looks = 4 * LAUNCH_LOOKS
+    for _ in range(looks):
+        gpu.advance(0.4 / LAUNCH_LOOKS / 2)  # well within the slow tick
+        assert not controller.watched_woke()
+    assert reads == {"a": looks // LAUNCH_LOOKS, "b": looks // LAUNCH_LOOKS,
+                     "c": looks // LAUNCH_LOOKS, "idle": looks}
 
 
 async def test_a_container_alone_is_watched_for_its_launches_only_where_strict():
@@ -180,14 +212,7 @@ async def test_a_phase_change_in_a_calm_tick_is_steered_within_a_look():
                 ContainerSpec("costlier", 40, long, switch_to=costly, switch_at_s=change_s),
                 ContainerSpec("cheaper", 60, costly, switch_to=long, switch_at_s=change_s),
             ), paced=True)
-            ticks: list[float] = []
-            tick = sim.controller.tick
-
-            async def timed(paced: bool = False) -> None:
-                ticks.append(sim.gpu.elapsed_s)
-                await tick(paced)
-
-            sim.controller.tick = timed  # type: ignore[method-assign]
+            ticks = record_ticks(sim.controller, lambda: sim.gpu.elapsed_s)
             await sim.advance(min(change_s, CHANGE_S) + 8)
         return ticks, sim
 
@@ -203,7 +228,7 @@ async def test_a_phase_change_in_a_calm_tick_is_steered_within_a_look():
         cheaper = [share for t, share in _container_shares(sim, "cheaper") if t > change_s]
         back = next(n for n, share in enumerate(cheaper) if share >= 55) * 0.1
         outcome[watch] = (first_after - change_s, back)
-    assert outcome[True][0] <= 0.8 + 1e-9
+    assert outcome[True][0] <= 0.4 * (LAUNCH_LOOKS + 1) + 1e-9
     assert outcome[False][0] == pytest.approx(UNLENT_TICK_S - 0.1)
     assert outcome[True][1] < outcome[False][1]
 
@@ -226,15 +251,8 @@ async def test_a_tenant_flipping_its_kernels_ticks_its_gpu_no_faster_than_a_lend
     gpu.shim_process("flip", Workload(kernel_s=0.002, blocks=1024, busy=flips), regions[0])
     gpu.shim_process("flop", Workload(kernel_s=0.001, blocks=512, busy=flops), regions[0])
     gpu.shim_process("steady", BUSY, regions[1])
-    sim_ticks: list[float] = []
     controller = paced_controller(gpu, regions)
-    tick = controller.tick
-
-    async def timed(paced: bool = False) -> None:
-        sim_ticks.append(gpu.elapsed_s)
-        await tick(paced)
-
-    controller.tick = timed  # type: ignore[method-assign]
+    sim_ticks = record_ticks(controller, lambda: gpu.elapsed_s)
     # the agent's loop: sleep to the next tick in looks of `watch_s`, tick at once on a wake
     next_at = 0.0
     while gpu.elapsed_s < 60:

@@ -4,6 +4,7 @@ the heartbeat at its own rate, a tick that slows down while all is calm, nothing
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,19 @@ def paced_controller(gpu: SimGpu, regions: list[SimRegion]) -> ThrottleControlle
     return ThrottleController(SimBackend([gpu]), lambda: list(regions),
                               clock=lambda: gpu.now_ns, tick_s=0.1, max_tick_s=0.4,
                               calm_ticks=5, evidence=SimHostEvidence([gpu]))
+
+
+def record_ticks(controller: ThrottleController, elapsed_s: Callable[[], float]) -> list[float]:
+    """When (`elapsed_s`, the plant's clock) each of the controller's ticks from now on ran."""
+    ticks: list[float] = []
+    tick = controller.tick
+
+    async def timed(paced: bool = False) -> None:
+        ticks.append(elapsed_s())
+        await tick(paced)
+
+    controller.tick = timed  # type: ignore[method-assign]
+    return ticks
 
 
 def one_strict_container(limit: float = 30.0
@@ -429,14 +443,7 @@ async def test_a_lender_waking_between_slow_ticks_is_served_as_soon_as_at_fast_t
         ), paced=True)
         if unlent_tick_s is not None:
             sim.controller.unlent_tick_s = unlent_tick_s
-        ticks: list[float] = []
-        tick = sim.controller.tick
-
-        async def timed(paced: bool = False) -> None:
-            ticks.append(sim.gpu.elapsed_s)
-            await tick(paced)
-
-        sim.controller.tick = timed  # type: ignore[method-assign]
+        ticks = record_ticks(sim.controller, lambda: sim.gpu.elapsed_s)
         await sim.advance(33.0)
         owner = sim.procs["owner"][0]
         back = next(t for t, share in sim.gpu.shares(owner, 0.1) if t > 30 and share >= 60)
@@ -611,7 +618,7 @@ async def test_the_loop_looks_at_idle_containers_between_slow_ticks():
         controller.interval_s = 1.0
         controller._watched = [object()]  # type: ignore[list-item]
 
-    def woke_among(watched: list[object]) -> bool:
+    def woke_among(watched: list[object], start: int = 0) -> bool:
         looks[0] += 1
         return woke[0]
 

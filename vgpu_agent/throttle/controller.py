@@ -55,9 +55,9 @@ What a tick costs, and how often it runs:
   next tick's samples show it (only NVML tells what a token buys). The kernels launched mostly
   change with the phase, and with them the tokens a launch costs: until the next tick, each
   device that launched `WATCH_LAUNCHES` times or more at the last tick (on a GPU with others
-  on it, or strict) has its header read every `max_tick_s`, and launches that cost
-  `LAUNCH_COST_MOVE` times more or less than at the last tick bring the tick at once, and
-  ticks of `max_tick_s` from there until calm again (NVML's samples may show the change a
+  on it, or strict) has its header read every `LAUNCH_LOOKS` * `max_tick_s`, and launches
+  that cost `LAUNCH_COST_MOVE` times more or less than at the last tick bring the tick at
+  once, and ticks of `max_tick_s` from there until calm again (NVML's samples may show the change a
   second later; a phase whose kernels keep their grids waits for the next tick; a tenant
   flipping its kernels holds its GPU at `max_tick_s` ticks, as a lending GPU ticks). It may
   also grow where the only reclaim to come is an idle container waking (one whose share is
@@ -180,6 +180,10 @@ UNLENT_TICK_S = 2.0
 # of four times halved or doubled a launch's tokens in the bench's applications).
 LAUNCH_COST_MOVE = 1.5
 WATCH_LAUNCHES = 8
+# ... and each such device is read at one look in this many (the idle ones at every look): at
+# 144 busy container-devices a look at all of them every 0.4 s took 0.4-0.5 % of a core
+# (BENCHMARKS.md)
+LAUNCH_LOOKS = 2
 
 
 class UtilizationSource(Protocol):
@@ -497,6 +501,7 @@ class ThrottleController:
         # the watched devices of the GPUs whose next tick is further than `max_tick_s`
         self._watched: list[_Watch] = []
         self._looked_ns = 0  # when they were last looked at
+        self._looks = 0  # times they were looked at
         self._inline = False  # whether the last reads were cheap enough to do on the loop
         self.hops = 0  # ticks whose reads went to a worker thread
         self.idle_tick_s = idle_tick_s
@@ -830,27 +835,32 @@ class ThrottleController:
         that what is lent comes back, and a change of phase is steered, as soon as at
         `max_tick_s` ticks. One header read per watched device; a region that cannot be read
         says yes (the tick will see)."""
+        self._looks += 1
         return self._woke_among(self._watched)
 
     async def _watched_woke_in_chunks(self) -> bool:
         """`watched_woke` on the loop, yielding between chunks of reads as the tick does: a node
         of watched containers must not hold Allocate and scrapes for all their reads at once."""
         watched, woke = self._watched, False
+        self._looks += 1
         for start in range(0, len(watched), READ_CHUNK):
             if start:
                 await asyncio.sleep(0)
-            woke = self._woke_among(watched[start : start + READ_CHUNK]) or woke
+            woke = self._woke_among(watched[start : start + READ_CHUNK], start) or woke
         return woke
 
-    def _woke_among(self, watched: list[_Watch]) -> bool:
-        """Whether any of `watched` woke (an idle one spent for more than its demand, a
-        launching one's launches cost other tokens); the GPU of each that did is due at the
-        next tick."""
+    def _woke_among(self, watched: list[_Watch], start: int = 0) -> bool:
+        """Whether any of `watched` (from index `start` of the whole list) woke (an idle one
+        spent for more than its demand, a launching one's launches cost other tokens); the
+        GPU of each that did is due at the next tick. A device watched only for its launches
+        is read at every other look (`LAUNCH_LOOKS`)."""
         now = self._looked_ns = self.clock()
         woke = self._due_now
-        for device, k, demand, per_launch in watched:
+        skip = self._looks % LAUNCH_LOOKS
+        for n, (device, k, demand, per_launch) in enumerate(watched, start):
             region = device.region
-            if region.closed or device.uuid in woke:
+            if region.closed or device.uuid in woke or (
+                    demand == math.inf and n % LAUNCH_LOOKS != skip):
                 continue
             previous, read_ns = device.previous, device.read_ns
             try:
