@@ -136,6 +136,29 @@ async def test_launching_devices_are_read_at_one_look_in_launch_looks_idle_ones_
                      "c": looks // LAUNCH_LOOKS, "idle": looks}
 
 
+async def test_an_unpaced_tick_makes_no_look(monkeypatch):
+    """Unpaced (the simulator's fixed-rate runs), every GPU is steered at every tick: the look
+    a paced tick makes first, at the watched devices of GPUs not due, would only read headers
+    twice (and a reader that stalls would stall twice)."""
+    gpu, regions = two_busy(BUSY)
+    controller = paced_controller(gpu, regions)
+    await calm_until(controller, gpu, CHANGE_S - 0.5)
+    assert controller._watched
+    looks: list[int] = []
+
+    async def look() -> bool:
+        looks.append(1)
+        return False
+
+    monkeypatch.setattr(controller, "_watched_woke_in_chunks", look)
+    gpu.advance(0.5)
+    await controller.tick()
+    assert looks == []
+    gpu.advance(0.5)
+    await controller.tick(paced=True)
+    assert looks == [1]
+
+
 async def test_a_container_alone_is_watched_for_its_launches_only_where_strict():
     """A phase change of a container alone takes from nobody, unless it is held to its limit
     even alone (strict): then its launches are watched too."""

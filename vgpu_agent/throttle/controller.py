@@ -648,9 +648,11 @@ class ThrottleController:
     async def tick(self, paced: bool = False) -> None:
         """Steer the GPUs: each whose own next tick has come where `paced` (as `run` ticks),
         every one otherwise (a tick at a fixed rate, as the simulator's unpaced runs)."""
-        if self._watched and self.clock() - self._looked_ns >= self.max_tick_s * 1e9 * (1 - 1e-9):
+        if paced and self._watched \
+                and self.clock() - self._looked_ns >= self.max_tick_s * 1e9 * (1 - 1e-9):
             # the watched containers of GPUs not due are looked at as between ticks (before
-            # the tick's clock is read: the look's reads take time too)
+            # the tick's clock is read: the look's reads take time too); unpaced, every GPU is
+            # steered now
             await self._watched_woke_in_chunks()
         now_ns = self._now_ns = self.clock()
         self.ticks += 1
