@@ -412,6 +412,8 @@ async def test_many_idle_containers_are_looked_at_in_chunks_that_yield(monkeypat
             await asyncio.sleep(0)
 
     monkeypatch.setattr(module, "_counters", counted)
+    # the busy one is read at every look too (by default at one in LAUNCH_LOOKS)
+    monkeypatch.setattr(module, "LAUNCH_LOOKS", 1)
     other = asyncio.create_task(other_work())
     try:
         await asyncio.sleep(0)
