@@ -446,7 +446,7 @@ class Region:
 
     def peek_counters(self) -> tuple[int, ...] | None:
         """`counters` without the file checks: the controller's look at a calm GPU's devices
-        between its slow ticks, every 0.4 s, reads many headers for one answer, and the checks
+        between its slow ticks, up to every 0.4 s, reads many headers for one answer, and the checks
         (a path `stat`, and a sweep of the directory every 16th) cost more than the read. A
         `state` replaced meanwhile is found at the next tick's read; until then the file held
         is read."""
