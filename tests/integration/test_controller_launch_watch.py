@@ -136,6 +136,39 @@ async def test_launching_devices_are_read_at_one_look_in_launch_looks_idle_ones_
                      "c": looks // LAUNCH_LOOKS, "idle": looks}
 
 
+async def test_a_launching_devices_turn_holds_when_others_leave_the_watched_list(monkeypatch):
+    """The watched list is rebuilt at every tick from the GPUs not yet due, so other devices
+    leave it and come back between looks; a device's turn among the looks is its own, so it
+    is read at exactly one look in LAUNCH_LOOKS whatever its place in the list (by place, it
+    could be skipped at several looks in a row)."""
+    gpu = SimGpu(SIM_UUID)
+    regions = [SimRegion(name, (SIM_UUID,), (20.0,), ("work-conserving",))
+               for name in ("a", "b", "c", "d", "e")]
+    for region in regions:
+        gpu.shim_process(region.alloc_id, BUSY, region)
+    controller = paced_controller(gpu, regions)
+    await calm_until(controller, gpu, 40.0)
+    watched = list(controller._watched)
+    assert sorted(w[0].key for w in watched) == ["a/0", "b/0", "c/0", "d/0", "e/0"]
+    read_at: dict[str, list[int]] = {}
+    read = module._counters
+    look = 0
+
+    def counted(region: SimRegion, peek: bool = False) -> tuple[int, ...] | None:
+        read_at.setdefault(region.alloc_id, []).append(look)
+        return read(region, peek)
+
+    monkeypatch.setattr(module, "_counters", counted)
+    for look in range(1, 8 * LAUNCH_LOOKS + 1):
+        # the first entries come and go, shifting the places of those after them
+        controller._watched = watched[look % 3:]
+        gpu.advance(0.05)  # well within the slow tick
+        assert not controller.watched_woke()
+    for key in ("d", "e"):  # always in the list
+        gaps = [b - a for a, b in itertools.pairwise(read_at[key])]
+        assert gaps and set(gaps) == {LAUNCH_LOOKS}, (key, read_at[key])
+
+
 async def test_an_unpaced_tick_makes_no_look(monkeypatch):
     """Unpaced (the simulator's fixed-rate runs), every GPU is steered at every tick: the look
     a paced tick makes first, at the watched devices of GPUs not due, would only read headers

@@ -105,6 +105,7 @@ import itertools
 import math
 import os
 import time
+import zlib
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -297,13 +298,17 @@ class _Device:
 
     __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "launch_debt", "liar_cap", "limited",
                  "limits", "long_hold", "looked", "overclaimed", "overuse", "overused",
-                 "previous", "read_ns", "region", "seen", "uuid")
+                 "previous", "read_ns", "region", "seen", "turn", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
         self.region = region
         self.dev = dev
         self.key = f"{alloc_id}/{dev}"
+        # which looks read it while it is watched only for its launches (`_woke_among`): fixed
+        # per device, so that other GPUs joining or leaving the watched list never skip it;
+        # a checksum, not `hash`, so that a simulated node looks the same from run to run
+        self.turn = zlib.crc32(self.key.encode())
         self.alloc_id = alloc_id
         self.uuid = uuid
         # limit, policy in force, and the policy and priority it was found from in `control`
@@ -848,21 +853,21 @@ class ThrottleController:
         for start in range(0, len(watched), READ_CHUNK):
             if start:
                 await asyncio.sleep(0)
-            woke = self._woke_among(watched[start : start + READ_CHUNK], start) or woke
+            woke = self._woke_among(watched[start : start + READ_CHUNK]) or woke
         return woke
 
-    def _woke_among(self, watched: list[_Watch], start: int = 0) -> bool:
-        """Whether any of `watched` (from index `start` of the whole list) woke (an idle one
-        spent for more than its demand, a launching one's launches cost other tokens); the
-        GPU of each that did is due at the next tick. A device watched only for its launches
-        is read at every other look (`LAUNCH_LOOKS`)."""
+    def _woke_among(self, watched: list[_Watch]) -> bool:
+        """Whether any of `watched` woke (an idle one spent for more than its demand, a
+        launching one's launches cost other tokens); the GPU of each that did is due at the
+        next tick. A device watched only for its launches
+        is read at one look in `LAUNCH_LOOKS`, its own turn among them (`_Device.turn`)."""
         now = self._looked_ns = self.clock()
         woke = self._due_now
         skip = self._looks % LAUNCH_LOOKS
-        for n, (device, k, demand, per_launch) in enumerate(watched, start):
+        for device, k, demand, per_launch in watched:
             region = device.region
             if region.closed or device.uuid in woke or (
-                    demand == math.inf and n % LAUNCH_LOOKS != skip):
+                    demand == math.inf and device.turn % LAUNCH_LOOKS != skip):
                 continue
             previous, read_ns = device.previous, device.read_ns
             try:
