@@ -100,3 +100,63 @@ def test_without_confirmation_a_reading_far_off_is_relearned_at_once(law):
 def test_confirm_surprises_must_be_a_bool():
     with pytest.raises(ValueError, match="confirm_surprises"):
         ControlParams(confirm_surprises="yes")  # type: ignore[arg-type]
+
+
+def _read(law, state: LoopState, util: float, params: ControlParams, span_s: float = 0.0,
+          share: float = 8.0) -> LoopState:
+    obs = [Observation("c", 50.0, "work-conserving", spent=int(share * K * TICK), launches=10,
+                       util=util, rate=int(share * K), burst=int(share * K),
+                       util_span_s=span_s)]
+    decisions = law(obs, {"c": state}, TICK, params)
+    assert_same(decisions, control_step(obs, {"c": state}, TICK, params))
+    return decisions["c"].state
+
+
+def _relearned(law, params: ControlParams, span_s: float) -> tuple[LoopState, float]:
+    """The state re-learned at the second of two readings of 24 % (for a settled 8 %), and how
+    far (0: not at all, 1: all the way) the reading after it (30 %) moves the predicted use
+    towards itself."""
+    state = _settled(8.0)
+    for util in (24.0, 24.0):
+        state = _read(law, state, util, params, span_s)
+    assert state.surprise == 0.0 and state.tokens_per_pct == pytest.approx(K / 3, rel=0.05)
+    before = 8.0 * K / state.tokens_per_pct
+    after = 8.0 * K / _read(law, state, 30.0, params, span_s).tokens_per_pct
+    return state, (after - before) / (30.0 - before)
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_reading_that_relearns_counts_as_part_of_one_where_samples_come_often(law):
+    # picked for being far off, its noise likely is too: its estimate is left three times as
+    # uncertain as one reading makes it, so the next reading moves k further
+    state, moved = _relearned(law, ControlParams(), 1 / 6)
+    full, moved_full = _relearned(law, ControlParams(relearn_weight=1.0), 1 / 6)
+    assert state.spread == pytest.approx(3 * full.spread, rel=0.01)
+    assert moved > 1.7 * moved_full > 0.4
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_reading_that_relearns_counts_in_full_where_samples_come_once_a_second(law):
+    # there the readings after it are too few to average out what they would weigh
+    state, moved = _relearned(law, ControlParams(), 1.0)
+    full, moved_full = _relearned(law, ControlParams(relearn_weight=1.0), 1.0)
+    assert state.spread == full.spread and moved == moved_full
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_a_split_estimate_that_relearns_counts_in_full(law):
+    # a time-sliced GPU's split shares are estimates, re-learned at once, not picked samples
+    spreads = []
+    for weight in (1 / 3, 1.0):
+        params = ControlParams(confirm_surprises=False, relearn_weight=weight)
+        state = _read(law, _settled(8.0), 24.0, params, 1 / 6)
+        assert state.tokens_per_pct == pytest.approx(K / 3, rel=0.05)
+        spreads.append(state.spread)
+    assert spreads[0] == spreads[1]
+
+
+@pytest.mark.parametrize(("field", "value"), [("relearn_weight", 0.0), ("relearn_weight", 1.5),
+                                              ("relearn_span_s", -0.1)])
+def test_relearn_tuning_out_of_range_is_refused_naming_it(field, value):
+    with pytest.raises(ValueError, match=field):
+        ControlParams(**{field: value})

@@ -130,8 +130,21 @@ def test_a_reference_law_whose_constants_moved_is_refused_by_the_built_one(
     assert nativelaw.bind(nativelaw._lawc) is None  # the reference as built binds
 
 
+def test_a_c_law_built_for_another_count_of_tuning_values_is_refused(monkeypatch):
+    # A build that reads the tuning as fewer values than `_packed` sends would leave every
+    # step to the Python law without a word: `bind` refuses it instead, naming both counts.
+    sent = len(nativelaw._packed(control.ControlParams()))
+    assert sent == 28
+    monkeypatch.setattr(nativelaw, "_packed", lambda p: (0.0,) * 26)
+    reason = nativelaw.bind(nativelaw._lawc)
+    assert reason is not None and "the tuning comes as 26 values" in reason
+    assert "built for 28" in reason
+    monkeypatch.undo()
+    assert nativelaw.bind(nativelaw._lawc) is None
+
+
 def test_a_c_law_whose_bind_takes_other_arguments_is_refused_not_raised():
-    # built before `bind` took the law's constants: five arguments, not seven
+    # built before `bind` took the law's constants: five arguments, not eight
     older = types.SimpleNamespace(bind=lambda state, decision, blank, unlimited, full: None)
     reason = nativelaw.bind(older)
     assert reason is not None and "built from another version of the law" in reason

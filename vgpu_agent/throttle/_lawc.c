@@ -196,13 +196,17 @@ typedef struct {
     double nvml_period, wait_fraction, spend_fraction, hysteresis, demand_margin,
         boot_widening, resolution, initial_var, drift2, noise_prior, noise_memory,
         held_tolerance, floor, surprise2, noise_tail, missing_above, partial,
-        saturation_margin, cold_sigmas, rate_deadband, burst_s, burst_launches;
+        saturation_margin, cold_sigmas, rate_deadband, burst_s, burst_launches,
+        relearn_weight, relearn_span;
     int64_t demand_ticks, cold_samples, min_rate, confirm;
 } Params;
 
+/* how many values nativelaw packs the tuning into (`bind` checks it) */
+#define PARAMS 28
+
 static int read_params(PyObject *t, Params *p)
 {
-    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 26)
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != PARAMS)
         return 0;
     double *doubles[] = {&p->nvml_period, &p->wait_fraction, &p->spend_fraction, &p->hysteresis,
                          &p->demand_margin, &p->boot_widening, &p->resolution, &p->initial_var,
@@ -216,7 +220,9 @@ static int read_params(PyObject *t, Params *p)
     return as_int(PyTuple_GET_ITEM(t, 22), &p->demand_ticks) && p->demand_ticks >= 1
         && as_int(PyTuple_GET_ITEM(t, 23), &p->cold_samples)
         && as_int(PyTuple_GET_ITEM(t, 24), &p->min_rate)
-        && as_int(PyTuple_GET_ITEM(t, 25), &p->confirm);
+        && as_int(PyTuple_GET_ITEM(t, 25), &p->confirm)
+        && as_double(PyTuple_GET_ITEM(t, 26), &p->relearn_weight)
+        && as_double(PyTuple_GET_ITEM(t, 27), &p->relearn_span);
 }
 
 /* ----------------------------------------------------------------------- one container */
@@ -802,12 +808,13 @@ static PyObject *step(PyObject *module, PyObject *args)
                     double pv = spread * b * b;
                     double innovation = util - b * x;
                     double bound = p.surprise2 * (x * x * pv + r);
-                    int far = innovation * innovation > bound;
+                    int far = innovation * innovation > bound, relearn = 0;
                     if (c->surprise * innovation > 0 || (far && (b == 0 || !p.confirm))) {
                         /* far off, then off the same way again: a changed workload */
                         pv = py_max(pv, py_square(&g, innovation / x));
                         k_floor = 0.0;
                         c->surprise = 0.0;
+                        relearn = p.confirm && span <= p.relearn_span;
                     } else if (!far) {
                         c->surprise = 0.0;
                     } else {
@@ -818,6 +825,8 @@ static PyObject *step(PyObject *module, PyObject *args)
                     double gain = py_div(&g, pv * x, x * x * pv + r);
                     b = py_max(b + gain * innovation, EPS * b);
                     pv *= 1 - gain * x;
+                    if (relearn) /* counts as a part of a reading (control.py) */
+                        pv = py_max(pv, py_div(&g, r, p.relearn_weight * x * x));
                     k = py_max(py_div(&g, 1, b), k_floor);
                     spread = pv * k * k;
                     lower_bound = 0;
@@ -1021,15 +1030,16 @@ done:
     return result;
 }
 
-/* bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE, _ZERO_SPREAD, _EPS) */
+/* bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE, _ZERO_SPREAD, _EPS, params) */
 static PyObject *bind(PyObject *module, PyObject *args)
 {
     (void)module;
     PyObject *state, *dec, *blank_obj, *unlimited, *full;
     double zero_spread, eps;
-    if (!PyArg_ParseTuple(args, "O!O!OO!O!dd", &PyType_Type, &state, &PyType_Type, &dec,
+    Py_ssize_t params;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!ddn", &PyType_Type, &state, &PyType_Type, &dec,
                           &blank_obj, &PyLong_Type, &unlimited, &PyFloat_Type, &full,
-                          &zero_spread, &eps))
+                          &zero_spread, &eps, &params))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)state, &PyTuple_Type)
         || !PyType_IsSubtype((PyTypeObject *)dec, &PyTuple_Type)
@@ -1055,6 +1065,12 @@ static PyObject *bind(PyObject *module, PyObject *args)
                      PyTuple_GET_ITEM(args, 5), PyTuple_GET_ITEM(args, 6));
         return NULL;
     }
+    /* tuning packed otherwise would leave every step to the Python law, unsaid */
+    if (params != PARAMS) {
+        PyErr_Format(PyExc_ValueError, "the tuning comes as %zd values; this module was built "
+                                       "for " TEXT(PARAMS), params);
+        return NULL;
+    }
     Py_INCREF(state);
     Py_INCREF(dec);
     Py_INCREF(blank_obj);
@@ -1073,7 +1089,8 @@ static PyMethodDef methods[] = {
      "step(observations, states, dt_s, params, history_len) -> dict of Decision, or None "
      "where the Python law must decide"},
     {"bind", bind, METH_VARARGS,
-     "bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE, _ZERO_SPREAD, _EPS)"},
+     "bind(LoopState, Decision, _BLANK, UNLIMITED_RATE, FULL_SHARE, _ZERO_SPREAD, _EPS, "
+     "params)"},
     {NULL, NULL, 0, NULL},
 };
 

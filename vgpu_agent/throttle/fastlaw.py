@@ -169,6 +169,7 @@ def control_step_gpu(
     floor = resolution**2 / 12
     surprise2, confirm = p.surprise_sigmas**2, p.confirm_surprises
     noise_tail, missing_above, partial = p.noise_tail, p.missing_above, p.partial_window
+    relearn_weight, relearn_span_s = p.relearn_weight, p.relearn_span_s
 
     windows: dict[tuple[float, int], _Window] = {}  # (span, id of the window's lengths)
     # The containers of a GPU are ticked together, so their histories of tick lengths are
@@ -276,8 +277,10 @@ def control_step_gpu(
                     innovation = util - b * x
                     bound = surprise2 * (x * x * pv + r)
                     far = innovation * innovation > bound
+                    relearn = False
                     if surprise * innovation > 0 or (far and (b == 0 or not confirm)):
                         pv, k_floor, surprise = max(pv, (innovation / x) ** 2), 0.0, 0.0
+                        relearn = confirm and span <= relearn_span_s
                     elif not far:
                         surprise = 0.0
                     else:  # once: an outlier until the next measurement says otherwise
@@ -286,6 +289,8 @@ def control_step_gpu(
                     gain = pv * x / (x * x * pv + r)
                     b = max(b + gain * innovation, _EPS * b)
                     pv *= 1 - gain * x
+                    if relearn:  # counts as a part of a reading (control.py)
+                        pv = max(pv, r / (relearn_weight * x * x))
                     k = max(1 / b, k_floor)
                     spread, lower_bound = pv * k * k, False
                     learned += 1

@@ -24,6 +24,28 @@ from vgpu_agent.throttle import control
 from vgpu_agent.throttle.control import ControlParams, Decision, LoopState, Observation
 from vgpu_agent.throttle.fastlaw import control_step_gpu
 
+_PACKED: dict[ControlParams, tuple[float | int, ...]] = {}
+_PACKED_KEPT = 16
+
+
+def _packed(p: ControlParams) -> tuple[float | int, ...]:
+    """The tuning in the order `_lawc.read_params` reads it, with the squares the Python law
+    works out once per call worked out here, by the same operations."""
+    known = _PACKED.get(p)
+    if known is None:
+        if len(_PACKED) >= _PACKED_KEPT:
+            _PACKED.clear()
+        known = _PACKED[p] = (
+            p.nvml_period_s, p.hungry_wait_fraction, p.hungry_spend_fraction,
+            p.hungry_hysteresis, p.demand_margin, p.boot_widening, p.resolution,
+            p.initial_spread**2, p.drift_per_s**2, p.noise_prior, p.noise_memory,
+            p.held_tolerance, p.resolution**2 / 12, p.surprise_sigmas**2, p.noise_tail,
+            p.missing_above, p.partial_window, p.saturation_margin, p.cold_sigmas,
+            p.rate_deadband, p.burst_s, p.burst_launches, p.demand_ticks, p.cold_samples,
+            p.min_rate, int(p.confirm_surprises), p.relearn_weight, p.relearn_span_s,
+        )
+    return known
+
 
 def bind(module: Any) -> str | None:
     """Bind the C law to this reference law: None where it is bound, else why it cannot be (it
@@ -31,7 +53,8 @@ def bind(module: Any) -> str | None:
     kept)."""
     try:
         module.bind(LoopState, Decision, control._BLANK, control.UNLIMITED_RATE,
-                    control.FULL_SHARE, control._ZERO_SPREAD, control._EPS)
+                    control.FULL_SHARE, control._ZERO_SPREAD, control._EPS,
+                    len(_packed(ControlParams())))
     except (TypeError, ValueError) as error:  # TypeError: a bind of another signature
         return f"vgpu_agent.throttle._lawc was built from another version of the law: {error}"
     return None
@@ -52,27 +75,6 @@ else:
 
 NATIVE = _lawc is not None
 _DEFAULT_PARAMS = ControlParams()
-_PACKED: dict[ControlParams, tuple[float | int, ...]] = {}
-_PACKED_KEPT = 16
-
-
-def _packed(p: ControlParams) -> tuple[float | int, ...]:
-    """The tuning in the order `_lawc.read_params` reads it, with the squares the Python law
-    works out once per call worked out here, by the same operations."""
-    known = _PACKED.get(p)
-    if known is None:
-        if len(_PACKED) >= _PACKED_KEPT:
-            _PACKED.clear()
-        known = _PACKED[p] = (
-            p.nvml_period_s, p.hungry_wait_fraction, p.hungry_spend_fraction,
-            p.hungry_hysteresis, p.demand_margin, p.boot_widening, p.resolution,
-            p.initial_spread**2, p.drift_per_s**2, p.noise_prior, p.noise_memory,
-            p.held_tolerance, p.resolution**2 / 12, p.surprise_sigmas**2, p.noise_tail,
-            p.missing_above, p.partial_window, p.saturation_margin, p.cold_sigmas,
-            p.rate_deadband, p.burst_s, p.burst_launches, p.demand_ticks, p.cold_samples,
-            p.min_rate, int(p.confirm_surprises),
-        )
-    return known
 
 
 def native_step(
