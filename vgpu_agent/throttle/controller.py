@@ -109,7 +109,7 @@ import zlib
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 
@@ -1223,7 +1223,8 @@ class ThrottleController:
         any tick, since the agent rewrites it when the pod's annotations change (see
         `throttle/regionpolicy.py`)."""
         limits = device.limits
-        checked: CorePolicy = policy if policy in CORE_POLICIES else self.default_policy  # type: ignore[assignment]
+        # a policy name from `control`, checked against the allowed ones
+        checked = cast(CorePolicy, policy) if policy in CORE_POLICIES else self.default_policy
         limit = (
             limits[0] if limits is not None
             else min(100.0, max(1e-6, float(device.region.core_limit(device.dev))))
