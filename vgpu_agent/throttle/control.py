@@ -105,9 +105,10 @@ Kalman filter over the model `util = b * spend`:
   so its noise likely is too, and it comes amid the change's transient (rates moving on the
   whole GPU). Trusted in full, one 3 sigma off left `k` 13 % low, and the readings after it
   took 3 s to bring it back (simulated, samples every 1/6 s). Now the next few weigh more:
-  the phase change of `bench_throttle`'s scenario 6 settled in 3.4 s instead of 6.9 at sigma
-  8 (2.3 instead of 2.9 at sigma 3), at the cost of the false changes noise makes at sigma 8
-  (steady error 0.69 -> 0.84 points with three containers). Only where samples span at most
+  the phase change of `bench_throttle`'s scenario 6 settled in 3.6 s instead of 5.7 at sigma
+  8 (2.4 instead of 3.1 at sigma 3; medians of 24 seeds), at the cost of the false changes
+  noise makes at sigma 8 (steady error 0.76 -> 0.84 points with three containers). Only where
+  samples span at most
   `relearn_span_s` (0.5 s): at one sample a second the readings after it are too few to
   average out what they then weigh (settling 4.2 -> 5.6 s at sigma 3 there), and not for the
   split's estimates (its scenario 6 error rose 10.4 -> 13.7 points).
