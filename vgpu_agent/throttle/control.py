@@ -108,10 +108,9 @@ Kalman filter over the model `util = b * spend`:
   the phase change of `bench_throttle`'s scenario 6 settled in 3.6 s instead of 5.7 at sigma
   8 (2.4 instead of 3.1 at sigma 3; medians of 24 seeds), at the cost of the false changes
   noise makes at sigma 8 (steady error 0.76 -> 0.84 points with three containers). Only where
-  samples span at most
-  `relearn_span_s` (0.5 s): at one sample a second the readings after it are too few to
-  average out what they then weigh (settling 4.2 -> 5.6 s at sigma 3 there), and not for the
-  split's estimates (its scenario 6 error rose 10.4 -> 13.7 points).
+  samples span at most `relearn_span_s` (0.5 s): at one sample a second the readings after it
+  are too few to average out what they then weigh (settling 4.2 -> 5.6 s at sigma 3 there),
+  and not for the split's estimates (its scenario 6 error rose 10.4 -> 13.7 points).
 - Anti-windup: nothing integrates an error; the estimate only moves by evidence, and a
   container that spends nothing (idle, or held off) gives no evidence.
 - Because the estimate is of the ratio at the operating point, a workload whose SM time is not
