@@ -33,14 +33,21 @@ def main() -> int:
     region = Path(os.environ["VGPU_REGION_DIR"])
     cost = grid * block
     spent = launches = 0
+    owed = 0.0  # tokens granted but not yet whole: a rate under 50 a second must still spend
     writer = ShimWriter(region)
     start = last = time.monotonic()
+    # its first spending is a step's worth, as a first launch is a whole launch: a sliver (the
+    # microseconds to the loop's first pass) read by the controller's first tick would make a
+    # cold-start bound no real shim could give
+    time.sleep(STEP_S)
     try:
         while (now := time.monotonic()) - start < seconds:
             device = layout.decode_control((region / "control").read_bytes()).devices[0]
             rate = FULL_TOKENS_PER_S if device.policy == layout.POLICY_OFF or device.rate == 0 \
                 else min(device.rate, FULL_TOKENS_PER_S)
-            spent += int(rate * (now - last))
+            owed += rate * (now - last)
+            spent += int(owed)
+            owed -= int(owed)
             launches = spent // cost
             last = now
             # as the shim keeps them: the device totals and its own process slot
