@@ -136,11 +136,15 @@ def test_a_reading_that_relearns_counts_as_part_of_one_where_samples_come_often(
 
 
 @pytest.mark.parametrize("law", LAWS)
-def test_a_reading_that_relearns_counts_in_full_where_samples_come_once_a_second(law):
-    # there the readings after it are too few to average out what they would weigh
+def test_a_reading_that_relearns_counts_as_one_where_samples_come_once_a_second(law):
+    # there the readings after it are too few to average out what a third would make them
+    # weigh; but it counts as one reading exactly: what was known of the old workload (the
+    # prior the update would also keep) says nothing of the new one
     state, moved = _relearned(law, ControlParams(), 1.0)
     full, moved_full = _relearned(law, ControlParams(relearn_weight=1.0), 1.0)
     assert state.spread == full.spread and moved == moved_full
+    third, _ = _relearned(law, ControlParams(relearn_span_s=2.0), 1.0)
+    assert third.spread == pytest.approx(3 * state.spread, rel=1e-9)
 
 
 @pytest.mark.parametrize("law", LAWS)

@@ -814,7 +814,7 @@ static PyObject *step(PyObject *module, PyObject *args)
                         pv = py_max(pv, py_square(&g, innovation / x));
                         k_floor = 0.0;
                         c->surprise = 0.0;
-                        relearn = p.confirm && span <= p.relearn_span;
+                        relearn = (int)p.confirm;
                     } else if (!far) {
                         c->surprise = 0.0;
                     } else {
@@ -825,8 +825,10 @@ static PyObject *step(PyObject *module, PyObject *args)
                     double gain = py_div(&g, pv * x, x * x * pv + r);
                     b = py_max(b + gain * innovation, EPS * b);
                     pv *= 1 - gain * x;
-                    if (relearn) /* counts as a part of a reading (control.py) */
-                        pv = py_max(pv, py_div(&g, r, p.relearn_weight * x * x));
+                    if (relearn) { /* one reading, or a part of one where samples come often */
+                        double weight = span <= p.relearn_span ? p.relearn_weight : 1.0;
+                        pv = py_max(pv, py_div(&g, r, weight * x * x));
+                    }
                     k = py_max(py_div(&g, 1, b), k_floor);
                     spread = pv * k * k;
                     lower_bound = 0;

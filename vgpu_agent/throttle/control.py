@@ -107,10 +107,12 @@ Kalman filter over the model `util = b * spend`:
   took 3 s to bring it back (simulated, samples every 1/6 s). Now the next few weigh more:
   the phase change of `bench_throttle`'s scenario 6 settled in 3.6 s instead of 5.7 at sigma
   8 (2.4 instead of 3.1 at sigma 3; medians of 24 seeds), at the cost of the false changes
-  noise makes at sigma 8 (steady error 0.76 -> 0.84 points with three containers). Only where
-  samples span at most `relearn_span_s` (0.5 s): at one sample a second the readings after it
-  are too few to average out what they then weigh (settling 4.2 -> 5.6 s at sigma 3 there),
-  and not for the split's estimates (its scenario 6 error rose 10.4 -> 13.7 points).
+  noise makes at sigma 8 (steady error 0.76 -> 0.84 points with three containers). A third
+  only where samples span at most `relearn_span_s` (0.5 s): at one sample a second the
+  readings after it are too few to average out what they then weigh (settling 4.2 -> 5.6 s at
+  sigma 3 there). There it counts as one reading exactly, what the filter still held of the
+  old workload dropped (settling 4.2 -> 3.7 s, 24 seeds). The split's estimates are not
+  touched (a third made its scenario 6 error rise 10.4 -> 13.7 points).
 - Anti-windup: nothing integrates an error; the estimate only moves by evidence, and a
   container that spends nothing (idle, or held off) gives no evidence.
 - Because the estimate is of the ratio at the operating point, a workload whose SM time is not
@@ -189,7 +191,8 @@ class ControlParams:
     # skewed); off where readings are estimates, not samples (a time-sliced GPU's split)
     confirm_surprises: bool = True
     # a confirmed reading that re-learns k counts as this many readings (it was picked for
-    # being far off: its noise likely is too) where samples span at most relearn_span_s
+    # being far off: its noise likely is too) where samples span at most relearn_span_s, and
+    # as one reading where they span more
     relearn_weight: float = 1 / 3
     relearn_span_s: float = 0.5
 
@@ -613,7 +616,7 @@ def _observe(
                 # fast from this one (not from the first, which might have been an outlier all
                 # the same); the cold-start bound described the old one.
                 p, k_floor, surprise = max(p, (innovation / x) ** 2), 0.0, 0.0
-                relearn = params.confirm_surprises and span <= params.relearn_span_s
+                relearn = params.confirm_surprises
             elif not far:
                 surprise = 0.0
             else:
@@ -626,12 +629,15 @@ def _observe(
             b = max(b + gain * innovation, _EPS * b)
             p *= 1 - gain * x
             if relearn:
-                # A reading picked for being far off likely has its noise far off too, and it
-                # comes amid the change's transient: trusted in full, one 3 sigma off left k
-                # 13 % low for 3 s (simulated, samples every 1/6 s). It counts as a part of a
-                # reading, so the next few weigh more; where samples come once a second, those
-                # are too few to average out what they then weigh (see the module note).
-                p = max(p, r / (params.relearn_weight * x * x))
+                # What was known of the old workload says nothing of the new one: the reading
+                # counts as one reading, no more. Picked for being far off, its noise likely is
+                # far off too, and it comes amid the change's transient: trusted in full, one
+                # 3 sigma off left k 13 % low for 3 s (simulated, samples every 1/6 s). Where
+                # samples come often it counts as a part of a reading, so that the next few
+                # weigh more; once a second, those are too few to average out what they then
+                # weigh (see the module note).
+                weight = params.relearn_weight if span <= params.relearn_span_s else 1.0
+                p = max(p, r / (weight * x * x))
             # Evidence that straddles the start (spending before the first tick is unknown)
             # may point below the bound, which the unthrottled tick proved.
             k = max(1 / b, k_floor)

@@ -280,7 +280,7 @@ def control_step_gpu(
                     relearn = False
                     if surprise * innovation > 0 or (far and (b == 0 or not confirm)):
                         pv, k_floor, surprise = max(pv, (innovation / x) ** 2), 0.0, 0.0
-                        relearn = confirm and span <= relearn_span_s
+                        relearn = confirm
                     elif not far:
                         surprise = 0.0
                     else:  # once: an outlier until the next measurement says otherwise
@@ -289,8 +289,9 @@ def control_step_gpu(
                     gain = pv * x / (x * x * pv + r)
                     b = max(b + gain * innovation, _EPS * b)
                     pv *= 1 - gain * x
-                    if relearn:  # counts as a part of a reading (control.py)
-                        pv = max(pv, r / (relearn_weight * x * x))
+                    if relearn:  # one reading, or a part of one where samples come often
+                        weight = relearn_weight if span <= relearn_span_s else 1.0
+                        pv = max(pv, r / (weight * x * x))
                     k = max(1 / b, k_floor)
                     spread, lower_bound = pv * k * k, False
                     learned += 1
