@@ -210,7 +210,8 @@ class ControlParams:
             raise ValueError("ControlParams.relearn_weight must be in (0, 1] (1: a re-learning "
                              f"reading counts in full), got {self.relearn_weight!r}")
         if self.relearn_span_s < 0:
-            raise ValueError("ControlParams.relearn_span_s must be >= 0 (0: never), got "
+            raise ValueError("ControlParams.relearn_span_s must be >= 0 (0: a re-learning "
+                             "reading counts as one at any sample period), got "
                              f"{self.relearn_span_s!r}")
         if not 0 <= self.partial_window < 1:
             raise ValueError("ControlParams.partial_window must be in [0, 1), got "

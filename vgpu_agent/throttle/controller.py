@@ -859,8 +859,8 @@ class ThrottleController:
     def _woke_among(self, watched: list[_Watch]) -> bool:
         """Whether any of `watched` woke (an idle one spent for more than its demand, a
         launching one's launches cost other tokens); the GPU of each that did is due at the
-        next tick. A device watched only for its launches
-        is read at one look in `LAUNCH_LOOKS`, its own turn among them (`_Device.turn`)."""
+        next tick. A device watched only for its launches is read at one look in
+        `LAUNCH_LOOKS`, its own turn among them (`_Device.turn`)."""
         now = self._looked_ns = self.clock()
         woke = self._due_now
         skip = self._looks % LAUNCH_LOOKS
