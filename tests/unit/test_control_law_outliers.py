@@ -28,11 +28,7 @@ def _after(law, share: float, readings: list[float], state: LoopState | None = N
            ) -> LoopState:
     state = state or _settled(share)
     for util in readings:
-        obs = [Observation("c", 50.0, "work-conserving", spent=int(share * K * TICK),
-                           launches=10, util=util, rate=int(share * K), burst=int(share * K))]
-        decisions = law(obs, {"c": state}, TICK, ControlParams())
-        assert_same(decisions, control_step(obs, {"c": state}, TICK, ControlParams()))
-        state = decisions["c"].state
+        state = _read(law, state, util, ControlParams(), share=share)
     return state
 
 
