@@ -75,9 +75,9 @@ def cell(plant: object, limit: float, seeds: int, duration_s: float
     from vgpu_agent.simulation.runner import run_controlled, run_peer
 
     out: dict[str, list[tuple[float, float, float]]] = {"ours": [], "peer": []}
+    sc = scenario(limit, duration_s, plant)
     for seed in range(seeds):
         spec = replace(plant.spec, seed=seed)  # type: ignore[attr-defined]
-        sc = scenario(limit, duration_s, plant)
         ours = asyncio.run(run_controlled(sc, plant=spec, paced=True, window_s=WINDOW_S))
         peer = run_peer(sc, plant=spec, window_s=WINDOW_S)
         out["ours"].append(judged(ours.series["strict"], limit))
