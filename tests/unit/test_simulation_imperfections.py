@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from vgpu_agent.simulation.gpu import SimGpu, Workload
-from vgpu_agent.simulation.imperfections import IDEAL, REAL, Imperfections
+from vgpu_agent.simulation.imperfections import H200_TIME_SLICED, IDEAL, REAL, Imperfections
 from vgpu_agent.simulation.region import SimRegion
 
 UUID = "GPU-imperfect"
@@ -155,7 +155,8 @@ def test_runs_repeat_exactly_for_a_seed_and_differ_between_seeds():
     ("field", "value"),
     [("nvml_sigma", -1.0), ("nvml_noise", "pink"), ("missed_samples", 1.0), ("window_periods", 0),
      ("kernel_jitter", 2.0), ("switch_s", 0.01), ("overlap", 1.5), ("sm_count", -1),
-     ("packing_efficiency", 0.0), ("timeslice_s", 0.0)],
+     ("packing_efficiency", 0.0), ("timeslice_s", 0.0), ("launch_hold_s", -1e-6),
+     ("launch_hold_s", 0.5)],
 )
 def test_bad_imperfections_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
@@ -197,3 +198,48 @@ def test_time_sliced_attribution_leaves_a_process_alone_its_own_use():
 def test_an_unknown_attribution_is_refused_by_name():
     with pytest.raises(ValueError, match="nvml_attribution"):
         Imperfections(nvml_attribution="per-gpu")
+
+
+def twenty_percent_of(kernel_s: float) -> Workload:
+    """The H200 check's kernel: 1024 blocks x 128 threads (131,072 tokens a launch)."""
+    return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128)
+
+
+def busy_read(imperfections: Imperfections, kernel_s: float, processes: int) -> list[int]:
+    """NVML's values for `processes` each held to 20 % of the work by its bucket."""
+    gpu = SimGpu(UUID, imperfections=imperfections, sample_period_s=0.2)
+    tokens_per_s = round(0.2 / kernel_s) * 131_072
+    for n in range(processes):
+        gpu.shim_process(f"p{n}", twenty_percent_of(kernel_s),
+                         region(f"p{n}", (tokens_per_s, 40 * 131_072)))
+    seen = {}
+    for _ in range(10):
+        gpu.advance(1.0)
+        seen.update({(s.timestamp_us, s.pid): s.sm_util for s in gpu.samples})
+    return [v for (stamp, _), v in sorted(seen.items()) if stamp > 2_000_000 + gpu.start_ns // 1000]
+
+
+def test_launch_holds_count_busy_as_on_the_h200_while_processes_take_turns():
+    # measured: 20 % + 20 % read 99 with 20 us kernels, 66 with 200 us ones
+    assert statistics.median(busy_read(H200_TIME_SLICED, 20e-6, 2)) >= 99
+    assert statistics.median(busy_read(H200_TIME_SLICED, 200e-6, 2)) == pytest.approx(66, abs=3)
+    # without holds the same GPU reads the work: 40
+    no_hold = replace(H200_TIME_SLICED, launch_hold_s=0.0)
+    assert statistics.median(busy_read(no_hold, 20e-6, 2)) == pytest.approx(40, abs=2)
+
+
+def test_a_process_alone_reads_its_own_work_whatever_its_launches_hold():
+    # measured: alone, 50 / 20 / 5 % of the work read 50 / 20 / 5, exactly
+    assert set(busy_read(H200_TIME_SLICED, 20e-6, 1)) <= {19, 20, 21}
+
+
+def test_launch_holds_leave_per_process_samples_and_the_work_alone():
+    gpu = SimGpu(UUID, imperfections=replace(H200_TIME_SLICED, nvml_attribution="per-process"),
+                 sample_period_s=0.2)
+    procs = [gpu.shim_process(f"p{n}", twenty_percent_of(20e-6),
+                              region(f"p{n}", (10_000 * 131_072, 40 * 131_072))) for n in range(2)]
+    gpu.advance(5.0)
+    assert {s.sm_util for s in list(gpu.samples)[-10:]} <= {19, 20, 21}
+    # the holds are counted, not spent: each still did its 20 %
+    for p in procs:
+        assert p.total_sm_s / 5.0 == pytest.approx(0.2, abs=0.01)

@@ -208,3 +208,97 @@ def test_a_learned_cost_is_drawn_towards_1_by_how_far_chance_could_take_it(sign)
         assert kept_low <= kept <= kept_high, (part_of_d, kept)
     assert timesliced._believed(0.0, info) == 1.0
     assert timesliced._believed(sign * 0.3, 1e12) == pytest.approx(math.exp(sign * 0.3))
+
+
+def _alone(split: TimeSlicedSplit, alloc_id: str, busy: float, tokens: int, batches: int,
+           others: tuple[str, ...] = ()) -> None:
+    """`batches` of 0.1 s in which `alloc_id` alone spent `tokens` and was given every period
+    (`others` listed, spending nothing)."""
+    for _ in range(batches):
+        split.share([[alloc_id]], busy, {alloc_id: tokens, **dict.fromkeys(others, 0)}, 0.1)
+
+
+def test_use_counted_beyond_the_work_is_not_charged_once_each_was_measured_alone():
+    # as measured on an H200: each alone read its own work (20 %); together, sparse launches
+    # kept the GPU counted 99 % busy while they did 40 %
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 20.0, 1000, 10, others=("a",))
+    got = {}
+    for n in range(20):
+        got = split.share([["a" if n % 2 else "b"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+    assert sum(got.values()) == pytest.approx(timesliced.ALONE_MARGIN * 40, rel=0.02)
+    assert got["a"] == pytest.approx(got["b"], rel=0.1)
+    assert split.beyond_work == pytest.approx((99.0, 40.0), rel=0.02)
+    # the tick's length counts: the same tokens over twice the time are half the work
+    got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.2)
+    assert sum(got.values()) == pytest.approx(timesliced.ALONE_MARGIN * 20, rel=0.02)
+
+
+def test_without_every_spender_measured_alone_the_whole_use_is_shared_out():
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))  # b never alone
+    got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+    assert sum(got.values()) == pytest.approx(99.0)
+    # nor without the tick's length, nor in the batch a figure comes from
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 20.0, 1000, 10, others=("a",))
+    assert sum(split.share([["a"]], 99.0, {"a": 1000, "b": 1000}).values()) == pytest.approx(99)
+
+
+def test_use_the_tokens_explain_is_shared_out_whole():
+    # a GPU whose use is all work: the figures bound nothing
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 30.0, 1000, 10, others=("a",))
+    got = split.share([["b"]], 50.0, {"a": 1000, "b": 1000}, 0.1)
+    assert sum(got.values()) == pytest.approx(50.0)
+    assert split.beyond_work == ()
+
+
+@pytest.mark.parametrize("why", ["unsteady", "shared period", "too few"])
+def test_a_figure_needs_steady_batches_alone(why):
+    split = TimeSlicedSplit()
+    _alone(split, "b", 20.0, 1000, 10, others=("a",))
+    if why == "unsteady":  # its spending moved by half every batch
+        for n in range(6):
+            split.share([["a"]], 20.0, {"a": 1000 if n % 2 else 1500, "b": 0}, 0.1)
+    elif why == "shared period":  # b's process was given periods while it spent nothing
+        for n in range(6):
+            split.share([["a"], ["b"] if n % 2 else ["a"]], 20.0, {"a": 1000, "b": 0}, 0.1)
+    else:  # b's periods ended ALONE_QUIET periods ago: then a needs ALONE_READINGS alone
+        _alone(split, "a", 20.0, 1000,
+               timesliced.ALONE_QUIET + timesliced.ALONE_READINGS - 1, others=("b",))
+    got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+    assert sum(got.values()) == pytest.approx(99.0)
+    if why == "too few":  # one more, and the use shared out is what their tokens explain
+        _alone(split, "a", 20.0, 1000, 1, others=("b",))
+        got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+        assert sum(got.values()) == pytest.approx(timesliced.ALONE_MARGIN * 40, rel=0.02)
+
+
+def test_a_container_whose_periods_show_a_change_loses_its_figure():
+    # a's tokens came to buy four times the SM time they did alone: the periods show it, and
+    # the use is shared out whole again, not bounded by what a's tokens bought before
+    rng, split = random.Random(1), TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 20.0, 1000, 10, others=("a",))
+    cost = {"a": 4.0, "b": 1.0}
+    got = {}
+    for _ in range(200):
+        spent = {"a": rng.randint(950, 1050), "b": rng.randint(950, 1050)}
+        owner, _ = _drawn(rng, spent, cost)
+        got = split.share([[owner]], 99.0, spent, 0.1)
+    assert sum(got.values()) == pytest.approx(99.0)
+
+
+def test_a_figure_not_renewed_is_dropped_and_one_that_left_with_its_container():
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 20.0, 1000, 10, others=("a",))
+    split.share([["a"]], 20.0, {"a": 1000}, 0.1)  # b gone
+    assert "b" not in split.alone
+    for _ in range(timesliced.ALONE_MAX_BATCHES + 1):
+        split.share([["a"], ["c"]], 99.0, {"a": 1000, "c": 1000}, 0.1)
+    assert "a" not in split.alone

@@ -144,6 +144,7 @@ class SimProcess:
     gate: LaunchGate
     queued_s: float = 0.0
     window_sm_s: float = 0.0  # SM time in the current NVML sample period
+    window_launches: int = 0  # launches admitted in the current NVML sample period
     total_sm_s: float = 0.0  # ground truth, cumulative
     bins: list[float] = field(default_factory=list)  # SM seconds per recording bin
     busy: bool = False  # whether the workload is in a busy interval, valid until `recheck_s`
@@ -235,6 +236,7 @@ class SimGpu:
                 if p.busy and room >= w.kernel_s * 0.999:
                     want = int(room / w.kernel_s + 1e-9)
                     admitted = p.gate.admit(now, want)
+                    p.window_launches += admitted
                     if admitted and jitter:
                         # n launches of relative spread j add up to a spread of j / sqrt(n)
                         spread = jitter / math.sqrt(admitted)
@@ -300,7 +302,10 @@ class SimGpu:
         stamp_us = self._next_sample_ns // 1000
         rng = self.rng
         ran = [(p, p.window_sm_s) for p in self.processes if p.window_sm_s > 0]
+        # what the GPU counts busy beyond the work while processes take turns (none alone)
+        held_s = imp.launch_hold_s * sum(p.window_launches for p, _ in ran) if len(ran) > 1 else 0
         for p in self.processes:
+            p.window_launches = 0
             recent = p.recent_sm_s
             recent.append(p.window_sm_s)
             if len(recent) > imp.window_periods:
@@ -310,7 +315,7 @@ class SimGpu:
             # one sample for the period, to one of those that ran, of the whole GPU's use
             chosen = rng.choices([p for p, _ in ran], weights=[sm for _, sm in ran])[0]
             if not (imp.missed_samples and rng.random() < imp.missed_samples):
-                busy = 100 * sum(sm for _, sm in ran) / period_s
+                busy = 100 * (sum(sm for _, sm in ran) + held_s) / period_s
                 self.samples.append(ProcessSample(chosen.pid, stamp_us,
                                                   imp.observe(min(100.0, busy), rng)))
         else:

@@ -25,6 +25,16 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
   periods of 18, far more than its SM time would give it. A process alone gets its own
   use either way (measured: 50/20/5 % of the work read 50/20/5). Not yet the default: the
   throttle figures in BENCHMARKS.md are for "per-process" unless they say otherwise.
+- `launch_hold_s` 0 (off): what a time-sliced GPU counts busy beyond the work done, per
+  launch, while two or more processes run in a period (a sample's value is then the GPU's
+  busy time, work and holds together, at most the whole period). Measured on the H200: two
+  processes each doing 20 % of the work read 99 with 20 us kernels (10,000 launches a second
+  each) and 66 with 200 us kernels (1,000 a second each); every other pair measured read
+  99-100 at 80 % of the work or more; a process alone read its own work exactly. 130 us a
+  launch fits all of them: `H200_TIME_SLICED` below. One unsaturated reading is all it rests
+  on, and why the GPU counts those holds was not measured (context switches between sparse
+  launches, most likely), so it is off in `REAL`. It takes no GPU time from anyone (both
+  unthrottled 20 us processes still did 45.8 % of the work each).
 - `window_periods` 1: each sample averages SM use over this many sample periods ending at its
   timestamp. Drivers that report every 1/6 s average over their own period; some report a
   value averaged over a longer window than they sample, which is `window_periods` > 1.
@@ -68,6 +78,7 @@ class Imperfections:
     overlap: float = 0.05  # fraction of the time busy contexts share SMs by grid size
     sm_count: int = 132  # 0: every grid fills the GPU
     packing_efficiency: float = 0.8  # c packed kernels progress c ** this times as fast
+    launch_hold_s: float = 0.0  # busy NVML counts per launch while processes take turns
 
     def __post_init__(self) -> None:
         checks = {
@@ -82,6 +93,7 @@ class Imperfections:
             "overlap": 0 <= self.overlap <= 1,
             "sm_count": self.sm_count >= 0,
             "packing_efficiency": 0 < self.packing_efficiency <= 1,
+            "launch_hold_s": 0 <= self.launch_hold_s < 0.1,
         }
         for name, ok in checks.items():
             if not ok:
@@ -123,3 +135,7 @@ class Imperfections:
 IDEAL = Imperfections(nvml_sigma=0.0, missed_samples=0.0, window_periods=1, kernel_jitter=0.0,
                       switch_s=0.0, overlap=0.0, sm_count=0, packing_efficiency=1.0)
 REAL = Imperfections()
+# The GPU as the H200 (driver 580) was measured without MPS: each period whole to one process,
+# with the busy time its launches hold (see the module note); a process's readings exact.
+H200_TIME_SLICED = Imperfections(nvml_sigma=0.0, nvml_attribution="time-sliced",
+                                 launch_hold_s=130e-6)

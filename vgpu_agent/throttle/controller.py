@@ -473,6 +473,7 @@ class ThrottleController:
         # the driver gives each period to one process, see `_utilization`)
         self._shared_us: dict[str, int] = {}
         self._sliced: dict[str, TimeSlicedSplit] = {}  # per time-sliced GPU (`_utilization`)
+        self._beyond_work_logged: set[str] = set()  # GPUs said to count busy beyond the work
         self._phase_changes_before: dict[str, int] = {}  # found by splits since dropped
         self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
         self._now_ns = 0
@@ -1068,12 +1069,13 @@ class ThrottleController:
 
     def _utilization(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None,
-        spent: Mapping[str, int],
+        spent: Mapping[str, int], dt_s: float = 0.0,
     ) -> tuple[Mapping[str, float | None], float, int] | None:
         """SM percent per alloc_id from this tick's samples (None for one that spent while
         none of its processes was listed), the seconds they describe and how many samples per
         process they average; None when nothing new arrived. `spent` is the
-        tokens each container is believed to have spent in the tick (`audit.believed_spend`).
+        tokens each container is believed to have spent in the tick (`audit.believed_spend`),
+        which lasted `dt_s` (the split learns use per token from it; 0: not known).
 
         Drivers attribute a sample period in one of two ways, told apart by what they send:
         - per process: each process that ran gets a sample of its own use, all with the
@@ -1157,8 +1159,15 @@ class ThrottleController:
             util = split.share(
                 [[owner.get(pid, "") for pid, v in at[stamp] if v > 0] for stamp in used],
                 min(100.0, sum([max(v for _, v in at[stamp]) for stamp in used]) / len(used)),
-                spent,
+                spent, dt_s,
             )
+            if split.beyond_work and uuid not in self._beyond_work_logged:
+                self._beyond_work_logged.add(uuid)
+                log.warning("throttle_gpu_busy_beyond_work", uuid=uuid,
+                            busy=round(split.beyond_work[0], 1),
+                            explained=round(split.beyond_work[1], 1),
+                            detail="the use the containers' tokens do not explain is charged "
+                                   "to nobody")
             return util, span_s, count
         # A container that spent, none of whose processes NVML listed (not placed yet, or
         # missed for several periods), was not measured: no reading, rather than a 0 the law
@@ -1257,7 +1266,7 @@ class ThrottleController:
         else:
             for device, reading in entries:
                 self._observe(device, reading, states, fields, steered, spent_by, liars)
-        measured = self._utilization(uuid, entries, samples, spent_by)
+        measured = self._utilization(uuid, entries, samples, spent_by, dt_s)
         if measured is not None:
             utils, span_s, count = measured
             for row, (device, _, _) in zip(fields, steered, strict=True):

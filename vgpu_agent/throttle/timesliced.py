@@ -62,9 +62,22 @@ class TimeSlicedSplit:
     depend on the ratios of costs alone). Its change moves every container's chances,
     though, so a neighbour's watch may fire too and have its information cut as well (seen
     in a few changes of thirty, for a container switching the tokens it writes).
+
+    The GPU's use is not all work: measured on an H200, two processes taking turns with
+    sparse launches kept it counted 99 % busy while they did 40 % of the work (66 % with
+    launches ten times rarer), and a process alone read its own work exactly. Shared out whole,
+    that use charges every container far above what it does, the law cuts their rates, the use
+    stays (sparser launches hold the GPU all the same), and they are cut again: simulated, two
+    strict 30 % containers with 20 us kernels ended at 4 % each. So a container's use per
+    token is also learned where it is alone (every period of the batch given to it, no other
+    container spending) and spends steadily (`_calibrate`), and while every container
+    spending has such a figure, the use shared out is at most ALONE_MARGIN times the work their
+    tokens explain at it (`_explained`). Without one (containers never alone) the whole use is
+    shared out, as before. A container whose periods show a change (`ChangeWatch`) loses its
+    figure: its tokens may no longer buy what they did alone.
     """
 
-    __slots__ = ("costs", "parts", "restarts", "unseen", "watch")
+    __slots__ = ("alone", "beyond_work", "costs", "parts", "restarts", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -74,9 +87,19 @@ class TimeSlicedSplit:
         self.costs: dict[str, tuple[float, float]] = {}
         self.watch = ChangeWatch()
         self.restarts = 0  # times a change was found and the costs made to follow fast
+        # alloc_id -> (use per token/s while alone, its spending then (tokens/s), steady
+        # alone batches in a row, batches since the last)
+        self.alone: dict[str, tuple[float, float, int, int]] = {}
+        # (the GPU's use, what the tokens explain) of the last batch whose use was bounded by
+        # them, () while none was
+        self.beyond_work: tuple[float, float] | tuple[()] = ()
 
-    def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int]
-              ) -> dict[str, float]:
+    def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
+              dt_s: float = 0.0) -> dict[str, float]:
+        """Each container's use (percent) for this batch: `owners` per period used (the
+        containers its processes belong to, "" for strangers), `busy` the GPU's mean use over
+        those periods, `spent` the tokens each container spent over the tick, which lasted
+        `dt_s` (0: not known, and no use per token is learned or applied)."""
         parts = self.parts
         for alloc_id in [*spent, *(o for given in owners for o in given)]:
             parts.setdefault(alloc_id, (0.0, 0.0, 0))
@@ -89,6 +112,8 @@ class TimeSlicedSplit:
             del costs[gone]
         if total > 0:
             self._learn_costs(owners, {a: used / total for a, used in spent.items() if used})
+        explained = self._explained(spent, dt_s)
+        self._calibrate(owners, busy, spent, dt_s)
         unseen = self.unseen
         for given in owners:
             for alloc_id, (periods, tokens, n) in parts.items():
@@ -106,10 +131,18 @@ class TimeSlicedSplit:
         # which takes such all-or-nothing readings for missed samples, would starve them.
         unshimmed = {a: parts[a][0] * busy for a, used in spent.items()
                      if not used and unseen.get(a, SHARED_PERIODS) < SHARED_PERIODS}
-        weights = {a: used * _believed(*costs[a]) for a, used in spent.items() if used}
+        if explained is None:
+            weights = {a: used * _believed(*costs[a]) for a, used in spent.items() if used}
+        else:  # the work each one's tokens explain: its figure is its cost, measured
+            weights = {a: used * self.alone[a][0] for a, used in spent.items() if used}
         weighted = sum(weights.values())
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
                    - sum(unshimmed.values()))
+        if explained is not None and busy > ALONE_MARGIN * explained:
+            # what the GPU counts busy beyond what their tokens buy is nobody's work
+            self.beyond_work = (busy, explained)
+            ours = min(ours, ALONE_MARGIN * explained)
+            busy = ALONE_MARGIN * explained
         shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
         _floor_by_periods(shares, self._floors(weights, busy))
         return dict.fromkeys(spent, 0.0) | shares | unshimmed
@@ -133,6 +166,7 @@ class TimeSlicedSplit:
             for alloc_id in changed:
                 log_cost, info = costs[alloc_id]
                 costs[alloc_id] = (log_cost, min(info, RESTART_INFO))
+                self.alone.pop(alloc_id, None)
         top = _LOG_COST_RANGE
         for n, owner in enumerate(drawn):
             if n:
@@ -148,6 +182,68 @@ class TimeSlicedSplit:
         for alloc_id in tokens:
             log_cost, info = costs[alloc_id]
             costs[alloc_id] = (log_cost - mean, info)
+
+    def _calibrate(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
+                   dt_s: float) -> None:
+        """Learn a container's use per token/s from a batch in which it was alone: every
+        period used was given to it, no other container spent, and no other process was given
+        one in the last ALONE_QUIET periods. Trusted once its spending
+        held within ALONE_STEADY for ALONE_READINGS such batches in a row (the periods and the
+        tick do not cover quite the same moments). Figures not renewed for ALONE_MAX_BATCHES
+        batches are dropped."""
+        alone = self.alone
+        for alloc_id in list(alone):
+            figure, rate, steady, age = alone[alloc_id]
+            if alloc_id not in spent or age >= ALONE_MAX_BATCHES:
+                del alone[alloc_id]
+            else:
+                alone[alloc_id] = (figure, rate, steady, age + 1)
+        spending = [a for a, used in spent.items() if used > 0]
+        if len(spending) != 1:
+            return
+        alloc_id = spending[0]
+        before = alone.get(alloc_id)
+        unseen = self.unseen
+        if (dt_s <= 0 or not owners or any(given != [alloc_id] for given in owners)
+                or any(unseen.get(other, ALONE_QUIET) < ALONE_QUIET
+                       for other in self.parts if other != alloc_id)):
+            # Not alone: another process (a stranger's, or one of a container spending no
+            # token) ran lately. A figure still being made starts over.
+            if before is not None and before[2] < ALONE_READINGS:
+                del alone[alloc_id]
+            return
+        rate = spent[alloc_id] / dt_s
+        figure = busy / rate
+        if before is not None and abs(rate - before[1]) <= ALONE_STEADY * max(rate, before[1]):
+            steady = before[2] + 1
+            if steady > ALONE_READINGS:  # trusted already: an average of the steady batches
+                figure = before[0] + (figure - before[0]) / min(steady, ALONE_AVERAGED)
+        else:
+            steady = 1
+        alone[alloc_id] = (figure, rate, steady, 0)
+
+    def _explained(self, spent: Mapping[str, int], dt_s: float) -> float | None:
+        """The use the tokens spent explain at the containers' figures from when each was
+        alone; None unless two containers or more spent and every one has a trusted figure."""
+        spending = [a for a, used in spent.items() if used > 0]
+        if dt_s <= 0 or len(spending) < 2:
+            return None
+        total = 0.0
+        # the figures must agree with the costs the periods show (their ratios, within what
+        # chance allows the costs): a container whose tokens came to buy more than they did
+        # alone would otherwise be charged what they bought then
+        apart, least_info = [], math.inf
+        for alloc_id in spending:
+            known = self.alone.get(alloc_id)
+            if known is None or known[2] < ALONE_READINGS:
+                return None
+            total += known[0] * spent[alloc_id] / dt_s
+            log_cost, info = self.costs.get(alloc_id, (0.0, PRIOR_INFO))
+            apart.append(math.log(known[0]) - log_cost)
+            least_info = min(least_info, info)
+        if max(apart) - min(apart) > _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(2 / least_info):
+            return None
+        return total
 
     def _chances(self, tokens: Mapping[str, float]) -> dict[str, float]:
         """Each spending container's chance of being given a period, as the costs have it."""
@@ -287,6 +383,24 @@ DOUBT_SIGMAS = 2.0
 CHANGE_ODDS = 3.0
 CHANGE_EVIDENCE = 6.0
 RESTART_INFO = 5.0
+# A container's use per token from the batches it was alone in: trusted after this many in a
+# row at a steady spending (within ALONE_STEADY of the last), averaged over up to
+# ALONE_AVERAGED, dropped after ALONE_MAX_BATCHES without one (ten minutes at five a second).
+# While every container spending has one, the use shared out is at most ALONE_MARGIN times
+# what their tokens explain: a container's kernels may take longer beside another's (caches
+# emptied by the switches) than alone.
+ALONE_READINGS = 3
+# ... and with no period given to anyone else (strangers, containers spending no token) in the
+# last this many
+ALONE_QUIET = 5
+ALONE_STEADY = 0.15
+ALONE_AVERAGED = 10
+ALONE_MAX_BATCHES = 3000
+ALONE_MARGIN = 1.05
+# ... and while their ratios agree with the costs the periods show within this factor (beyond
+# what chance allows the costs)
+ALONE_AGREE = 1.25
 _CHANCE_EPS = 1e-3
 _LOG_CHANGE_ODDS = math.log(CHANGE_ODDS)
 _LOG_COST_RANGE = math.log(COST_RANGE)
+_LOG_ALONE_AGREE = math.log(ALONE_AGREE)

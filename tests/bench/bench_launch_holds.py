@@ -1,0 +1,132 @@
+"""Strict containers on a GPU that counts itself busy beyond the work done, as the H200 did.
+
+    python tests/bench/bench_launch_holds.py [--seeds 8] [--together 20]
+
+`imperfections.H200_TIME_SLICED`: NVML gives each 200 ms period whole to one process with the
+GPU's busy time as its value, and while processes take turns every launch keeps the GPU counted
+busy 130 us beyond its work (fitted to the H200: two processes doing 20 % of the work each read
+99 % busy with 20 us kernels, 66 % with 200 us ones). Strict containers of one kernel length (1024
+blocks x 128 threads, the H200 check's), saturating, either each alone first for 5 s, one after
+the other (as bursty services are, now and then), or together from the start; then together for
+`--together` s. Per case, over the seeds: each container's mean share over the last 10 s (the
+SM time it really got), median (lowest-highest), against its limit, for
+- ours: the controller as it is;
+- no bound: the controller with the bound from figures measured alone switched off
+  (`timesliced.ALONE_MARGIN` infinite), as before it;
+- peer: the peer model on the same plant and seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+ALONE_S = 5.0  # each container alone this long first, one after the other
+CASES = (  # (limits, kernel seconds)
+    ((30.0, 30.0), 20e-6),
+    ((30.0, 50.0), 20e-6),
+    ((20.0, 30.0, 40.0), 20e-6),
+    ((30.0, 30.0), 200e-6),
+    ((30.0, 30.0), 2e-3),
+)
+
+
+def scenario(limits: tuple[float, ...], kernel_s: float, alone_first: bool,
+             together_s: float):  # type: ignore[no-untyped-def]
+    """The containers, and the moment they all run from."""
+    from vgpu_agent.simulation.gpu import Workload
+    from vgpu_agent.simulation.runner import ContainerSpec, Scenario
+
+    together = len(limits) * ALONE_S if alone_first else 0.0
+    specs = []
+    for n, limit in enumerate(limits):
+        busy = (((n * ALONE_S, (n + 1) * ALONE_S), (together, math.inf)) if alone_first
+                else ((0.0, math.inf),))
+        workload = Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
+                            queue_s=max(0.002, 5 * kernel_s), busy=busy)
+        specs.append(ContainerSpec(f"c{n}", limit, workload, policy="strict"))
+    return Scenario(f"strict {limits} of {kernel_s * 1e6:g} us kernels", tuple(specs),
+                    lambda name, t: limits[int(name[1:])], together + together_s), together
+
+
+def last_shares(series: dict[str, list[tuple[float, float]]], end_s: float) -> list[float]:
+    """Each container's mean share over the 10 s before `end_s`."""
+    return [statistics.fmean(share for t, share in series[f"c{n}"] if t > end_s - 10)
+            for n in range(len(series))]
+
+
+async def held(limits: tuple[float, ...], kernel_s: float, alone_first: bool, seed: int = 0,
+               together_s: float = 20.0) -> list[float]:
+    """Ours: each container's mean share over the last 10 s."""
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import PlantSpec, run_controlled
+
+    sc, _ = scenario(limits, kernel_s, alone_first, together_s)
+    run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
+    assert not run.errors, run.errors
+    return last_shares(run.series, sc.duration_s)
+
+
+def peer_held(limits: tuple[float, ...], kernel_s: float, alone_first: bool, seed: int,
+              together_s: float) -> list[float]:
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import PlantSpec, run_peer
+
+    sc, _ = scenario(limits, kernel_s, alone_first, together_s)
+    run = run_peer(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed))
+    return last_shares(run.series, sc.duration_s)
+
+
+def _summary(runs: list[list[float]]) -> str:
+    return " ".join(f"{statistics.median(v):4.1f} ({min(v):4.1f}-{max(v):4.1f})"
+                    for v in zip(*runs, strict=True))
+
+
+def main() -> int:
+    import structlog
+
+    from vgpu_agent.throttle import timesliced
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--together", type=float, default=20.0,
+                        help="seconds all containers run together (the last 10 are judged)")
+    args = parser.parse_args()
+    if args.together < 10:
+        parser.error(f"--together must be >= 10 s (the last 10 are judged), got {args.together}")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+    print(f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}; plant H200_TIME_SLICED, {args.seeds} seeds")
+    print("mean share over the last 10 s, median (lowest-highest) over seeds, per container")
+    margin = timesliced.ALONE_MARGIN
+    for limits, kernel_s in CASES:
+        for alone_first in (True, False):
+            runs: dict[str, list[list[float]]] = {"ours": [], "no bound": [], "peer": []}
+            for seed in range(args.seeds):
+                runs["ours"].append(asyncio.run(
+                    held(limits, kernel_s, alone_first, seed, args.together)))
+                timesliced.ALONE_MARGIN = math.inf
+                try:
+                    runs["no bound"].append(asyncio.run(
+                        held(limits, kernel_s, alone_first, seed, args.together)))
+                finally:
+                    timesliced.ALONE_MARGIN = margin
+                runs["peer"].append(
+                    peer_held(limits, kernel_s, alone_first, seed, args.together))
+            print(f"\nlimits {'/'.join(f'{v:g}' for v in limits)}, {kernel_s * 1e6:g} us kernels, "
+                  f"{'each alone first' if alone_first else 'together from the start'}")
+            for name, got in runs.items():
+                print(f"  {name:9} {_summary(got)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
