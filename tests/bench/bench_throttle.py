@@ -28,6 +28,7 @@ so no bound is printed.
 
     python tests/bench/bench_throttle.py [--only NAME] [--plant NAME] [--duration S] [--seeds N]
                                          [--attribution per-process|time-sliced]
+                                         [--launch-hold-us US]
 """
 
 from __future__ import annotations
@@ -234,6 +235,10 @@ def main() -> int:
                         help="how NVML attributes a sample period (see simulation/"
                              "imperfections.py): time-sliced is what an H200 did with two "
                              "processes and no MPS")
+    parser.add_argument("--launch-hold-us", type=float, default=0.0,
+                        help="busy NVML counts per launch while processes take turns "
+                             "(time-sliced only; the H200 fitted 130: simulation/"
+                             "imperfections.py)")
     parser.add_argument("--tick", type=float, default=0.1,
                         help="the controller's tick_s (its fastest tick), s")
     parser.add_argument("--nvml-poll-periods", type=int, default=1,
@@ -243,6 +248,8 @@ def main() -> int:
                         help="plant seeds per noisy cell (medians printed; the ideal plant has "
                              "no randomness and runs once)")
     args = parser.parse_args()
+    if not 0 <= args.launch_hold_us < 100_000:
+        parser.error(f"--launch-hold-us must be in [0, 100000), got {args.launch_hold_us}")
     model = "unknown"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -251,7 +258,8 @@ def main() -> int:
     except OSError:
         pass
     print(f"machine: {os.cpu_count()} CPUs, {model}, Python {platform.python_version()}; "
-          f"NVML attribution {args.attribution}")
+          f"NVML attribution {args.attribution}"
+          + (f", {args.launch_hold_us:g} us held per launch" if args.launch_hold_us else ""))
     print("share = true SM time over 0.5 s windows; error in percentage points; steady state "
           "= from 5 s after each change; settling to +/-2 points held 2 s, per change (s); "
           "expected shares of a full GPU less the plant's context-switch cost")
@@ -273,7 +281,8 @@ def main() -> int:
             ours_runs, peer_runs, cpu_s = [], [], 0.0
             for seed in seeds:
                 spec = replace(plant.spec, seed=seed, imperfections=replace(
-                    plant.spec.imperfections, nvml_attribution=args.attribution))
+                    plant.spec.imperfections, nvml_attribution=args.attribution,
+                    launch_hold_s=args.launch_hold_us * 1e-6))
                 seeded = attainable(sc, spec)
                 ours_run = asyncio.run(run_controlled(
                     seeded, plant=spec, paced=args.paced, tick_s=args.tick,
