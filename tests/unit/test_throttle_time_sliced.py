@@ -257,7 +257,7 @@ def test_use_the_tokens_explain_is_shared_out_whole():
     assert split.beyond_work == ()
 
 
-@pytest.mark.parametrize("why", ["unsteady", "shared period", "too few"])
+@pytest.mark.parametrize("why", ["unsteady", "shared period", "too few", "read at 0"])
 def test_a_figure_needs_steady_batches_alone(why):
     split = TimeSlicedSplit()
     _alone(split, "b", 20.0, 1000, 10, others=("a",))
@@ -267,6 +267,8 @@ def test_a_figure_needs_steady_batches_alone(why):
     elif why == "shared period":  # b's process was given periods while it spent nothing
         for n in range(6):
             split.share([["a"], ["b"] if n % 2 else ["a"]], 20.0, {"a": 1000, "b": 0}, 0.1)
+    elif why == "read at 0":  # alone, but read at no use: no figure (and no log of 0)
+        _alone(split, "a", 0.0, 1000, 10, others=("b",))
     else:  # b's periods ended ALONE_QUIET periods ago: then a needs ALONE_READINGS alone
         _alone(split, "a", 20.0, 1000,
                timesliced.ALONE_QUIET + timesliced.ALONE_READINGS - 1, others=("b",))

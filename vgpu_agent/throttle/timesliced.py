@@ -187,9 +187,10 @@ class TimeSlicedSplit:
                    dt_s: float) -> None:
         """Learn a container's use per token/s from a batch in which it was alone: every
         period used was given to it, no other container spent, and no other process was given
-        one in the last ALONE_QUIET periods. Trusted once its spending
-        held within ALONE_STEADY for ALONE_READINGS such batches in a row (the periods and the
-        tick do not cover quite the same moments). Figures not renewed for ALONE_MAX_BATCHES
+        one in the last ALONE_QUIET periods. Trusted once its spending held within
+        ALONE_STEADY for ALONE_READINGS such batches in a row (the periods and the tick do not
+        cover quite the same moments). A batch read at no use at all (a sample NVML missed, or
+        one before it launched) teaches nothing. Figures not renewed for ALONE_MAX_BATCHES
         batches are dropped."""
         alone = self.alone
         for alloc_id in list(alone):
@@ -204,6 +205,8 @@ class TimeSlicedSplit:
         alloc_id = spending[0]
         before = alone.get(alloc_id)
         unseen = self.unseen
+        if busy < 1:
+            return
         if (dt_s <= 0 or not owners or any(given != [alloc_id] for given in owners)
                 or any(unseen.get(other, ALONE_QUIET) < ALONE_QUIET
                        for other in self.parts if other != alloc_id)):
