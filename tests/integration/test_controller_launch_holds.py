@@ -6,28 +6,13 @@ there bounds what is shared out. Shares are judged by the SM time each really go
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
+from tests.bench.bench_launch_holds import held
 from vgpu_agent.throttle import timesliced
-
-
-def _bench():
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_launch_holds.py"
-    spec = importlib.util.spec_from_file_location("bench_launch_holds_under_test", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-held = _bench().held
 
 
 @pytest.mark.slow
