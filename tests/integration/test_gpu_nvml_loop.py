@@ -95,7 +95,7 @@ def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml,
     try:
         code = load_script().main([str(check), "", "--out", str(out), "--nvml-library",
                                    str(fake_nvml.library_path), "--hold", "4",
-                                   "--seconds", "8", "--quick"])
+                                   "--seconds", "8", "--alone", "3", "--quick"])
     finally:
         driver.stopped.set()
         driver.join()
@@ -110,12 +110,16 @@ def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml,
         assert f["samples"] > 5
         assert f["period_ms_median"] == pytest.approx(1000 / 6, rel=0.5)
         assert f["sm_mean"] == pytest.approx(pct, abs=8)
-    # The controller held the strict containers and lent to the work-conserving ones.
-    strict = [json.loads(line) for line in (out / "loop_strict20.jsonl").read_text().splitlines()]
-    for container, goal in ((0, 30), (1, 50)):
-        tail = [r["share"] for r in strict if r["container"] == container and r["t"] >= 5]
-        assert tail and sum(tail) / len(tail) == pytest.approx(goal, abs=5)
-        assert all(r["rate"] for r in strict if r["container"] == container and r["t"] >= 2)
+    # The controller held the strict containers (together from the start, and each alone
+    # first: the stand-ins' regions hold a first process each, then a second) and lent to the
+    # work-conserving ones.
+    for case in ("strict20", "strict20_alone_first"):
+        strict = [json.loads(line) for line in (out / f"loop_{case}.jsonl").read_text()
+                  .splitlines()]
+        for container, goal in ((0, 30), (1, 50)):
+            tail = [r["share"] for r in strict if r["container"] == container and r["t"] >= 5]
+            assert tail and sum(tail) / len(tail) == pytest.approx(goal, abs=5), case
+            assert all(r["rate"] for r in strict if r["container"] == container and r["t"] >= 2)
     lending = [json.loads(line) for line in (out / "loop_lending20.jsonl").read_text().splitlines()]
     tail = [r["share"] for r in lending if r["t"] >= 5]
     assert sum(tail) / (len(tail) / 2) > 60  # 20 + 20 granted, the idle rest lent out

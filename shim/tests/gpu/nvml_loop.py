@@ -9,11 +9,16 @@ findings as it goes and writes its raw readings as JSON lines under --out:
    call the controller makes costs on this driver;
 2. NVML's per-process samples of one process held at a fixed token rate (unthrottled, then at
    rates for 50 % and 20 %): the sample period, the values, their spread, against the share the
-   shim's own counters show (tokens spent over the unthrottled tokens per second);
+   shim's own counters show (tokens spent over the unthrottled tokens per second); then two at
+   once, and where both read one figure above their work together and below 97 (a time-sliced
+   GPU counting itself busy beyond the work), that excess per launch: the busy time each launch
+   holds (`simulation/imperfections.py`'s `launch_hold_s`);
 3. the agent's controller (`ThrottleController`, its defaults) steering real processes through
-   their region files from real NVML samples: two strict containers (30 % and 50 %), then two
-   work-conserving ones (20 % each, both hungry). Shares are judged by the shim's counters, not
-   by NVML, so the controller's own reading cannot flatter it.
+   their region files from real NVML samples: two strict containers (30 % and 50 %), together
+   from the start and, with the shortest kernels, each alone first for `--alone` s (what the
+   split learns of a container's tokens alone bounds what it shares out of a GPU counted busy
+   beyond the work), then two work-conserving ones (20 % each, both hungry). Shares are judged
+   by the shim's counters, not by NVML, so the controller's own reading cannot flatter it.
 
 Exit status 0 when every part ran and the controller held the strict shares within 5 points.
 """
@@ -264,6 +269,12 @@ CASES: tuple[tuple[Held, ...], ...] = (
     (Held(None, 200), Held(None, 200)),
     (Held(20, 200), Held(20, 200)),
     (Held(30, 200), Held(50, 200)),
+    # where two read one figure below saturation: the busy time each launch holds, at several
+    # launch rates and kernel lengths (the one such reading so far: 20 + 20 % of 200 us)
+    (Held(10, 200), Held(10, 200)),
+    (Held(5, 200), Held(5, 200)),
+    (Held(None, 50),), (Held(5, 50), Held(5, 50)),
+    (Held(None, 1000),), (Held(20, 1000), Held(20, 1000)), (Held(40, 1000), Held(20, 1000)),
 )
 
 RATE_CASES = ((Held(None, 20),), (Held(None, 200),))
@@ -293,6 +304,10 @@ def part_samples(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: 
             rows += got
         if len(case) > 1:
             say(f"    together {together:.1f} % of one process's unthrottled work")
+            hold_us = launch_hold_us(case, found[-len(case):], together, full)
+            if hold_us is not None:
+                found[-1]["hold_us"] = round(hold_us, 1)
+                say(f"    busy beyond the work: {hold_us:.0f} us a launch")
     out.write("nvml_samples.jsonl", rows)
     out.write("nvml_summary.jsonl", found)
     return full
@@ -324,16 +339,60 @@ def running(controller: ThrottleController) -> Iterator[None]:
         task.cancel()
 
 
+def launch_hold_us(case: Sequence[Held], found: Sequence[dict], together: float,
+                   full: dict[int, float]) -> float | None:
+    """The busy time a launch held beyond the work, in us, where every process of the case
+    read one figure (within 3 points: a time-sliced GPU's) above their work together by 2 points
+    or more, below 97 (a saturated figure bounds nothing); None otherwise."""
+    means = [f["sm_mean"] for f in found]
+    if None in means or any(h.pct is None for h in case):
+        return None
+    busy = statistics.fmean(means)
+    if max(means) - min(means) > 3 or not together + 2 <= busy < 97:
+        return None
+    launches_per_s = sum(h.pct / 100 * full[h.spin_us] / COST for h in case)  # type: ignore[operator]
+    return (busy - together) / 100 / launches_per_s * 1e6
+
+
 async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
                       full: dict[int, float], name: str,
-                      specs: Sequence[tuple[float, int, int]], seconds: float, out: Out
-                      ) -> list[dict]:
+                      specs: Sequence[tuple[float, int, int]], seconds: float, out: Out,
+                      alone_s: float = 0.0) -> list[dict]:
     """Containers of (limit %, policy, kernel us), all hungry, steered by the controller for
-    `seconds`; each one's share is its tokens per second over its kernels' unthrottled rate."""
+    `seconds`; each one's share is its tokens per second over its kernels' unthrottled rate.
+    With `alone_s`, each container first runs a process of its own alone for that long, one
+    after the other (the controller steering meanwhile), and `seconds` count from when they
+    all run."""
     regions = [make_region(root, uuid, pct, policy) for pct, policy, _ in specs]
     evidence = KnownPids()
     controller = ThrottleController(backend, lambda: regions, tick_s=0.1, max_tick_s=0.4,
                                     evidence=evidence)
+    with running(controller):
+        if alone_s:
+            for region, (_, _, spin) in zip(regions, specs, strict=True):
+                first = start(check, shim, region, alone_s, spin)
+                evidence.owner_of[first.pid] = region.alloc_id
+                await asyncio.to_thread(finish, first)  # the controller steers meanwhile
+        rows = await _together(check, shim, controller, evidence, regions, full, name, specs,
+                               seconds)
+    errors = dict(controller.error_counts)
+    for region in regions:
+        region.close()
+    say(f"  {name}: ticks {controller.ticks}, errors {errors or 'none'}, "
+        f"open loop {sorted(controller.open_loop_gpus) or 'no'}")
+    for i, (pct, policy, spin) in enumerate(specs):
+        mine = [r for r in rows if r["container"] == i]
+        line = " ".join(f"{r['share']:.0f}" for r in mine)
+        say(f"    container {i} ({pct} %, {layout.POLICY_NAMES[policy]}, {spin} us kernels) "
+            f"share per 0.5 s: {line}")
+    out.write(f"loop_{name}.jsonl", rows)
+    return rows
+
+
+async def _together(check: str, shim: str, controller: ThrottleController, evidence: KnownPids,
+                    regions: list[Region], full: dict[int, float], name: str,
+                    specs: Sequence[tuple[float, int, int]], seconds: float) -> list[dict]:
+    """Every container's process at once for `seconds`: its share every 0.5 s."""
     procs = [start(check, shim, r, seconds + 2, spin)
              for r, (_, _, spin) in zip(regions, specs, strict=True)]
     for proc, region in zip(procs, regions, strict=True):
@@ -341,7 +400,7 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
     rows: list[dict] = []
     t0 = time.monotonic()
     last = [(t0, tokens(r)) for r in regions]
-    with running(controller):
+    try:
         while time.monotonic() - t0 < seconds:
             await asyncio.sleep(0.5)
             now = time.monotonic()
@@ -359,19 +418,9 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
                     "target": st.target if st else None,
                     "rate": st.rate if st else None,
                 })
-    for proc in procs:
-        finish(proc)
-    errors = dict(controller.error_counts)
-    for region in regions:
-        region.close()
-    say(f"  {name}: ticks {controller.ticks}, errors {errors or 'none'}, "
-        f"open loop {sorted(controller.open_loop_gpus) or 'no'}")
-    for i, (pct, policy, spin) in enumerate(specs):
-        mine = [r for r in rows if r["container"] == i]
-        line = " ".join(f"{r['share']:.0f}" for r in mine)
-        say(f"    container {i} ({pct} %, {layout.POLICY_NAMES[policy]}, {spin} us kernels) "
-            f"share per 0.5 s: {line}")
-    out.write(f"loop_{name}.jsonl", rows)
+    finally:
+        for proc in procs:
+            finish(proc)
     return rows
 
 
@@ -390,18 +439,24 @@ def settle_and_error(rows: list[dict], container: int, goal: float, band: float
 
 
 async def part_controller(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
-                          full: dict[int, float], out: Out, seconds: float) -> bool:
+                          full: dict[int, float], out: Out, seconds: float,
+                          alone_s: float = 0.0) -> bool:
     """Two strict containers (30 % and 50 %) at each kernel length, then with unequal kernels
-    (the 30 % one's ten times shorter), then two work-conserving ones (20 % each) at the
-    longest; ok when every strict share is held within 5 points."""
+    (the 30 % one's ten times shorter), then (with `alone_s`) at the shortest, each alone first,
+    then two work-conserving ones (20 % each) at the longest; ok when every strict share is
+    held within 5 points."""
     ok = True
     short, long = min(full), max(full)
-    cases = [(f"strict{spin}", ((30, STRICT, spin), (50, STRICT, spin))) for spin in sorted(full)]
+    cases = [(f"strict{spin}", ((30, STRICT, spin), (50, STRICT, spin)), 0.0)
+             for spin in sorted(full)]
     if short != long:
-        cases.append(("strict_mixed", ((30, STRICT, short), (50, STRICT, long))))
-    for name, specs in cases:
+        cases.append(("strict_mixed", ((30, STRICT, short), (50, STRICT, long)), 0.0))
+    if alone_s:
+        cases.append((f"strict{short}_alone_first", ((30, STRICT, short), (50, STRICT, short)),
+                      alone_s))
+    for name, specs, alone in cases:
         rows = await closed_loop(check, shim, backend, root, uuid, full, name, specs, seconds,
-                                 out)
+                                 out, alone)
         for i, (goal, _, spin) in enumerate(specs):
             settled, err = settle_and_error(rows, i, goal, 3)
             say(f"    strict {goal} % ({spin} us kernels): within 3 points from {settled} s; "
@@ -425,6 +480,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nvml-library", default=None)
     parser.add_argument("--seconds", type=float, default=15.0, help="each controller case")
     parser.add_argument("--hold", type=float, default=6.0, help="each fixed-rate case")
+    parser.add_argument("--alone", type=float, default=4.0,
+                        help="each container alone first this long, in the controller case that "
+                             "has them so (0: no such case)")
     parser.add_argument("--quick", action="store_true",
                         help="four fixed-rate cases, one kernel length (for checking the script)")
     parser.add_argument("--controller-only", action="store_true",
@@ -448,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         say("3. the controller on real processes")
         ok = asyncio.run(part_controller(args.check, args.shim, backend, root, uuid, full, out,
-                                         args.seconds))
+                                         args.seconds, args.alone))
     finally:
         backend.shutdown()
     say("result:", "ok" if ok else "FAIL")
