@@ -533,6 +533,7 @@ class Agent:
             throttle_status=lambda: self.controller.status,
             time_sliced_gpus=lambda: self.controller.time_sliced_gpus,
             phase_changes=lambda: self.controller.phase_changes,
+            use_charged_to_nobody=lambda: self.controller.use_charged_to_nobody,
             registration=self._registration,
             nvml_errors=lambda: getattr(self.backend, "errors_by_call", {}),
             region_events=self._region_events,

@@ -11,7 +11,9 @@ import math
 import pytest
 from structlog.testing import capture_logs
 
-from tests.bench.bench_launch_holds import held
+from tests.bench.bench_launch_holds import held, scenario
+from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+from vgpu_agent.simulation.runner import ControlledRun, PlantSpec
 from vgpu_agent.throttle import timesliced
 
 
@@ -41,3 +43,16 @@ async def test_containers_never_alone_are_starved_by_the_use_counted(monkeypatch
     monkeypatch.setattr(timesliced, "ALONE_MARGIN", math.inf)
     got = await held((30, 30), 20e-6, alone_first=True)
     assert max(got) < 10
+
+
+@pytest.mark.slow
+async def test_the_use_charged_to_nobody_is_what_the_gpu_counts_beyond_the_bound():
+    sc, together = scenario((30, 30), 20e-6, alone_first=True, together_s=10)
+    run = ControlledRun(sc.containers, plant=PlantSpec(H200_TIME_SLICED, 0.2), paced=True)
+    await run.advance(together - 1)  # the second container alone: all of it charged
+    assert set(run.controller.use_charged_to_nobody.values()) == {0.0}
+    await run.advance(11)
+    # together they do about 57 % of the work and the GPU reads 99-100 % busy
+    uncharged = run.controller.use_charged_to_nobody
+    assert list(uncharged) == [run.gpu.uuid]
+    assert 30 < uncharged[run.gpu.uuid] < 50

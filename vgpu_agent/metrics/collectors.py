@@ -107,6 +107,7 @@ class Snapshot:
     claims: tuple[tuple[Identity, tuple[str, str, str]], ...] = ()
     time_sliced: frozenset[str] | None = None  # None: no throttle controller
     phase_changes: Mapping[str, int] | None = None
+    uncharged: Mapping[str, float] | None = None  # use charged to nobody, per time-sliced GPU
 
 
 # The rate the throttle controller writes for devices it does not limit; not worth a series.
@@ -291,6 +292,8 @@ def gather_snapshot(
         time_sliced=(frozenset(sources.time_sliced_gpus()) if sources.time_sliced_gpus
                      else None),
         phase_changes=dict(sources.phase_changes()) if sources.phase_changes else None,
+        uncharged=(dict(sources.use_charged_to_nobody()) if sources.use_charged_to_nobody
+                   else None),
     )
     return PendingSnapshot(snapshot, picked, throttle)
 
@@ -381,6 +384,14 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "the time-sliced GPU.",
         GPU_LABELS,
     )
+    uncharged = _gauge(
+        "vgpu_gpu_throttle_uncharged_use_percent",
+        "Points of the time-sliced GPU's use, at the last batch of NVML samples, that its "
+        "containers' tokens do not explain (at what each one's bought while alone) and that no "
+        "container was charged: NVML counting the GPU busy beyond the work. 0 when all of it "
+        "was charged.",
+        GPU_LABELS,
+    )
     for gpu in snap.gpus:
         labels = _gpu_labels(sets, snap, gpu)
         _put(mem_total, labels, gpu.memory_total)
@@ -390,6 +401,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(time_sliced, labels, 1 if gpu.uuid in snap.time_sliced else 0)
         if snap.phase_changes is not None:
             _put(phase_changes, labels, snap.phase_changes.get(gpu.uuid, 0))
+        if snap.uncharged is not None and gpu.uuid in snap.uncharged:
+            _put(uncharged, labels, snap.uncharged[gpu.uuid])
         if snap.healthy is not None and gpu.uuid in snap.healthy:
             _put(healthy, labels, 1 if snap.healthy[gpu.uuid] else 0)
         if snap.xid_counts is not None:
@@ -411,7 +424,7 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         if r.power_w is not None:
             _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
-    yield from (slices_total, slices_alloc, time_sliced, phase_changes)
+    yield from (slices_total, slices_alloc, time_sliced, phase_changes, uncharged)
 
 
 _KIND_LABELS = (*CONTAINER_LABELS, "kind")

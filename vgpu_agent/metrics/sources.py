@@ -106,6 +106,9 @@ class MetricsSources:
     # changes of phase its split found (`ThrottleController.time_sliced_gpus`, `phase_changes`)
     time_sliced_gpus: Callable[[], Iterable[str]] | None = None
     phase_changes: Callable[[], Mapping[str, int]] | None = None
+    # per time-sliced GPU, the points of its use charged to nobody at the last batch
+    # (`ThrottleController.use_charged_to_nobody`)
+    use_charged_to_nobody: Callable[[], Mapping[str, float]] | None = None
     registration: Callable[[], RegistrationView | None] | None = None
     nvml_errors: Callable[[], Mapping[str, int]] = _empty
     region_events: Callable[[], Mapping[str, int]] = _empty  # created/adopted/removed/corrupt

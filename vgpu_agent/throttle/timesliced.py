@@ -90,8 +90,8 @@ class TimeSlicedSplit:
         # alloc_id -> (use per token/s while alone, its spending then (tokens/s), steady
         # alone batches in a row, batches since the last)
         self.alone: dict[str, tuple[float, float, int, int]] = {}
-        # (the GPU's use, what the tokens explain) of the last batch whose use was bounded by
-        # them, () while none was
+        # (the GPU's use, what the tokens explain) of the last batch, where its use was bounded
+        # by them; () where it was not
         self.beyond_work: tuple[float, float] | tuple[()] = ()
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
@@ -114,6 +114,7 @@ class TimeSlicedSplit:
             self._learn_costs(owners, {a: used / total for a, used in spent.items() if used})
         explained = self._explained(spent, dt_s)
         self._calibrate(owners, busy, spent, dt_s)
+        self.beyond_work = ()
         unseen = self.unseen
         for given in owners:
             for alloc_id, (periods, tokens, n) in parts.items():
