@@ -71,6 +71,7 @@ async def _everything_emitted(tmp_path: Path) -> dict[str, set[str]]:
         throttle_status=lambda: {("a", 0): Status()},
         time_sliced_gpus=lambda: {uuid},
         phase_changes=lambda: {uuid: 1},
+        use_charged_to_nobody=lambda: {uuid: 12.5},
         registration=lambda: Registration(),
         nvml_errors=lambda: {"nvmlDeviceGetPowerUsage": 1},
         region_events=lambda: {"created": 1},
