@@ -194,6 +194,9 @@ def _gpu_title(gpu: Mapping[str, Any]) -> Text:
         title.append(" (stale)", style="yellow")
     if gpu.get("nvml_time_sliced"):
         title.append("  NVML time-sliced (use estimated)", style="cyan")
+    uncharged = gpu.get("uncharged_use_ratio")
+    if uncharged:
+        title.append(f"  busy beyond the work {_percent(uncharged)}", style="yellow")
     title.append(
         f"  memory {_gib(gpu.get('memory_used_bytes'))}/{_gib(gpu['memory_total_bytes'])} GiB"
         f"  slices {gpu['slices_allocated']}/{gpu['slices_total']}"

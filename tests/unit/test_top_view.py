@@ -241,6 +241,8 @@ def test_a_gpu_read_as_time_sliced_says_its_use_is_estimated() -> None:
     sliced = copy.deepcopy(STATUS)
     sliced["gpus"][0]["nvml_time_sliced"] = True
     sliced["gpus"][1]["nvml_time_sliced"] = False
+    sliced["gpus"][0]["uncharged_use_ratio"] = 0.425
     lines = [line for line in frame_text(sliced).splitlines() if line.startswith("GPU ")]
     assert "NVML time-sliced (use estimated)" in lines[0]
-    assert "time-sliced" not in lines[1]
+    assert "busy beyond the work 42" in lines[0]
+    assert "time-sliced" not in lines[1] and "beyond" not in lines[1]

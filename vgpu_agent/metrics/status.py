@@ -13,7 +13,10 @@ Schema (``schema_version`` 1; fields are only ever added within a version):
                "healthy": bool | null, "readings_stale": bool, "slices_total",
                "slices_allocated", "nvml_time_sliced": bool | null (the throttle reads
                the GPU's NVML samples as time-sliced: its containers' measured use is then
-               an estimate from their tokens; null without a throttle controller)}],
+               an estimate from their tokens; null without a throttle controller),
+               "uncharged_use_ratio": float | null (of a time-sliced GPU's use at the last
+               batch of samples, the part its containers' tokens do not explain and nobody
+               was charged: NVML counting it busy beyond the work; null where not split)}],
      "allocations": [{"alloc_id", "seq", "namespace", "pod", "container" (null until
                       PodResources names the holder), "state", "priority", "policy_source"
                       ("pod": its pod's annotations chose policy and priority, "default": the
@@ -130,6 +133,9 @@ def _gpu(snap: Snapshot, gpu: GpuInfo) -> dict[str, Any]:
         "slices_total": snap.slices_per_gpu,
         "slices_allocated": snap.slices_allocated.get(uuid, 0),
         "nvml_time_sliced": uuid in snap.time_sliced if snap.time_sliced is not None else None,
+        "uncharged_use_ratio": (_ratio(snap.uncharged[uuid])
+                                if snap.uncharged is not None and uuid in snap.uncharged
+                                else None),
     }
 
 
