@@ -230,12 +230,13 @@ def test_use_counted_beyond_the_work_is_not_charged_once_each_was_measured_alone
     assert sum(got.values()) == pytest.approx(timesliced.ALONE_MARGIN * 40, rel=0.02)
     assert got["a"] == pytest.approx(got["b"], rel=0.1)
     assert split.beyond_work == pytest.approx((99.0, 40.0), rel=0.02)
+    assert split.uncharged == pytest.approx(99.0 - timesliced.ALONE_MARGIN * 40, rel=0.02)
     # the tick's length counts: the same tokens over twice the time are half the work
     got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.2)
     assert sum(got.values()) == pytest.approx(timesliced.ALONE_MARGIN * 20, rel=0.02)
     # a batch whose use the tokens explain is not bounded: nothing is said of it
     split.share([["a"]], 40.0, {"a": 1000, "b": 1000}, 0.1)
-    assert split.beyond_work == ()
+    assert split.beyond_work == () and split.uncharged == 0.0
 
 
 def test_without_every_spender_measured_alone_the_whole_use_is_shared_out():

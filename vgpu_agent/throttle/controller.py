@@ -142,12 +142,7 @@ from vgpu_agent.throttle.control import (
 )
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.nativelaw import NATIVE, NOT_NATIVE_REASON, control_step_native
-from vgpu_agent.throttle.timesliced import (
-    ALONE_MARGIN,
-    PER_PROCESS_HOLD_S,
-    SHARED_PERIODS,
-    TimeSlicedSplit,
-)
+from vgpu_agent.throttle.timesliced import PER_PROCESS_HOLD_S, SHARED_PERIODS, TimeSlicedSplit
 
 try:
     from vgpu_agent.throttle import _steerc  # type: ignore[attr-defined]
@@ -581,9 +576,7 @@ class ThrottleController:
         """Per time-sliced GPU, the points of its use at the last batch of samples that its
         containers' tokens did not explain (at what each one's bought alone) and that nobody
         was charged (`TimeSlicedSplit`); 0 where all of it was charged."""
-        return {uuid: (split.beyond_work[0] - ALONE_MARGIN * split.beyond_work[1]
-                       if split.beyond_work else 0.0)
-                for uuid, split in self._sliced.items()}
+        return {uuid: split.uncharged for uuid, split in self._sliced.items()}
 
     def _drop_split(self, uuid: str) -> None:
         split = self._sliced.pop(uuid, None)

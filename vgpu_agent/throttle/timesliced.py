@@ -184,6 +184,14 @@ class TimeSlicedSplit:
             log_cost, info = costs[alloc_id]
             costs[alloc_id] = (log_cost - mean, info)
 
+    @property
+    def uncharged(self) -> float:
+        """The points of the last batch's use that nobody was charged (0: all of it was)."""
+        if not self.beyond_work:
+            return 0.0
+        busy, explained = self.beyond_work
+        return busy - ALONE_MARGIN * explained
+
     def _calibrate(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
                    dt_s: float) -> None:
         """Learn a container's use per token/s from a batch in which it was alone: every
