@@ -6,9 +6,9 @@
 GPU's busy time as its value, and while processes take turns every launch keeps the GPU counted
 busy 130 us beyond its work (fitted to the H200: two processes doing 20 % of the work each read
 99 % busy with 20 us kernels, 66 % with 200 us ones). Strict containers of one kernel length (1024
-blocks x 128 threads, the H200 check's), saturating, either each alone first for 5 s, one after
-the other (as bursty services are, now and then), or together from the start; then together for
-`--together` s. Per case, over the seeds: each container's mean share over the last 10 s (the
+blocks x 128 threads, the H200 check's), saturating: each alone first for 5 s, one after the
+other (as bursty services are, now and then); only the first alone first (the others join it and
+are never alone); or together from the start. Then together for `--together` s. Per case, over the seeds: each container's mean share over the last 10 s (the
 SM time it really got), median (lowest-highest), against its limit, for
 - ours: the controller as it is;
 - no bound: the controller with the bound from figures measured alone switched off
@@ -39,17 +39,18 @@ CASES = (  # (limits, kernel seconds)
 )
 
 
-def scenario(limits: tuple[float, ...], kernel_s: float, alone_first: bool,
+def scenario(limits: tuple[float, ...], kernel_s: float, alone: int,
              together_s: float):  # type: ignore[no-untyped-def]
-    """The containers, and the moment they all run from."""
+    """The containers (the first `alone` of them alone first, one after the other), and the
+    moment they all run from."""
     from vgpu_agent.simulation.gpu import Workload
     from vgpu_agent.simulation.runner import ContainerSpec, Scenario
 
-    together = len(limits) * ALONE_S if alone_first else 0.0
+    together = alone * ALONE_S
     specs = []
     for n, limit in enumerate(limits):
-        busy = (((n * ALONE_S, (n + 1) * ALONE_S), (together, math.inf)) if alone_first
-                else ((0.0, math.inf),))
+        busy = (((n * ALONE_S, (n + 1) * ALONE_S), (together, math.inf)) if n < alone
+                else ((together, math.inf),))
         workload = Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
                             queue_s=max(0.002, 5 * kernel_s), busy=busy)
         specs.append(ContainerSpec(f"c{n}", limit, workload, policy="strict"))
@@ -63,24 +64,24 @@ def last_shares(series: dict[str, list[tuple[float, float]]], end_s: float) -> l
             for n in range(len(series))]
 
 
-async def held(limits: tuple[float, ...], kernel_s: float, alone_first: bool, seed: int = 0,
+async def held(limits: tuple[float, ...], kernel_s: float, alone: int, seed: int = 0,
                together_s: float = 20.0) -> list[float]:
     """Ours: each container's mean share over the last 10 s."""
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import PlantSpec, run_controlled
 
-    sc, _ = scenario(limits, kernel_s, alone_first, together_s)
+    sc, _ = scenario(limits, kernel_s, alone, together_s)
     run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
     assert not run.errors, run.errors
     return last_shares(run.series, sc.duration_s)
 
 
-def peer_held(limits: tuple[float, ...], kernel_s: float, alone_first: bool, seed: int,
+def peer_held(limits: tuple[float, ...], kernel_s: float, alone: int, seed: int,
               together_s: float) -> list[float]:
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import PlantSpec, run_peer
 
-    sc, _ = scenario(limits, kernel_s, alone_first, together_s)
+    sc, _ = scenario(limits, kernel_s, alone, together_s)
     run = run_peer(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed))
     return last_shares(run.series, sc.duration_s)
 
@@ -108,21 +109,23 @@ def main() -> int:
     print("mean share over the last 10 s, median (lowest-highest) over seeds, per container")
     margin = timesliced.ALONE_MARGIN
     for limits, kernel_s in CASES:
-        for alone_first in (True, False):
+        for alone in (len(limits), 1, 0):
             runs: dict[str, list[list[float]]] = {"ours": [], "no bound": [], "peer": []}
             for seed in range(args.seeds):
                 runs["ours"].append(asyncio.run(
-                    held(limits, kernel_s, alone_first, seed, args.together)))
+                    held(limits, kernel_s, alone, seed, args.together)))
                 timesliced.ALONE_MARGIN = math.inf
                 try:
                     runs["no bound"].append(asyncio.run(
-                        held(limits, kernel_s, alone_first, seed, args.together)))
+                        held(limits, kernel_s, alone, seed, args.together)))
                 finally:
                     timesliced.ALONE_MARGIN = margin
                 runs["peer"].append(
-                    peer_held(limits, kernel_s, alone_first, seed, args.together))
+                    peer_held(limits, kernel_s, alone, seed, args.together))
+            start = {0: "together from the start", 1: "the first alone first"}.get(
+                alone, "each alone first")
             print(f"\nlimits {'/'.join(f'{v:g}' for v in limits)}, {kernel_s * 1e6:g} us kernels, "
-                  f"{'each alone first' if alone_first else 'together from the start'}")
+                  f"{start}")
             for name, got in runs.items():
                 print(f"  {name:9} {_summary(got)}")
     return 0

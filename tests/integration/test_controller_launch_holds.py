@@ -22,7 +22,7 @@ from vgpu_agent.throttle import timesliced
                                                   ((30, 30), 200e-6)])
 async def test_containers_seen_alone_keep_their_shares_on_a_gpu_counted_busy(limits, kernel_s):
     with capture_logs() as logs:
-        got = await held(limits, kernel_s, alone_first=True)
+        got = await held(limits, kernel_s, alone=len(limits))
     for share, limit in zip(got, limits, strict=True):
         # at most ALONE_MARGIN of their work is charged: a few points under their limits
         assert limit / timesliced.ALONE_MARGIN - 2 <= share <= limit + 1, (got, limits)
@@ -32,22 +32,31 @@ async def test_containers_seen_alone_keep_their_shares_on_a_gpu_counted_busy(lim
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("limits", [(30, 30), (30, 50)])
+async def test_one_container_seen_alone_is_enough_for_those_that_join_it(limits):
+    # the first one's figure sets the scale; the others' tokens count at their periods' costs
+    got = await held(limits, 20e-6, alone=1)
+    for share, limit in zip(got, limits, strict=True):
+        assert limit / timesliced.ALONE_MARGIN - 3 <= share <= limit + 2, (got, limits)
+
+
+@pytest.mark.slow
 async def test_containers_never_alone_are_starved_by_the_use_counted(monkeypatch):
     # what the bound cannot help: nothing says what their tokens buy (recorded here, so that a
     # change of it is seen)
     with capture_logs() as logs:
-        got = await held((30, 30), 20e-6, alone_first=False)
+        got = await held((30, 30), 20e-6, alone=0)
     assert max(got) < 10
     assert not [e for e in logs if e["event"] == "throttle_gpu_busy_beyond_work"]
     # and with the bound off, those seen alone starve as well
     monkeypatch.setattr(timesliced, "ALONE_MARGIN", math.inf)
-    got = await held((30, 30), 20e-6, alone_first=True)
+    got = await held((30, 30), 20e-6, alone=2)
     assert max(got) < 10
 
 
 @pytest.mark.slow
 async def test_the_use_charged_to_nobody_is_what_the_gpu_counts_beyond_the_bound():
-    sc, together = scenario((30, 30), 20e-6, alone_first=True, together_s=10)
+    sc, together = scenario((30, 30), 20e-6, alone=2, together_s=10)
     run = ControlledRun(sc.containers, plant=PlantSpec(H200_TIME_SLICED, 0.2), paced=True)
     await run.advance(together - 1)  # the second container alone: all of it charged
     assert set(run.controller.use_charged_to_nobody.values()) == {0.0}

@@ -239,13 +239,31 @@ def test_use_counted_beyond_the_work_is_not_charged_once_each_was_measured_alone
     assert split.beyond_work == () and split.uncharged == 0.0
 
 
-def test_without_every_spender_measured_alone_the_whole_use_is_shared_out():
+def test_one_figure_sets_the_scale_and_the_periods_costs_the_rest():
+    # a was seen alone (20 % for 1000 tokens a tick), b never: b's tokens count at what the
+    # periods say its cost is against a's (equal here, as b's periods follow its tokens)
     split = TimeSlicedSplit()
-    _alone(split, "a", 20.0, 1000, 10, others=("b",))  # b never alone
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    got = {}
+    for n in range(20):
+        got = split.share([["a" if n % 2 else "b"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+    assert sum(got.values()) == pytest.approx(timesliced.ALONE_MARGIN * 40, rel=0.05)
+    assert got["a"] == pytest.approx(got["b"], rel=0.15)
+    # b's periods show its tokens buying three times a's: b counts three times as much
+    rng, split = random.Random(3), TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    for _ in range(300):
+        spent = {"a": 1000, "b": 1000}
+        owner, _ = _drawn(rng, spent, {"a": 1.0, "b": 3.0})
+        got = split.share([[owner]], 99.0, spent, 0.1)
+    assert got["b"] / got["a"] == pytest.approx(3, rel=0.3)
+    assert got["a"] == pytest.approx(timesliced.ALONE_MARGIN * 20, rel=0.15)
+
+
+def test_without_a_figure_or_the_ticks_length_the_whole_use_is_shared_out():
+    split = TimeSlicedSplit()
     got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
     assert sum(got.values()) == pytest.approx(99.0)
-    # nor without the tick's length, nor in the batch a figure comes from
-    split = TimeSlicedSplit()
     _alone(split, "a", 20.0, 1000, 10, others=("b",))
     _alone(split, "b", 20.0, 1000, 10, others=("a",))
     assert sum(split.share([["a"]], 99.0, {"a": 1000, "b": 1000}).values()) == pytest.approx(99)
@@ -276,12 +294,12 @@ def test_a_figure_needs_steady_batches_alone(why):
     else:  # b's periods ended ALONE_QUIET periods ago: then a needs ALONE_READINGS alone
         _alone(split, "a", 20.0, 1000,
                timesliced.ALONE_QUIET + timesliced.ALONE_READINGS - 1, others=("b",))
-    got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
-    assert sum(got.values()) == pytest.approx(99.0)
-    if why == "too few":  # one more, and the use shared out is what their tokens explain
+    trusted = timesliced.ALONE_READINGS
+    assert split.alone.get("a", (0.0, 0.0, 0, 0))[2] < trusted
+    if why == "too few":  # one more, and it is trusted
         _alone(split, "a", 20.0, 1000, 1, others=("b",))
-        got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
-        assert sum(got.values()) == pytest.approx(timesliced.ALONE_MARGIN * 40, rel=0.02)
+        assert split.alone["a"][2] >= trusted
+        assert split.alone["a"][0] == pytest.approx(20.0 / 10_000)
 
 
 def test_a_container_whose_periods_show_a_change_loses_its_figure():

@@ -70,11 +70,13 @@ class TimeSlicedSplit:
     stays (sparser launches hold the GPU all the same), and they are cut again: simulated, two
     strict 30 % containers with 20 us kernels ended at 4 % each. So a container's use per
     token is also learned where it is alone (every period of the batch given to it, no other
-    container spending) and spends steadily (`_calibrate`), and while every container
-    spending has such a figure, the use shared out is at most ALONE_MARGIN times the work their
-    tokens explain at it (`_explained`). Without one (containers never alone) the whole use is
-    shared out, as before. A container whose periods show a change (`ChangeWatch`) loses its
-    figure: its tokens may no longer buy what they did alone.
+    container spending) and spends steadily (`_calibrate`), and while one container spending
+    or more has such a figure, the use shared out is at most ALONE_MARGIN times the work their
+    tokens explain (`_explained`): at their figures where all have one; otherwise one figure
+    sets the scale and the costs the periods show the rest, so that a newcomer that joined a
+    container seen alone is covered too. Without a figure (containers never alone) the whole
+    use is shared out, as before. A container whose periods show a change (`ChangeWatch`) loses
+    its figure: its tokens may no longer buy what they did alone.
     """
 
     __slots__ = ("alone", "beyond_work", "costs", "parts", "restarts", "unseen", "watch")
@@ -132,18 +134,16 @@ class TimeSlicedSplit:
         # which takes such all-or-nothing readings for missed samples, would starve them.
         unshimmed = {a: parts[a][0] * busy for a, used in spent.items()
                      if not used and unseen.get(a, SHARED_PERIODS) < SHARED_PERIODS}
-        if explained is None:
-            weights = {a: used * _believed(*costs[a]) for a, used in spent.items() if used}
-        else:  # the work each one's tokens explain: its figure is its cost, measured
-            weights = {a: used * self.alone[a][0] for a, used in spent.items() if used}
+        weights = explained[1] if explained is not None else {
+            a: used * _believed(*costs[a]) for a, used in spent.items() if used}
         weighted = sum(weights.values())
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
                    - sum(unshimmed.values()))
-        if explained is not None and busy > ALONE_MARGIN * explained:
+        if explained is not None and busy > ALONE_MARGIN * explained[0]:
             # what the GPU counts busy beyond what their tokens buy is nobody's work
-            self.beyond_work = (busy, explained)
-            ours = min(ours, ALONE_MARGIN * explained)
-            busy = ALONE_MARGIN * explained
+            self.beyond_work = (busy, explained[0])
+            ours = min(ours, ALONE_MARGIN * explained[0])
+            busy = ALONE_MARGIN * explained[0]
         shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
         _floor_by_periods(shares, self._floors(weights, busy))
         return dict.fromkeys(spent, 0.0) | shares | unshimmed
@@ -234,28 +234,40 @@ class TimeSlicedSplit:
             steady = 1
         alone[alloc_id] = (figure, rate, steady, 0)
 
-    def _explained(self, spent: Mapping[str, int], dt_s: float) -> float | None:
-        """The use the tokens spent explain at the containers' figures from when each was
-        alone; None unless two containers or more spent and every one has a trusted figure."""
+    def _explained(self, spent: Mapping[str, int], dt_s: float
+                   ) -> tuple[float, dict[str, float]] | None:
+        """The use the tokens spent explain, and each container's weight in it (its part of
+        that use, up to a common factor); None unless two containers or more spent and at
+        least one has a trusted figure from when it was alone.
+
+        Every one with a figure: each one's tokens at its figure. Some without: one figure
+        sets the scale (use per token at a cost of 1; the largest, where several do) and the
+        costs the periods show the rest: each one's tokens at its believed cost times the
+        scale. Either way the figures must agree with the costs the periods show (their
+        ratios, within what chance allows the costs): a container whose tokens came to buy
+        more than they did alone would otherwise be charged what they bought then."""
         spending = [a for a, used in spent.items() if used > 0]
         if dt_s <= 0 or len(spending) < 2:
             return None
-        total = 0.0
-        # the figures must agree with the costs the periods show (their ratios, within what
-        # chance allows the costs): a container whose tokens came to buy more than they did
-        # alone would otherwise be charged what they bought then
+        alone, costs = self.alone, self.costs
+        measured = [a for a in spending if a in alone and alone[a][2] >= ALONE_READINGS]
+        if not measured:
+            return None
         apart, least_info = [], math.inf
-        for alloc_id in spending:
-            known = self.alone.get(alloc_id)
-            if known is None or known[2] < ALONE_READINGS:
-                return None
-            total += known[0] * spent[alloc_id] / dt_s
-            log_cost, info = self.costs.get(alloc_id, (0.0, PRIOR_INFO))
-            apart.append(math.log(known[0]) - log_cost)
+        for alloc_id in measured:
+            log_cost, info = costs.get(alloc_id, (0.0, PRIOR_INFO))
+            apart.append(math.log(alone[alloc_id][0]) - log_cost)
             least_info = min(least_info, info)
         if max(apart) - min(apart) > _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(2 / least_info):
             return None
-        return total
+        if len(measured) == len(spending):
+            weights = {a: alone[a][0] * spent[a] / dt_s for a in spending}
+        else:
+            scale = max(alone[a][0] / _believed(*costs.get(a, (0.0, PRIOR_INFO)))
+                        for a in measured)
+            weights = {a: scale * _believed(*costs.get(a, (0.0, PRIOR_INFO))) * spent[a] / dt_s
+                       for a in spending}
+        return sum(weights.values()), weights
 
     def _chances(self, tokens: Mapping[str, float]) -> dict[str, float]:
         """Each spending container's chance of being given a period, as the costs have it."""
@@ -398,9 +410,9 @@ RESTART_INFO = 5.0
 # A container's use per token from the batches it was alone in: trusted after this many in a
 # row at a steady spending (within ALONE_STEADY of the last), averaged over up to
 # ALONE_AVERAGED, dropped after ALONE_MAX_BATCHES without one (ten minutes at five a second).
-# While every container spending has one, the use shared out is at most ALONE_MARGIN times
-# what their tokens explain: a container's kernels may take longer beside another's (caches
-# emptied by the switches) than alone.
+# While a container spending has one, the use shared out is at most ALONE_MARGIN times what
+# their tokens explain: a container's kernels may take longer beside another's (caches emptied
+# by the switches) than alone.
 ALONE_READINGS = 3
 # ... and with no period given to anyone else (strangers, containers spending no token) in the
 # last this many
