@@ -209,13 +209,11 @@ class TimeSlicedSplit:
             else:
                 alone[alloc_id] = (figure, rate, steady, age + 1)
         spending = [a for a, used in spent.items() if used > 0]
-        if len(spending) != 1:
+        if len(spending) != 1 or busy < 1:
             return
         alloc_id = spending[0]
         before = alone.get(alloc_id)
         unseen = self.unseen
-        if busy < 1:
-            return
         if (dt_s <= 0 or not owners or any(given != [alloc_id] for given in owners)
                 or any(unseen.get(other, ALONE_QUIET) < ALONE_QUIET
                        for other in self.parts if other != alloc_id)):
