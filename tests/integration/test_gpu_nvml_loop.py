@@ -145,3 +145,20 @@ def test_the_stand_in_spends_what_its_control_grants(tmp_path, rate, seconds):
         del os.environ["VGPU_REGION_DIR"]
     spent = layout.state_counters((region / "state").read_bytes(), 1)
     assert spent is not None and spent[0] == pytest.approx(rate * seconds, rel=0.2)
+
+
+def test_the_hold_per_launch_is_fitted_only_from_one_unsaturated_figure():
+    script = load_script()
+    held = script.Held
+    # 200 us kernels, 5,000 launches a second unthrottled: the H200's 20 + 20 % read 66
+    full = {200: 5_000 * script.COST}
+    pair = (held(20, 200), held(20, 200))
+    hold = script.launch_hold_us(pair, [{"sm_mean": 66}, {"sm_mean": 66}], 40.0, full)
+    assert hold == pytest.approx(130)
+    # per-process samples (each its own work), a saturated figure, two figures apart, an
+    # unthrottled process: nothing to fit
+    for means in ((20, 20), (99, 99), (60, 70)):
+        found = [{"sm_mean": m} for m in means]
+        assert script.launch_hold_us(pair, found, 40.0, full) is None
+    assert script.launch_hold_us((held(None, 200), held(20, 200)),
+                                 [{"sm_mean": 66}, {"sm_mean": 66}], 40.0, full) is None
