@@ -55,6 +55,8 @@ from vgpu_agent.shm.spill import SpillNotice, SpillReports
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.backstop import Breach
 from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
+from vgpu_agent.throttle.figurefile import FILE_NAME as FIGURE_FILE_NAME
+from vgpu_agent.throttle.figurefile import FigureFile
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.podpolicy import PodPolicyRules
 from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
@@ -170,6 +172,8 @@ class Agent:
             container_region_dir=config.container_region_dir,
             # a simulated node proves its simulated processes itself; a real one through /proc
             evidence=_simulated_host(self.backend),
+            # what containers alone showed on time-sliced GPUs, kept across restarts
+            figure_file=FigureFile(os.path.join(config.state_dir, FIGURE_FILE_NAME)),
         )
         self.regions.on_added = self.controller.wake  # it sleeps while there are no regions
         self.node: NodeIntegration | None = None

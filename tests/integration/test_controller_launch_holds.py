@@ -11,10 +11,11 @@ import math
 import pytest
 from structlog.testing import capture_logs
 
-from tests.bench.bench_launch_holds import held, scenario
+from tests.bench.bench_launch_holds import held, last_shares, scenario
 from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
-from vgpu_agent.simulation.runner import ControlledRun, PlantSpec
+from vgpu_agent.simulation.runner import ControlledRun, PlantSpec, _series
 from vgpu_agent.throttle import timesliced
+from vgpu_agent.throttle.figurefile import FigureFile
 
 
 @pytest.mark.slow
@@ -65,3 +66,29 @@ async def test_the_use_charged_to_nobody_is_what_the_gpu_counts_beyond_the_bound
     uncharged = run.controller.use_charged_to_nobody
     assert list(uncharged) == [run.gpu.uuid]
     assert 30 < uncharged[run.gpu.uuid] < 50
+
+
+async def _restarted(figure_file: FigureFile | None, seed: int) -> list[float]:
+    """The first of two strict 30 % containers alone for 5 s, then both for 20 s; the agent
+    restarts (a new controller, `figure_file` the one its predecessor saved to, or none), and
+    they run 25 s more. Each one's mean share over the last 10 s."""
+    sc, _ = scenario((30, 30), 20e-6, alone=1, together_s=45)
+    run = ControlledRun(sc.containers, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed),
+                        paced=True, figure_file=figure_file)
+    await run.advance(25)
+    run.restart_controller(figure_file)
+    await run.advance(25)
+    return last_shares(_series(run.gpu, run.procs, 0.5), 50)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_what_a_container_alone_showed_outlives_an_agent_restart(tmp_path, seed):
+    store = FigureFile(tmp_path / "figures.json")
+    with capture_logs() as logs:
+        got = await _restarted(store, seed)
+    assert [e["figures"] for e in logs if e["event"] == "throttle_figures_restored"] == [1]
+    for share in got:
+        assert 30 / timesliced.ALONE_MARGIN - 3 <= share <= 30 + 2, got
+    # forgotten (no file), the same two starve
+    assert max(await _restarted(None, seed)) < 10

@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from vgpu_agent.dra.grant import ClaimRef
+from vgpu_agent.jsondoc import versioned
 
 log = structlog.get_logger(__name__)
 
@@ -67,13 +68,7 @@ def encode(claims: Mapping[str, PreparedClaim]) -> bytes:
 
 
 def decode(data: bytes, where: str) -> dict[str, PreparedClaim]:
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"{where}: not JSON ({err})") from None
-    if not isinstance(doc, dict) or doc.get("version") != VERSION:
-        version = doc.get("version") if isinstance(doc, dict) else None
-        raise CheckpointError(f"{where}: version {version!r}, this agent reads {VERSION}")
+    doc = versioned(data, where, VERSION, CheckpointError)
     body = doc.get("claims")
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     if doc.get("checksum") != _digest(text):

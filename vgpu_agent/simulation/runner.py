@@ -20,6 +20,7 @@ from vgpu_agent.simulation.peer import PeerGate, PeerGpu, PeerWatchers
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.throttle.control import ControlParams
 from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.figurefile import FigureFile
 
 SIM_UUID = "GPU-5a11ce00-0000-4000-8000-000000000001"
 
@@ -115,7 +116,7 @@ class ControlledRun:
     def __init__(self, containers: tuple[ContainerSpec, ...], *, tick_s: float = 0.1,
                  params: ControlParams | None = None, per_process_samples: bool = True,
                  uuid: str = SIM_UUID, plant: PlantSpec | None = None, paced: bool = False,
-                 nvml_poll_periods: int = 1):
+                 nvml_poll_periods: int = 1, figure_file: FigureFile | None = None):
         self.gpu = (plant or PlantSpec()).gpu(uuid, per_process_samples)
         # paced: tick at the controller's own pace (`interval_s`: tick_s, slower while all is
         # calm), as the agent's loop does; otherwise every tick_s
@@ -133,11 +134,22 @@ class ControlledRun:
         self.tick_s = tick_s
         self._due_s = tick_s  # when, on the plant's clock, the next tick is due
         self._look_s: float | None = None  # and when idle containers are next looked at
-        self.controller = ThrottleController(
-            SimBackend([self.gpu]), lambda: list(self.regions.values()), tick_s=tick_s,
-            params=params, clock=lambda: self.gpu.now_ns, evidence=SimHostEvidence([self.gpu]),
-            nvml_poll_periods=nvml_poll_periods,
+        self.params, self.nvml_poll_periods = params, nvml_poll_periods
+        self.controller = self._controller(figure_file)
+
+    def _controller(self, figure_file: FigureFile | None) -> ThrottleController:
+        return ThrottleController(
+            SimBackend([self.gpu]), lambda: list(self.regions.values()), tick_s=self.tick_s,
+            params=self.params, clock=lambda: self.gpu.now_ns,
+            evidence=SimHostEvidence([self.gpu]), nvml_poll_periods=self.nvml_poll_periods,
+            figure_file=figure_file,
         )
+
+    def restart_controller(self, figure_file: FigureFile | None = None) -> None:
+        """A new controller in place of the old, as when the agent restarts: it knows nothing
+        its predecessor learned but what `figure_file` kept. The containers run on, at the
+        rates last written."""
+        self.controller = self._controller(figure_file)
 
     async def advance(self, seconds: float) -> None:
         """Run the plant `seconds` on, ticking the controller whenever a tick is due. The

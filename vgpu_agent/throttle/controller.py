@@ -140,6 +140,7 @@ from vgpu_agent.throttle.control import (
     LoopState,
     Observation,
 )
+from vgpu_agent.throttle.figurefile import FigureFile, Figures
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.nativelaw import NATIVE, NOT_NATIVE_REASON, control_step_native
 from vgpu_agent.throttle.timesliced import PER_PROCESS_HOLD_S, SHARED_PERIODS, TimeSlicedSplit
@@ -400,6 +401,7 @@ class ThrottleController:
         idle_tick_s: float | None = None,
         unlent_tick_s: float | None = None,
         nvml_poll_periods: int = 1,
+        figure_file: FigureFile | None = None,
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -519,6 +521,18 @@ class ThrottleController:
         self._procs_read_ns: dict[str, int] = {}  # per GPU: when its slots were last read
         # per GPU: host pid -> when to try again to place it (samples of no known container)
         self._strangers: dict[str, dict[int, int]] = {}
+        # What time-sliced splits learned of containers alone, kept across agent restarts:
+        # the figures of the last run not yet taken by a split, and those last saved.
+        self._figure_file = figure_file
+        self._restored: Figures = {}
+        if figure_file is not None:
+            self._restored = figure_file.load()
+            if self._restored:
+                log.info("throttle_figures_restored", path=str(figure_file.path),
+                         gpus=len(self._restored),
+                         figures=sum(len(held) for held in self._restored.values()))
+        self._figures_saved: Figures = {u: dict(h) for u, h in self._restored.items()}
+        self._figures_saved_ns: int | None = None
 
     # -- read-only views for metrics ---------------------------------------------------------
     @property
@@ -577,6 +591,34 @@ class ThrottleController:
         containers' tokens did not explain (at what each one's bought alone) and that nobody
         was charged (`TimeSlicedSplit`); 0 where all of it was charged."""
         return {uuid: split.uncharged for uuid, split in self._sliced.items()}
+
+    def _new_split(self, uuid: str) -> TimeSlicedSplit:
+        split = self._sliced[uuid] = TimeSlicedSplit()
+        split.adopt(self._restored.pop(uuid, {}))
+        return split
+
+    async def _save_figures(self, regions: list[RegionHandle], now_ns: int) -> None:
+        """Every FIGURES_SAVE_S at most, the splits' figures (and those restored for GPUs not
+        split yet, of containers still here) to the figure file, where they moved."""
+        if self._figure_file is None or (
+                self._figures_saved_ns is not None
+                and now_ns - self._figures_saved_ns < FIGURES_SAVE_S * 1e9):
+            return
+        self._figures_saved_ns = now_ns
+        here = {_alloc_id(region) for region in regions}
+        figures: Figures = {uuid: {a: f for a, f in held.items() if a in here}
+                            for uuid, held in self._restored.items()}
+        figures |= {uuid: split.figures() for uuid, split in self._sliced.items()}
+        figures = {uuid: held for uuid, held in figures.items() if held}
+        if not _figures_moved(self._figures_saved, figures):
+            return
+        try:
+            await asyncio.to_thread(self._figure_file.save, figures)
+        except Exception:
+            self._failed("figures_save", "throttle_figures_save_failed",
+                         path=str(self._figure_file.path))
+            return
+        self._figures_saved = figures
 
     def _drop_split(self, uuid: str) -> None:
         split = self._sliced.pop(uuid, None)
@@ -733,6 +775,7 @@ class ThrottleController:
             self.attributor.end_tick(live, regions, placed)
         self._status = None  # built afresh from this tick's decisions when next asked
         self._pace(now_ns, due, steered, changed)
+        await self._save_figures(regions, now_ns)
 
     def _due_gpus(self, regions: list[RegionHandle], now_ns: int, paced: bool
                   ) -> tuple[set[str], list[RegionHandle]]:
@@ -1156,7 +1199,7 @@ class ThrottleController:
                 seen.add(alloc_id)
         if sliced:
             owner = {pid: placed[0] for pid, placed in recent.items()}
-            split = self._sliced.setdefault(uuid, TimeSlicedSplit())
+            split = self._sliced.get(uuid) or self._new_split(uuid)
             # A process listed idle in a period (value 0) was not given it. A period whose
             # processes are all listed idle, in a batch where others were used, is a sample
             # NVML missed (its process absent), not an idle GPU: as with per-process samples,
@@ -1551,6 +1594,10 @@ LAG_READINGS = 20  # readings over which the least delay from stamp to reading i
 # Regions read between two yields to the loop: 32 headers and controls took about 0.4 ms in
 # the agent at 144 busy container-devices (the shims writing the same pages meanwhile).
 READ_CHUNK = 32
+# The figures of containers alone are saved at most this often, and only where one was added,
+# dropped or moved by more than FIGURES_MOVE (a figure averages its batches alone as they come)
+FIGURES_SAVE_S = 10.0
+FIGURES_MOVE = 0.02
 # Waits are believed for a tick in which the container spent at least this part of what its
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
@@ -1706,6 +1753,22 @@ def _controls(
                              f"integers >= 0, got {rate!r}, {burst!r}")
         rates += (rate, burst)
     return tuple(rates), tuple(region.policy(dev) for dev in range(devices)), region.priority
+
+
+def _figures_moved(saved: Figures, now: Figures) -> bool:
+    """Whether figures were added, dropped or moved by more than FIGURES_MOVE since saved."""
+    if saved.keys() != now.keys():
+        return True
+    for uuid, held in now.items():
+        before = saved[uuid]
+        if before.keys() != held.keys():
+            return True
+        for alloc_id, (figure, rate) in held.items():
+            old_figure, old_rate = before[alloc_id]
+            if (abs(figure - old_figure) > FIGURES_MOVE * old_figure
+                    or abs(rate - old_rate) > FIGURES_MOVE * old_rate):
+                return True
+    return False
 
 
 def _alloc_id(region: RegionHandle) -> str:

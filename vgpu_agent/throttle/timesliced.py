@@ -11,6 +11,7 @@ Pure: no I/O, no clocks.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping
 
 # periods after the last stamp with two processes or more before a GPU's samples are read as
@@ -75,11 +76,24 @@ class TimeSlicedSplit:
     tokens explain (`_explained`): at their figures where all have one; otherwise one figure
     sets the scale and the costs the periods show the rest, so that a newcomer that joined a
     container seen alone is covered too. Without a figure (containers never alone) the whole
-    use is shared out, as before. A container whose periods show a change (`ChangeWatch`) loses
-    its figure: its tokens may no longer buy what they did alone.
+    use is shared out, as before. A container whose periods show a change (`ChangeWatch`) has
+    its figure in doubt: its tokens may no longer buy what they did alone. While its cost
+    against the others' has risen beyond chance since, its figure rises by as much; where, once
+    the costs are known again, it has not, the doubt ends and the figure stands
+    (`_settle_doubts`).
+
+    A figure is not dropped by age, nor on the watch's word alone. Containers that share a GPU
+    for hours are seldom alone again, and without a figure their use is shared out whole:
+    dropped on a false alarm of the watch, as it once was (and after 3,000 batches), two strict
+    30 % containers held at 29 % fell to 4 % for good, 3 to 27 minutes in (simulated). What an
+    old figure risks: tokens that come to buy more SM time slowly, too slowly for the
+    watch, are charged what they bought alone, and their container runs above its limit by
+    that much (nothing here can tell that from the GPU counting itself busy). Where costs
+    fall instead, the figures explain more than the GPU's use and bound nothing.
     """
 
-    __slots__ = ("alone", "beyond_work", "costs", "parts", "restarts", "unseen", "watch")
+    __slots__ = ("alone", "apart", "beyond_work", "costs", "doubted", "parts", "periods",
+                 "restarts", "spending", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -90,8 +104,16 @@ class TimeSlicedSplit:
         self.watch = ChangeWatch()
         self.restarts = 0  # times a change was found and the costs made to follow fast
         # alloc_id -> (use per token/s while alone, its spending then (tokens/s), steady
-        # alone batches in a row, batches since the last)
-        self.alone: dict[str, tuple[float, float, int, int]] = {}
+        # alone batches in a row)
+        self.alone: dict[str, tuple[float, float, int]] = {}
+        # alloc_id -> (its log cost against the others' mean before its periods showed a
+        # change, that difference's variance, the others): a figure in doubt (`_settle_doubts`)
+        self.doubted: dict[str, tuple[float, float, frozenset[str]]] = {}
+        # alloc_id -> its recent log costs against the others' while its figure stood:
+        # (periods so far, difference, variance, the others), newest last
+        self.apart: dict[str, deque[tuple[int, float, float, frozenset[str]]]] = {}
+        self.periods = 0  # periods seen so far
+        self.spending: list[str] = []  # the containers that spent in the last batch
         # (the GPU's use, what the tokens explain) of the last batch, where its use was bounded
         # by them; () where it was not
         self.beyond_work: tuple[float, float] | tuple[()] = ()
@@ -102,6 +124,7 @@ class TimeSlicedSplit:
         containers its processes belong to, "" for strangers), `busy` the GPU's mean use over
         those periods, `spent` the tokens each container spent over the tick, which lasted
         `dt_s` (0: not known, and no use per token is learned or applied)."""
+        self.periods += len(owners)
         parts = self.parts
         for alloc_id in [*spent, *(o for given in owners for o in given)]:
             parts.setdefault(alloc_id, (0.0, 0.0, 0))
@@ -114,8 +137,11 @@ class TimeSlicedSplit:
             del costs[gone]
         if total > 0:
             self._learn_costs(owners, {a: used / total for a, used in spent.items() if used})
-        explained = self._explained(spent, dt_s)
         self._calibrate(owners, busy, spent, dt_s)
+        self.spending = spending = [a for a, used in spent.items() if used > 0]
+        self._settle_doubts(spending)
+        self._remember_apart(spending)
+        explained = self._explained(spent, dt_s)
         self.beyond_work = ()
         unseen = self.unseen
         for given in owners:
@@ -165,9 +191,11 @@ class TimeSlicedSplit:
         if changed:
             self.restarts += 1
             for alloc_id in changed:
+                if alloc_id in self.alone and alloc_id not in self.doubted:
+                    self.doubted[alloc_id] = self._before_change(alloc_id, tokens)
+            for alloc_id in changed:
                 log_cost, info = costs[alloc_id]
                 costs[alloc_id] = (log_cost, min(info, RESTART_INFO))
-                self.alone.pop(alloc_id, None)
         top = _LOG_COST_RANGE
         for n, owner in enumerate(drawn):
             if n:
@@ -184,6 +212,23 @@ class TimeSlicedSplit:
             log_cost, info = costs[alloc_id]
             costs[alloc_id] = (log_cost - mean, info)
 
+    def figures(self) -> dict[str, tuple[float, float]]:
+        """Each trusted figure as the bound takes it now (`_figure`), with the spending it was
+        measured at: alloc_id -> (use per token/s, tokens/s). What `adopt` takes back."""
+        spending = self.spending
+        return {a: (self._figure(a, spending) if len(spending) > 1 and a in spending
+                    else figure, rate)
+                for a, (figure, rate, steady) in self.alone.items() if steady >= ALONE_READINGS}
+
+    def adopt(self, figures: Mapping[str, tuple[float, float]]) -> None:
+        """Trust figures learned before (by this split's predecessor, before an agent
+        restart) for containers that have none yet. They face what a figure learned here
+        faces: dropped when their container leaves, in doubt when its periods show a
+        change."""
+        for alloc_id, (figure, rate) in figures.items():
+            if figure > 0 and rate > 0 and alloc_id not in self.alone:
+                self.alone[alloc_id] = (figure, rate, ALONE_READINGS)
+
     @property
     def uncharged(self) -> float:
         """The points of the last batch's use that nobody was charged (0: all of it was)."""
@@ -199,15 +244,12 @@ class TimeSlicedSplit:
         one in the last ALONE_QUIET periods. Trusted once its spending held within
         ALONE_STEADY for ALONE_READINGS such batches in a row (the periods and the tick do not
         cover quite the same moments). A batch read at no use at all (a sample NVML missed, or
-        one before it launched) teaches nothing. Figures not renewed for ALONE_MAX_BATCHES
-        batches are dropped."""
+        one before it launched) teaches nothing. A figure is kept, however long its container
+        shares the GPU after, until the container leaves or its periods show a change (see
+        the class note on why not by age)."""
         alone = self.alone
-        for alloc_id in list(alone):
-            figure, rate, steady, age = alone[alloc_id]
-            if alloc_id not in spent or age >= ALONE_MAX_BATCHES:
-                del alone[alloc_id]
-            else:
-                alone[alloc_id] = (figure, rate, steady, age + 1)
+        for gone in [a for a in alone if a not in spent]:
+            del alone[gone]
         spending = [a for a, used in spent.items() if used > 0]
         if len(spending) != 1 or busy < 1:
             return
@@ -224,13 +266,14 @@ class TimeSlicedSplit:
             return
         rate = spent[alloc_id] / dt_s
         figure = busy / rate
+        self.doubted.pop(alloc_id, None)  # measured afresh
         if before is not None and abs(rate - before[1]) <= ALONE_STEADY * max(rate, before[1]):
             steady = before[2] + 1
             if steady > ALONE_READINGS:  # trusted already: an average of the steady batches
                 figure = before[0] + (figure - before[0]) / min(steady, ALONE_AVERAGED)
         else:
             steady = 1
-        alone[alloc_id] = (figure, rate, steady, 0)
+        alone[alloc_id] = (figure, rate, steady)
 
     def _explained(self, spent: Mapping[str, int], dt_s: float
                    ) -> tuple[float, dict[str, float]] | None:
@@ -238,12 +281,13 @@ class TimeSlicedSplit:
         that use, up to a common factor); None unless two containers or more spent and at
         least one has a trusted figure from when it was alone.
 
-        Every one with a figure: each one's tokens at its figure. Some without: one figure
-        sets the scale (use per token at a cost of 1; the largest, where several do) and the
-        costs the periods show the rest: each one's tokens at its believed cost times the
-        scale. Either way the figures must agree with the costs the periods show (their
-        ratios, within what chance allows the costs): a container whose tokens came to buy
-        more than they did alone would otherwise be charged what they bought then."""
+        Every one with a figure, the figures agreeing with the costs the periods show (their
+        ratios, within what chance allows the costs): each one's tokens at its figure.
+        Otherwise one figure sets the scale (use per token at a cost of 1; the largest over
+        its believed cost, where several do) and the costs the periods show the rest: each
+        one's tokens at its believed cost times the scale. So a container whose tokens came
+        to buy more than they did alone is charged what the periods show they buy now, not
+        what they bought then, and one without a figure (a newcomer) what its cost says."""
         spending = [a for a, used in spent.items() if used > 0]
         if dt_s <= 0 or len(spending) < 2:
             return None
@@ -251,21 +295,111 @@ class TimeSlicedSplit:
         measured = [a for a in spending if a in alone and alone[a][2] >= ALONE_READINGS]
         if not measured:
             return None
-        apart, least_info = [], math.inf
-        for alloc_id in measured:
-            log_cost, info = costs.get(alloc_id, (0.0, PRIOR_INFO))
-            apart.append(math.log(alone[alloc_id][0]) - log_cost)
-            least_info = min(least_info, info)
-        if max(apart) - min(apart) > _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(2 / least_info):
-            return None
+        figures = {a: self._figure(a, spending) for a in measured}
         if len(measured) == len(spending):
-            weights = {a: alone[a][0] * spent[a] / dt_s for a in spending}
-        else:
-            scale = max(alone[a][0] / _believed(*costs.get(a, (0.0, PRIOR_INFO)))
-                        for a in measured)
-            weights = {a: scale * _believed(*costs.get(a, (0.0, PRIOR_INFO))) * spent[a] / dt_s
-                       for a in spending}
+            apart, least_info = [], math.inf
+            for alloc_id in measured:
+                log_cost, info = costs.get(alloc_id, (0.0, PRIOR_INFO))
+                apart.append(math.log(figures[alloc_id]) - log_cost)
+                least_info = min(least_info, info)
+            if max(apart) - min(apart) <= _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(
+                    2 / least_info):
+                weights = {a: figures[a] * spent[a] / dt_s for a in spending}
+                return sum(weights.values()), weights
+        believed = {a: _believed(*costs.get(a, (0.0, PRIOR_INFO))) for a in spending}
+        scale = max(figures[a] / believed[a] for a in measured)
+        weights = {a: scale * believed[a] * spent[a] / dt_s for a in spending}
         return sum(weights.values()), weights
+
+    def _apart(self, alloc_id: str, spending: Iterable[str]) -> tuple[float, float]:
+        """A container's learned log cost against the mean of the others' `spending`, and the
+        variance chance allows that difference (a learned log cost scatters by about
+        1 / sqrt(2 info); the others' by their least informed)."""
+        costs = self.costs
+        log_cost, info = costs.get(alloc_id, (0.0, PRIOR_INFO))
+        others = [costs.get(a, (0.0, PRIOR_INFO)) for a in spending if a != alloc_id]
+        mean = sum([c for c, _ in others]) / len(others)
+        return log_cost - mean, 0.5 / info + 0.5 / min(i for _, i in others)
+
+    def _remember_apart(self, spending: list[str]) -> None:
+        """Each trusted figure's container's cost against the others spending, batch by
+        batch, over the last ANCHOR_PERIODS periods: what it was before a change is where its
+        doubt is judged from (`_before_change`)."""
+        history, alone = self.apart, self.alone
+        for gone in [a for a in history if a not in alone]:
+            del history[gone]
+        if len(spending) < 2:
+            return
+        for alloc_id in spending:
+            figure = alone.get(alloc_id)
+            if figure is None or figure[2] < ALONE_READINGS or alloc_id in self.doubted:
+                continue
+            kept = history.get(alloc_id)
+            if kept is None:
+                kept = history[alloc_id] = deque(maxlen=4 * ANCHOR_PERIODS)
+            kept.append((self.periods, *self._apart(alloc_id, spending),
+                         frozenset(spending) - {alloc_id}))
+            while len(kept) > 1 and kept[1][0] <= self.periods - ANCHOR_PERIODS:
+                kept.popleft()
+
+    def _before_change(self, alloc_id: str, spending: Iterable[str]
+                       ) -> tuple[float, float, frozenset[str]]:
+        """A container's cost against the others' (`_apart`, and the others) before its
+        periods showed a change: as it was ANCHOR_PERIODS ago, or as long ago as is known
+        beside the same others. The watch needs tens of periods to find a change, and the
+        costs follow the change from its first period: taken when the watch fired, the cost
+        would have moved most of the way already, and the rise judged from it fall short."""
+        others = frozenset(spending) - {alloc_id}
+        for _, apart, variance, beside in self.apart.get(alloc_id, ()):
+            if beside == others:
+                return apart, variance, others
+        return (*self._apart(alloc_id, spending), others)
+
+    def _risen(self, alloc_id: str, spending: Iterable[str]) -> float:
+        """How far (log) a doubted container's cost has risen against the others' since its
+        periods showed a change, where beyond chance; 0 otherwise."""
+        before, var_before, _ = self.doubted[alloc_id]
+        now, var_now = self._apart(alloc_id, spending)
+        rise = now - before
+        return rise if rise > DOUBT_SIGMAS * math.sqrt(var_before + var_now) else 0.0
+
+    def _figure(self, alloc_id: str, spending: list[str]) -> float:
+        """A container's use per token/s as the bound takes it: its figure from alone, raised
+        by its cost's rise against the others' while in doubt (`_settle_doubts`)."""
+        figure = self.alone[alloc_id][0]
+        if alloc_id in self.doubted:
+            figure *= math.exp(self._risen(alloc_id, spending))
+        return figure
+
+    def _settle_doubts(self, spending: list[str]) -> None:
+        """Ends the doubt about a figure whose container's periods showed a change where it
+        proves to have been chance: once the costs have re-learned CONFIRM_INFO of
+        information, its cost has not risen against the others' beyond chance (the watch's
+        false alarms, about one in a few thousand periods; or cheaper work, which a figure
+        standing charges more, not less). Where it has risen, its tokens buy more than they
+        did alone, and the figure follows the rise (`_figure`) while the costs go on learning
+        it, until the container is measured alone again. Costs against the others cannot tell
+        which of them changed: the figure is raised either way, the safe side for the limits.
+        Where the others spending are no longer those of the change, the rise can no longer
+        be told: the figure keeps the rise it had.
+
+        Dropped instead, as it once was, every false alarm ended the bound for good while the
+        containers kept sharing, and they starved (simulated: 29 % of 30 to 4 %)."""
+        doubted = self.doubted
+        for alloc_id, (_, _, others) in list(doubted.items()):
+            if alloc_id not in self.alone:
+                del doubted[alloc_id]
+                continue
+            if alloc_id not in spending or len(spending) < 2:
+                continue  # nothing to compare with in this batch
+            if frozenset(spending) - {alloc_id} != others:
+                figure, rate, steady = self.alone[alloc_id]
+                rise = self._risen(alloc_id, [alloc_id, *others])
+                self.alone[alloc_id] = (figure * math.exp(rise), rate, steady)
+                del doubted[alloc_id]
+            elif (min([self.costs[a][1] for a in spending]) >= CONFIRM_INFO
+                    and not self._risen(alloc_id, spending)):
+                del doubted[alloc_id]
 
     def _chances(self, tokens: Mapping[str, float]) -> dict[str, float]:
         """Each spending container's chance of being given a period, as the costs have it."""
@@ -407,7 +541,7 @@ CHANGE_EVIDENCE = 6.0
 RESTART_INFO = 5.0
 # A container's use per token from the batches it was alone in: trusted after this many in a
 # row at a steady spending (within ALONE_STEADY of the last), averaged over up to
-# ALONE_AVERAGED, dropped after ALONE_MAX_BATCHES without one (ten minutes at five a second).
+# ALONE_AVERAGED, kept until its container leaves or its periods show a change.
 # While a container spending has one, the use shared out is at most ALONE_MARGIN times what
 # their tokens explain: a container's kernels may take longer beside another's (caches emptied
 # by the switches) than alone.
@@ -417,11 +551,16 @@ ALONE_READINGS = 3
 ALONE_QUIET = 5
 ALONE_STEADY = 0.15
 ALONE_AVERAGED = 10
-ALONE_MAX_BATCHES = 3000
 ALONE_MARGIN = 1.05
 # ... and while their ratios agree with the costs the periods show within this factor (beyond
 # what chance allows the costs)
 ALONE_AGREE = 1.25
+# A container's cost against the others' is remembered this many periods back (the watch finds
+# a three-fold change in 10-20), so that a rise is judged from before the change began
+ANCHOR_PERIODS = 60
+# A figure whose container's periods showed a change is in doubt until the costs have this much
+# information again (about 60-80 periods from RESTART_INFO at even odds)
+CONFIRM_INFO = 20.0
 _CHANCE_EPS = 1e-3
 _LOG_CHANGE_ODDS = math.log(CHANGE_ODDS)
 _LOG_COST_RANGE = math.log(COST_RANGE)
