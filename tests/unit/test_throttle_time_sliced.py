@@ -386,3 +386,19 @@ def test_a_figure_learned_here_is_not_replaced_by_one_adopted():
     _alone(split, "a", 10.0, 1000, 10, others=("b",))
     split.adopt({"a": (5.0, 1.0)})
     assert split.figures()["a"] == pytest.approx((10.0 / 10_000, 10_000))
+
+
+def test_what_the_tokens_do_not_explain_falls_on_a_container_caught_overclaiming():
+    # a did 10 % alone; beside b the GPU reads 99: bounded, both are charged about their
+    # explained 10.5, and 78 points are nobody's. With b caught claiming more than its bucket
+    # let through, its tokens explain nothing: those points are its, a's charge stays
+    split = TimeSlicedSplit()
+    _alone(split, "a", 10.0, 1000, 10, others=("b",))
+    bounded = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+    assert split.uncharged > 70
+    split = TimeSlicedSplit()
+    _alone(split, "a", 10.0, 1000, 10, others=("b",))
+    got = split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1, untrusted=("b",))
+    assert got["a"] == pytest.approx(bounded["a"])
+    assert got["a"] + got["b"] == pytest.approx(99.0)
+    assert split.uncharged == 0.0

@@ -107,7 +107,7 @@ import os
 import time
 import zlib
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -1119,13 +1119,14 @@ class ThrottleController:
 
     def _utilization(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None,
-        spent: Mapping[str, int], dt_s: float = 0.0,
+        spent: Mapping[str, int], dt_s: float = 0.0, untrusted: Collection[str] = (),
     ) -> tuple[Mapping[str, float | None], float, int] | None:
         """SM percent per alloc_id from this tick's samples (None for one that spent while
         none of its processes was listed), the seconds they describe and how many samples per
         process they average; None when nothing new arrived. `spent` is the
         tokens each container is believed to have spent in the tick (`audit.believed_spend`),
-        which lasted `dt_s` (the split learns use per token from it; 0: not known).
+        which lasted `dt_s` (the split learns use per token from it; 0: not known);
+        `untrusted` those whose claims were lately cut (`TimeSlicedSplit.share`).
 
         Drivers attribute a sample period in one of two ways, told apart by what they send:
         - per process: each process that ran gets a sample of its own use, all with the
@@ -1209,7 +1210,7 @@ class ThrottleController:
             util = split.share(
                 [[owner.get(pid, "") for pid, v in at[stamp] if v > 0] for stamp in used],
                 min(100.0, sum([max(v for _, v in at[stamp]) for stamp in used]) / len(used)),
-                spent, dt_s,
+                spent, dt_s, untrusted,
             )
             if split.beyond_work and uuid not in self._beyond_work_logged:
                 self._beyond_work_logged.add(uuid)
@@ -1316,7 +1317,10 @@ class ThrottleController:
         else:
             for device, reading in entries:
                 self._observe(device, reading, states, fields, steered, spent_by, liars)
-        measured = self._utilization(uuid, entries, samples, spent_by, dt_s)
+        # (on a time-sliced GPU: those lately caught claiming more than their buckets allowed)
+        untrusted = [device.alloc_id for device, _ in entries if device.liar_cap is not None
+                     or device.key in liars] if uuid in self._sliced else ()
+        measured = self._utilization(uuid, entries, samples, spent_by, dt_s, untrusted)
         if measured is not None:
             utils, span_s, count = measured
             for row, (device, _, _) in zip(fields, steered, strict=True):

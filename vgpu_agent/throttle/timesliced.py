@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 # periods after the last stamp with two processes or more before a GPU's samples are read as
 # time-sliced again (`controller._utilization`); also how long a container given periods
@@ -119,11 +119,14 @@ class TimeSlicedSplit:
         self.beyond_work: tuple[float, float] | tuple[()] = ()
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
-              dt_s: float = 0.0) -> dict[str, float]:
+              dt_s: float = 0.0, untrusted: Collection[str] = ()) -> dict[str, float]:
         """Each container's use (percent) for this batch: `owners` per period used (the
         containers its processes belong to, "" for strangers), `busy` the GPU's mean use over
         those periods, `spent` the tokens each container spent over the tick, which lasted
-        `dt_s` (0: not known, and no use per token is learned or applied)."""
+        `dt_s` (0: not known, and no use per token is learned or applied). `untrusted`: the
+        containers lately caught claiming more tokens than their bucket let through; where the
+        use is bounded by what the tokens explain, what they do not explain is charged to
+        them, not to nobody."""
         self.periods += len(owners)
         parts = self.parts
         for alloc_id in [*spent, *(o for given in owners for o in given)]:
@@ -165,12 +168,23 @@ class TimeSlicedSplit:
         weighted = sum(weights.values())
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
                    - sum(unshimmed.values()))
+        whole = ours
         if explained is not None and busy > ALONE_MARGIN * explained[0]:
             # what the GPU counts busy beyond what their tokens buy is nobody's work
             self.beyond_work = (busy, explained[0])
             ours = min(ours, ALONE_MARGIN * explained[0])
             busy = ALONE_MARGIN * explained[0]
         shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
+        liars = [a for a in untrusted if a in weights] if whole > ours else []
+        if liars:
+            # Its tokens explain nothing: a container that claimed many while working
+            # lightly, then worked hard, was charged by the cost its periods had shown, and
+            # took 5 points of its neighbour's 60 (seen with a figure from the neighbour).
+            self.beyond_work = ()
+            on = sum([weights[a] for a in liars])
+            for alloc_id in liars:
+                shares[alloc_id] += (whole - ours) * (weights[alloc_id] / on if on > 0
+                                                      else 1 / len(liars))
         _floor_by_periods(shares, self._floors(weights, busy))
         return dict.fromkeys(spent, 0.0) | shares | unshimmed
 
@@ -318,6 +332,8 @@ class TimeSlicedSplit:
         costs = self.costs
         log_cost, info = costs.get(alloc_id, (0.0, PRIOR_INFO))
         others = [costs.get(a, (0.0, PRIOR_INFO)) for a in spending if a != alloc_id]
+        if not others:
+            return 0.0, math.inf  # nothing to be apart from: no rise can be told
         mean = sum([c for c, _ in others]) / len(others)
         return log_cost - mean, 0.5 / info + 0.5 / min(i for _, i in others)
 
@@ -361,6 +377,7 @@ class TimeSlicedSplit:
         before, var_before, _ = self.doubted[alloc_id]
         now, var_now = self._apart(alloc_id, spending)
         rise = now - before
+        # (an infinite variance is never beyond: `rise > inf` is false)
         return rise if rise > DOUBT_SIGMAS * math.sqrt(var_before + var_now) else 0.0
 
     def _figure(self, alloc_id: str, spending: list[str]) -> float:
