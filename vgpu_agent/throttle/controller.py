@@ -531,7 +531,7 @@ class ThrottleController:
                 log.info("throttle_figures_restored", path=str(figure_file.path),
                          gpus=len(self._restored),
                          figures=sum(len(held) for held in self._restored.values()))
-        self._figures_saved: Figures = {u: dict(h) for u, h in self._restored.items()}
+        self._figures_saved: Figures = dict(self._restored)
         self._figures_saved_ns: int | None = None
 
     # -- read-only views for metrics ---------------------------------------------------------
