@@ -117,6 +117,8 @@ class Config:
     throttle_calm_slowdown: int = 4
     # NVML's per-process samples asked for once every this many sample periods
     throttle_nvml_poll_periods: int = 1
+    # a container on a time-sliced GPU none was ever seen alone on is given a turn alone once
+    throttle_solo_turns: bool = True
     host_proc_dir: str = "/proc"
     region_gc_grace_seconds: float = 30.0
     pod_resources_refresh_seconds: float = 5.0
@@ -460,6 +462,7 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     ),
     "throttle_calm_slowdown": _as_int(1, 10),
     "throttle_nvml_poll_periods": _as_int(1, 5),
+    "throttle_solo_turns": _as_bool,
     "host_proc_dir": _as_abs_path,
     "region_gc_grace_seconds": _seconds(0, DAY_S, " (>= 0)"),
     "pod_resources_refresh_seconds": _seconds(0.05, 3600, " (> 0)"),

@@ -13,6 +13,8 @@ SM time it really got), median (lowest-highest), against its limit, for
 - ours: the controller as it is;
 - no bound: the controller with the bound from figures measured alone switched off
   (`timesliced.ALONE_MARGIN` infinite), as before it;
+- no turn (together from the start only): the controller without turns alone
+  (`throttle_solo_turns: false`), as before them;
 - peer: the peer model on the same plant and seeds.
 
 With `--long S`, instead: the 30/30 pair of 20 us kernels, the first alone first, together for
@@ -70,13 +72,14 @@ def last_shares(series: dict[str, list[tuple[float, float]]], end_s: float) -> l
 
 
 async def held(limits: tuple[float, ...], kernel_s: float, alone: int, seed: int = 0,
-               together_s: float = 20.0) -> list[float]:
+               together_s: float = 20.0, solo_turns: bool = True) -> list[float]:
     """Ours: each container's mean share over the last 10 s."""
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import PlantSpec, run_controlled
 
     sc, _ = scenario(limits, kernel_s, alone, together_s)
-    run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
+    run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True,
+                               solo_turns=solo_turns)
     assert not run.errors, run.errors
     return last_shares(run.series, sc.duration_s)
 
@@ -148,9 +151,14 @@ def main() -> int:
     for limits, kernel_s in CASES:
         for alone in (len(limits), 1, 0):
             runs: dict[str, list[list[float]]] = {"ours": [], "no bound": [], "peer": []}
+            if not alone:
+                runs["no turn"] = []
             for seed in range(args.seeds):
                 runs["ours"].append(asyncio.run(
                     held(limits, kernel_s, alone, seed, args.together)))
+                if not alone:
+                    runs["no turn"].append(asyncio.run(
+                        held(limits, kernel_s, alone, seed, args.together, solo_turns=False)))
                 timesliced.ALONE_MARGIN = math.inf
                 try:
                     runs["no bound"].append(asyncio.run(

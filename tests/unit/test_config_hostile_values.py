@@ -79,6 +79,7 @@ def test_an_alias_bomb_spread_over_keys_is_rejected_too():
         ("throttle_nvml_poll_periods: 0\n", "throttle_nvml_poll_periods"),
         ("throttle_nvml_poll_periods: 6\n", "throttle_nvml_poll_periods"),
         ("throttle_nvml_poll_periods: true\n", "throttle_nvml_poll_periods"),
+        ("throttle_solo_turns: sometimes\n", "throttle_solo_turns"),
         ("memory_scaling: 1e999\nallow_memory_oversubscription: true\n", "memory_scaling"),
         ("health_check_seconds: 1e308\n", "health_check_seconds"),
         ("pod_resources_refresh_seconds: 0\n", "pod_resources_refresh_seconds"),
@@ -171,3 +172,13 @@ def test_the_nvml_poll_periods_reach_the_controller():
     config = build_config(ConfigSources(env={"VGPU_AGENT_THROTTLE_NVML_POLL_PERIODS": "3",
                                              "VGPU_AGENT_BACKEND": "sim"}))
     assert Agent(config).controller.nvml_poll_periods == 3
+
+
+def test_solo_turns_are_on_by_default_and_can_be_switched_off():
+    from vgpu_agent.agent import Agent
+
+    assert Agent(build_config(ConfigSources(env={"VGPU_AGENT_BACKEND": "sim"}))
+                 ).controller.solo_turns is True
+    config = build_config(ConfigSources(env={"VGPU_AGENT_THROTTLE_SOLO_TURNS": "false",
+                                             "VGPU_AGENT_BACKEND": "sim"}))
+    assert Agent(config).controller.solo_turns is False

@@ -402,3 +402,51 @@ def test_what_the_tokens_do_not_explain_falls_on_a_container_caught_overclaiming
     assert got["a"] == pytest.approx(bounded["a"])
     assert got["a"] + got["b"] == pytest.approx(99.0)
     assert split.uncharged == 0.0
+
+
+def test_in_a_turn_alone_a_figure_waits_for_fewer_quiet_periods():
+    # the controller paused the others: TURN_QUIET periods read since are enough, not
+    # ALONE_QUIET; the periods of its first moments (which may predate the pause) teach nothing
+    quiet, trusted = timesliced.TURN_QUIET, timesliced.ALONE_READINGS
+    assert quiet < timesliced.ALONE_QUIET
+    split = TimeSlicedSplit()
+    for n in range(6):  # sharing until the turn: b given every other period
+        split.share([["a" if n % 2 else "b"]], 50.0, {"a": 1000, "b": 1000}, 0.1)
+    for _ in range(quiet):
+        split.share([["a"]], 20.0, {"a": 1000, "b": 0}, 0.1, solo="a")
+    assert "a" not in split.alone
+    for _ in range(trusted):
+        split.share([["a"]], 20.0, {"a": 1000, "b": 0}, 0.1, solo="a")
+    assert split.steady("a") == trusted and split.measured() == {"a"}
+    assert split.figures()["a"] == (pytest.approx(20.0 / 10000), pytest.approx(10000))
+    # the same batches outside a turn are not enough
+    split = TimeSlicedSplit()
+    for n in range(6):
+        split.share([["a" if n % 2 else "b"]], 50.0, {"a": 1000, "b": 1000}, 0.1)
+    _alone(split, "a", 20.0, 1000, quiet + trusted, others=("b",))
+    assert split.measured() == set() and split.steady("a") < trusted
+    # a turn for another container is no turn for this one
+    split = TimeSlicedSplit()
+    for n in range(6):
+        split.share([["a" if n % 2 else "b"]], 50.0, {"a": 1000, "b": 1000}, 0.1)
+    for _ in range(quiet + trusted):
+        split.share([["a"]], 20.0, {"a": 1000, "b": 0}, 0.1, solo="b")
+    assert split.measured() == set()
+
+
+def test_use_a_floor_proves_is_charged_out_of_what_nobody_was_charged_first():
+    # b writes a thousandth of what it spends into `state`, beyond what costs can correct:
+    # the work the tokens explain is mostly a's (measured alone), and the bound charged b's
+    # real use to nobody; its floor by the periods, taken out of a's share, had a charged less
+    # than its own work
+    rng, split = random.Random(5), TimeSlicedSplit()
+    _alone(split, "a", 40.0, 1000, 10, others=("b",))
+    got = {}
+    for _ in range(300):
+        spent = {"a": 1000, "b": 1}
+        owner, _ = _drawn(rng, spent, {"a": 1.0, "b": 1000.0})
+        got = split.share([[owner]], 80.0, spent, 0.1)
+    assert got["a"] >= 40.0 * 0.95  # its own work, at its figure
+    assert split.lifted > 0  # b's floor came out of what nobody was charged
+    assert split.uncharged == pytest.approx(
+        80.0 - timesliced.ALONE_MARGIN * split.beyond_work[1] - split.lifted)

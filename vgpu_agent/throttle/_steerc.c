@@ -134,6 +134,8 @@ static int observe_one(PyObject *device, PyObject *reading, PyObject *fields, Py
     if (rate == 0 && burst == 0) { /* never configured: the shim does not throttle */
         rate = burst = unlimited;
         rate_o = burst_o = unlimited_obj;
+    } else if (rate == 0) {
+        goto out; /* paused for a turn alone, or left paused: the Python method decides */
     }
     /* the limits as remembered, for the policy and priority found now */
     PyObject *policy_now = PyTuple_GET_ITEM(policies, dev);

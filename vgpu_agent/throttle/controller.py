@@ -143,6 +143,7 @@ from vgpu_agent.throttle.control import (
 from vgpu_agent.throttle.figurefile import FigureFile, Figures
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.nativelaw import NATIVE, NOT_NATIVE_REASON, control_step_native
+from vgpu_agent.throttle.soloturn import PAUSED_BURST, PAUSED_RATE, SoloTurns
 from vgpu_agent.throttle.timesliced import PER_PROCESS_HOLD_S, SHARED_PERIODS, TimeSlicedSplit
 
 try:
@@ -299,7 +300,7 @@ class _Device:
 
     __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "launch_debt", "liar_cap", "limited",
                  "limits", "long_hold", "looked", "overclaimed", "overuse", "overused",
-                 "previous", "read_ns", "region", "seen", "turn", "uuid")
+                 "paused", "previous", "read_ns", "region", "seen", "turn", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -333,6 +334,8 @@ class _Device:
         self.overused = False  # logged once
         # its cap held OVERUSE_HOLD_S: the overuse watch fired while its claims were believed
         self.long_hold = False
+        # paused for a neighbour's turn alone (`throttle/soloturn.py`): its claims not judged
+        self.paused = False
 
 
 # One device looked at between slow ticks: (device, tokens per percent, demand, tokens per
@@ -402,6 +405,7 @@ class ThrottleController:
         unlent_tick_s: float | None = None,
         nvml_poll_periods: int = 1,
         figure_file: FigureFile | None = None,
+        solo_turns: bool = True,
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -533,6 +537,9 @@ class ThrottleController:
                          figures=sum(len(held) for held in self._restored.values()))
         self._figures_saved: Figures = dict(self._restored)
         self._figures_saved_ns: int | None = None
+        # per time-sliced GPU: turns alone for containers never seen alone (`soloturn`)
+        self.solo_turns = solo_turns
+        self._turns: dict[str, SoloTurns] = {}
 
     # -- read-only views for metrics ---------------------------------------------------------
     @property
@@ -698,6 +705,7 @@ class ThrottleController:
                 if started + self.tick_s > loop.time():
                     await asyncio.sleep(started + self.tick_s - loop.time())
         finally:
+            self.end_turns()  # no container is left paused by a turn alone
             self._loop = self._woken = None
 
     async def tick(self, paced: bool = False) -> None:
@@ -1120,13 +1128,15 @@ class ThrottleController:
     def _utilization(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None,
         spent: Mapping[str, int], dt_s: float = 0.0, untrusted: Collection[str] = (),
+        solo: str = "",
     ) -> tuple[Mapping[str, float | None], float, int] | None:
         """SM percent per alloc_id from this tick's samples (None for one that spent while
         none of its processes was listed), the seconds they describe and how many samples per
         process they average; None when nothing new arrived. `spent` is the
         tokens each container is believed to have spent in the tick (`audit.believed_spend`),
         which lasted `dt_s` (the split learns use per token from it; 0: not known);
-        `untrusted` those whose claims were lately cut (`TimeSlicedSplit.share`).
+        `untrusted` those whose claims were lately cut, `solo` the container given a turn
+        alone (`TimeSlicedSplit.share`).
 
         Drivers attribute a sample period in one of two ways, told apart by what they send:
         - per process: each process that ran gets a sample of its own use, all with the
@@ -1210,7 +1220,7 @@ class ThrottleController:
             util = split.share(
                 [[owner.get(pid, "") for pid, v in at[stamp] if v > 0] for stamp in used],
                 min(100.0, sum([max(v for _, v in at[stamp]) for stamp in used]) / len(used)),
-                spent, dt_s, untrusted,
+                spent, dt_s, untrusted, solo,
             )
             if split.beyond_work and uuid not in self._beyond_work_logged:
                 self._beyond_work_logged.add(uuid)
@@ -1311,7 +1321,11 @@ class ThrottleController:
         steered: list[tuple[_Device, int, int]] = []
         spent_by: dict[str, int] = {}
         liars: set[str] = set()
-        native = self.native_steering
+        turns = self._turns.get(uuid)
+        solo = turns.turn.alloc_id if turns is not None and turns.turn is not None else ""
+        turning = bool(solo)
+        # (a turn alone pauses devices whose claims the audit must not judge: the reference)
+        native = self.native_steering and not turning
         if native:
             _steerc.observe(entries, self._observe, states, fields, steered, spent_by, liars)
         else:
@@ -1320,7 +1334,11 @@ class ThrottleController:
         # (on a time-sliced GPU: those lately caught claiming more than their buckets allowed)
         untrusted = [device.alloc_id for device, _ in entries if device.liar_cap is not None
                      or device.key in liars] if uuid in self._sliced else ()
-        measured = self._utilization(uuid, entries, samples, spent_by, dt_s, untrusted)
+        measured = self._utilization(uuid, entries, samples, spent_by, dt_s, untrusted, solo)
+        if turns is not None and solo:
+            # the readings of a turn alone say nothing of the shares: the law waits for its end
+            self._go_on_turn(uuid, turns, solo, spent_by)
+            return
         if measured is not None:
             utils, span_s, count = measured
             for row, (device, _, _) in zip(fields, steered, strict=True):
@@ -1366,6 +1384,76 @@ class ThrottleController:
             self._lent = lent
         if not self._lent:
             _watch_launch_costs(self._watching, steered)
+        if self.solo_turns and sliced and not liars:
+            self._offer_turn(uuid, steered, spent_by)
+
+    def _offer_turn(self, uuid: str, steered: list[tuple[_Device, int, int]],
+                    spent_by: Mapping[str, int]) -> None:
+        """Start a turn alone on a time-sliced GPU where one is due (`soloturn.SoloTurns`):
+        every other device of the GPU paused, the rates they had kept to write back."""
+        split = self._sliced.get(uuid)
+        if split is None:
+            return
+        turns = self._turns.get(uuid)
+        if turns is None:
+            turns = self._turns[uuid] = SoloTurns()
+        pausable = all([
+            device.limits is not None and device.limits[1] != "off"
+            and device.limits[0] < FULL_SHARE and device.last is not None
+            for device, _, _ in steered])
+        candidates = {device.alloc_id for device, _, _ in steered if device.limited}
+        chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
+                           split.measured(), candidates if pausable else (),
+                           self._period_us.get(uuid, 0) / 1e6)
+        if chosen is None:
+            return
+        paused: dict[str, tuple[int, int]] = {}
+        for device, _, _ in steered:
+            if device.alloc_id != chosen and device.last is not None:
+                decision = device.last[1]
+                paused[device.key] = (decision.rate, decision.burst)
+                device.paused = True
+                self._apply(device, PAUSED_RATE, PAUSED_BURST)
+        turns.start(chosen, self._now_ns, paused)
+        self._changed = True
+        log.info("throttle_solo_turn_started", uuid=uuid, alloc_id=chosen, paused=len(paused),
+                 most_s=turns.most_s,
+                 why="containers sharing a time-sliced GPU, none ever seen alone")
+
+    def _go_on_turn(self, uuid: str, turns: SoloTurns, solo: str,
+                    spent_by: Mapping[str, int]) -> None:
+        """A tick of a GPU during `solo`'s turn alone: ends it where it is over."""
+        split = self._sliced.get(uuid)
+        why = ("not_time_sliced" if split is None
+               else turns.over(self._now_ns, spent_by, split.steady(solo)))
+        self._changed = self._lent = True  # fast ticks until the turn ends and after
+        if why is not None:
+            self._end_turn(uuid, why)
+
+    def _end_turn(self, uuid: str, why: str) -> None:
+        """Write back the rates of the devices a turn paused (those still followed)."""
+        turns = self._turns.get(uuid)
+        turn = turns.end(self._now_ns) if turns is not None else None
+        if turn is None:
+            return
+        for key, (rate, burst) in turn.paused.items():
+            device = self._devices.get(key)
+            if device is None:
+                continue
+            device.paused = False
+            # its bucket as when a rate first limits it: full, its next claims not judged
+            device.limited = False
+            if not device.region.closed:
+                self._apply(device, rate, burst)
+        split = self._sliced.get(uuid)
+        log.info("throttle_solo_turn_ended", uuid=uuid, alloc_id=turn.alloc_id, why=why,
+                 seconds=round((self._now_ns - turn.started_ns) / 1e9, 3),
+                 measured=split is not None and turn.alloc_id in split.measured())
+
+    def end_turns(self) -> None:
+        """End every turn alone under way, writing the paused rates back (on stopping)."""
+        for uuid in list(self._turns):
+            self._end_turn(uuid, "stopping")
 
     def _observe(self, device: _Device, reading: _RegionReading, states: Mapping[str, LoopState],
                  fields: list[list[object]], steered: list[tuple[_Device, int, int]],
@@ -1392,8 +1480,11 @@ class ThrottleController:
         # behind the agent's back, or left by its previous run, is seen and fixed).
         written_rate, written_burst = rates[2 * dev], rates[2 * dev + 1]
         rate, burst = written_rate, written_burst
-        if rate == 0 and burst == 0:
-            rate = burst = UNLIMITED_RATE  # never configured: the shim does not throttle
+        if rate == 0 and (burst == 0 or not device.paused):
+            # never configured: the shim does not throttle; or paused by a turn alone this
+            # controller did not start (its predecessor's, killed during it): the law starts
+            # it afresh, as if never throttled, and the write ends the pause
+            rate = burst = UNLIMITED_RATE
         limits = device.limits
         if limits is not None and limits[2] == policies[dev] and limits[3] == priority:
             limit, policy = limits[0], limits[1]
@@ -1433,7 +1524,7 @@ class ThrottleController:
                     # spent before without limit leaves it no debt: from here, the bound
                     # is a full bucket, not what the unlimited spending used up.
                     device.bucket = (float(burst), rate)
-                elif spent < claimed:
+                elif spent < claimed and not device.paused:
                     state = states.get(device.key)
                     dear = one_dear_launch(claimed, spent, launches, burst,
                                            state.cost_per_launch if state else 0.0)
@@ -1556,7 +1647,9 @@ class ThrottleController:
         for uuid in list(self._states):
             if uuid not in present_gpus or (uuid in due and uuid not in by_gpu):
                 del self._states[uuid]
+                self._end_turn(uuid, "not_read")
                 self._drop_split(uuid)
+                self._turns.pop(uuid, None)
         for uuid in [u for u in self._sampled_pids if u not in present_gpus]:
             del self._sampled_pids[uuid]
         tick = self.ticks

@@ -92,8 +92,8 @@ class TimeSlicedSplit:
     fall instead, the figures explain more than the GPU's use and bound nothing.
     """
 
-    __slots__ = ("alone", "apart", "beyond_work", "costs", "doubted", "parts", "periods",
-                 "restarts", "spending", "unseen", "watch")
+    __slots__ = ("alone", "apart", "beyond_work", "costs", "doubted", "lifted", "parts",
+                 "periods", "restarts", "solo", "spending", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -117,17 +117,24 @@ class TimeSlicedSplit:
         # (the GPU's use, what the tokens explain) of the last batch, where its use was bounded
         # by them; () where it was not
         self.beyond_work: tuple[float, float] | tuple[()] = ()
+        self.lifted = 0.0  # of that use beyond, what floors by periods charged after all
+        # the container given a turn alone (`throttle/soloturn.py`) and the periods seen since
+        self.solo: tuple[str, int] = ("", 0)
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
-              dt_s: float = 0.0, untrusted: Collection[str] = ()) -> dict[str, float]:
+              dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
+              ) -> dict[str, float]:
         """Each container's use (percent) for this batch: `owners` per period used (the
         containers its processes belong to, "" for strangers), `busy` the GPU's mean use over
         those periods, `spent` the tokens each container spent over the tick, which lasted
         `dt_s` (0: not known, and no use per token is learned or applied). `untrusted`: the
         containers lately caught claiming more tokens than their bucket let through; where the
         use is bounded by what the tokens explain, what they do not explain is charged to
-        them, not to nobody."""
+        them, not to nobody. `solo`: the container given a turn alone, the others paused by
+        the controller (`_calibrate`)."""
         self.periods += len(owners)
+        self.solo = (solo, self.solo[1] + len(owners) if solo and solo == self.solo[0] else
+                     len(owners) if solo else 0)
         parts = self.parts
         for alloc_id in [*spent, *(o for given in owners for o in given)]:
             parts.setdefault(alloc_id, (0.0, 0.0, 0))
@@ -185,7 +192,9 @@ class TimeSlicedSplit:
             for alloc_id in liars:
                 shares[alloc_id] += (whole - ours) * (weights[alloc_id] / on if on > 0
                                                       else 1 / len(liars))
-        _floor_by_periods(shares, self._floors(weights, busy))
+        floors = self._floors(weights, busy)
+        self.lifted = _lift_from(shares, floors, whole - ours) if self.beyond_work else 0.0
+        _floor_by_periods(shares, floors)
         return dict.fromkeys(spent, 0.0) | shares | unshimmed
 
     def _learn_costs(self, owners: list[list[str]], tokens: Mapping[str, float]) -> None:
@@ -234,6 +243,15 @@ class TimeSlicedSplit:
                     else figure, rate)
                 for a, (figure, rate, steady) in self.alone.items() if steady >= ALONE_READINGS}
 
+    def measured(self) -> set[str]:
+        """The containers with a trusted figure (those `figures` gives)."""
+        return {a for a, (_, _, steady) in self.alone.items() if steady >= ALONE_READINGS}
+
+    def steady(self, alloc_id: str) -> int:
+        """The steady batches alone a container's figure rests on (0: none)."""
+        figure = self.alone.get(alloc_id)
+        return figure[2] if figure is not None else 0
+
     def adopt(self, figures: Mapping[str, tuple[float, float]]) -> None:
         """Trust figures learned before (by this split's predecessor, before an agent
         restart) for containers that have none yet. They face what a figure learned here
@@ -249,13 +267,18 @@ class TimeSlicedSplit:
         if not self.beyond_work:
             return 0.0
         busy, explained = self.beyond_work
-        return busy - ALONE_MARGIN * explained
+        return busy - ALONE_MARGIN * explained - self.lifted
 
     def _calibrate(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
                    dt_s: float) -> None:
         """Learn a container's use per token/s from a batch in which it was alone: every
         period used was given to it, no other container spent, and no other process was given
-        one in the last ALONE_QUIET periods. Trusted once its spending held within
+        one in the last ALONE_QUIET periods (TURN_QUIET in a turn alone, whose pause the
+        controller wrote: the periods read at its first tick may be from before it, and the
+        next one straddle it; waiting ALONE_QUIET there left a turn no time to average its
+        figure over more than three batches, and with the simulated sample noise a figure 18 %
+        low let a strict 40 % neighbour of a container understating its tokens run at 48 %).
+        Trusted once its spending held within
         ALONE_STEADY for ALONE_READINGS such batches in a row (the periods and the tick do not
         cover quite the same moments). A batch read at no use at all (a sample NVML missed, or
         one before it launched) teaches nothing. A figure is kept, however long its container
@@ -270,8 +293,14 @@ class TimeSlicedSplit:
         alloc_id = spending[0]
         before = alone.get(alloc_id)
         unseen = self.unseen
+        solo, solo_periods = self.solo
+        quiet = ALONE_QUIET
+        if solo == alloc_id:
+            if solo_periods - len(owners) < TURN_QUIET:
+                return  # periods of the turn's first moments, which may predate its pause
+            quiet = TURN_QUIET
         if (dt_s <= 0 or not owners or any(given != [alloc_id] for given in owners)
-                or any(unseen.get(other, ALONE_QUIET) < ALONE_QUIET
+                or any(unseen.get(other, quiet) < quiet
                        for other in self.parts if other != alloc_id)):
             # Not alone: another process (a stranger's, or one of a container spending no
             # token) ran lately. A figure still being made starts over.
@@ -513,6 +542,21 @@ class ChangeWatch:
         return frozenset()
 
 
+def _lift_from(shares: dict[str, float], floors: Mapping[str, float], uncharged: float) -> float:
+    """Lifts each share below its floor towards it out of the use charged to nobody (up to
+    `uncharged`); what was lifted. A container writing a small fraction of its spending into
+    `state` explains little of the use: bounded by the work the tokens explain, its real use
+    was charged to nobody, and its floor, taken out of its neighbours' shares, left an honest
+    strict 40 % neighbour measured alone charged 30 and running at 48 % (simulated)."""
+    lifted = 0.0
+    for alloc_id, floor in floors.items():
+        gap = min(floor - shares.get(alloc_id, floor), uncharged - lifted)
+        if gap > 0:
+            shares[alloc_id] += gap
+            lifted += gap
+    return lifted
+
+
 def _floor_by_periods(shares: dict[str, float], floors: Mapping[str, float]) -> None:
     """Lifts each share below its floor towards it, taking the difference from the shares
     above theirs, in proportion to how far above; the sum stays. The weights cap what periods
@@ -566,6 +610,8 @@ ALONE_READINGS = 3
 # ... and with no period given to anyone else (strangers, containers spending no token) in the
 # last this many
 ALONE_QUIET = 5
+# ... in a turn alone: periods read since the turn's pause was written (see `_calibrate`)
+TURN_QUIET = 2
 ALONE_STEADY = 0.15
 ALONE_AVERAGED = 10
 ALONE_MARGIN = 1.05

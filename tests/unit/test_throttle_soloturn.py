@@ -1,0 +1,125 @@
+"""When a container of a time-sliced GPU is given a turn alone, and when the turn is over
+(`throttle/soloturn.py`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpu_agent.throttle.soloturn import (
+    PERIODS_NEEDED,
+    SOLO_TURN_AFTER_S,
+    SOLO_TURN_GAP_S,
+    SOLO_TURN_MOST_S,
+    TURN_READINGS,
+    SoloTurns,
+)
+from vgpu_agent.throttle.timesliced import ALONE_READINGS
+
+S = 1_000_000_000
+PERIOD_S = 0.2  # the H200's
+
+
+def _due(turns: SoloTurns, at_s: float, spending=("a", "b"), measured=(), candidates=("a", "b"),
+         period_s: float = PERIOD_S) -> str | None:
+    return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s)
+
+
+def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():
+    turns = SoloTurns()
+    assert _due(turns, 0.0) is None
+    assert _due(turns, SOLO_TURN_AFTER_S - 0.1) is None
+    assert _due(turns, SOLO_TURN_AFTER_S) == "a"  # the first eligible, in the order given
+
+
+def test_no_turn_while_any_container_spending_has_a_figure():
+    turns = SoloTurns(after_s=0.0)
+    assert _due(turns, 0.0, measured=("b",)) is None
+    # a figure of a container not spending now says nothing of those spending
+    assert _due(turns, 1.0, spending=("a", "c"), candidates=("a", "c"), measured=("b",)) == "a"
+
+
+def test_no_turn_for_a_container_alone_or_with_nobody_pausable():
+    turns = SoloTurns(after_s=0.0)
+    assert _due(turns, 0.0, spending=("a",)) is None
+    assert _due(turns, 1.0, candidates=()) is None  # none limited: a turn could not hold
+    assert _due(turns, 2.0, candidates=("b",)) == "b"
+
+
+def test_no_turn_where_nvml_periods_are_too_long_for_one():
+    # a figure needs PERIODS_NEEDED periods alone, and a turn lasts under 2 s
+    turns = SoloTurns(after_s=0.0)
+    assert _due(turns, 0.0, period_s=1.0) is None
+    assert _due(turns, 0.0, period_s=0.0) is None  # not seen yet
+    longest = SOLO_TURN_MOST_S / PERIODS_NEEDED
+    assert _due(turns, 0.0, period_s=longest * 1.01) is None
+    assert _due(turns, 0.0, period_s=longest) == "a"
+
+
+def test_the_wait_starts_over_when_the_containers_stop_sharing():
+    turns = SoloTurns()
+    assert _due(turns, 0.0) is None
+    assert _due(turns, 2.0, spending=("a",)) is None  # one alone: the wait ends
+    assert _due(turns, 3.5) is None  # started again at 3.5 s
+    assert _due(turns, 3.5 + SOLO_TURN_AFTER_S) == "a"
+
+
+def test_turns_are_spaced_and_tried_at_most_twice_a_container():
+    turns = SoloTurns(after_s=0.0)
+    assert _due(turns, 0.0) == "a"
+    turns.start("a", 0, {"b/0": (100, 10)})
+    assert _due(turns, 0.5) is None  # one under way
+    assert turns.end(1 * S) is not None
+    assert _due(turns, 1.0 + SOLO_TURN_GAP_S - 1) is None  # too soon after the last
+    assert _due(turns, 1.0 + SOLO_TURN_GAP_S) == "b"  # the one tried least
+    turns.end(int((1.0 + SOLO_TURN_GAP_S) * S))
+    at = 1.0 + 2 * SOLO_TURN_GAP_S
+    assert _due(turns, at) == "a"
+    turns.end(int(at * S))
+    at += SOLO_TURN_GAP_S
+    assert _due(turns, at) == "b"
+    turns.end(int(at * S))
+    # each had its two: no more, however long they share without a figure
+    assert _due(turns, at + 10 * SOLO_TURN_GAP_S) is None
+    # a container gone and come back (a new one of the same name) is tried afresh
+    assert _due(turns, at + 11 * SOLO_TURN_GAP_S, spending=("b", "c"), candidates=("b", "c")) \
+        == "c"
+
+
+def test_a_turn_ends_once_its_container_is_measured_over_enough_batches():
+    turns = SoloTurns()
+    turns.start("a", 0, {"b/0": (100, 10)})
+    assert turns.over(int(0.2 * S), {"a": 50, "b": 0}, 0) is None
+    # trusted, but averaged over more batches while time allows
+    assert turns.over(int(0.8 * S), {"a": 50, "b": 0}, ALONE_READINGS) is None
+    assert turns.over(int(1.0 * S), {"a": 50, "b": 0}, TURN_READINGS) == "measured"
+    turn = turns.end(int(0.4 * S))
+    assert turn is not None and turn.alloc_id == "a" and turn.paused == {"b/0": (100, 10)}
+    assert turns.turn is None and turns.end(S) is None
+
+
+def test_a_turn_ends_when_it_cannot_give_a_figure():
+    turns = SoloTurns()
+    turns.start("a", 0, {})
+    assert turns.over(int(0.1 * S), {"a": 0, "b": 0}, 0) == "stopped"
+    turns = SoloTurns()
+    turns.start("a", 0, {})
+    # what the others spent before the pause was written counts in the first tick only
+    assert turns.over(int(0.1 * S), {"a": 50, "b": 7}, 0) is None
+    assert turns.over(int(0.2 * S), {"a": 50, "b": 1}, 0) == "others_spent"
+    turns = SoloTurns()
+    turns.start("a", 0, {})
+    assert turns.over(int((SOLO_TURN_MOST_S - 0.01) * S), {"a": 50}, 1) is None
+    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS - 1) == "too_long"
+    turns.start("a", 0, {})
+    # out of time with a figure trusted: measured, on fewer batches
+    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS) == "measured"
+    assert SoloTurns().over(0, {"a": 50}, 0) is None  # none under way
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"most_s": 0.0}, "0.0"), ({"most_s": 2.0}, "2.0"), ({"most_s": float("nan")}, "nan"),
+    ({"after_s": -1.0}, "-1.0"), ({"gap_s": -1.0}, "-1.0"), ({"tries": 0}, "0"),
+])
+def test_bad_settings_are_refused_by_name(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        SoloTurns(**kwargs)

@@ -1,0 +1,142 @@
+"""A turn alone, once, for a container on a time-sliced GPU where none was ever seen alone.
+
+A time-sliced GPU counts itself busy beyond the work while processes take turns (measured on
+an H200: two processes doing 20 % of the work each read 99 % busy), and the split can tell that
+from work only through a container's use per token measured while it ran alone
+(`timesliced.TimeSlicedSplit`). Containers that started together, or joined a GPU whose
+figures were lost, were never alone: their use was shared out whole and strict ones starved
+(two strict 30 % containers of 20 us kernels at 4 % each, simulated, for as long as they ran).
+
+So, where two containers or more have spent on such a GPU for `after_s` and none of them has
+a figure, the controller gives one of them a turn alone: the others' rates are set to the
+pause (rate 0, a burst of 1: the shim admits nothing more and credits nothing), its own rate is
+left as it was, and the law is not run for that GPU, whose readings say nothing of the shares
+meanwhile. The turn ends once the split's figure for it rests on TURN_READINGS steady batches
+(or at `most_s`, trusted after ALONE_READINGS), when it stops spending, or when another
+container spends, and the others' rates are written back. One
+figure is enough: it sets the scale for the costs the periods show (a newcomer joining it later
+is covered without a turn).
+
+`most_s` stays below the shim's longest wait (`VGPU_MAX_WAIT_NS`, 2 s): a launch that has
+waited that long runs whatever its bucket says, and one stray launch of a paused process in a
+period makes the GPU count its holds again. With NVML's 200 ms periods (the H200's) a figure
+is trusted after about 1.2 s alone (TURN_QUIET periods for the others' last work to leave the
+samples, then ALONE_READINGS steady batches), and a turn goes on to TURN_READINGS batches or
+`most_s`, whichever comes first, for a figure averaged over more samples; with periods longer
+than `most_s` allows for a trusted figure, no turn is given.
+
+What a turn costs the others: at most `most_s` without a launch, once per `gap_s` per GPU, and
+per container at most `tries` turns (one whose spending was not steady enough for a figure is
+tried again once).
+
+Pure: no I/O, no clocks (the caller passes the time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .timesliced import ALONE_READINGS, TURN_QUIET
+
+PAUSED_RATE = 0  # with a burst of 1: the shim admits nothing more (rate 0 and burst 0 is "off")
+PAUSED_BURST = 1
+SOLO_TURN_MOST_S = 1.9  # below the shim's longest wait (2 s)
+SOLO_TURN_AFTER_S = 3.0  # containers spending together, none with a figure, this long first
+SOLO_TURN_GAP_S = 60.0  # between the end of one turn and the start of the next on a GPU
+SOLO_TURN_TRIES = 2  # turns per container at most
+# periods a turn needs at least: the others' last work out of the samples, then steady batches
+PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
+# steady batches a turn waits for, time allowing (a figure is trusted after ALONE_READINGS, and
+# averaged over those that follow: three noisy samples made a figure 18 % low, simulated)
+TURN_READINGS = 6
+
+
+@dataclass
+class SoloTurn:
+    """One turn under way: whose, since when, and the rates (rate, burst) of the paused devices
+    to write back, by device key."""
+
+    alloc_id: str
+    started_ns: int
+    paused: dict[str, tuple[int, int]] = field(default_factory=dict)
+    ticks: int = 0  # ticks since it started
+
+
+class SoloTurns:
+    """One GPU's turns alone: when one is due, and when the one under way is over."""
+
+    __slots__ = ("after_ns", "gap_ns", "last_end_ns", "most_ns", "most_s", "tried", "tries",
+                 "turn", "waiting_ns")
+
+    def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
+                 gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES) -> None:
+        if not 0 < most_s < 2.0:
+            raise ValueError(f"a solo turn must last more than 0 s and less than the shim's "
+                             f"longest wait (2 s), got {most_s!r}")
+        if not (after_s >= 0 and gap_s >= 0 and tries >= 1):
+            raise ValueError(f"need after_s >= 0, gap_s >= 0 and tries >= 1, got {after_s!r}, "
+                             f"{gap_s!r}, {tries!r}")
+        self.most_s = most_s
+        self.most_ns, self.after_ns = int(most_s * 1e9), int(after_s * 1e9)
+        self.gap_ns, self.tries = int(gap_s * 1e9), tries
+        self.turn: SoloTurn | None = None
+        self.waiting_ns: int | None = None  # since when a turn has been wanted
+        self.last_end_ns: int | None = None
+        self.tried: dict[str, int] = {}  # alloc_id -> turns it had
+
+    def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
+            candidates: Collection[str], period_s: float) -> str | None:
+        """The container to give a turn alone now, None for none. `spending`: the containers
+        that spent this tick, in a stable order (the first of the eligible is taken); `measured`:
+        those with a trusted figure; `candidates`: those whose rate limits them (a turn keeps
+        its rate as it is, and needs it to hold its spending steady); `period_s`: NVML's sample
+        period on this GPU."""
+        for gone in [a for a in self.tried if a not in spending and a not in candidates]:
+            del self.tried[gone]
+        if (self.turn is not None or len(spending) < 2
+                or any(a in measured for a in spending)
+                or not 0 < period_s * PERIODS_NEEDED <= self.most_s):
+            self.waiting_ns = None
+            return None
+        if self.waiting_ns is None:
+            self.waiting_ns = now_ns
+        if now_ns - self.waiting_ns < self.after_ns or (
+                self.last_end_ns is not None and now_ns - self.last_end_ns < self.gap_ns):
+            return None
+        eligible = [a for a in spending if a in candidates and self.tried.get(a, 0) < self.tries]
+        if not eligible:
+            return None
+        chosen = min(eligible, key=lambda a: self.tried.get(a, 0))
+        self.tried[chosen] = self.tried.get(chosen, 0) + 1
+        self.waiting_ns = None
+        return chosen
+
+    def start(self, alloc_id: str, now_ns: int, paused: Mapping[str, tuple[int, int]]) -> None:
+        self.turn = SoloTurn(alloc_id, now_ns, dict(paused))
+
+    def over(self, now_ns: int, spent: Mapping[str, int], steady: int) -> str | None:
+        """Why the turn under way is over (None: it goes on), given what each container spent
+        this tick and the steady batches alone its container's figure rests on."""
+        turn = self.turn
+        if turn is None:
+            return None
+        if steady >= TURN_READINGS:
+            return "measured"
+        turn.ticks += 1
+        if not spent.get(turn.alloc_id, 0):
+            return "stopped"
+        # (the first tick counts what the others spent before the pause was written, and a
+        # launch each admitted on what their buckets held then)
+        if turn.ticks > 1 and any(used for a, used in spent.items() if a != turn.alloc_id):
+            return "others_spent"
+        if now_ns - turn.started_ns >= self.most_ns:
+            return "measured" if steady >= ALONE_READINGS else "too_long"
+        return None
+
+    def end(self, now_ns: int) -> SoloTurn | None:
+        """Ends the turn under way; what it paused (to write back)."""
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            self.last_end_ns = now_ns
+        return turn
