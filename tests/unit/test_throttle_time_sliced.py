@@ -450,3 +450,23 @@ def test_use_a_floor_proves_is_charged_out_of_what_nobody_was_charged_first():
     assert split.lifted > 0  # b's floor came out of what nobody was charged
     assert split.uncharged == pytest.approx(
         80.0 - timesliced.ALONE_MARGIN * split.beyond_work[1] - split.lifted)
+
+
+def test_a_figure_from_scattered_batches_bounds_with_room_for_its_error():
+    # batches alone reading 20 and 12 by turns (sampled noise at a low use): the figure may be
+    # off by a fifth, and the bound leaves that much room; exact batches leave none
+    exact, noisy = TimeSlicedSplit(), TimeSlicedSplit()
+    _alone(exact, "a", 16.0, 1000, 8, others=("b",))
+    for n in range(8):
+        noisy.share([["a"]], 20.0 if n % 2 else 12.0, {"a": 1000, "b": 0}, 0.1)
+    assert exact._spread("a") == 0.0
+    assert 0.1 < noisy._spread("a") < 0.3
+    for split in (exact, noisy):
+        for n in range(20):
+            split.share([["a" if n % 2 else "b"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+    assert exact.margin == timesliced.ALONE_MARGIN
+    assert noisy.margin == pytest.approx(
+        timesliced.ALONE_MARGIN * (1 + timesliced.SPREAD_SIGMAS * noisy._spread("a")))
+    assert noisy.uncharged < exact.uncharged  # more of the use charged
+    # only a figure that does not scatter is kept across restarts
+    assert set(exact.figures()) == {"a"} and noisy.figures() == {}

@@ -92,8 +92,8 @@ class TimeSlicedSplit:
     fall instead, the figures explain more than the GPU's use and bound nothing.
     """
 
-    __slots__ = ("alone", "apart", "beyond_work", "costs", "doubted", "lifted", "parts",
-                 "periods", "restarts", "solo", "spending", "unseen", "watch")
+    __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "doubted", "lifted",
+                 "margin", "parts", "periods", "restarts", "solo", "spending", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -118,6 +118,10 @@ class TimeSlicedSplit:
         # by them; () where it was not
         self.beyond_work: tuple[float, float] | tuple[()] = ()
         self.lifted = 0.0  # of that use beyond, what floors by periods charged after all
+        self.margin = ALONE_MARGIN  # the bound's factor on the explained work at the last batch
+        # alloc_id -> (batches, mean, sum of squared deviations) of the figures of the steady
+        # batches alone its figure rests on: how far they scatter (`_spread`)
+        self.batches: dict[str, tuple[int, float, float]] = {}
         # the container given a turn alone (`throttle/soloturn.py`) and the periods seen since
         self.solo: tuple[str, int] = ("", 0)
 
@@ -176,11 +180,14 @@ class TimeSlicedSplit:
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
                    - sum(unshimmed.values()))
         whole = ours
-        if explained is not None and busy > ALONE_MARGIN * explained[0]:
+        # a figure is an estimate: the bound leaves room for as far as it may be off
+        self.margin = margin = ALONE_MARGIN * (1 + SPREAD_SIGMAS * max(
+            [self._spread(a) for a in self.spending if a in self.alone], default=0.0))
+        if explained is not None and busy > margin * explained[0]:
             # what the GPU counts busy beyond what their tokens buy is nobody's work
             self.beyond_work = (busy, explained[0])
-            ours = min(ours, ALONE_MARGIN * explained[0])
-            busy = ALONE_MARGIN * explained[0]
+            ours = min(ours, margin * explained[0])
+            busy = margin * explained[0]
         shares = {a: ours * w / weighted if weighted > 0 else 0.0 for a, w in weights.items()}
         liars = [a for a in untrusted if a in weights] if whole > ours else []
         if liars:
@@ -237,11 +244,24 @@ class TimeSlicedSplit:
 
     def figures(self) -> dict[str, tuple[float, float]]:
         """Each trusted figure as the bound takes it now (`_figure`), with the spending it was
-        measured at: alloc_id -> (use per token/s, tokens/s). What `adopt` takes back."""
+        measured at: alloc_id -> (use per token/s, tokens/s). What `adopt` takes back, which
+        takes them as exact: those whose batches scattered by more than FILE_SPREAD are left
+        out (learned again after a restart, or measured in a turn alone)."""
         spending = self.spending
         return {a: (self._figure(a, spending) if len(spending) > 1 and a in spending
                     else figure, rate)
-                for a, (figure, rate, steady) in self.alone.items() if steady >= ALONE_READINGS}
+                for a, (figure, rate, steady) in self.alone.items()
+                if steady >= ALONE_READINGS and self._spread(a) <= FILE_SPREAD}
+
+    def _spread(self, alloc_id: str) -> float:
+        """How far a figure may be off, relative to it: the standard error of the mean of the
+        batches it rests on (ALONE_AVERAGED of them at most are averaged); 0 for one adopted.
+        NVML's samples of a process alone were exact on the H200; the simulator's noisy plants
+        scatter them (sigma 3 points at a use of 4 % is three quarters of it)."""
+        n, mean, squares = self.batches.get(alloc_id, (0, 0.0, 0.0))
+        if n < 2 or mean <= 0:
+            return 0.0
+        return math.sqrt(squares / (n - 1) / min(n, ALONE_AVERAGED)) / mean
 
     def measured(self) -> set[str]:
         """The containers with a trusted figure (those `figures` gives)."""
@@ -267,7 +287,7 @@ class TimeSlicedSplit:
         if not self.beyond_work:
             return 0.0
         busy, explained = self.beyond_work
-        return busy - ALONE_MARGIN * explained - self.lifted
+        return busy - self.margin * explained - self.lifted
 
     def _calibrate(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
                    dt_s: float) -> None:
@@ -284,9 +304,11 @@ class TimeSlicedSplit:
         one before it launched) teaches nothing. A figure is kept, however long its container
         shares the GPU after, until the container leaves or its periods show a change (see
         the class note on why not by age)."""
-        alone = self.alone
+        alone, batches = self.alone, self.batches
         for gone in [a for a in alone if a not in spent]:
             del alone[gone]
+        for gone in [a for a in batches if a not in alone]:
+            del batches[gone]
         spending = [a for a, used in spent.items() if used > 0]
         if len(spending) != 1 or busy < 1:
             return
@@ -306,17 +328,23 @@ class TimeSlicedSplit:
             # token) ran lately. A figure still being made starts over.
             if before is not None and before[2] < ALONE_READINGS:
                 del alone[alloc_id]
+                batches.pop(alloc_id, None)
             return
         rate = spent[alloc_id] / dt_s
         figure = busy / rate
         self.doubted.pop(alloc_id, None)  # measured afresh
+        n, mean, squares = batches.get(alloc_id, (0, 0.0, 0.0))
         if before is not None and abs(rate - before[1]) <= ALONE_STEADY * max(rate, before[1]):
             steady = before[2] + 1
+            n, delta = n + 1, figure - mean
+            mean += delta / n
+            squares += delta * (figure - mean)
             if steady > ALONE_READINGS:  # trusted already: an average of the steady batches
                 figure = before[0] + (figure - before[0]) / min(steady, ALONE_AVERAGED)
         else:
-            steady = 1
+            steady, n, mean, squares = 1, 1, figure, 0.0
         alone[alloc_id] = (figure, rate, steady)
+        batches[alloc_id] = (n, mean, squares)
 
     def _explained(self, spent: Mapping[str, int], dt_s: float
                    ) -> tuple[float, dict[str, float]] | None:
@@ -615,6 +643,11 @@ TURN_QUIET = 2
 ALONE_STEADY = 0.15
 ALONE_AVERAGED = 10
 ALONE_MARGIN = 1.05
+# ... widened by this many times how far the figures may be off (`_spread`): a figure from six
+# noisy batches came out 18 % low, and the bound, binding where the GPU's use was all work,
+# charged the containers less than they did
+SPREAD_SIGMAS = 2.0
+FILE_SPREAD = 0.05  # figures kept across restarts scatter no more than this (`figures`)
 # ... and while their ratios agree with the costs the periods show within this factor (beyond
 # what chance allows the costs)
 ALONE_AGREE = 1.25
