@@ -37,11 +37,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .timesliced import ALONE_READINGS, TURN_QUIET
+from vgpu_agent.shm.layout import MAX_WAIT_NS
+from vgpu_agent.throttle.timesliced import ALONE_READINGS, TURN_QUIET
 
-PAUSED_RATE = 0  # with a burst of 1: the shim admits nothing more (rate 0 and burst 0 is "off")
+PAUSED_RATE = 0  # with a burst of 1 the shim admits nothing more (0 and 0: never configured)
 PAUSED_BURST = 1
-SOLO_TURN_MOST_S = 1.9  # below the shim's longest wait (2 s)
+LONGEST_WAIT_S = MAX_WAIT_NS / 1e9  # the shim's (2 s): a launch waits no longer
+SOLO_TURN_MOST_S = 0.95 * LONGEST_WAIT_S  # 1.9 s
 SOLO_TURN_AFTER_S = 3.0  # containers spending together, none with a figure, this long first
 SOLO_TURN_GAP_S = 60.0  # between the end of one turn and the start of the next on a GPU
 SOLO_TURN_TRIES = 2  # turns per container at most
@@ -71,9 +73,9 @@ class SoloTurns:
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES) -> None:
-        if not 0 < most_s < 2.0:
+        if not 0 < most_s < LONGEST_WAIT_S:
             raise ValueError(f"a solo turn must last more than 0 s and less than the shim's "
-                             f"longest wait (2 s), got {most_s!r}")
+                             f"longest wait ({LONGEST_WAIT_S:g} s), got {most_s!r}")
         if not (after_s >= 0 and gap_s >= 0 and tries >= 1):
             raise ValueError(f"need after_s >= 0, gap_s >= 0 and tries >= 1, got {after_s!r}, "
                              f"{gap_s!r}, {tries!r}")
