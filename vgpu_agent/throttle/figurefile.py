@@ -5,7 +5,8 @@ Those figures (`timesliced.TimeSlicedSplit`) are what keeps containers that shar
 busy beyond their work from being charged the whole of it, and they can only be learned while a
 container has the GPU to itself. Containers running on through an agent restart (a DaemonSet
 update) may never be alone again: without the figures, strict ones sharing a GPU starved
-(simulated: 29 % of a 30 % limit to 4 %).
+(simulated: 29 % of a 30 % limit to 4 %). A turn alone (`throttle/soloturn.py`) now measures one
+of them again, but pauses its neighbours to do so; the file spares them that.
 
 The file is the agent's own (not under any container's region directory). It is JSON with a
 version, replaced atomically (temp file + rename), not fsync'd: after a power loss the containers
