@@ -163,6 +163,7 @@ async def test_a_turn_pauses_the_others_and_writes_their_rates_back():
     assert not [w for w in writes.of("c0") if paused_at < w[0] < ended_at]
     # nobody was taken for a liar for claims made under the pause
     assert "tokens_overclaimed" not in run.controller.error_counts
+    assert run.controller.solo_turns_given == {run.gpu.uuid: 1}  # (the metric's count)
 
 
 @pytest.mark.slow

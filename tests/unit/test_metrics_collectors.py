@@ -415,7 +415,8 @@ async def test_dra_regions_name_their_claim_next_to_the_container(node: Node) ->
 async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(node: Node) -> None:
     text = await node.scrape(time_sliced_gpus=lambda: frozenset({G1}),
                              phase_changes=lambda: {G1: 2, G0: 1},
-                             use_charged_to_nobody=lambda: {G1: 37.5})
+                             use_charged_to_nobody=lambda: {G1: 37.5},
+                             solo_turns=lambda: {G1: 1})
     assert value(text, "vgpu_gpu_nvml_time_sliced", gpu_uuid=G1) == 1
     assert value(text, "vgpu_gpu_nvml_time_sliced", gpu_uuid=G0) == 0
     assert value(text, "vgpu_gpu_throttle_phase_changes_total", gpu_uuid=G1) == 2
@@ -425,8 +426,11 @@ async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(no
     # the use charged to nobody: only for the GPUs split
     assert value(text, "vgpu_gpu_throttle_uncharged_use_percent", gpu_uuid=G1) == 37.5
     assert value(text, "vgpu_gpu_throttle_uncharged_use_percent", gpu_uuid=G0) is None
+    assert value(text, "vgpu_gpu_throttle_solo_turns_total", gpu_uuid=G1) == 1
+    assert value(text, "vgpu_gpu_throttle_solo_turns_total", gpu_uuid=G0) == 0
     # without a throttle controller the series are absent, not 0
     bare = await node.scrape()
     assert "vgpu_gpu_nvml_time_sliced" not in names(bare)
     assert "vgpu_gpu_throttle_phase_changes_total" not in names(bare)
     assert "vgpu_gpu_throttle_uncharged_use_percent" not in names(bare)
+    assert "vgpu_gpu_throttle_solo_turns_total" not in names(bare)

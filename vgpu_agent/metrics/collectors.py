@@ -108,6 +108,7 @@ class Snapshot:
     time_sliced: frozenset[str] | None = None  # None: no throttle controller
     phase_changes: Mapping[str, int] | None = None
     uncharged: Mapping[str, float] | None = None  # use charged to nobody, per time-sliced GPU
+    solo_turns: Mapping[str, int] | None = None  # turns alone given, per GPU
 
 
 # The rate the throttle controller writes for devices it does not limit; not worth a series.
@@ -294,6 +295,7 @@ def gather_snapshot(
         phase_changes=dict(sources.phase_changes()) if sources.phase_changes else None,
         uncharged=(dict(sources.use_charged_to_nobody()) if sources.use_charged_to_nobody
                    else None),
+        solo_turns=dict(sources.solo_turns()) if sources.solo_turns else None,
     )
     return PendingSnapshot(snapshot, picked, throttle)
 
@@ -392,6 +394,12 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "was charged.",
         GPU_LABELS,
     )
+    solo_turns = _counter(
+        "vgpu_gpu_throttle_solo_turns",
+        "Turns alone given on the time-sliced GPU: every other container paused for under 2 s "
+        "so that one never seen alone could be measured (throttle_solo_turns).",
+        GPU_LABELS,
+    )
     for gpu in snap.gpus:
         labels = _gpu_labels(sets, snap, gpu)
         _put(mem_total, labels, gpu.memory_total)
@@ -401,6 +409,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(time_sliced, labels, 1 if gpu.uuid in snap.time_sliced else 0)
         if snap.phase_changes is not None:
             _put(phase_changes, labels, snap.phase_changes.get(gpu.uuid, 0))
+        if snap.solo_turns is not None:
+            _put(solo_turns, labels, snap.solo_turns.get(gpu.uuid, 0))
         if snap.uncharged is not None and gpu.uuid in snap.uncharged:
             _put(uncharged, labels, snap.uncharged[gpu.uuid])
         if snap.healthy is not None and gpu.uuid in snap.healthy:
@@ -424,7 +434,7 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         if r.power_w is not None:
             _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
-    yield from (slices_total, slices_alloc, time_sliced, phase_changes, uncharged)
+    yield from (slices_total, slices_alloc, time_sliced, phase_changes, uncharged, solo_turns)
 
 
 _KIND_LABELS = (*CONTAINER_LABELS, "kind")

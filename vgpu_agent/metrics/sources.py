@@ -109,6 +109,8 @@ class MetricsSources:
     # per time-sliced GPU, the points of its use charged to nobody at the last batch
     # (`ThrottleController.use_charged_to_nobody`)
     use_charged_to_nobody: Callable[[], Mapping[str, float]] | None = None
+    # per GPU, the turns alone the controller gave (`ThrottleController.solo_turns_given`)
+    solo_turns: Callable[[], Mapping[str, int]] | None = None
     registration: Callable[[], RegistrationView | None] | None = None
     nvml_errors: Callable[[], Mapping[str, int]] = _empty
     region_events: Callable[[], Mapping[str, int]] = _empty  # created/adopted/removed/corrupt

@@ -540,6 +540,7 @@ class ThrottleController:
         # per time-sliced GPU: turns alone for containers never seen alone (`soloturn`)
         self.solo_turns = solo_turns
         self._turns: dict[str, SoloTurns] = {}
+        self._turns_given: dict[str, int] = defaultdict(int)  # per GPU, since start
 
     # -- read-only views for metrics ---------------------------------------------------------
     @property
@@ -598,6 +599,11 @@ class ThrottleController:
         containers' tokens did not explain (at what each one's bought alone) and that nobody
         was charged (`TimeSlicedSplit`); 0 where all of it was charged."""
         return {uuid: split.uncharged for uuid, split in self._sliced.items()}
+
+    @property
+    def solo_turns_given(self) -> Mapping[str, int]:
+        """Per GPU, the turns alone given since start (`throttle/soloturn.py`)."""
+        return dict(self._turns_given)
 
     def _new_split(self, uuid: str) -> TimeSlicedSplit:
         split = self._sliced[uuid] = TimeSlicedSplit()
@@ -1415,6 +1421,7 @@ class ThrottleController:
                 device.paused = True
                 self._apply(device, PAUSED_RATE, PAUSED_BURST)
         turns.start(chosen, self._now_ns, paused)
+        self._turns_given[uuid] += 1
         self._changed = True
         log.info("throttle_solo_turn_started", uuid=uuid, alloc_id=chosen, paused=len(paused),
                  most_s=turns.most_s,
