@@ -544,7 +544,10 @@ static bool t_threads_paced_and_counted(void)
           "8 threads made %llu launches; the state counts %llu launches, %llu tokens", launches,
           (unsigned long long)counted, (unsigned long long)spent);
     double most = (double)burst + (double)rate * (double)ns / 1e9 + (double)(8 * cost);
-    double least = 0.9 * (double)rate * (double)ns / 1e9;
+    /* the threads must keep up to spend at the rate: under the sanitizers on a loaded 2-core
+     * machine they once spent 0.894 of it; pacing too strict (a launch waiting on another's
+     * refill) shows as half or less */
+    double least = 0.8 * (double)rate * (double)ns / 1e9;
     CHECK((double)spent <= most && (double)spent >= least,
           "8 threads spent %llu tokens in %.3f s at rate %llu (allowed %.0f..%.0f)",
           (unsigned long long)spent, (double)ns / 1e9, (unsigned long long)rate, least, most);
