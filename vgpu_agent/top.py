@@ -3,7 +3,8 @@
 One block per GPU with a row per allocation on it: memory used against its limit, measured SM
 share against its limit (and the controller's target), time spent waiting for tokens, policy,
 priority and the age of the last launch. An unhealthy GPU and a container above its limit
-stand out. `--once` prints one frame, `--json` the raw document; without a terminal the view is
+stand out; a container paused for a neighbour's turn alone is marked. `--once` prints one
+frame, `--json` the raw document; without a terminal the view is
 plain text. A client only: it reads the HTTP endpoint and never touches the node's files.
 """
 
@@ -126,6 +127,8 @@ def _row(allocation: Mapping[str, Any], device: Mapping[str, Any]) -> list[Rende
     name = Text(_who(allocation))
     if allocation["state"] != "active":
         name.append(f" [{allocation['state']}]", style="dim")
+    if device.get("paused"):  # for a neighbour's turn alone: its launches wait (under 2 s)
+        name.append(" [paused: turn alone]", style="yellow")
     if memory_over or share_over:
         name = Text("! ", style="bold red") + name
         name.stylize("bold red")

@@ -155,10 +155,16 @@ async def test_a_turn_pauses_the_others_and_writes_their_rates_back():
         assert run.regions["c1"].rate(0) == (0, 1)  # paused: no refill, nothing admitted
         before = writes.of("c1")[-2]  # what it had, written by the same tick before the pause
         assert before[1] > 0
+        # what metrics and /status say meanwhile: the paused one, and what it gets back
+        status = run.controller.status
+        assert status[("c1", 0)].paused and not status[("c0", 0)].paused
+        assert (status[("c1", 0)].rate, status[("c1", 0)].burst) == before[1:]
         while not any(e["event"] == "throttle_solo_turn_ended" for e in logs):
             await run.advance(0.1)
-    paused_at, ended_at = writes.of("c1")[-2][0], writes.of("c1")[-1][0]
-    assert writes.of("c1")[-1][1:] == before[1:]  # its rate, written back as it was
+        paused_at, ended_at = writes.of("c1")[-2][0], writes.of("c1")[-1][0]
+        assert writes.of("c1")[-1][1:] == before[1:]  # its rate, written back as it was
+        await run.advance(0.3)
+        assert not any(s.paused for s in run.controller.status.values())
     # the one measured kept its rate all along: no write between the pause and its end
     assert not [w for w in writes.of("c0") if paused_at < w[0] < ended_at]
     # nobody was taken for a liar for claims made under the pause
@@ -230,3 +236,23 @@ async def test_no_turn_where_a_container_cannot_be_paused_or_samples_are_per_pro
         with capture_logs() as logs:
             await run.advance(10)
         assert not [e for e in logs if e["event"] == "throttle_solo_turn_started"]
+
+
+@pytest.mark.slow
+async def test_the_turn_goes_to_the_container_of_highest_priority():
+    # a service marked more important is the one left running: its neighbour waits
+    from dataclasses import replace
+
+    sc, _ = scenario((30, 30), 20e-6, alone=0, together_s=10)
+    service = replace(sc.containers[1], priority=50)
+    run = ControlledRun((sc.containers[0], service), plant=PlantSpec(H200_TIME_SLICED, 0.2),
+                        paced=True)
+    writes = _Writes(run)
+    with capture_logs() as logs:
+        await _until_turn(run, logs)
+        assert run.regions["c0"].rate(0) == (0, 1) and run.regions["c1"].rate(0)[0] > 0
+        while not any(e["event"] == "throttle_solo_turn_ended" for e in logs):
+            await run.advance(0.1)
+    assert [(e["alloc_id"], e["why"]) for e in logs if e["event"] == "throttle_solo_turn_ended"
+            ] == [("c1", "measured")]
+    assert writes.of("c0")[-1][1] > 0  # written back

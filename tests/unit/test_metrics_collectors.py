@@ -34,6 +34,7 @@ class Status:
     measured_util: float | None
     rate: int
     open_loop: bool = False
+    paused: bool = False
 
 
 @dataclass
@@ -201,6 +202,9 @@ async def test_container_usage_comes_from_the_state_file(node: Node) -> None:
     assert value(text, "vgpu_container_core_utilization_ratio", pod="p") == 0.42
     assert value(text, "vgpu_container_token_refill_rate", pod="p") == 123_456
     assert value(text, "vgpu_container_throttle_open_loop", pod="p") == 0
+    assert value(text, "vgpu_container_throttle_paused", pod="p") == 0
+    node.throttle[("a", 0)] = Status(measured_util=42.0, rate=123_456, paused=True)
+    assert value(await node.scrape(), "vgpu_container_throttle_paused", pod="p") == 1
 
 
 async def test_container_with_two_gpus_has_one_series_per_gpu(node: Node) -> None:
@@ -300,6 +304,11 @@ async def test_unlimited_rate_and_missing_throttle_data_leave_series_out(node: N
     assert value(text, "vgpu_container_token_refill_rate", pod="p") is None
     assert value(text, "vgpu_container_core_utilization_ratio", pod="p") is None
     assert value(text, "vgpu_container_throttle_open_loop", pod="p") == 1
+    # no decision from the controller: nothing said of a pause either
+    del node.throttle[("a", 0)]
+    text = await node.scrape()
+    assert value(text, "vgpu_container_throttle_paused", pod="p") is None
+    assert value(text, "vgpu_container_throttle_open_loop", pod="p") is None
 
 
 async def test_utilization_is_clamped_to_a_ratio(node: Node) -> None:

@@ -34,6 +34,7 @@ class Status:
     measured_util: float | None = 40.0
     rate: int = 1000
     open_loop: bool = False
+    paused: bool = False
 
 
 @dataclass

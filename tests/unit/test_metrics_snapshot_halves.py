@@ -22,6 +22,7 @@ class Status:
     measured_util: float | None
     rate: int
     open_loop: bool = False
+    paused: bool = False
 
 
 class Guarded:

@@ -27,6 +27,7 @@ class Decision:
     policy: str
     rate_limited: bool = False
     open_loop: bool = False
+    paused: bool = False
 
 
 @pytest.fixture
@@ -91,6 +92,7 @@ async def test_an_active_container_carries_limits_usage_and_the_controllers_deci
         "policy": "strict",
         "rate_limited": True,
         "open_loop": False,
+        "paused": False,
         "token_wait_seconds": 1.5,
         "launches": 40,
         "last_launch_age_seconds": 0.5,

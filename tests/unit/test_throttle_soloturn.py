@@ -20,8 +20,10 @@ PERIOD_S = 0.2  # the H200's
 
 
 def _due(turns: SoloTurns, at_s: float, spending=("a", "b"), measured=(), candidates=("a", "b"),
-         period_s: float = PERIOD_S) -> str | None:
-    return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s)
+         period_s: float = PERIOD_S, present=None, priorities=None) -> str | None:
+    on_gpu = set(spending) | set(candidates) if present is None else set(present)
+    return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s,
+                     on_gpu, priorities)
 
 
 def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():
@@ -83,6 +85,42 @@ def test_turns_are_spaced_and_tried_at_most_twice_a_container():
     # a container gone and come back (a new one of the same name) is tried afresh
     assert _due(turns, at + 11 * SOLO_TURN_GAP_S, spending=("b", "c"), candidates=("b", "c")) \
         == "c"
+
+
+def test_a_container_keeps_its_tries_while_it_stays_on_the_gpu_idle_or_not():
+    turns = SoloTurns(after_s=0.0)
+    for n, whose in enumerate("abab"):
+        at = n * 2 * SOLO_TURN_GAP_S
+        assert _due(turns, at) == whose
+        turns.end(int(at * S))
+    at = 10 * SOLO_TURN_GAP_S
+    assert _due(turns, at) is None  # both had their two
+    # idle and not limited for a while, but still there: its tries are not forgotten
+    assert _due(turns, at + 1, spending=("b",), candidates=(), present=("a", "b")) is None
+    assert _due(turns, at + 2 * SOLO_TURN_GAP_S) is None
+    # gone for one tick: a container of that name later is another
+    assert _due(turns, at + 3 * SOLO_TURN_GAP_S, spending=("b",), candidates=(),
+                present=("b",)) is None
+    assert _due(turns, at + 4 * SOLO_TURN_GAP_S) == "a"
+
+
+def test_the_turn_goes_to_the_highest_priority_among_those_tried_least():
+    turns = SoloTurns(after_s=0.0)
+    ranks = {"a": 0, "b": 50, "c": -10}
+    spending = ("a", "b", "c")
+    assert _due(turns, 0.0, spending=spending, candidates=spending, priorities=ranks) == "b"
+    turns.end(0)
+    # tried once: the others first, the highest of them
+    assert _due(turns, SOLO_TURN_GAP_S, spending=spending, candidates=spending,
+                priorities=ranks) == "a"
+    turns.end(int(SOLO_TURN_GAP_S * S))
+    # not eligible (its rate does not limit it): the next highest
+    assert _due(turns, 2 * SOLO_TURN_GAP_S, spending=spending, candidates=("a", "b"),
+                priorities=ranks) == "b"
+    # equal priorities: the first spending, as without them
+    fresh = SoloTurns(after_s=0.0)
+    assert _due(fresh, 0.0, spending=("c", "a"), candidates=("c", "a"),
+                priorities={"a": 5, "c": 5}) == "c"
 
 
 def test_a_turn_ends_once_its_container_is_measured_over_enough_batches():

@@ -246,3 +246,16 @@ def test_a_gpu_read_as_time_sliced_says_its_use_is_estimated() -> None:
     assert "NVML time-sliced (use estimated)" in lines[0]
     assert "busy beyond the work 42" in lines[0]
     assert "time-sliced" not in lines[1] and "beyond" not in lines[1]
+
+
+def test_a_container_paused_for_a_neighbours_turn_alone_is_marked() -> None:
+    turning = copy.deepcopy(STATUS)
+    turning["allocations"][0]["devices"][0]["paused"] = True
+    turning["allocations"][1]["devices"][0]["paused"] = False
+    text = frame_text(turning)
+    lines = text.splitlines()
+    (at,) = [n for n, line in enumerate(lines) if line.startswith("prod/infer-0/main")]
+    # the name column folds: the mark follows the container's name, on its row or the next
+    assert "[paused: turn alone]" in " ".join(lines[at : at + 2])
+    assert text.count("paused") == 1  # not the other, nor a status without the field
+    assert "paused" not in frame_text(STATUS)

@@ -79,6 +79,7 @@ class ContainerDevice:
     last_launch_ns: int = 0  # CLOCK_MONOTONIC ns, 0 = never
     utilization: float | None = None  # percent, from the throttle controller
     open_loop: bool | None = None
+    paused: bool | None = None  # for a neighbour's turn alone (None: the controller does not say)
     priority: int = 0
     policy_source: str = ""  # "pod", "claim" (DRA) or "default" ("" when the agent does not say)
 
@@ -184,6 +185,7 @@ def container_devices(
                 last_launch_ns=last_launch_ns,
                 utilization=status.measured_util if status is not None else None,
                 open_loop=status.open_loop if status is not None else None,
+                paused=status.paused if status is not None else None,
                 priority=region.priority,
                 policy_source=policy_source,
             )
@@ -502,6 +504,12 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "1 while the container's rate is not steered by measured use (no NVML samples).",
         L,
     )
+    paused = _gauge(
+        "vgpu_container_throttle_paused",
+        "1 while the container's launches are paused for a neighbour's turn alone on a "
+        "time-sliced GPU (under 2 s; throttle_solo_turns).",
+        L,
+    )
     # The policy's own series carry `policy_source`: on the others a label that changes when
     # the pod becomes known would cut their counters into two series.
     policy_info = _gauge(
@@ -529,6 +537,8 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(core_util, labels, max(0.0, min(100.0, entry.utilization)) / 100.0)
         if entry.open_loop is not None:
             _put(open_loop, labels, 1 if entry.open_loop else 0)
+        if entry.paused is not None:
+            _put(paused, labels, 1 if entry.paused else 0)
         if not entry.usage_known:
             continue
         for kind, used in memory_by_kind(entry).items():
@@ -541,7 +551,7 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         if launch_age is not None:
             _put(age, labels, launch_age)
     yield from (mem_limit, mem_used, mem_spilled, core_limit, core_util, waited, launches)
-    yield from (unpriced, rate, age, open_loop)
+    yield from (unpriced, rate, age, open_loop, paused)
     yield from (policy_info, priority)
 
 

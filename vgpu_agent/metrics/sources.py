@@ -47,6 +47,10 @@ class ThrottleStatus(Protocol):
     def rate_limited(self) -> bool:
         """True when the container wanted more than its target in the last tick."""
 
+    @property
+    def paused(self) -> bool:
+        """True while the container is paused for a neighbour's turn alone on its GPU."""
+
 
 class RegistrationView(Protocol):
     """The device plugin's standing with the kubelet."""

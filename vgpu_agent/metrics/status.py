@@ -29,7 +29,10 @@ Schema (``schema_version`` 1; fields are only ever added within a version):
                                    memory because the card was full; 0 without spilling),
                                    "core_limit_ratio", "core_target_ratio",
                                    "core_measured_ratio", "policy", "rate_limited",
-                                   "open_loop", "token_wait_seconds", "launches",
+                                   "open_loop", "paused" (bool | null: its launches held
+                                   for a neighbour's turn alone on a time-sliced GPU,
+                                   under 2 s; null without a controller's decision),
+                                   "token_wait_seconds", "launches",
                                    "last_launch_age_seconds"}]}]}
 
 `state` is one of ``active`` (the container's current region), ``unidentified`` (PodResources
@@ -166,6 +169,7 @@ def _device(
         "policy": status.policy if status is not None else entry.policy,
         "rate_limited": status.rate_limited if status is not None else None,
         "open_loop": entry.open_loop,
+        "paused": entry.paused,
         "token_wait_seconds": entry.wait_ns / 1e9 if known else None,
         "launches": entry.launches if known else None,
         "last_launch_age_seconds": age,

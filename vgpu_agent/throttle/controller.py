@@ -289,6 +289,9 @@ class DeviceStatus:
     rate_limited: bool
     open_loop: bool
     priority: int = 0
+    # paused for a neighbour's turn alone (`throttle/soloturn.py`): rate and burst above are
+    # what it gets back at the turn's end; until then the shim admits none of its launches
+    paused: bool = False
 
 
 class _Device:
@@ -570,6 +573,7 @@ class ThrottleController:
                 rate_limited=decision.hungry,
                 open_loop=open_loop,
                 priority=obs.priority,
+                paused=d.paused,
             )
         return out
 
@@ -1408,9 +1412,12 @@ class ThrottleController:
             and device.limits[0] < FULL_SHARE and device.last is not None
             for device, _, _ in steered])
         candidates = {device.alloc_id for device, _, _ in steered if device.limited}
+        priorities = {device.alloc_id: device.limits[3] for device, _, _ in steered
+                      if device.limits is not None}
         chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
                            split.measured(), candidates if pausable else (),
-                           self._period_us.get(uuid, 0) / 1e6)
+                           self._period_us.get(uuid, 0) / 1e6,
+                           {device.alloc_id for device, _, _ in steered}, priorities)
         if chosen is None:
             return
         paused: dict[str, tuple[int, int]] = {}

@@ -26,8 +26,10 @@ samples, then ALONE_READINGS steady batches), and a turn goes on to TURN_READING
 than `most_s` allows for a trusted figure, no turn is given.
 
 What a turn costs the others: at most `most_s` without a launch, once per `gap_s` per GPU, and
-per container at most `tries` turns (one whose spending was not steady enough for a figure is
-tried again once).
+per container at most `tries` turns while it stays on the GPU (one whose spending was not
+steady enough for a figure is tried again once). The container given the turn is the one of
+highest priority among those tried least, so a latency-sensitive service marked so by its
+priority (`vgpu.io/priority`) runs through the turn while the others wait.
 
 Pure: no I/O, no clocks (the caller passes the time).
 """
@@ -88,13 +90,20 @@ class SoloTurns:
         self.tried: dict[str, int] = {}  # alloc_id -> turns it had
 
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
-            candidates: Collection[str], period_s: float) -> str | None:
+            candidates: Collection[str], period_s: float, present: Collection[str],
+            priorities: Mapping[str, int] | None = None) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
-        that spent this tick, in a stable order (the first of the eligible is taken); `measured`:
-        those with a trusted figure; `candidates`: those whose rate limits them (a turn keeps
-        its rate as it is, and needs it to hold its spending steady); `period_s`: NVML's sample
-        period on this GPU."""
-        for gone in [a for a in self.tried if a not in spending and a not in candidates]:
+        that spent this tick, in a stable order; `measured`: those with a trusted figure;
+        `candidates`: those whose rate limits them (a turn keeps its rate as it is, and needs
+        it to hold its spending steady); `period_s`: NVML's sample period on this GPU;
+        `present`: every container with a device on the GPU now (the tries of one gone are
+        forgotten: a container of the same name later is another); `priorities`: by
+        container, those in force (0 where absent).
+
+        Of the eligible, the one tried least is taken, then the highest priority (a turn
+        pauses every other container: the one whose waits matter most is spared them), then
+        the first in `spending`'s order."""
+        for gone in [a for a in self.tried if a not in present]:
             del self.tried[gone]
         if (self.turn is not None or len(spending) < 2
                 or any(a in measured for a in spending)
@@ -109,7 +118,8 @@ class SoloTurns:
         eligible = [a for a in spending if a in candidates and self.tried.get(a, 0) < self.tries]
         if not eligible:
             return None
-        chosen = min(eligible, key=lambda a: self.tried.get(a, 0))
+        ranks = priorities or {}
+        chosen = min(eligible, key=lambda a: (self.tried.get(a, 0), -ranks.get(a, 0)))
         self.tried[chosen] = self.tried.get(chosen, 0) + 1
         self.waiting_ns = None
         return chosen
