@@ -205,7 +205,7 @@ async def test_an_agent_killed_during_a_turn_leaves_no_container_paused():
 
 
 @pytest.mark.slow
-async def test_a_paused_container_claiming_tokens_ends_the_turn_and_is_not_judged_for_it():
+async def test_a_paused_container_claiming_tokens_neither_ends_the_turn_nor_is_judged_for_it():
     # hostile: it writes spending into `state` while paused, to deny its neighbour a figure
     run, writes = _pair_together()
     with capture_logs() as logs:
@@ -213,13 +213,34 @@ async def test_a_paused_container_claiming_tokens_ends_the_turn_and_is_not_judge
         before = writes.of("c1")[-2]
         await run.advance(0.25)
         slot = run.regions["c1"].processes[0]
-        slot.tokens_spent[0] += 10**9
+        for _ in range(10):
+            slot.tokens_spent[0] += 10**9
+            if any(e["event"] == "throttle_solo_turn_ended" for e in logs):
+                break
+            await run.advance(0.1)
         while not any(e["event"] == "throttle_solo_turn_ended" for e in logs):
             await run.advance(0.1)
-    assert [e["why"] for e in logs if e["event"] == "throttle_solo_turn_ended"] == [
-        "others_spent"]
+    assert [(e["why"], e["measured"]) for e in logs
+            if e["event"] == "throttle_solo_turn_ended"] == [("measured", True)]
     assert run.regions["c1"].rate(0) == before[1:]
     assert run.controller.error_counts.get("tokens_overclaimed", 0) == 0
+
+
+@pytest.mark.slow
+async def test_a_paused_container_that_runs_all_the_same_ends_the_turn():
+    # its shim ignores the pause (simulated: its bucket refilled behind the agent's back):
+    # NVML gives it periods, the figure cannot be made, the turn ends at once
+    run, writes = _pair_together()
+    with capture_logs() as logs:
+        started = await _until_turn(run, logs)
+        before = writes.of("c1")[-2]
+        run.regions["c1"].set_rate(0, *before[1:])
+        while not any(e["event"] == "throttle_solo_turn_ended" for e in logs):
+            await run.advance(0.1)
+    (ended,) = [e for e in logs if e["event"] == "throttle_solo_turn_ended"]
+    assert (ended["why"], ended["measured"]) == ("others_ran", False)
+    assert run.gpu.elapsed_s - started < 1.5  # not left to run out its 1.9 s
+    assert run.regions["c1"].rate(0) == before[1:]
 
 
 @pytest.mark.slow

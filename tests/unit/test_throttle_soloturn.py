@@ -126,10 +126,10 @@ def test_the_turn_goes_to_the_highest_priority_among_those_tried_least():
 def test_a_turn_ends_once_its_container_is_measured_over_enough_batches():
     turns = SoloTurns()
     turns.start("a", 0, {"b/0": (100, 10)})
-    assert turns.over(int(0.2 * S), {"a": 50, "b": 0}, 0) is None
+    assert turns.over(int(0.2 * S), {"a": 50, "b": 0}, 0, 0) is None
     # trusted, but averaged over more batches while time allows
-    assert turns.over(int(0.8 * S), {"a": 50, "b": 0}, ALONE_READINGS) is None
-    assert turns.over(int(1.0 * S), {"a": 50, "b": 0}, TURN_READINGS) == "measured"
+    assert turns.over(int(0.8 * S), {"a": 50, "b": 0}, ALONE_READINGS, 0) is None
+    assert turns.over(int(1.0 * S), {"a": 50, "b": 0}, TURN_READINGS, 0) == "measured"
     turn = turns.end(int(0.4 * S))
     assert turn is not None and turn.alloc_id == "a" and turn.paused == {"b/0": (100, 10)}
     assert turns.turn is None and turns.end(S) is None
@@ -138,20 +138,23 @@ def test_a_turn_ends_once_its_container_is_measured_over_enough_batches():
 def test_a_turn_ends_when_it_cannot_give_a_figure():
     turns = SoloTurns()
     turns.start("a", 0, {})
-    assert turns.over(int(0.1 * S), {"a": 0, "b": 0}, 0) == "stopped"
+    assert turns.over(int(0.1 * S), {"a": 0, "b": 0}, 0, 0) == "stopped"
     turns = SoloTurns()
     turns.start("a", 0, {})
-    # what the others spent before the pause was written counts in the first tick only
-    assert turns.over(int(0.1 * S), {"a": 50, "b": 7}, 0) is None
-    assert turns.over(int(0.2 * S), {"a": 50, "b": 1}, 0) == "others_spent"
+    # what a paused container's `state` claims is not evidence: the turn goes on ...
+    assert turns.over(int(0.1 * S), {"a": 50, "b": 10**9}, 0, 0) is None
+    assert turns.over(int(0.2 * S), {"a": 50, "b": 10**9}, 1, 0) is None
+    # ... but a period NVML gave another process is: the figure is spoiled
+    assert turns.over(int(0.3 * S), {"a": 50, "b": 0}, 1, 1) == "others_ran"
     turns = SoloTurns()
     turns.start("a", 0, {})
-    assert turns.over(int((SOLO_TURN_MOST_S - 0.01) * S), {"a": 50}, 1) is None
-    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS - 1) == "too_long"
+    assert turns.over(int((SOLO_TURN_MOST_S - 0.01) * S), {"a": 50}, 1, 0) is None
+    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS - 1, 0) \
+        == "too_long"
     turns.start("a", 0, {})
     # out of time with a figure trusted: measured, on fewer batches
-    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS) == "measured"
-    assert SoloTurns().over(0, {"a": 50}, 0) is None  # none under way
+    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS, 0) == "measured"
+    assert SoloTurns().over(0, {"a": 50}, 0, 0) is None  # none under way
 
 
 @pytest.mark.parametrize(("kwargs", "named"), [

@@ -434,6 +434,25 @@ def test_in_a_turn_alone_a_figure_waits_for_fewer_quiet_periods():
     assert split.measured() == set()
 
 
+def test_a_turn_counts_the_periods_given_to_others_once_its_pause_is_in_the_samples():
+    quiet = timesliced.TURN_QUIET
+    split = TimeSlicedSplit()
+    for n in range(6):
+        split.share([["a" if n % 2 else "b"]], 50.0, {"a": 1000, "b": 1000}, 0.1)
+    # the turn's first periods may predate the pause: b's there count for nothing
+    split.share([["b"]] * quiet, 50.0, {"a": 1000, "b": 500}, 0.1, solo="a")
+    assert split.solo_others == 0
+    split.share([["a"], ["a"]], 20.0, {"a": 1000, "b": 0}, 0.1, solo="a")
+    assert split.solo_others == 0
+    # later ones given to b (its shim ignores the pause) or a stranger count, one each
+    split.share([["a"], ["b"], [""]], 40.0, {"a": 1000, "b": 0}, 0.1, solo="a")
+    assert split.solo_others == 2
+    # the next turn starts from nothing
+    split.share([["b"]], 20.0, {"a": 0, "b": 1000}, 0.1)
+    split.share([["b"]] * (quiet + 1), 20.0, {"a": 0, "b": 1000}, 0.1, solo="b")
+    assert split.solo_others == 0
+
+
 def test_use_a_floor_proves_is_charged_out_of_what_nobody_was_charged_first():
     # b writes a thousandth of what it spends into `state`, beyond what costs can correct:
     # the work the tokens explain is mostly a's (measured alone), and the bound charged b's

@@ -1341,6 +1341,13 @@ class ThrottleController:
         else:
             for device, reading in entries:
                 self._observe(device, reading, states, fields, steered, spent_by, liars)
+        if turning and turns is not None and turns.turn is not None and turns.turn.ticks:
+            # Past a turn's first tick (which counts what was spent before the pause), a
+            # paused device's bucket lets nothing through: what its `state` claims is not
+            # believed, and must not make the one measured look shared.
+            for device, _ in entries:
+                if device.paused and device.alloc_id != solo:
+                    spent_by[device.alloc_id] = 0
         # (on a time-sliced GPU: those lately caught claiming more than their buckets allowed)
         untrusted = [device.alloc_id for device, _ in entries if device.liar_cap is not None
                      or device.key in liars] if uuid in self._sliced else ()
@@ -1439,7 +1446,7 @@ class ThrottleController:
         """A tick of a GPU during `solo`'s turn alone: ends it where it is over."""
         split = self._sliced.get(uuid)
         why = ("not_time_sliced" if split is None
-               else turns.over(self._now_ns, spent_by, split.steady(solo)))
+               else turns.over(self._now_ns, spent_by, split.steady(solo), split.solo_others))
         self._changed = self._lent = True  # fast ticks until the turn ends and after
         if why is not None:
             self._end_turn(uuid, why)

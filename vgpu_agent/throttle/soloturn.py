@@ -12,8 +12,9 @@ a figure, the controller gives one of them a turn alone: the others' rates are s
 pause (rate 0, a burst of 1: the shim admits nothing more and credits nothing), its own rate is
 left as it was, and the law is not run for that GPU, whose readings say nothing of the shares
 meanwhile. The turn ends once the split's figure for it rests on TURN_READINGS steady batches
-(or at `most_s`, trusted after ALONE_READINGS), when it stops spending, or when another
-container spends, and the others' rates are written back. One
+(or at `most_s`, trusted after ALONE_READINGS), when it stops spending, or when NVML gives a
+period to another process (not when another's `state` claims spending: a paused container's
+claims are not believed), and the others' rates are written back. One
 figure is enough: it sets the scale for the costs the periods show (a newcomer joining it later
 is covered without a turn).
 
@@ -127,9 +128,18 @@ class SoloTurns:
     def start(self, alloc_id: str, now_ns: int, paused: Mapping[str, tuple[int, int]]) -> None:
         self.turn = SoloTurn(alloc_id, now_ns, dict(paused))
 
-    def over(self, now_ns: int, spent: Mapping[str, int], steady: int) -> str | None:
+    def over(self, now_ns: int, spent: Mapping[str, int], steady: int, others_ran: int
+             ) -> str | None:
         """Why the turn under way is over (None: it goes on), given what each container spent
-        this tick and the steady batches alone its container's figure rests on."""
+        this tick, the steady batches alone its container's figure rests on, and the sample
+        periods of the turn (past its first TURN_QUIET, which may predate the pause) NVML gave
+        to other processes.
+
+        Others are judged by their periods, not by what their `state` claims: a paused
+        container's claims are not evidence (a bucket with no refill lets nothing through),
+        and a container writing spending into `state` while paused must not end its
+        neighbour's turn. Periods are: a process that ran (a shim that ignores the pause, a
+        process without one) spoils the figure, and waiting on is pointless."""
         turn = self.turn
         if turn is None:
             return None
@@ -138,10 +148,8 @@ class SoloTurns:
         turn.ticks += 1
         if not spent.get(turn.alloc_id, 0):
             return "stopped"
-        # (the first tick counts what the others spent before the pause was written, and a
-        # launch each admitted on what their buckets held then)
-        if turn.ticks > 1 and any(used for a, used in spent.items() if a != turn.alloc_id):
-            return "others_spent"
+        if others_ran:
+            return "others_ran"
         if now_ns - turn.started_ns >= self.most_ns:
             return "measured" if steady >= ALONE_READINGS else "too_long"
         return None

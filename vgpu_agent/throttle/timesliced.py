@@ -93,7 +93,8 @@ class TimeSlicedSplit:
     """
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "doubted", "lifted",
-                 "margin", "parts", "periods", "restarts", "solo", "spending", "unseen", "watch")
+                 "margin", "parts", "periods", "restarts", "solo", "solo_others", "spending",
+                 "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -124,6 +125,9 @@ class TimeSlicedSplit:
         self.batches: dict[str, tuple[int, float, float]] = {}
         # the container given a turn alone (`throttle/soloturn.py`) and the periods seen since
         self.solo: tuple[str, int] = ("", 0)
+        # periods of that turn, past its first TURN_QUIET, given to another process: others
+        # ran after the pause (a shim that ignores it, a process without one, a stranger)
+        self.solo_others = 0
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
               dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
@@ -137,8 +141,13 @@ class TimeSlicedSplit:
         them, not to nobody. `solo`: the container given a turn alone, the others paused by
         the controller (`_calibrate`)."""
         self.periods += len(owners)
-        self.solo = (solo, self.solo[1] + len(owners) if solo and solo == self.solo[0] else
-                     len(owners) if solo else 0)
+        before = self.solo[1] if solo and solo == self.solo[0] else 0
+        if not before:
+            self.solo_others = 0
+        self.solo = (solo, before + len(owners) if solo else 0)
+        if solo:
+            self.solo_others += sum([1 for n, given in enumerate(owners, before)
+                                     if n >= TURN_QUIET and any(o != solo for o in given)])
         parts = self.parts
         for alloc_id in [*spent, *(o for given in owners for o in given)]:
             parts.setdefault(alloc_id, (0.0, 0.0, 0))
