@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from vgpu_agent.throttle.soloturn import (
+    EARLY_READINGS,
+    EARLY_SPREAD,
     PERIODS_NEEDED,
     SOLO_TURN_AFTER_S,
     SOLO_TURN_GAP_S,
@@ -126,35 +128,44 @@ def test_the_turn_goes_to_the_highest_priority_among_those_tried_least():
 def test_a_turn_ends_once_its_container_is_measured_over_enough_batches():
     turns = SoloTurns()
     turns.start("a", 0, {"b/0": (100, 10)})
-    assert turns.over(int(0.2 * S), {"a": 50, "b": 0}, 0, 0) is None
+    assert turns.over(int(0.2 * S), {"a": 50, "b": 0}, 0, 0.1, 0) is None
     # trusted, but averaged over more batches while time allows
-    assert turns.over(int(0.8 * S), {"a": 50, "b": 0}, ALONE_READINGS, 0) is None
-    assert turns.over(int(1.0 * S), {"a": 50, "b": 0}, TURN_READINGS, 0) == "measured"
+    assert turns.over(int(0.8 * S), {"a": 50, "b": 0}, ALONE_READINGS, 0.1, 0) is None
+    assert turns.over(int(1.0 * S), {"a": 50, "b": 0}, TURN_READINGS, 0.1, 0) == "measured"
     turn = turns.end(int(0.4 * S))
     assert turn is not None and turn.alloc_id == "a" and turn.paused == {"b/0": (100, 10)}
     assert turns.turn is None and turns.end(S) is None
 
 
+def test_a_turn_ends_sooner_where_its_batches_agree_closely():
+    turns = SoloTurns()
+    turns.start("a", 0, {})
+    # trusted, and agreeing: one batch more is not enough to judge how far they scatter
+    assert turns.over(int(0.8 * S), {"a": 50}, ALONE_READINGS, 0.0, 0) is None
+    assert turns.over(int(1.0 * S), {"a": 50}, EARLY_READINGS, EARLY_SPREAD * 1.01, 0) is None
+    assert turns.over(int(1.0 * S), {"a": 50}, EARLY_READINGS, EARLY_SPREAD, 0) == "measured"
+
+
 def test_a_turn_ends_when_it_cannot_give_a_figure():
     turns = SoloTurns()
     turns.start("a", 0, {})
-    assert turns.over(int(0.1 * S), {"a": 0, "b": 0}, 0, 0) == "stopped"
+    assert turns.over(int(0.1 * S), {"a": 0, "b": 0}, 0, 0.1, 0) == "stopped"
     turns = SoloTurns()
     turns.start("a", 0, {})
     # what a paused container's `state` claims is not evidence: the turn goes on ...
-    assert turns.over(int(0.1 * S), {"a": 50, "b": 10**9}, 0, 0) is None
-    assert turns.over(int(0.2 * S), {"a": 50, "b": 10**9}, 1, 0) is None
+    assert turns.over(int(0.1 * S), {"a": 50, "b": 10**9}, 0, 0.1, 0) is None
+    assert turns.over(int(0.2 * S), {"a": 50, "b": 10**9}, 1, 0.1, 0) is None
     # ... but a period NVML gave another process is: the figure is spoiled
-    assert turns.over(int(0.3 * S), {"a": 50, "b": 0}, 1, 1) == "others_ran"
+    assert turns.over(int(0.3 * S), {"a": 50, "b": 0}, 1, 0.1, 1) == "others_ran"
     turns = SoloTurns()
     turns.start("a", 0, {})
-    assert turns.over(int((SOLO_TURN_MOST_S - 0.01) * S), {"a": 50}, 1, 0) is None
-    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS - 1, 0) \
+    assert turns.over(int((SOLO_TURN_MOST_S - 0.01) * S), {"a": 50}, 1, 0.1, 0) is None
+    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS - 1, 0.1, 0) \
         == "too_long"
     turns.start("a", 0, {})
     # out of time with a figure trusted: measured, on fewer batches
-    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS, 0) == "measured"
-    assert SoloTurns().over(0, {"a": 50}, 0, 0) is None  # none under way
+    assert turns.over(int(SOLO_TURN_MOST_S * S), {"a": 50}, ALONE_READINGS, 0.1, 0) == "measured"
+    assert SoloTurns().over(0, {"a": 50}, 0, 0.1, 0) is None  # none under way
 
 
 @pytest.mark.parametrize(("kwargs", "named"), [

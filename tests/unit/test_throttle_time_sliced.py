@@ -478,14 +478,14 @@ def test_a_figure_from_scattered_batches_bounds_with_room_for_its_error():
     _alone(exact, "a", 16.0, 1000, 8, others=("b",))
     for n in range(8):
         noisy.share([["a"]], 20.0 if n % 2 else 12.0, {"a": 1000, "b": 0}, 0.1)
-    assert exact._spread("a") == 0.0
-    assert 0.1 < noisy._spread("a") < 0.3
+    assert exact.spread("a") == 0.0
+    assert 0.1 < noisy.spread("a") < 0.3
     for split in (exact, noisy):
         for n in range(20):
             split.share([["a" if n % 2 else "b"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
     assert exact.margin == timesliced.ALONE_MARGIN
     assert noisy.margin == pytest.approx(
-        timesliced.ALONE_MARGIN * (1 + timesliced.SPREAD_SIGMAS * noisy._spread("a")))
+        timesliced.ALONE_MARGIN * (1 + timesliced.SPREAD_SIGMAS * noisy.spread("a")))
     assert noisy.uncharged < exact.uncharged  # more of the use charged
     # only a figure that does not scatter is kept across restarts
     assert set(exact.figures()) == {"a"} and noisy.figures() == {}

@@ -1446,7 +1446,8 @@ class ThrottleController:
         """A tick of a GPU during `solo`'s turn alone: ends it where it is over."""
         split = self._sliced.get(uuid)
         why = ("not_time_sliced" if split is None
-               else turns.over(self._now_ns, spent_by, split.steady(solo), split.solo_others))
+               else turns.over(self._now_ns, spent_by, split.steady(solo), split.spread(solo),
+                                 split.solo_others))
         self._changed = self._lent = True  # fast ticks until the turn ends and after
         if why is not None:
             self._end_turn(uuid, why)

@@ -121,7 +121,7 @@ class TimeSlicedSplit:
         self.lifted = 0.0  # of that use beyond, what floors by periods charged after all
         self.margin = ALONE_MARGIN  # the bound's factor on the explained work at the last batch
         # alloc_id -> (batches, mean, sum of squared deviations) of the figures of the steady
-        # batches alone its figure rests on: how far they scatter (`_spread`)
+        # batches alone its figure rests on: how far they scatter (`spread`)
         self.batches: dict[str, tuple[int, float, float]] = {}
         # the container given a turn alone (`throttle/soloturn.py`) and the periods seen since
         self.solo: tuple[str, int] = ("", 0)
@@ -191,7 +191,7 @@ class TimeSlicedSplit:
         whole = ours
         # a figure is an estimate: the bound leaves room for as far as it may be off
         self.margin = margin = ALONE_MARGIN * (1 + SPREAD_SIGMAS * max(
-            [self._spread(a) for a in self.spending if a in self.alone], default=0.0))
+            [self.spread(a) for a in self.spending if a in self.alone], default=0.0))
         if explained is not None and busy > margin * explained[0]:
             # what the GPU counts busy beyond what their tokens buy is nobody's work
             self.beyond_work = (busy, explained[0])
@@ -260,9 +260,9 @@ class TimeSlicedSplit:
         return {a: (self._figure(a, spending) if len(spending) > 1 and a in spending
                     else figure, rate)
                 for a, (figure, rate, steady) in self.alone.items()
-                if steady >= ALONE_READINGS and self._spread(a) <= FILE_SPREAD}
+                if steady >= ALONE_READINGS and self.spread(a) <= FILE_SPREAD}
 
-    def _spread(self, alloc_id: str) -> float:
+    def spread(self, alloc_id: str) -> float:
         """How far a figure may be off, relative to it: the standard error of the mean of the
         batches it rests on (ALONE_AVERAGED of them at most are averaged); 0 for one adopted.
         NVML's samples of a process alone were exact on the H200; the simulator's noisy plants
@@ -652,7 +652,7 @@ TURN_QUIET = 2
 ALONE_STEADY = 0.15
 ALONE_AVERAGED = 10
 ALONE_MARGIN = 1.05
-# ... widened by this many times how far the figures may be off (`_spread`): figures from a
+# ... widened by this many times how far the figures may be off (`spread`): figures from a
 # turn's few noisy batches came out up to a fifth off (simulated), and the bound then charged
 # containers less than they did: strict 30 % ones ran at up to 32 %, and where the GPU's use was
 # all work, three saturating ones were held with a mean error of 3.6 points instead of 1.1
