@@ -38,15 +38,18 @@ def load_script():
 
 class FakeDriver(threading.Thread):
     """Publishes an NVML sample per running stand-in every 1/6 s: the share its `state` shows
-    it spent since the last sample, plus noise (sigma 3 points), clamped to 0..100."""
+    it spent since the last sample, plus noise (sigma 3 points), clamped to 0..100. With
+    `time_sliced`, as the H200 without MPS: each period's one sample goes to one of the
+    processes that spent, drawn by what they spent, with the whole GPU's use as its value."""
 
-    def __init__(self, fake: FakeNvml, regions: Path):
+    def __init__(self, fake: FakeNvml, regions: Path, time_sliced: bool = False):
         super().__init__(daemon=True)
         self.fake, self.regions = fake, regions
         self.uuid = fake.uuids[0]
         self.stopped = threading.Event()
         self.rng = random.Random(7)
         self.published = 0
+        self.time_sliced = time_sliced
 
     def run(self) -> None:
         last: dict[Path, tuple[float, int]] = {}
@@ -54,6 +57,7 @@ class FakeDriver(threading.Thread):
         while not self.stopped.wait(1 / 6):
             now = time.monotonic()
             stamp_us = int(time.time() * 1e6)  # one period: every process's sample carries it
+            period: list[tuple[int, float]] = []
             for state in self.regions.glob("*/state"):
                 buf = state.read_bytes()
                 spent = layout.state_counters(buf, 1)
@@ -66,6 +70,14 @@ class FakeDriver(threading.Thread):
                     continue
                 share = 100 * (spent[0] - was[1]) / (now - was[0]) \
                     / gpu_check_standin.FULL_TOKENS_PER_S
+                period.append((pid, share))
+            if self.time_sliced:
+                ran = [(pid, share) for pid, share in period if share > 0]
+                if ran:
+                    pid = self.rng.choices([p for p, _ in ran], [v for _, v in ran])[0]
+                    whole = sum(v for _, v in ran)
+                    period = [(pid, whole)]
+            for pid, share in period:
                 sm = min(100, max(0, round(share + self.rng.gauss(0, 3))))
                 samples.append((pid, stamp_us, sm))
             samples = samples[-40:]
@@ -123,6 +135,37 @@ def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml,
     lending = [json.loads(line) for line in (out / "loop_lending20.jsonl").read_text().splitlines()]
     tail = [r["share"] for r in lending if r["t"] >= 5]
     assert sum(tail) / (len(tail) / 2) > 60  # 20 + 20 granted, the idle rest lent out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml: FakeNvml,
+                                                                        tmp_path, capsys):
+    check = tmp_path / "gpu_check"
+    check.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
+    check.chmod(0o755)
+    out = tmp_path / "out"
+    (out / "regions").mkdir(parents=True)
+    driver = FakeDriver(fake_nvml, out / "regions", time_sliced=True)
+    driver.start()
+    try:
+        load_script().main([str(check), "", "--out", str(out), "--nvml-library",
+                            str(fake_nvml.library_path), "--hold", "3", "--seconds", "8",
+                            "--alone", "0", "--controller-only", "--quick"])
+    finally:
+        driver.stopped.set()
+        driver.join()
+    printed = capsys.readouterr().out
+    (line,) = [ln for ln in printed.splitlines() if ln.startswith("  strict20:")]
+    assert "read time-sliced ['GPU-" in line and "turns alone 1" in line, line
+    assert "paused for a turn alone at t = " in printed
+    rows = [json.loads(ln) for ln in (out / "loop_strict20.jsonl").read_text().splitlines()]
+    # the first container measured, the second paused, then both spending again
+    assert not any(r["paused"] for r in rows if r["container"] == 0)
+    paused = [r for r in rows if r["container"] == 1 and r["paused"]]
+    assert paused and all(r["share"] < 10 for r in paused[1:])
+    after = max(r["t"] for r in paused) + 1
+    assert all(r["share"] > 5 for r in rows if r["t"] > after), rows
 
 
 @pytest.mark.parametrize(("rate", "seconds"), [(10_000_000, 0.5), (45, 1.0)])

@@ -19,6 +19,8 @@ findings as it goes and writes its raw readings as JSON lines under --out:
    split learns of a container's tokens alone bounds what it shares out of a GPU counted busy
    beyond the work), then two work-conserving ones (20 % each, both hungry). Shares are judged
    by the shim's counters, not by NVML, so the controller's own reading cannot flatter it.
+   Where the GPU reads time-sliced, strict containers together from the start get a turn alone
+   (`throttle/soloturn.py`): each case says how many, and when the others were paused.
 
 Exit status 0 when every part ran and the controller held the strict shares within 5 points.
 """
@@ -379,7 +381,15 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
     for region in regions:
         region.close()
     say(f"  {name}: ticks {controller.ticks}, errors {errors or 'none'}, "
-        f"open loop {sorted(controller.open_loop_gpus) or 'no'}")
+        f"open loop {sorted(controller.open_loop_gpus) or 'no'}, "
+        f"read time-sliced {sorted(controller.time_sliced_gpus) or 'no'}, "
+        f"turns alone {sum(controller.solo_turns_given.values())}")
+    paused = [r for r in rows if r["paused"]]
+    if paused:
+        # a turn alone: what the others' launches saw (their shares through it are in the rows)
+        say(f"    paused for a turn alone at t = {min(r['t'] for r in paused)}-"
+            f"{max(r['t'] for r in paused)} s (status every 0.5 s; shares of those windows "
+            + " ".join(f"{r['share']:.0f}" for r in paused) + ")")
     for i, (pct, policy, spin) in enumerate(specs):
         mine = [r for r in rows if r["container"] == i]
         line = " ".join(f"{r['share']:.0f}" for r in mine)
@@ -417,6 +427,7 @@ async def _together(check: str, shim: str, controller: ThrottleController, evide
                     "nvml": st.measured_util if st else None,
                     "target": st.target if st else None,
                     "rate": st.rate if st else None,
+                    "paused": bool(st and st.paused),
                 })
     finally:
         for proc in procs:
