@@ -73,6 +73,7 @@ async def _everything_emitted(tmp_path: Path) -> dict[str, set[str]]:
         time_sliced_gpus=lambda: {uuid},
         phase_changes=lambda: {uuid: 1},
         use_charged_to_nobody=lambda: {uuid: 12.5},
+        solo_turns=lambda: {uuid: 1},
         registration=lambda: Registration(),
         nvml_errors=lambda: {"nvmlDeviceGetPowerUsage": 1},
         region_events=lambda: {"created": 1},
