@@ -489,3 +489,11 @@ def test_a_figure_from_scattered_batches_bounds_with_room_for_its_error():
     assert noisy.uncharged < exact.uncharged  # more of the use charged
     # only a figure that does not scatter is kept across restarts
     assert set(exact.figures()) == {"a"} and noisy.figures() == {}
+    # a figure still being made (two scattered batches of b alone, once a's last period is
+    # out of the samples: not trusted) leaves the room as the trusted ones set it
+    for busy in (20.0,) * timesliced.ALONE_QUIET + (30.0, 10.0):
+        exact.share([["b"]], busy, {"a": 0, "b": 1000}, 0.1)
+    assert "b" in exact.alone and "b" not in exact.measured() and exact.spread("b") > 0.3
+    for n in range(20):
+        exact.share([["a" if n % 2 else "b"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+    assert exact.margin == timesliced.ALONE_MARGIN

@@ -189,9 +189,12 @@ class TimeSlicedSplit:
         ours = max(0.0, busy * (1 - min(1.0, parts.get("", (0.0, 0.0, 0))[0]))
                    - sum(unshimmed.values()))
         whole = ours
-        # a figure is an estimate: the bound leaves room for as far as it may be off
+        # a figure is an estimate: the bound leaves room for as far as it may be off (the
+        # trusted ones': a figure still being made bounds nothing, nor widens the bound)
+        alone = self.alone
         self.margin = margin = ALONE_MARGIN * (1 + SPREAD_SIGMAS * max(
-            [self.spread(a) for a in self.spending if a in self.alone], default=0.0))
+            [self.spread(a) for a in self.spending
+             if a in alone and alone[a][2] >= ALONE_READINGS], default=0.0))
         if explained is not None and busy > margin * explained[0]:
             # what the GPU counts busy beyond what their tokens buy is nobody's work
             self.beyond_work = (busy, explained[0])
