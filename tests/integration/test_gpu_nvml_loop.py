@@ -163,9 +163,11 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
     # the first container measured, the second paused, then both spending again
     assert not any(r["paused"] for r in rows if r["container"] == 0)
     paused = [r for r in rows if r["container"] == 1 and r["paused"]]
-    assert paused and all(r["share"] < 10 for r in paused[1:])
+    assert paused, rows
     after = max(r["t"] for r in paused) + 1
-    assert all(r["share"] > 5 for r in rows if r["t"] > after), rows
+    for container in (0, 1):
+        later = [r["share"] for r in rows if r["container"] == container and r["t"] > after]
+        assert later and sum(later) / len(later) > 5, rows
 
 
 @pytest.mark.parametrize(("rate", "seconds"), [(10_000_000, 0.5), (45, 1.0)])

@@ -402,7 +402,8 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
 async def _together(check: str, shim: str, controller: ThrottleController, evidence: KnownPids,
                     regions: list[Region], full: dict[int, float], name: str,
                     specs: Sequence[tuple[float, int, int]], seconds: float) -> list[dict]:
-    """Every container's process at once for `seconds`: its share every 0.5 s."""
+    """Every container's process at once for `seconds`: its share every 0.5 s, and whether
+    it was paused for a turn alone in that window."""
     procs = [start(check, shim, r, seconds + 2, spin)
              for r, (_, _, spin) in zip(regions, specs, strict=True)]
     for proc, region in zip(procs, regions, strict=True):
@@ -412,7 +413,11 @@ async def _together(check: str, shim: str, controller: ThrottleController, evide
     last = [(t0, tokens(r)) for r in regions]
     try:
         while time.monotonic() - t0 < seconds:
-            await asyncio.sleep(0.5)
+            # paused at any of the window's looks (a turn alone lasts a second or two)
+            paused = set()
+            for _ in range(5):
+                await asyncio.sleep(0.1)
+                paused |= {key for key, st in controller.status.items() if st.paused}
             now = time.monotonic()
             status = controller.status
             for i, region in enumerate(regions):
@@ -427,7 +432,7 @@ async def _together(check: str, shim: str, controller: ThrottleController, evide
                     "nvml": st.measured_util if st else None,
                     "target": st.target if st else None,
                     "rate": st.rate if st else None,
-                    "paused": bool(st and st.paused),
+                    "paused": (region.alloc_id, 0) in paused,
                 })
     finally:
         for proc in procs:
