@@ -168,6 +168,7 @@ class Agent:
             max_tick_s=config.throttle_tick_seconds * config.throttle_calm_slowdown,
             nvml_poll_periods=config.throttle_nvml_poll_periods,
             solo_turns=config.throttle_solo_turns,
+            solo_turn_spare_priority=config.throttle_solo_turn_spare_priority,
             default_policy=config.core_policy,
             proc_root=config.host_proc_dir,
             container_region_dir=config.container_region_dir,

@@ -119,6 +119,8 @@ class Config:
     throttle_nvml_poll_periods: int = 1
     # a container on a time-sliced GPU none was ever seen alone on is given a turn alone once
     throttle_solo_turns: bool = True
+    # containers of this priority or more are never paused for a turn alone (None: none is)
+    throttle_solo_turn_spare_priority: int | None = None
     host_proc_dir: str = "/proc"
     region_gc_grace_seconds: float = 30.0
     pod_resources_refresh_seconds: float = 5.0
@@ -396,6 +398,18 @@ def _as_pod_policies(key: str, raw: object, source: str) -> tuple[str, ...]:
     return tuple(sorted({str(i) for i in items}))
 
 
+def _as_optional_priority(key: str, raw: object, source: str) -> int | None:
+    """A priority as containers carry it (a pod's -100..100, a claim's 32-bit one), or none
+    (null, or empty in the environment)."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    try:
+        return _as_int(-(2**31), 2**31 - 1)(key, raw, source)
+    except ConfigError:
+        raise ConfigError(key, raw, "must be an integer (a 32-bit one, as priorities are) or "
+                          "empty for none", source) from None
+
+
 def _as_pod_priority(key: str, raw: object, source: str) -> int:
     from vgpu_agent.throttle.podpolicy import PRIORITY_MAX, PRIORITY_MIN
 
@@ -463,6 +477,7 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "throttle_calm_slowdown": _as_int(1, 10),
     "throttle_nvml_poll_periods": _as_int(1, 5),
     "throttle_solo_turns": _as_bool,
+    "throttle_solo_turn_spare_priority": _as_optional_priority,
     "host_proc_dir": _as_abs_path,
     "region_gc_grace_seconds": _seconds(0, DAY_S, " (>= 0)"),
     "pod_resources_refresh_seconds": _seconds(0.05, 3600, " (> 0)"),

@@ -277,3 +277,21 @@ async def test_the_turn_goes_to_the_container_of_highest_priority():
     assert [(e["alloc_id"], e["why"]) for e in logs if e["event"] == "throttle_solo_turn_ended"
             ] == [("c1", "measured")]
     assert writes.of("c0")[-1][1] > 0  # written back
+
+
+@pytest.mark.slow
+async def test_two_containers_spared_by_the_operator_are_never_paused():
+    # both of priority 60, containers of 50 or more spared: no turn (they starve as without
+    # turns, which the operator chose); spared from 70 up, the usual turn
+    from dataclasses import replace
+
+    sc, _ = scenario((30, 30), 20e-6, alone=0, together_s=10)
+    both = tuple(replace(c, priority=60) for c in sc.containers)
+    for at_least, turns in ((50, 0), (70, 1)):
+        run = ControlledRun(both, plant=PlantSpec(H200_TIME_SLICED, 0.2), paced=True)
+        run.controller.solo_turn_spare_priority = at_least
+        with capture_logs() as logs:
+            await run.advance(8)
+        assert len([e for e in logs if e["event"] == "throttle_solo_turn_started"]) == turns
+        if not turns:
+            assert not any(s.paused for s in run.controller.status.values())

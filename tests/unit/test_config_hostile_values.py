@@ -80,6 +80,10 @@ def test_an_alias_bomb_spread_over_keys_is_rejected_too():
         ("throttle_nvml_poll_periods: 6\n", "throttle_nvml_poll_periods"),
         ("throttle_nvml_poll_periods: true\n", "throttle_nvml_poll_periods"),
         ("throttle_solo_turns: sometimes\n", "throttle_solo_turns"),
+        ("throttle_solo_turn_spare_priority: high\n", "throttle_solo_turn_spare_priority"),
+        ("throttle_solo_turn_spare_priority: 2147483648\n", "throttle_solo_turn_spare_priority"),
+        ("throttle_solo_turn_spare_priority: 50.5\n", "throttle_solo_turn_spare_priority"),
+        ("throttle_solo_turn_spare_priority: true\n", "throttle_solo_turn_spare_priority"),
         ("memory_scaling: 1e999\nallow_memory_oversubscription: true\n", "memory_scaling"),
         ("health_check_seconds: 1e308\n", "health_check_seconds"),
         ("pod_resources_refresh_seconds: 0\n", "pod_resources_refresh_seconds"),
@@ -182,3 +186,18 @@ def test_solo_turns_are_on_by_default_and_can_be_switched_off():
     config = build_config(ConfigSources(env={"VGPU_AGENT_THROTTLE_SOLO_TURNS": "false",
                                              "VGPU_AGENT_BACKEND": "sim"}))
     assert Agent(config).controller.solo_turns is False
+
+
+def test_no_container_is_spared_a_pause_by_default_and_a_priority_reaches_the_controller():
+    from vgpu_agent.agent import Agent
+
+    env = {"VGPU_AGENT_BACKEND": "sim"}
+    assert Agent(build_config(ConfigSources(env=env))
+                 ).controller.solo_turn_spare_priority is None
+    for raw, expected in (("50", 50), ("-3", -3), ("", None)):
+        config = build_config(ConfigSources(
+            env={**env, "VGPU_AGENT_THROTTLE_SOLO_TURN_SPARE_PRIORITY": raw}))
+        assert Agent(config).controller.solo_turn_spare_priority == expected
+    config = build_config(ConfigSources(file_text="throttle_solo_turn_spare_priority: null\n",
+                                        env=env))
+    assert config.throttle_solo_turn_spare_priority is None

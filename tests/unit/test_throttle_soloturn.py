@@ -22,10 +22,10 @@ PERIOD_S = 0.2  # the H200's
 
 
 def _due(turns: SoloTurns, at_s: float, spending=("a", "b"), measured=(), candidates=("a", "b"),
-         period_s: float = PERIOD_S, present=None, priorities=None) -> str | None:
+         period_s: float = PERIOD_S, present=None, priorities=None, spared=()) -> str | None:
     on_gpu = set(spending) | set(candidates) if present is None else set(present)
     return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s,
-                     on_gpu, priorities)
+                     on_gpu, priorities, set(spared))
 
 
 def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():
@@ -123,6 +123,20 @@ def test_the_turn_goes_to_the_highest_priority_among_those_tried_least():
     fresh = SoloTurns(after_s=0.0)
     assert _due(fresh, 0.0, spending=("c", "a"), candidates=("c", "a"),
                 priorities={"a": 5, "c": 5}) == "c"
+
+
+def test_a_spared_container_is_never_paused():
+    three = ("a", "b", "c")
+    # one spared: only it may be given the turn (the others then wait, not it)
+    turns = SoloTurns(after_s=0.0)
+    assert _due(turns, 0.0, spending=three, candidates=three, spared=("b",)) == "b"
+    # ... and where it cannot be (its rate does not limit it), no turn
+    turns = SoloTurns(after_s=0.0)
+    assert _due(turns, 0.0, spending=three, candidates=("a", "c"), spared=("b",)) is None
+    # two spared on the GPU, spending or not: none
+    turns = SoloTurns(after_s=0.0)
+    assert _due(turns, 0.0, spending=("a", "b"), present=three, spared=("b", "c")) is None
+    assert _due(turns, 1.0, spending=("a", "b"), present=("a", "b")) == "a"  # c left
 
 
 def test_a_turn_ends_once_its_container_is_measured_over_enough_batches():

@@ -409,6 +409,7 @@ class ThrottleController:
         nvml_poll_periods: int = 1,
         figure_file: FigureFile | None = None,
         solo_turns: bool = True,
+        solo_turn_spare_priority: int | None = None,
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
@@ -542,6 +543,8 @@ class ThrottleController:
         self._figures_saved_ns: int | None = None
         # per time-sliced GPU: turns alone for containers never seen alone (`soloturn`)
         self.solo_turns = solo_turns
+        # containers of this priority or more are never paused for a turn alone (None: none)
+        self.solo_turn_spare_priority = solo_turn_spare_priority
         self._turns: dict[str, SoloTurns] = {}
         self._turns_given: dict[str, int] = defaultdict(int)  # per GPU, since start
 
@@ -1424,7 +1427,8 @@ class ThrottleController:
         chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
                            split.measured(), candidates if pausable else (),
                            self._period_us.get(uuid, 0) / 1e6,
-                           {device.alloc_id for device, _, _ in steered}, priorities)
+                           {device.alloc_id for device, _, _ in steered}, priorities,
+                           _spared(priorities, self.solo_turn_spare_priority))
         if chosen is None:
             return
         paused: dict[str, tuple[int, int]] = {}
@@ -1803,6 +1807,14 @@ def _watch_launch_costs(watching: list[_Watch], steered: list[tuple[_Device, int
         else:
             watched, k, demand, _ = watching[n]
             watching[n] = (watched, k, demand, spent / launches)
+
+
+def _spared(priorities: Mapping[str, int], at_least: int | None) -> frozenset[str]:
+    """The containers never to be paused for a turn alone: those of priority `at_least` or
+    more (`solo_turn_spare_priority`; None: none)."""
+    if at_least is None:
+        return frozenset()
+    return frozenset(a for a, priority in priorities.items() if priority >= at_least)
 
 
 def _launch_cost_moved(device: _Device, spent_total: int, launches_total: int,

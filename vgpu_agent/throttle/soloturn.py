@@ -100,14 +100,17 @@ class SoloTurns:
 
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
             candidates: Collection[str], period_s: float, present: Collection[str],
-            priorities: Mapping[str, int] | None = None) -> str | None:
+            priorities: Mapping[str, int] | None = None, spared: Collection[str] = ()
+            ) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
         that spent this tick, in a stable order; `measured`: those with a trusted figure;
         `candidates`: those whose rate limits them (a turn keeps its rate as it is, and needs
         it to hold its spending steady); `period_s`: NVML's sample period on this GPU;
         `present`: every container with a device on the GPU now (the tries of one gone are
         forgotten: a container of the same name later is another); `priorities`: by
-        container, those in force (0 where absent).
+        container, those in force (0 where absent); `spared`: those never to be paused (the
+        operator's choice): one of them can only be given the turn itself, and with two or
+        more on the GPU none is given.
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
         pauses every other container: the one whose waits matter most is spared them), then
@@ -125,6 +128,9 @@ class SoloTurns:
                 self.last_end_ns is not None and now_ns - self.last_end_ns < self.gap_ns):
             return None
         eligible = [a for a in spending if a in candidates and self.tried.get(a, 0) < self.tries]
+        spare = [a for a in present if a in spared]
+        if spare:
+            eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
         if not eligible:
             return None
         ranks = priorities or {}
