@@ -239,6 +239,10 @@ async def test_a_paused_container_that_runs_all_the_same_ends_the_turn():
             await run.advance(0.1)
     (ended,) = [e for e in logs if e["event"] == "throttle_solo_turn_ended"]
     assert (ended["why"], ended["measured"]) == ("others_ran", False)
+    # a warning names the container that ran, for the operator to look at its shim
+    (spoiled,) = [e for e in logs if e["event"] == "throttle_solo_turn_spoiled"]
+    assert (spoiled["alloc_id"], spoiled["ran"], spoiled["log_level"]) == ("c0", ["c1"],
+                                                                          "warning")
     assert run.gpu.elapsed_s - started < 1.5  # not left to run out its 1.9 s
     assert run.regions["c1"].rate(0) == before[1:]
 

@@ -446,11 +446,11 @@ def test_a_turn_counts_the_periods_given_to_others_once_its_pause_is_in_the_samp
     assert split.solo_others == 0
     # later ones given to b (its shim ignores the pause) or a stranger count, one each
     split.share([["a"], ["b"], [""]], 40.0, {"a": 1000, "b": 0}, 0.1, solo="a")
-    assert split.solo_others == 2
+    assert split.solo_others == 2 and split.solo_ran == {"b", ""}
     # the next turn starts from nothing
     split.share([["b"]], 20.0, {"a": 0, "b": 1000}, 0.1)
     split.share([["b"]] * (quiet + 1), 20.0, {"a": 0, "b": 1000}, 0.1, solo="b")
-    assert split.solo_others == 0
+    assert split.solo_others == 0 and split.solo_ran == set()
 
 
 def test_use_a_floor_proves_is_charged_out_of_what_nobody_was_charged_first():

@@ -1472,6 +1472,12 @@ class ThrottleController:
             if not device.region.closed:
                 self._apply(device, rate, burst)
         split = self._sliced.get(uuid)
+        if why == "others_ran" and split is not None:
+            # a paused container whose processes ran all the same: a shim that ignores its
+            # rate, or processes without one (or a process of no container: "")
+            log.warning("throttle_solo_turn_spoiled", uuid=uuid, alloc_id=turn.alloc_id,
+                        ran=sorted(split.solo_ran), periods=split.solo_others,
+                        detail="processes ran on the GPU while paused for a turn alone")
         log.info("throttle_solo_turn_ended", uuid=uuid, alloc_id=turn.alloc_id, why=why,
                  seconds=round((self._now_ns - turn.started_ns) / 1e9, 3),
                  measured=split is not None and turn.alloc_id in split.measured())

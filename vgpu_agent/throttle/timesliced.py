@@ -93,8 +93,8 @@ class TimeSlicedSplit:
     """
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "doubted", "lifted",
-                 "margin", "parts", "periods", "restarts", "solo", "solo_others", "spending",
-                 "unseen", "watch")
+                 "margin", "parts", "periods", "restarts", "solo", "solo_others", "solo_ran",
+                 "spending", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -128,6 +128,7 @@ class TimeSlicedSplit:
         # periods of that turn, past its first TURN_QUIET, given to another process: others
         # ran after the pause (a shim that ignores it, a process without one, a stranger)
         self.solo_others = 0
+        self.solo_ran: set[str] = set()  # ... whose processes they were ("" for strangers)
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
               dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
@@ -143,11 +144,14 @@ class TimeSlicedSplit:
         self.periods += len(owners)
         before = self.solo[1] if solo and solo == self.solo[0] else 0
         if not before:
-            self.solo_others = 0
+            self.solo_others, self.solo_ran = 0, set()
         self.solo = (solo, before + len(owners) if solo else 0)
         if solo:
-            self.solo_others += sum([1 for n, given in enumerate(owners, before)
-                                     if n >= TURN_QUIET and any(o != solo for o in given)])
+            for n, given in enumerate(owners, before):
+                others = [o for o in given if o != solo]
+                if n >= TURN_QUIET and others:
+                    self.solo_others += 1
+                    self.solo_ran.update(others)
         parts = self.parts
         for alloc_id in [*spent, *(o for given in owners for o in given)]:
             parts.setdefault(alloc_id, (0.0, 0.0, 0))
