@@ -701,7 +701,7 @@ class DraFrontDoor:
         from vgpu_agent.dra.checkpoint import Checkpoint
         from vgpu_agent.dra.claims import ClaimReader
         from vgpu_agent.dra.driver import DraDriver
-        from vgpu_agent.dra.grant import device_table
+        from vgpu_agent.dra.grant import ClaimPriorityBound, device_table
         from vgpu_agent.dra.server import DraPluginRunner
 
         self.reader: ClaimReader = ClaimReader(config.kubeconfig)
@@ -718,6 +718,9 @@ class DraFrontDoor:
             checkpoint=Checkpoint(f"{plugin_dir}/checkpoint.json"),
             gpu_cdi_kind=config.cdi_vendor_class,
             on_prepared=on_prepared,
+            # a claim's own priority is held to what a pod's annotation may take
+            priority_bound=ClaimPriorityBound(config.pod_priority_max,
+                                              frozenset(config.pod_priority_namespaces)),
         )
         self.runner: DraPluginRunner = DraPluginRunner(
             self.driver,

@@ -188,6 +188,11 @@ async def test_publish_allocate_prepare_enforce_measure_unprepare():
 
 async def test_two_claims_overfilling_a_gpu_are_refused_at_prepare():
     async with cluster() as c:
+        # (the agent holds a claim's own priority to its rules for pods: 100, no namespace)
+        from vgpu_agent.dra.grant import ClaimPriorityBound
+
+        assert c.agent.dra is not None
+        assert c.agent.dra.driver.priority_bound == ClaimPriorityBound(100, frozenset())
         first = c.claim("big-1", {"memory": "60Gi", "cores": "10"})
         c.api.resources.create("resourceclaims", NS, claim_body("big-2", {"memory": "60Gi"}))
 

@@ -25,7 +25,7 @@ from vgpu_agent.dra import cdi
 from vgpu_agent.dra.checkpoint import Checkpoint
 from vgpu_agent.dra.claims import ClaimReadError
 from vgpu_agent.dra.driver import DraDriver
-from vgpu_agent.dra.grant import device_table
+from vgpu_agent.dra.grant import ClaimPriorityBound, device_table
 from vgpu_agent.dra.server import DraPluginRunner
 from vgpu_agent.gpu.model import GpuInfo
 from vgpu_agent.kubelet.drastandin import DraKubeletStandIn
@@ -155,6 +155,20 @@ async def node() -> AsyncIterator[Node]:
 def region_of(node: Node, claim_uid: str):
     prepared = node.driver.prepared[claim_uid]
     return node.store.get(prepared.alloc_id)
+
+
+async def test_a_claim_setting_itself_a_priority_beyond_the_nodes_rules_is_refused(node):
+    # as the agent builds its driver: a claim's own priority is held to pod_priority_max and,
+    # above 0, to pod_priority_namespaces; its DeviceClass's is not
+    node.driver.priority_bound = ClaimPriorityBound(most=100, namespaces=frozenset())
+    ref = node.api.add(claim_obj(1, config=[_opaque({"priority": 2**31 - 1})]))
+    result = (await node.kubelet.prepare(DRIVER, [ref]))[uid(1)]
+    assert "priority is 2147483647" in result.error and "up to 100" in result.error
+    assert "ns/claim-1" in result.error and uid(1) not in node.driver.prepared
+    class_set = {**_opaque({"priority": 2**31 - 1}), "source": "FromClass"}
+    ref = node.api.add(claim_obj(2, config=[class_set]))
+    result = (await node.kubelet.prepare(DRIVER, [ref]))[uid(2)]
+    assert result.error == "" and region_of(node, uid(2)).priority == 2**31 - 1
 
 
 async def test_registration_answers_what_the_plugin_watcher_checks(node):

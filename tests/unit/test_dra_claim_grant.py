@@ -5,6 +5,7 @@ import pytest
 from vgpu_agent.deviceplugin.allocation import Split, container_envs
 from vgpu_agent.dra.grant import (
     ClaimError,
+    ClaimPriorityBound,
     ClaimRef,
     claim_grant,
     device_table,
@@ -245,3 +246,36 @@ def test_memory_scaling_scales_the_device_capacity():
     table = device_table([gpu(0, gib=16)], Split(2, memory_scaling=0.5))
     assert table["gpu-0"].memory == 8 * GIB
     assert table["gpu-0"].cores == 100
+
+
+def test_a_claims_own_priority_is_held_to_the_nodes_rules_for_pods():
+    # as a pod's vgpu.io/priority: at most pod_priority_max, above 0 only in the namespaces
+    # allowed; the DeviceClass's configuration (the admin's) is not bounded
+    bound = ClaimPriorityBound(most=50, namespaces=frozenset({REF.namespace}))
+
+    def granted(config, ref=REF, limit=bound):
+        return claim_grant(claim(result(), config=config), ref, driver=DRIVER, node=NODE,
+                           devices=DEVICES, priority_bound=limit)
+
+    assert granted([opaque({"priority": 50})]).priority == 50
+    assert granted([opaque({"priority": 2**31 - 1}, source="FromClass")]).priority == 2**31 - 1
+    assert granted([opaque({"priority": -2**31})]).priority == -2**31  # lower: anyone may
+    with pytest.raises(ClaimError, match=r"priority is 51: .* up to 50"):
+        granted([opaque({"priority": 51})])
+    with pytest.raises(ClaimError, match=r"priority is 2147483647: .* up to 50"):
+        granted([opaque({"priority": 1}, source="FromClass"),
+                 opaque({"priority": 2**31 - 1}, requests=["gpu"])])
+    # an entry without its source is taken for the claim's own
+    entry = opaque({"priority": 99})
+    del entry["source"]
+    with pytest.raises(ClaimError, match="up to 50"):
+        granted([entry])
+    other = ClaimRef("elsewhere", REF.name, REF.uid)
+    with pytest.raises(ClaimError, match=f"above 0 are allowed to claims in {REF.namespace} only"):
+        granted([opaque({"priority": 10})], ref=other)
+    nowhere = ClaimPriorityBound(most=100, namespaces=frozenset())
+    with pytest.raises(ClaimError, match="in no namespace only"):
+        granted([opaque({"priority": 10})], limit=nowhere)
+    assert granted([opaque({"priority": 0})], limit=nowhere).priority == 0
+    # no bound given: any 32-bit priority, as before
+    assert granted([opaque({"priority": 2**31 - 1})], limit=None).priority == 2**31 - 1

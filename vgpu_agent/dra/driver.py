@@ -34,6 +34,7 @@ from vgpu_agent.dra.claims import ClaimReadError
 from vgpu_agent.dra.grant import (
     ClaimError,
     ClaimGrant,
+    ClaimPriorityBound,
     ClaimRef,
     DeviceCapacity,
     claim_grant,
@@ -68,8 +69,11 @@ class DraDriver:
         gpu_cdi_kind: str = "nvidia.com/gpu",
         on_result: ResultHook | None = None,
         on_prepared: Callable[[], None] | None = None,
+        priority_bound: ClaimPriorityBound | None = None,
     ):
         self.driver = driver
+        # what a claim's own configuration may set as priority (`grant.ClaimPriorityBound`)
+        self.priority_bound = priority_bound
         self.node = node
         self._devices = devices
         self._read_claim = read_claim
@@ -135,7 +139,8 @@ class DraDriver:
             try:
                 obj = await self._read_claim(ref.namespace, ref.name)
                 granted = claim_grant(
-                    obj, ref, driver=self.driver, node=self.node, devices=self._devices()
+                    obj, ref, driver=self.driver, node=self.node, devices=self._devices(),
+                    priority_bound=self.priority_bound,
                 )
                 prepared = await self._commit_claim(granted)
             except (ClaimReadError, ClaimError, RegionError, OSError) as err:

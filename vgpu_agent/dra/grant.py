@@ -71,6 +71,17 @@ class Parameters:
 
 
 @dataclass(frozen=True)
+class ClaimPriorityBound:
+    """What a claim's own configuration (`source: FromClaim`, written by its tenant) may set as
+    `priority`, as a pod's `vgpu.io/priority` annotation may: at most `most`, and above 0 only
+    in `namespaces`. A DeviceClass's configuration (`FromClass`, the cluster admin's) is not
+    bounded."""
+
+    most: int
+    namespaces: frozenset[str]
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     """One allocation result of this driver, as the kubelet is told about it."""
 
@@ -113,8 +124,10 @@ def claim_grant(
     driver: str,
     node: str,
     devices: Mapping[str, DeviceCapacity],
+    priority_bound: ClaimPriorityBound | None = None,
 ) -> ClaimGrant:
-    """Check `claim` (the API object as JSON) and say what it is granted on this node."""
+    """Check `claim` (the API object as JSON) and say what it is granted on this node.
+    `priority_bound`: what the claim's own configuration may set as priority (None: any)."""
     meta = _mapping(claim.get("metadata"), ref, "metadata")
     if meta.get("uid") != ref.uid:
         raise ClaimError(
@@ -141,7 +154,8 @@ def claim_grant(
             f"claim {ref}: no device of it is allocated from driver {driver} "
             f"(its results are from: {', '.join(drivers) or 'none'})"
         )
-    params = _parameters_by_request(alloc_devices.get("config", []), ref, driver)
+    params = _parameters_by_request(alloc_devices.get("config", []), ref, driver,
+                                    priority_bound)
 
     prepared: list[PreparedDevice] = []
     limited: dict[str, list[tuple[int, int, str]]] = {}  # uuid -> (memory, cores, request)
@@ -303,11 +317,14 @@ def _list(value: object, ref: ClaimRef, where: str) -> Sequence[Any]:
     return value
 
 
-def _parameters_by_request(raw: object, ref: ClaimRef, driver: str) -> Callable[[str], Parameters]:
+def _parameters_by_request(raw: object, ref: ClaimRef, driver: str,
+                           bound: ClaimPriorityBound | None = None
+                           ) -> Callable[[str], Parameters]:
     """The merged parameters that apply to a request (by name).
 
     Entries come class configuration first, then the claim's: a later value overrides an
-    earlier one, field by field.
+    earlier one, field by field. A priority from the claim's own configuration (any entry not
+    `FromClass`) is held to `bound`.
     """
     merged: dict[str, Parameters] = {}
     everywhere = Parameters()
@@ -324,6 +341,9 @@ def _parameters_by_request(raw: object, ref: ClaimRef, driver: str) -> Callable[
             )
         except ClaimError as err:
             raise ClaimError(f"claim {ref}: {err}") from None
+        if bound is not None and params.priority is not None \
+                and entry.get("source") != "FromClass":
+            _check_claim_priority(params.priority, bound, ref, where)
         requests = [str(r) for r in _list(entry.get("requests"), ref, f"{where}.requests")]
         pending.append((requests, params))
     for requests, params in pending:
@@ -340,6 +360,25 @@ def _parameters_by_request(raw: object, ref: ClaimRef, driver: str) -> Callable[
         return merged.get(request.split("/", 1)[0], everywhere)
 
     return params_for
+
+
+def _check_claim_priority(priority: int, bound: ClaimPriorityBound, ref: ClaimRef,
+                          where: str) -> None:
+    """A tenant's priority, held to the node's rules for pods (`pod_priority_max`,
+    `pod_priority_namespaces`): otherwise a claim could put itself first on every
+    oversubscribed GPU."""
+    if priority > bound.most:
+        raise ClaimError(
+            f"claim {ref}: {where}.opaque.parameters.priority is {priority}: this node lets a "
+            f"claim's own configuration set priorities up to {bound.most} (a DeviceClass may "
+            "set more)"
+        )
+    if priority > 0 and ref.namespace not in bound.namespaces:
+        allowed = ", ".join(sorted(bound.namespaces)) or "no namespace"
+        raise ClaimError(
+            f"claim {ref}: {where}.opaque.parameters.priority is {priority}: priorities above 0 "
+            f"are allowed to claims in {allowed} only (a DeviceClass may set them)"
+        )
 
 
 def _overlay(base: Parameters, top: Parameters) -> Parameters:
