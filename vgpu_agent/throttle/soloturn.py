@@ -57,9 +57,10 @@ PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
 # averaged over those that follow: three noisy samples made a figure 18 % low, simulated)
 TURN_READINGS = 6
 # ... unless, one batch past trust, the batches agree this closely already (the standard error
-# of their mean, relative to it): the pause lasts what the figure needs. Simulated with exact
-# samples (as the H200 read a process alone), 4 batches scatter by at most 1.4 % and give the
-# figure of 6 within 1.4 %; with the noisy plant's sigma-3 samples, by 3.7 % and more. Three
+# of their mean, relative to it): the pause lasts what the figure needs. Simulated, pairs of
+# 20 and 200 us kernels: with exact samples (as the H200 read a process alone), 4 batches
+# scatter by at most 1.4 % and give the figure of 6 within 1.4 %; with the noisy plant's
+# sigma-3 samples, by 3.7 % and more (with 2 ms kernels some noisy turns end early too). Three
 # batches are not enough to judge: three noisy ones read alike once, 16 % off.
 EARLY_READINGS = ALONE_READINGS + 1
 EARLY_SPREAD = 0.02
