@@ -792,7 +792,9 @@ def main() -> int:
                         help="scrape interval while Allocate is measured, s")
     parser.add_argument("--nvml-call-ms", type=float, default=0.0,
                         help="CPU each per-process utilization call takes, with the GIL "
-                             "released (an H200 with driver 580: about 2.2 ms; default: none)")
+                             "released (an H200 with driver 580: about 2.2 ms through "
+                             "pynvml's two driver calls, which the agent makes one; default: "
+                             "none)")
     parser.add_argument("--nvml-poll-periods", type=int, default=1,
                         help="the agent's throttle_nvml_poll_periods: NVML asked once every "
                              "this many sample periods")

@@ -19,6 +19,10 @@
  * A fail rule names an exported symbol, with or without its _vN suffix (nvmlInit covers
  * nvmlInit_v2 and nvmlInitWithFlags);
  * "*" as call matches every call made on that device, "*" as uuid matches every device.
+ *
+ * Not in the real library: fake_nvml_call_count(name) says how many times a device call was
+ * made since the library was loaded (failed ones included), so that tests can count what a
+ * caller costs the driver.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -295,10 +299,40 @@ static nvmlReturn_t rule_for(const char *call, int gpu)
     return NVML_SUCCESS;
 }
 
+#define MAX_COUNTED 64
+static struct {
+    const char *call; /* the entry point's name, a string literal */
+    unsigned long count;
+} counted[MAX_COUNTED];
+
+static void count_call_locked(const char *call)
+{
+    for (unsigned int i = 0; i < MAX_COUNTED; i++) {
+        if (counted[i].call == NULL)
+            counted[i].call = call;
+        if (strcmp(counted[i].call, call) == 0) {
+            counted[i].count++;
+            return;
+        }
+    }
+}
+
+unsigned long fake_nvml_call_count(const char *call)
+{
+    unsigned long count = 0;
+    pthread_mutex_lock(&lock);
+    for (unsigned int i = 0; i < MAX_COUNTED && counted[i].call != NULL; i++)
+        if (call != NULL && strcmp(counted[i].call, call) == 0)
+            count = counted[i].count;
+    pthread_mutex_unlock(&lock);
+    return count;
+}
+
 /* Common entry for device calls: initialised, fresh config, valid handle, no failure rule. */
 static nvmlReturn_t enter_device(const char *call, nvmlDevice_t device, int *gpu)
 {
     pthread_mutex_lock(&lock);
+    count_call_locked(call);
     if (init_count == 0) {
         pthread_mutex_unlock(&lock);
         return NVML_ERROR_UNINITIALIZED;

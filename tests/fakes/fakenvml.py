@@ -14,6 +14,7 @@ next call, so a running agent sees new readings, samples and failures without a 
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import subprocess
@@ -168,6 +169,14 @@ class FakeNvml:
         self._lock = threading.Lock()
         self._generation = 0
         self.set_gpus([FakeGpu.make(i) for i in range(gpus)])
+
+    def call_count(self, call: str) -> int:
+        """How many times this process called the device entry point `call` of the fake
+        library (failed calls included; the library counts from when it was first loaded)."""
+        counter = ctypes.CDLL(str(self.library_path)).fake_nvml_call_count
+        counter.restype = ctypes.c_ulong
+        counter.argtypes = [ctypes.c_char_p]
+        return int(counter(call.encode()))
 
     # --- inventory -----------------------------------------------------------------------------
 

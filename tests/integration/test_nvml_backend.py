@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tests.fakes.fakenvml import (
 )
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuError
-from vgpu_agent.gpu.nvml import NvmlBackend, sysfs_pci_address
+from vgpu_agent.gpu.nvml import NvmlBackend, ProcessSampleReader, sysfs_pci_address
 
 IGNORED = frozenset({13, 31, 43, 45, 68, 109})
 
@@ -350,3 +351,120 @@ def test_discovery_registers_the_found_gpus_for_events(fake_nvml: FakeNvml, make
     fake_nvml.inject_xid(fake_nvml.uuids[0], 94)
     event = backend.wait_xid(1000)
     assert event is not None and (event.uuid, event.xid) == (fake_nvml.uuids[0], 94)
+
+
+# ---- per-process samples in one driver call --------------------------------------------------
+
+PROCESS_UTILIZATION = "nvmlDeviceGetProcessUtilization"
+
+
+def test_process_utilization_asks_the_driver_once_where_pynvml_asks_twice(
+    fake_nvml: FakeNvml, make_backend
+):
+    uuid = fake_nvml.uuids[0]
+    fake_nvml.set_process_samples(uuid, [(100, 1_000, 30), (101, 2_000, 55)])
+    backend = make_backend()
+    before = fake_nvml.call_count(PROCESS_UTILIZATION)
+    assert [s.pid for s in backend.process_utilization(uuid, 0)] == [100, 101]
+    assert backend.process_utilization(uuid, 2_000) == []  # nothing newer: NOT_FOUND
+    assert fake_nvml.call_count(PROCESS_UTILIZATION) - before == 2  # one call a read
+    before = fake_nvml.call_count(PROCESS_UTILIZATION)
+    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    assert len(pynvml.nvmlDeviceGetProcessUtilization(handle, 0)) == 2
+    assert fake_nvml.call_count(PROCESS_UTILIZATION) - before == 2  # the wrapper: size, then fill
+
+
+def test_process_utilization_grows_its_buffer_for_a_long_history(
+    fake_nvml: FakeNvml, make_backend
+):
+    uuid = fake_nvml.uuids[0]
+    history = [(1_000 + n % 150, 10_000 + n, n % 101) for n in range(300)]
+    fake_nvml.set_process_samples(uuid, history)
+    backend = make_backend()
+    before = fake_nvml.call_count(PROCESS_UTILIZATION)
+    samples = backend.process_utilization(uuid, 0)
+    assert [(s.pid, s.timestamp_us, s.sm_util) for s in samples] == history
+    assert fake_nvml.call_count(PROCESS_UTILIZATION) - before == 2  # too small once, then read
+    before = fake_nvml.call_count(PROCESS_UTILIZATION)
+    assert len(backend.process_utilization(uuid, 10_100)) == 199
+    assert fake_nvml.call_count(PROCESS_UTILIZATION) - before == 1  # the grown buffer kept
+
+
+def test_a_driver_that_never_has_room_enough_is_an_error_not_a_loop(
+    fake_nvml: FakeNvml, make_backend
+):
+    uuid = fake_nvml.uuids[0]
+    fake_nvml.set_process_samples(uuid, [(100, 1_000, 30)])
+    fake_nvml.fail(PROCESS_UTILIZATION, uuid, pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    backend = make_backend()
+    before = fake_nvml.call_count(PROCESS_UTILIZATION)
+    with pytest.raises(GpuError) as err:
+        backend.process_utilization(uuid, 0)
+    assert (err.value.call, err.value.code) == (
+        PROCESS_UTILIZATION, pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+    assert fake_nvml.call_count(PROCESS_UTILIZATION) - before == ProcessSampleReader.ATTEMPTS
+    fake_nvml.clear_failures()
+    assert [s.pid for s in backend.process_utilization(uuid, 0)] == [100]  # and reads after
+
+
+SampleArray = ctypes.POINTER(pynvml.c_nvmlProcessUtilizationSample_t)
+DriverCall = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, SampleArray,
+                              ctypes.POINTER(ctypes.c_uint), ctypes.c_ulonglong)
+
+
+class StubDriver:
+    """`nvmlDeviceGetProcessUtilization` as C sees it, answering from a list of samples that
+    `grow` lengthens after each call (samples arriving between calls); `cuts` fills a short
+    buffer to its end and says SUCCESS, as a driver might, instead of INSUFFICIENT_SIZE."""
+
+    def __init__(self, samples: int, grow: int = 0, cuts: bool = False):
+        self.samples = [(500 + n, 1_000 + n, n % 100) for n in range(samples)]
+        self.grow, self.cuts, self.calls = grow, cuts, 0
+        self.function = DriverCall(self._call)
+
+    def _call(self, handle, buffer, count, since) -> int:
+        self.calls += 1
+        newer = [s for s in self.samples if s[1] > since]
+        room = count[0]
+        try:
+            if not newer:
+                count[0] = 0
+                return pynvml.NVML_ERROR_NOT_FOUND
+            if len(newer) > room and not self.cuts:
+                count[0] = len(newer)
+                return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+            for n, (pid, stamp, sm) in enumerate(newer[:room]):
+                buffer[n].pid, buffer[n].timeStamp, buffer[n].smUtil = pid, stamp, sm
+            count[0] = min(room, len(newer))
+            return pynvml.NVML_SUCCESS
+        finally:
+            last = self.samples[-1][1] if self.samples else 0
+            self.samples += [(900, last + 1 + n, 1) for n in range(self.grow)]
+
+
+def test_samples_that_arrive_between_two_calls_are_read_not_an_error():
+    # pynvml sizes, then fills: a sample arriving in between made its second call fail
+    driver = StubDriver(samples=100, grow=3)
+    reader = ProcessSampleReader(driver.function)
+    got = reader.read(None, 0)
+    assert driver.calls == 2  # 64 too few; then 164, with the 3 that came meanwhile
+    assert [s[1] for s in got] == list(range(1_000, 1_103))
+
+
+def test_a_buffer_filled_to_its_end_is_read_again_larger():
+    driver = StubDriver(samples=64, cuts=True)
+    reader = ProcessSampleReader(driver.function)
+    assert len(reader.read(None, 0)) == 64
+    assert driver.calls == 2  # 64 of 64 might be cut short: asked again with 128
+    driver.samples += [(900, 5_000 + n, 1) for n in range(200)]
+    assert len(reader.read(None, 0)) == 264  # 128 full, then 256 full, then 512
+    assert driver.calls == 5
+
+
+def test_the_reader_answers_what_the_driver_says():
+    empty = StubDriver(samples=0)
+    assert ProcessSampleReader(empty.function).read(None, 0) == []
+    lost = DriverCall(lambda handle, buffer, count, since: pynvml.NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(pynvml.NVMLError) as err:
+        ProcessSampleReader(lost).read(None, 0)
+    assert err.value.value == pynvml.NVML_ERROR_GPU_IS_LOST

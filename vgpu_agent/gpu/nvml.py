@@ -93,6 +93,8 @@ class NvmlBackend:
         self._handles: dict[str, Any] = {}
         self._uuid_by_address: dict[int, str] = {}
         self._event_set: Any = None
+        self._samples = ProcessSampleReader()
+        self._samples_lock = threading.Lock()  # its buffer
         self.driver_version: str | None = None  # as NVML reports it, once started
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -103,6 +105,8 @@ class NvmlBackend:
                 return
             if self.library_path:
                 load_library(self.library_path)
+            with self._samples_lock:
+                self._samples = ProcessSampleReader()  # its function from the library now loaded
             self._call("nvmlInit", "", pynvml.nvmlInit)
             self._started = True
             driver = self._optional(
@@ -236,15 +240,12 @@ class NvmlBackend:
     def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
         handle = self._handle(uuid)
         try:
-            raw = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+            with self._samples_lock:
+                raw = self._samples.read(handle, since_us)
         except pynvml.NVMLError as err:
-            # NOT_FOUND: no sample newer than since_us. pynvml raises code 0 when the sizing
-            # call already succeeds, which also means there is nothing to read.
-            if err.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
-                return []
             raise self._error("nvmlDeviceGetProcessUtilization", uuid, err) from None
         # NVML has been seen to report more than 100 % for short windows
-        return [ProcessSample(int(s.pid), int(s.timeStamp), min(int(s.smUtil), 100)) for s in raw]
+        return [ProcessSample(pid, stamp, min(sm, 100)) for pid, stamp, sm in raw]
 
     def running_processes(self, uuid: str) -> list[tuple[int, int | None]]:
         """(pid, used GPU memory in bytes or None) of the compute processes on this GPU."""
@@ -374,6 +375,59 @@ class NvmlBackend:
             self.errors_by_call[call] += 1
         if self._on_error is not None:
             self._on_error(call, code)
+
+
+class ProcessSampleReader:
+    """`nvmlDeviceGetProcessUtilization` in one driver call where pynvml's wrapper makes two.
+
+    pynvml asks for the size first (a call with no buffer), then for the samples; the driver
+    gathers them both times, and a call cost about 2.2 ms of CPU on an H200 (driver 580), the
+    controller's largest cost on a real node while shares change. This reader keeps a buffer
+    sized by the largest answer so far and asks once. A buffer found too small (the driver says
+    INSUFFICIENT_SIZE with the count it needs, or fills it to the last entry, which could be a
+    cut answer) is grown and the call made again, at most `ATTEMPTS` times: samples that
+    arrive between two calls are read, not a failure, as they were between pynvml's two.
+    Not thread-safe: one caller at a time (the backend holds a lock around it).
+    """
+
+    INITIAL = 64
+    MOST = 1 << 16  # 2 MiB of samples: no driver keeps more
+    ATTEMPTS = 4
+
+    def __init__(self, call: Callable[..., int] | None = None) -> None:
+        self._call = call  # the C function; looked up in pynvml's library when first needed
+        self._capacity = 0
+        self._buffer: Any = None
+        self.driver_calls = 0
+
+    def read(self, handle: Any, since_us: int) -> list[tuple[int, int, int]]:
+        """(pid, timestamp_us, sm %) of every sample newer than `since_us`; [] when NVML has
+        none. Raises `pynvml.NVMLError` for any other answer."""
+        call = self._call
+        if call is None:
+            call = self._call = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+        wanted = max(self.INITIAL, self._capacity)
+        for _ in range(self.ATTEMPTS):
+            if wanted > self._capacity:
+                self._capacity = min(self.MOST, wanted)
+                self._buffer = (pynvml.c_nvmlProcessUtilizationSample_t * self._capacity)()
+            count = ctypes.c_uint(self._capacity)
+            self.driver_calls += 1
+            ret = call(handle, self._buffer, ctypes.byref(count), ctypes.c_ulonglong(since_us))
+            if ret == pynvml.NVML_ERROR_NOT_FOUND:
+                return []
+            if ret == pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                wanted = max(2 * self._capacity, count.value + self.INITIAL)
+            elif ret != pynvml.NVML_SUCCESS:
+                raise pynvml.NVMLError(ret)
+            elif count.value < self._capacity or self._capacity >= self.MOST:
+                n = min(count.value, self._capacity)
+                return [(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in self._buffer[:n]]
+            else:
+                wanted = 2 * self._capacity  # full to the last entry: maybe cut short
+            if self._capacity >= self.MOST:
+                break
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
 
 
 def _describe_error(err: pynvml.NVMLError) -> str:

@@ -40,6 +40,8 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import pynvml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_region.py, beside this one
 
@@ -144,6 +146,16 @@ class Sampler:
 
 # ---- part 1: the backend ------------------------------------------------------------------------
 
+def pynvml_samples(handle: object, since_us: int) -> int:
+    """NVML's samples through pynvml's own wrapper, which asks for the size first."""
+    try:
+        return len(pynvml.nvmlDeviceGetProcessUtilization(handle, since_us))
+    except pynvml.NVMLError as err:
+        if err.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+            return 0
+        raise
+
+
 def part_backend(backend: NvmlBackend, out: Out) -> str:
     inventory = backend.discover()
     for gpu in inventory.gpus:
@@ -159,10 +171,16 @@ def part_backend(backend: NvmlBackend, out: Out) -> str:
     except Exception as err:  # what a real driver says here is the finding
         say(f"  XID wait failed: {type(err).__name__}: {err}")
     costs = []
+    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
     for name, call in (
         ("nvmlDeviceGetProcessUtilization", lambda: backend.process_utilization(uuid, 0)),
         ("nvmlDeviceGetProcessUtilization(recent)",
          lambda: backend.process_utilization(uuid, int(time.time() * 1e6) - 200_000)),
+        # the agent's one call a read against pynvml's two (a sizing call, then the fill)
+        ("nvmlDeviceGetProcessUtilization via pynvml (2 calls)",
+         lambda: pynvml_samples(handle, 0)),
+        ("nvmlDeviceGetProcessUtilization(recent) via pynvml (2 calls)",
+         lambda: pynvml_samples(handle, int(time.time() * 1e6) - 200_000)),
         ("nvmlDeviceGetComputeRunningProcesses", lambda: backend.running_processes(uuid)),
         ("readings (memory, utilization, temperature, power)", lambda: backend.readings(uuid)),
     ):
