@@ -26,6 +26,7 @@ from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice, Split
 from vgpu_agent.dra.quantity import QuantityError, parse
 from vgpu_agent.dra.slices import device_name, memory_capacity
 from vgpu_agent.gpu.model import GpuInfo
+from vgpu_agent.priorityrule import Overreach, overreach
 
 MEMORY = "memory"
 CORES = "cores"
@@ -367,13 +368,14 @@ def _check_claim_priority(priority: int, bound: ClaimPriorityBound, ref: ClaimRe
     """A tenant's priority, held to the node's rules for pods (`pod_priority_max`,
     `pod_priority_namespaces`): otherwise a claim could put itself first on every
     oversubscribed GPU."""
-    if priority > bound.most:
+    broken = overreach(priority, ref.namespace, bound.most, bound.namespaces)
+    if broken is Overreach.ABOVE_MOST:
         raise ClaimError(
             f"claim {ref}: {where}.opaque.parameters.priority is {priority}: this node lets a "
             f"claim's own configuration set priorities up to {bound.most} (a DeviceClass may "
             "set more)"
         )
-    if priority > 0 and ref.namespace not in bound.namespaces:
+    if broken is Overreach.OUTSIDE_NAMESPACES:
         allowed = ", ".join(sorted(bound.namespaces)) or "no namespace"
         raise ClaimError(
             f"claim {ref}: {where}.opaque.parameters.priority is {priority}: priorities above 0 "

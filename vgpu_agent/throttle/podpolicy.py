@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from vgpu_agent.priorityrule import Overreach, overreach
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy
 
 POLICY_ANNOTATION = "vgpu.io/core-policy"
@@ -139,11 +140,13 @@ def _priority(
         return None, Refusal(
             key, text, f"priorities range over {PRIORITY_MIN}..{PRIORITY_MAX}", applied
         )
-    if value > rules.priority_max:
+    broken = overreach(value, namespace, rules.priority_max, rules.priority_namespaces,
+                       rules.default_priority)
+    if broken is Overreach.ABOVE_MOST:
         return None, Refusal(
             key, text, f"this node lets pods take priorities up to {rules.priority_max}", applied
         )
-    if value > rules.default_priority and namespace not in rules.priority_namespaces:
+    if broken is Overreach.OUTSIDE_NAMESPACES:
         where = ", ".join(sorted(rules.priority_namespaces)) or "no namespace"
         return None, Refusal(
             key,
