@@ -226,6 +226,34 @@ async def test_a_paused_container_claiming_tokens_neither_ends_the_turn_nor_is_j
     assert run.controller.error_counts.get("tokens_overclaimed", 0) == 0
 
 
+async def _turn_with_claims(tokens: int) -> tuple[float, str, bool]:
+    """The pair's turn, the paused container claiming `tokens` a step from 0.25 s into it
+    (a step is 0.1 s, a tick): (when it ended, why, whether measured)."""
+    run, _ = _pair_together()
+    with capture_logs() as logs:
+        await _until_turn(run, logs)
+        await run.advance(0.25)
+        slot = run.regions["c1"].processes[0]
+        while not any(e["event"] == "throttle_solo_turn_ended" for e in logs):
+            slot.tokens_spent[0] += tokens
+            await run.advance(0.1)
+    (ended,) = [e for e in logs if e["event"] == "throttle_solo_turn_ended"]
+    return run.gpu.elapsed_s, ended["why"], ended["measured"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [2, 10**9])
+async def test_a_paused_container_claiming_spending_does_not_delay_the_figure(tokens):
+    # What a paused bucket (1 token, no refill) and the audit's allowance for jitter let a
+    # claim be believed (3 tokens at the turn's second tick, then none) would take the batch
+    # it falls in from the one measured, as if shared; it falls in the turn's first periods,
+    # which are not counted anyway, and the controller believes a paused device's claims as
+    # 0 past the turn's first tick besides. The turn ends as if nothing had been claimed.
+    honest = await _turn_with_claims(0)
+    assert honest[1:] == ("measured", True)
+    assert await _turn_with_claims(tokens) == honest
+
+
 @pytest.mark.slow
 async def test_a_paused_container_that_runs_all_the_same_ends_the_turn():
     # its shim ignores the pause (simulated: its bucket refilled behind the agent's back):

@@ -1347,7 +1347,9 @@ class ThrottleController:
         if turning and turns is not None and turns.turn is not None and turns.turn.ticks:
             # Past a turn's first tick (which counts what was spent before the pause), a
             # paused device's bucket lets nothing through: what its `state` claims is not
-            # believed, and must not make the one measured look shared.
+            # believed, and must not make the one measured look shared. (A second line: what
+            # the audit's allowance lets a paused claim be believed, 3 tokens at the second
+            # tick, falls in the turn's first periods, which the split does not count.)
             for device, _ in entries:
                 if device.paused and device.alloc_id != solo:
                     spent_by[device.alloc_id] = 0
