@@ -117,7 +117,7 @@ class Config:
     throttle_calm_slowdown: int = 4
     # NVML's per-process samples asked for once every this many sample periods
     throttle_nvml_poll_periods: int = 1
-    # a container on a time-sliced GPU none was ever seen alone on is given a turn alone once
+    # a container sharing a time-sliced GPU, never seen alone there, is given a turn alone
     throttle_solo_turns: bool = True
     # containers of this priority or more are never paused for a turn alone (None: none is)
     throttle_solo_turn_spare_priority: int | None = None

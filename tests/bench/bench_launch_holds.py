@@ -1,6 +1,6 @@
 """Strict containers on a GPU that counts itself busy beyond the work done, as the H200 did.
 
-    python tests/bench/bench_launch_holds.py [--seeds 8] [--together 20] [--long 1800]
+    python tests/bench/bench_launch_holds.py [--seeds 8] [--together 20] [--long 1800] [--mixed 150]
 
 `imperfections.H200_TIME_SLICED`: NVML gives each 200 ms period whole to one process with the
 GPU's busy time as its value, and while processes take turns every launch keeps the GPU counted
@@ -16,6 +16,13 @@ SM time it really got), median (lowest-highest), against its limit, for
 - no turn (together from the start only): the controller without turns alone
   (`throttle_solo_turns: false`), as before them;
 - peer: the peer model on the same plant and seeds.
+
+With `--mixed S`, instead: strict 30/30 pairs together from the start for S seconds whose
+kernels differ (10 us beside 20 us), or change right after the first turn (5 us, then 20 us
+from 6 s, beside 20 us), and the 20/20 pair; per case, over the seeds, each container's mean
+share from 70 s on (after a second turn, due a minute after the first), and the highest
+10 s of either from 70 s on, for ours and for the rule before it (no turn once one container
+spending has a figure: the others charged at its figure times the costs the periods show).
 
 With `--long S`, instead: the 30/30 pair of 20 us kernels, the first alone first, together for
 S seconds, ours only; per seed, each container's mean share over each fifth of the run and its
@@ -119,6 +126,70 @@ async def long_run(together_s: float, seed: int) -> None:
               + f" | lowest 10 s {min(tens):4.1f}")
 
 
+MIXED = (  # (name, first container's kernel, its kernel from 6 s on)
+    ("10 us beside 20 us", 10e-6, 10e-6),
+    ("5 us, 20 us from 6 s, beside 20 us", 5e-6, 20e-6),
+    ("20 us beside 20 us", 20e-6, 20e-6),
+)
+
+
+async def mixed_run(before_s: float, after_s: float, seconds: float, seed: int,
+                    one_figure: bool) -> tuple[list[float], float, int]:
+    """A strict 30/30 pair together from the start, the first's kernels `before_s` long, then
+    `after_s` from 6 s on, the second's 20 us: (each one's mean share from 70 s on, the highest
+    10 s of either from 70 s on, turns alone given). `one_figure`: no turn once a container
+    spending has a figure (the rule before)."""
+    from vgpu_agent.simulation.gpu import Workload
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
+    from vgpu_agent.throttle import soloturn
+
+    def kernels(kernel_s: float) -> Workload:
+        return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
+                        queue_s=max(0.002, 5 * kernel_s))
+
+    specs = (ContainerSpec("c0", 30, kernels(before_s), policy="strict",
+                           switch_to=kernels(after_s), switch_at_s=6.0),
+             ContainerSpec("c1", 30, kernels(20e-6), policy="strict"))
+    sc = Scenario("mixed", specs, lambda name, t: 30.0, seconds)
+    due = soloturn.SoloTurns.due
+    given = 0
+
+    def counted(self, now_ns, spending, measured, *rest):  # type: ignore[no-untyped-def]
+        nonlocal given
+        if one_figure and any(a in measured for a in spending):
+            return None
+        chosen = due(self, now_ns, spending, measured, *rest)
+        given += chosen is not None
+        return chosen
+
+    soloturn.SoloTurns.due = counted  # type: ignore[method-assign]
+    try:
+        run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed),
+                                   paced=True)
+    finally:
+        soloturn.SoloTurns.due = due  # type: ignore[method-assign]
+    assert not run.errors, run.errors
+    means = [statistics.fmean(v for t, v in run.series[c] if t >= 70) for c in ("c0", "c1")]
+    highest = max(statistics.fmean(v for t, v in run.series[c] if a <= t < a + 10)
+                  for c in ("c0", "c1") for a in range(70, int(seconds) - 9, 5))
+    return means, highest, given
+
+
+def mixed(seconds: float, seeds: int) -> None:
+    print("strict 30/30 pairs, together from the start; from 70 s on: mean share per container "
+          "and the highest 10 s of either, median (lowest-highest) over seeds; turns given")
+    for name, before_s, after_s in MIXED:
+        print(f"\n{name}")
+        for label, one_figure in (("ours", False), ("one figure", True)):
+            got = [asyncio.run(mixed_run(before_s, after_s, seconds, seed, one_figure))
+                   for seed in range(seeds)]
+            highest = [g[1] for g in got]
+            print(f"  {label:10} {_summary([g[0] for g in got])} | highest 10 s "
+                  f"{statistics.median(highest):4.1f} ({min(highest):4.1f}-{max(highest):4.1f})"
+                  f" | turns {'/'.join(str(g[2]) for g in got)}")
+
+
 def main() -> int:
     import structlog
 
@@ -130,7 +201,18 @@ def main() -> int:
                         help="seconds all containers run together (the last 10 are judged)")
     parser.add_argument("--long", type=float, default=0.0,
                         help="seconds together for the long run of one pair (0: the cases)")
+    parser.add_argument("--mixed", type=float, default=0.0,
+                        help="seconds of the pairs whose kernels differ or change (0: the "
+                             "cases)")
     args = parser.parse_args()
+    if args.mixed:
+        if args.mixed < 90:
+            parser.error(f"--mixed must be >= 90 s (judged from 70 s on), got {args.mixed}")
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+        print(f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+              f"Python {platform.python_version()}; plant H200_TIME_SLICED, {args.seeds} seeds")
+        mixed(args.mixed, args.seeds)
+        return 0
     if args.long:
         if args.long < 60:
             parser.error(f"--long must be >= 60 s, got {args.long}")

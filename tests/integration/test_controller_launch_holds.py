@@ -11,7 +11,7 @@ import math
 import pytest
 from structlog.testing import capture_logs
 
-from tests.bench.bench_launch_holds import held, last_shares, scenario
+from tests.bench.bench_launch_holds import held, last_shares, mixed_run, scenario
 from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
 from vgpu_agent.simulation.runner import ControlledRun, PlantSpec, _series
 from vgpu_agent.throttle import timesliced
@@ -34,11 +34,31 @@ async def test_containers_seen_alone_keep_their_shares_on_a_gpu_counted_busy(lim
 
 @pytest.mark.slow
 @pytest.mark.parametrize("limits", [(30, 30), (30, 50)])
-async def test_one_container_seen_alone_is_enough_for_those_that_join_it(limits):
-    # the first one's figure sets the scale; the others' tokens count at their periods' costs
+async def test_containers_joining_one_seen_alone_keep_their_shares(limits):
+    # the first one's figure sets the scale (the others' tokens count at their periods' costs)
+    # until a turn alone gives each of the others its own
     got = await held(limits, 20e-6, alone=1)
     for share, limit in zip(got, limits, strict=True):
         assert limit / timesliced.ALONE_MARGIN - 3 <= share <= limit + 2, (got, limits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("before_s", "after_s"), [(10e-6, 10e-6), (5e-6, 20e-6)])
+async def test_each_container_gets_a_figure_of_its_own(before_s, after_s):
+    # Strict 30/30, together from the start, the first's kernels other than the second's 20 us
+    # (or changing to them a second after its turn). Charged at the first's figure times the
+    # ratio of costs the periods show, the second ran at 35-50 % (or both at 49 %, for good);
+    # a turn of its own a minute after the first's holds both.
+    with capture_logs() as logs:
+        means, highest, given = await mixed_run(before_s, after_s, 90.0, seed=2,
+                                                one_figure=False)
+    started = [e["alloc_id"] for e in logs if e["event"] == "throttle_solo_turn_started"]
+    assert started == ["c0", "c1"] and given == 2
+    assert all(26 <= share <= 34 for share in means), means
+    assert highest < 36, highest
+    # the rule before, for the record: the second (or both) far above its limit
+    means, _, given = await mixed_run(before_s, after_s, 90.0, seed=2, one_figure=True)
+    assert given == 1 and max(means) > 40, means
 
 
 @pytest.mark.slow
@@ -88,7 +108,8 @@ async def test_what_a_container_alone_showed_outlives_an_agent_restart(tmp_path,
     store = FigureFile(tmp_path / "figures.json")
     with capture_logs() as logs:
         got = await _restarted(store, seed)
-    assert [e["figures"] for e in logs if e["event"] == "throttle_figures_restored"] == [1]
+    # the first's figure from alone, the second's from its turn alone once they shared
+    assert [e["figures"] for e in logs if e["event"] == "throttle_figures_restored"] == [2]
     for share in got:
         assert 30 / timesliced.ALONE_MARGIN - 3 <= share <= 30 + 2, got
     # forgotten (no file), the same two are given a turn alone ...

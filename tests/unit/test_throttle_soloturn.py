@@ -35,11 +35,16 @@ def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():
     assert _due(turns, SOLO_TURN_AFTER_S) == "a"  # the first eligible, in the order given
 
 
-def test_no_turn_while_any_container_spending_has_a_figure():
-    turns = SoloTurns(after_s=0.0)
-    assert _due(turns, 0.0, measured=("b",)) is None
+def test_a_turn_is_for_a_container_without_a_figure_of_its_own():
+    # One measured beside one not: the other gets a turn too (charged at the measured one's
+    # figure times a ratio of costs the periods learn, it ran at up to twice its limit).
+    turns = SoloTurns(after_s=0.0, gap_s=0.0)
+    assert _due(turns, 0.0, measured=("a",)) == "b"  # though "a" comes first
+    turns.start("b", 0, {})
+    turns.end(int(1.0 * S))
+    assert _due(turns, 2.0, measured=("a", "b")) is None  # every one spending measured
     # a figure of a container not spending now says nothing of those spending
-    assert _due(turns, 1.0, spending=("a", "c"), candidates=("a", "c"), measured=("b",)) == "a"
+    assert _due(turns, 3.0, spending=("a", "c"), candidates=("a", "c"), measured=("b",)) == "a"
 
 
 def test_no_turn_for_a_container_alone_or_with_nobody_pausable():

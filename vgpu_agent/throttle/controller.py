@@ -1445,7 +1445,7 @@ class ThrottleController:
         self._changed = True
         log.info("throttle_solo_turn_started", uuid=uuid, alloc_id=chosen, paused=len(paused),
                  most_s=turns.most_s,
-                 why="containers sharing a time-sliced GPU, none ever seen alone")
+                 why="a container sharing a time-sliced GPU, never seen alone there")
 
     def _go_on_turn(self, uuid: str, turns: SoloTurns, solo: str,
                     spent_by: Mapping[str, int]) -> None:

@@ -1,4 +1,4 @@
-"""A turn alone, once, for a container on a time-sliced GPU where none was ever seen alone.
+"""A turn alone for a container sharing a time-sliced GPU that was never seen alone there.
 
 A time-sliced GPU counts itself busy beyond the work while processes take turns (measured on
 an H200: two processes doing 20 % of the work each read 99 % busy), and the split can tell that
@@ -7,17 +7,25 @@ from work only through a container's use per token measured while it ran alone
 figures were lost, were never alone: their use was shared out whole and strict ones starved
 (two strict 30 % containers of 20 us kernels at 4 % each, simulated, for as long as they ran).
 
-So, where two containers or more have spent on such a GPU for `after_s` and none of them has
-a figure, the controller gives one of them a turn alone: the others' rates are set to the
+So, where two containers or more have spent on such a GPU for `after_s` and one of them has
+no figure of its own, the controller gives it a turn alone: the others' rates are set to the
 pause (rate 0, a burst of 1: the shim admits nothing more and credits nothing), its own rate is
 left as it was, and the law is not run for that GPU, whose readings say nothing of the shares
 meanwhile. The turn ends once the split's figure for it rests on TURN_READINGS steady batches
 (EARLY_READINGS where they agree within EARLY_SPREAD; or at `most_s`, trusted after
 ALONE_READINGS), when it stops spending, or when NVML gives a
 period to another process (not when another's `state` claims spending: a paused container's
-claims are not believed), and the others' rates are written back. One
-figure is enough: it sets the scale for the costs the periods show (a newcomer joining it later
-is covered without a turn).
+claims are not believed), and the others' rates are written back.
+
+Every container gets a figure of its own, not only the first. One figure sets the scale for the
+others' use (at the costs their periods show against it), but a ratio of costs learned from
+periods is noisy where costs differ, and a figure taken in one phase of an application says
+nothing of the next. Simulated, a strict 30 % container of 20 us kernels beside a measured one
+of 10 us ran at 35 % (median of 6 runs over 70-150 s; up to 50 %, and 59 % over its worst 10
+s); beside one measured with 5 us kernels that moved to 20 us a second after its turn, both ran
+at 49 % for good. With a turn each: 28.5 % (at most 35 % over any 10 s), and 28.4 / 28.6 %
+(`bench_launch_holds.py --mixed`). A newcomer joining measured containers is covered by the
+scale meanwhile, until its turn (at most one a minute per GPU).
 
 `most_s` stays below the shim's longest wait (`VGPU_MAX_WAIT_NS`, 2 s): a launch that has
 waited that long runs whatever its bucket says, and one stray launch of a paused process in a
@@ -48,7 +56,7 @@ PAUSED_RATE = 0  # with a burst of 1 the shim admits nothing more (0 and 0: neve
 PAUSED_BURST = 1
 LONGEST_WAIT_S = MAX_WAIT_NS / 1e9  # the shim's (2 s): a launch waits no longer
 SOLO_TURN_MOST_S = 0.95 * LONGEST_WAIT_S  # 1.9 s
-SOLO_TURN_AFTER_S = 3.0  # containers spending together, none with a figure, this long first
+SOLO_TURN_AFTER_S = 3.0  # containers spending together, one without a figure, this long first
 SOLO_TURN_GAP_S = 60.0  # between the end of one turn and the start of the next on a GPU
 SOLO_TURN_TRIES = 2  # turns per container at most
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
@@ -104,7 +112,8 @@ class SoloTurns:
             priorities: Mapping[str, int] | None = None, spared: Collection[str] = ()
             ) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
-        that spent this tick, in a stable order; `measured`: those with a trusted figure;
+        that spent this tick, in a stable order; `measured`: those with a trusted figure (a
+        turn is for one without);
         `candidates`: those whose rate limits them (a turn keeps its rate as it is, and needs
         it to hold its spending steady); `period_s`: NVML's sample period on this GPU;
         `present`: every container with a device on the GPU now (the tries of one gone are
@@ -119,7 +128,7 @@ class SoloTurns:
         for gone in [a for a in self.tried if a not in present]:
             del self.tried[gone]
         if (self.turn is not None or len(spending) < 2
-                or any(a in measured for a in spending)
+                or all(a in measured for a in spending)
                 or not 0 < period_s * PERIODS_NEEDED <= self.most_s):
             self.waiting_ns = None
             return None
@@ -128,7 +137,8 @@ class SoloTurns:
         if now_ns - self.waiting_ns < self.after_ns or (
                 self.last_end_ns is not None and now_ns - self.last_end_ns < self.gap_ns):
             return None
-        eligible = [a for a in spending if a in candidates and self.tried.get(a, 0) < self.tries]
+        eligible = [a for a in spending if a in candidates and a not in measured
+                    and self.tried.get(a, 0) < self.tries]
         spare = [a for a in present if a in spared]
         if spare:
             eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
