@@ -62,6 +62,36 @@ async def test_each_container_gets_a_figure_of_its_own(before_s, after_s):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_a_figure_in_doubt_after_a_change_of_phase_is_measured_afresh(seed):
+    # Both seen alone first (no turn used); at 20 s the first one's kernels grow from 20 to
+    # 200 us: charged by what its periods show, it ran at up to 70 % of its 30 % and wandered
+    # 24-39 % for minutes. Its periods show the change, its figure is in doubt, and a turn
+    # alone measures it afresh.
+    from vgpu_agent.simulation.gpu import Workload
+    from vgpu_agent.simulation.runner import ContainerSpec, Scenario, run_controlled
+
+    def kernels(kernel_s: float, busy: tuple[tuple[float, float], ...]) -> Workload:
+        return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
+                        queue_s=max(0.002, 5 * kernel_s), busy=busy)
+
+    specs = (ContainerSpec("c0", 30, kernels(20e-6, ((0, 5), (10, math.inf))),
+                           policy="strict", switch_to=kernels(200e-6, ((0, math.inf),)),
+                           switch_at_s=20),
+             ContainerSpec("c1", 30, kernels(20e-6, ((5, math.inf),)), policy="strict"))
+    with capture_logs() as logs:
+        run = await run_controlled(Scenario("phase", specs, lambda name, t: 30.0, 50),
+                                   plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
+    started = [(e["alloc_id"], e["why"]) for e in logs
+               if e["event"] == "throttle_solo_turn_started"]
+    assert started == [("c0", "its figure in doubt: its periods showed a change")]
+    ended = [(e["why"], e["measured"]) for e in logs if e["event"] == "throttle_solo_turn_ended"]
+    assert ended == [("measured", True)]
+    for share in last_shares(run.series, 50):
+        assert 30 / timesliced.ALONE_MARGIN - 3 <= share <= 30 + 1.5, share
+
+
+@pytest.mark.slow
 async def test_containers_never_alone_are_starved_by_the_use_counted(monkeypatch):
     # without a turn alone, what the bound cannot help: nothing says what their tokens buy
     # (recorded here, so that a change of it is seen)

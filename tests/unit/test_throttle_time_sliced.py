@@ -497,3 +497,29 @@ def test_a_figure_from_scattered_batches_bounds_with_room_for_its_error():
     for n in range(20):
         exact.share([["a" if n % 2 else "b"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
     assert exact.margin == timesliced.ALONE_MARGIN
+
+
+def test_a_figure_in_doubt_is_dropped_for_a_turn_and_restored_if_none_is_measured():
+    split = TimeSlicedSplit()
+    split.adopt({"a": (2e-9, 1e9), "b": (3e-9, 1e9)})
+    split.doubted["a"] = (0.4, 0.1, frozenset({"b"}))
+    assert split.in_doubt() == {"a"} and split.measured() == {"a", "b"}
+    kept = split.remeasure("a")
+    assert split.measured() == {"b"} and split.in_doubt() == set()  # measured afresh, or not
+    split.restore("a", kept)  # the turn ended without a trusted figure: as it was
+    assert split.measured() == {"a", "b"} and split.in_doubt() == {"a"}
+    assert split.alone["a"] == (2e-9, 1e9, timesliced.ALONE_READINGS)
+
+
+def test_a_figure_measured_afresh_is_not_overwritten_by_the_one_dropped():
+    split = TimeSlicedSplit()
+    split.adopt({"a": (2e-9, 1e9)})
+    split.doubted["a"] = (0.4, 0.1, frozenset({"b"}))
+    kept = split.remeasure("a")
+    split.alone["a"] = (8e-9, 2e9, timesliced.ALONE_READINGS)  # what the turn measured
+    split.restore("a", kept)
+    assert split.alone["a"] == (8e-9, 2e9, timesliced.ALONE_READINGS)
+    assert split.in_doubt() == set()
+    # nothing dropped (a container without a figure): nothing to put back
+    split.restore("c", split.remeasure("c"))
+    assert "c" not in split.alone

@@ -144,7 +144,12 @@ from vgpu_agent.throttle.figurefile import FigureFile, Figures
 from vgpu_agent.throttle.identity import Attributor, ProcEvidence
 from vgpu_agent.throttle.nativelaw import NATIVE, NOT_NATIVE_REASON, control_step_native
 from vgpu_agent.throttle.soloturn import PAUSED_BURST, PAUSED_RATE, SoloTurns
-from vgpu_agent.throttle.timesliced import PER_PROCESS_HOLD_S, SHARED_PERIODS, TimeSlicedSplit
+from vgpu_agent.throttle.timesliced import (
+    PER_PROCESS_HOLD_S,
+    SHARED_PERIODS,
+    KeptFigure,
+    TimeSlicedSplit,
+)
 
 try:
     from vgpu_agent.throttle import _steerc  # type: ignore[attr-defined]
@@ -547,6 +552,8 @@ class ThrottleController:
         self.solo_turn_spare_priority = solo_turn_spare_priority
         self._turns: dict[str, SoloTurns] = {}
         self._turns_given: dict[str, int] = defaultdict(int)  # per GPU, since start
+        # per GPU, what a turn measuring a doubted figure afresh dropped, to restore if it fails
+        self._kept_figures: dict[str, KeptFigure] = {}
 
     # -- read-only views for metrics ---------------------------------------------------------
     @property
@@ -1426,13 +1433,17 @@ class ThrottleController:
         candidates = {device.alloc_id for device, _, _ in steered if device.limited}
         priorities = {device.alloc_id: device.limits[3] for device, _, _ in steered
                       if device.limits is not None}
+        # a figure in doubt (its periods showed a change) is as good as none: measured afresh
+        doubted = split.in_doubt()
         chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
-                           split.measured(), candidates if pausable else (),
+                           split.measured() - doubted, candidates if pausable else (),
                            self._period_us.get(uuid, 0) / 1e6,
                            {device.alloc_id for device, _, _ in steered}, priorities,
                            _spared(priorities, self.solo_turn_spare_priority))
         if chosen is None:
             return
+        if chosen in doubted:
+            self._kept_figures[uuid] = split.remeasure(chosen)
         paused: dict[str, tuple[int, int]] = {}
         for device, _, _ in steered:
             if device.alloc_id != chosen and device.last is not None:
@@ -1445,7 +1456,8 @@ class ThrottleController:
         self._changed = True
         log.info("throttle_solo_turn_started", uuid=uuid, alloc_id=chosen, paused=len(paused),
                  most_s=turns.most_s,
-                 why="a container sharing a time-sliced GPU, never seen alone there")
+                 why="its figure in doubt: its periods showed a change" if chosen in doubted
+                 else "a container sharing a time-sliced GPU, never seen alone there")
 
     def _go_on_turn(self, uuid: str, turns: SoloTurns, solo: str,
                     spent_by: Mapping[str, int]) -> None:
@@ -1474,6 +1486,9 @@ class ThrottleController:
             if not device.region.closed:
                 self._apply(device, rate, burst)
         split = self._sliced.get(uuid)
+        kept = self._kept_figures.pop(uuid, None)
+        if kept is not None and split is not None:
+            split.restore(turn.alloc_id, kept)  # unless measured afresh
         if why == "others_ran" and split is not None:
             # a paused container whose processes ran all the same: a shim that ignores its
             # rate, or processes without one (or a process of no container: "")

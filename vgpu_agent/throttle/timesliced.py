@@ -28,6 +28,11 @@ SHARED_PERIODS = 10
 PER_PROCESS_HOLD_S = 60.0
 
 
+# what `TimeSlicedSplit.remeasure` drops: a figure, its batches, its doubt (None where absent)
+KeptFigure = tuple[tuple[float, float, int] | None, tuple[int, float, float] | None,
+              tuple[float, float, frozenset[str]] | None]
+
+
 class TimeSlicedSplit:
     """Shares a time-sliced GPU's use out among its containers.
 
@@ -80,7 +85,9 @@ class TimeSlicedSplit:
     its figure in doubt: its tokens may no longer buy what they did alone. While its cost
     against the others' has risen beyond chance since, its figure rises by as much; where, once
     the costs are known again, it has not, the doubt ends and the figure stands
-    (`_settle_doubts`).
+    (`_settle_doubts`). A figure in doubt counts as none for turns alone: the controller gives
+    its container one, for which the figure is dropped (`remeasure`) and put back should the
+    turn end without a new one (`restore`).
 
     A figure is not dropped by age, nor on the watch's word alone. Containers that share a GPU
     for hours are seldom alone again, and without a figure their use is shared out whole:
@@ -282,6 +289,31 @@ class TimeSlicedSplit:
     def measured(self) -> set[str]:
         """The containers with a trusted figure (those `figures` gives)."""
         return {a for a, (_, _, steady) in self.alone.items() if steady >= ALONE_READINGS}
+
+    def in_doubt(self) -> set[str]:
+        """The containers whose figure is in doubt: their periods showed a change since it was
+        measured (`_settle_doubts`). A turn alone measures it afresh (`remeasure`)."""
+        return set(self.doubted)
+
+    def remeasure(self, alloc_id: str) -> KeptFigure:
+        """Drops a container's figure for a turn alone to measure afresh (kept as it was, a
+        figure in the making would be averaged into it); what `restore` puts back should the
+        turn end without a trusted one."""
+        return (self.alone.pop(alloc_id, None), self.batches.pop(alloc_id, None),
+                self.doubted.pop(alloc_id, None))
+
+    def restore(self, alloc_id: str, kept: KeptFigure) -> None:
+        """Puts back what `remeasure` dropped, unless a trusted figure was measured since."""
+        if self.steady(alloc_id) >= ALONE_READINGS:
+            return
+        figure, batches, doubt = kept
+        if figure is None:
+            return
+        self.alone[alloc_id] = figure
+        if batches is not None:
+            self.batches[alloc_id] = batches
+        if doubt is not None:
+            self.doubted[alloc_id] = doubt
 
     def steady(self, alloc_id: str) -> int:
         """The steady batches alone a container's figure rests on (0: none)."""
