@@ -22,7 +22,9 @@ kernels differ (10 us beside 20 us), or change right after the first turn (5 us,
 from 6 s, beside 20 us), and the 20/20 pair; per case, over the seeds, each container's mean
 share from 70 s on (after a second turn, due a minute after the first), and the highest
 10 s of either from 70 s on, for ours and for the rule before it (no turn once one container
-spending has a figure: the others charged at its figure times the costs the periods show).
+spending has a figure: the others charged at its figure times the costs the periods show;
+emulated on this controller, where a figure in doubt counts as none, so that a doubt may still
+give a turn there: none did in the runs recorded, one turn each).
 
 With `--long S`, instead: the 30/30 pair of 20 us kernels, the first alone first, together for
 S seconds, ours only; per seed, each container's mean share over each fifth of the run and its

@@ -380,18 +380,20 @@ class NvmlBackend:
 class ProcessSampleReader:
     """`nvmlDeviceGetProcessUtilization` in one driver call where pynvml's wrapper makes two.
 
-    pynvml asks for the size first (a call with no buffer), then for the samples; the driver
-    gathers them both times, and a call cost about 2.2 ms of CPU on an H200 (driver 580), the
-    controller's largest cost on a real node while shares change. This reader keeps a buffer
+    pynvml asks for the size first (a call with no buffer), then for the samples, and such a
+    read cost about 2.2 ms of CPU on an H200 (driver 580), the controller's largest cost on a
+    real node while shares change; how much of it the sizing call is was not measured
+    (`shim/tests/gpu/nvml_loop.py` times both ways). This reader keeps a buffer
     sized by the largest answer so far and asks once. A buffer found too small (the driver says
     INSUFFICIENT_SIZE with the count it needs, or fills it to the last entry, which could be a
     cut answer) is grown and the call made again, at most `ATTEMPTS` times: samples that
-    arrive between two calls are read, not a failure, as they were between pynvml's two.
+    arrive between two calls are read, where between pynvml's two they could fail the second
+    (as the fake library answers; what a real driver answers then was not seen).
     Not thread-safe: one caller at a time (the backend holds a lock around it).
     """
 
     INITIAL = 64
-    MOST = 1 << 16  # 2 MiB of samples: no driver keeps more
+    MOST = 1 << 16  # the buffer's bound: 2 MiB of samples
     ATTEMPTS = 4
 
     def __init__(self, call: Callable[..., int] | None = None) -> None:
