@@ -23,11 +23,11 @@ periods is noisy where costs differ, and a figure taken in one phase of an appli
 nothing of the next. Simulated, a strict 30 % container of 20 us kernels beside a measured one
 of 10 us ran at 35 % (median of 6 runs over 70-150 s; up to 50 %, and 59 % over its worst 10
 s); beside one measured with 5 us kernels that moved to 20 us a second after its turn, both ran
-at 49 % to the end of the runs (150 s). With a turn each: 28.5 % (at most 35 % over any 10 s), and 28.4 / 28.6 %
-(`bench_launch_holds.py --mixed`). A newcomer joining measured containers is covered by the
-scale meanwhile, until its turn (at most one a minute per GPU). A figure in doubt (its
-container's periods showed a change since) counts as none: the caller passes `measured`
-without it, and a turn measures it afresh.
+at 49 % to the end of the runs (150 s). With a turn each: 28.5 % (at most 35 % over any 10 s),
+and 28.4 / 28.6 % (`bench_launch_holds.py --mixed`). A newcomer joining measured containers is
+covered by the scale meanwhile, until its turn (at most one a minute per GPU). A figure in
+doubt (its container's periods showed a change since) counts as none: the caller passes
+`measured` without it, and a turn measures it afresh.
 
 `most_s` stays below the shim's longest wait (`VGPU_MAX_WAIT_NS`, 2 s): a launch that has
 waited that long runs whatever its bucket says, and one stray launch of a paused process in a
