@@ -1,6 +1,7 @@
 """Strict containers on a GPU that counts itself busy beyond the work done, as the H200 did.
 
     python tests/bench/bench_launch_holds.py [--seeds 8] [--together 20] [--long 1800] [--mixed 150]
+                                      [--gamer 300] [--crowd 660]
 
 `imperfections.H200_TIME_SLICED`: NVML gives each 200 ms period whole to one process with the
 GPU's busy time as its value, and while processes take turns every launch keeps the GPU counted
@@ -20,11 +21,25 @@ SM time it really got), median (lowest-highest), against its limit, for
 With `--mixed S`, instead: strict 30/30 pairs together from the start for S seconds whose
 kernels differ (10 us beside 20 us), or change right after the first turn (5 us, then 20 us
 from 6 s, beside 20 us), and the 20/20 pair; per case, over the seeds, each container's mean
-share from 70 s on (after a second turn, due a minute after the first), and the highest
+share from 70 s on (well after the second container's own turn), and the highest
 10 s of either from 70 s on, for ours and for the rule before it (no turn once one container
 spending has a figure: the others charged at its figure times the costs the periods show;
 emulated on this controller, where a figure in doubt counts as none, so that a doubt may still
 give a turn there: none did in the runs recorded, one turn each).
+
+With `--gamer S`, instead: a strict 30/30 pair of 20 us kernels together from the start for S
+seconds, the first a tenant gaming its turns alone: 5 us kernels (the same grid, so the same
+tokens a launch) whenever no other process has held the GPU for 20 ms, which a real tenant can
+tell from its own kernels finishing sooner; beside it the same pair both honest; each with
+turns a minute apart (`soloturn.SOLO_TURN_GAP_S` as it was) as well. Per pair,
+over the seeds, each container's mean share from 10 s to 70 s, from 70 s to 150 s and from 150
+s on (by then the gamer's two turns are spent), the gamer's highest 10 s from 10 s on, and the
+turns given.
+
+With `--crowd S`, instead: ten strict 10 % containers together from the start for S seconds,
+kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
+before); per minute, the lowest and highest container's mean share (over the seeds), and when
+the last container's first turn came.
 
 With `--long S`, instead: the 30/30 pair of 20 us kernels, the first alone first, together for
 S seconds, ours only; per seed, each container's mean share over each fifth of the run and its
@@ -36,11 +51,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import platform
 import statistics
 import sys
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -192,6 +210,129 @@ def mixed(seconds: float, seeds: int) -> None:
                   f" | turns {'/'.join(str(g[2]) for g in got)}")
 
 
+@contextlib.contextmanager
+def turns_counted(gap_s: float | None = None) -> Iterator[list[tuple[int, str]]]:
+    """While in it, every turn alone started is listed (start ns, container); `gap_s`: the gap
+    between turns on a GPU, if not the controller's (`soloturn.SOLO_TURN_GAP_S`)."""
+    from vgpu_agent.throttle import soloturn
+
+    start, init = soloturn.SoloTurns.start, soloturn.SoloTurns.__init__
+    given: list[tuple[int, str]] = []
+
+    def counted(self, alloc_id, now_ns, paused):  # type: ignore[no-untyped-def]
+        given.append((now_ns, alloc_id))
+        return start(self, alloc_id, now_ns, paused)
+
+    def spaced(self, **kwargs):  # type: ignore[no-untyped-def]
+        init(self, **{**kwargs, "gap_s": gap_s})
+
+    soloturn.SoloTurns.start = counted  # type: ignore[method-assign]
+    if gap_s is not None:
+        soloturn.SoloTurns.__init__ = spaced  # type: ignore[method-assign]
+    try:
+        yield given
+    finally:
+        soloturn.SoloTurns.start = start  # type: ignore[method-assign]
+        soloturn.SoloTurns.__init__ = init  # type: ignore[method-assign]
+
+
+async def crowd_run(seconds: float, seed: int, mixed: bool, gap_s: float | None
+                    ) -> tuple[list[tuple[float, float]], float | None]:
+    """Ten strict 10 % containers together from the start, kernels of 10 and 20 us in turn
+    (`mixed`) or all 20 us: (per minute, the lowest and highest container's mean share; when
+    the last container's first turn started, s, None if not all had one)."""
+    from vgpu_agent.simulation.gpu import START_NS, Workload
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
+
+    specs = tuple(
+        ContainerSpec(f"c{n}", 10, Workload(kernel_s=10e-6 if mixed and n % 2 else 20e-6,
+                                            blocks=1024, threads_per_block=128,
+                                            queue_s=0.002), policy="strict")
+        for n in range(CROWD))
+    sc = Scenario("crowd", specs, lambda name, t: 10.0, seconds)
+    with turns_counted(gap_s) as given:
+        run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed),
+                                   paced=True)
+    assert not run.errors, run.errors
+    minutes = []
+    for a in range(0, int(seconds) - 59, 60):
+        means = [statistics.fmean(v for t, v in run.series[f"c{n}"] if a <= t < a + 60)
+                 for n in range(CROWD)]
+        minutes.append((min(means), max(means)))
+    first: dict[str, int] = {}
+    for at_ns, alloc_id in given:
+        first.setdefault(alloc_id, at_ns)
+    done = (max(first.values()) - START_NS) / 1e9 if len(first) == CROWD else None
+    return minutes, done
+
+
+CROWD = 10
+
+
+def crowd(seconds: float, seeds: int) -> None:
+    print(f"{CROWD} strict 10 % containers together from the start; per minute, the lowest and "
+          "highest container's mean share, over the seeds; when the last first turn started")
+    for mixed in (True, False):
+        for label, gap_s in (("ours", None), ("turns a minute apart (before)", 60.0)):
+            got = [asyncio.run(crowd_run(seconds, seed, mixed, gap_s)) for seed in range(seeds)]
+            print(f"\n{'10 and 20 us kernels' if mixed else 'all 20 us'}, {label}: last first "
+                  f"turn at " + "/".join("never" if g[1] is None else f"{g[1]:.0f} s"
+                                         for g in got))
+            for m in range(len(got[0][0])):
+                lows, highs = [g[0][m][0] for g in got], [g[0][m][1] for g in got]
+                print(f"  minute {m + 1}: lowest {min(lows):4.1f}-{max(lows):4.1f}, highest "
+                      f"{min(highs):4.1f}-{max(highs):4.1f}")
+
+
+async def gamer_run(seconds: float, seed: int, gaming: bool, gap_s: float | None = None
+                    ) -> tuple[list[list[float]], float, int]:
+    """The strict 30/30 pair of 20 us kernels, the first gaming its turns where `gaming`:
+    (per window of GAMER_WINDOWS, each one's mean share; the first's highest 10 s from 10 s
+    on; turns alone given). `gap_s`: between turns on the GPU, if not the controller's."""
+    from vgpu_agent.simulation.gpu import Workload
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
+    honest = Workload(kernel_s=20e-6, blocks=1024, threads_per_block=128, queue_s=0.002)
+    first = replace(honest, alone_kernel_s=5e-6) if gaming else honest
+    specs = (ContainerSpec("c0", 30, first, policy="strict"),
+             ContainerSpec("c1", 30, honest, policy="strict"))
+    sc = Scenario("gamer", specs, lambda name, t: 30.0, seconds)
+    with turns_counted(gap_s) as given:
+        run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed),
+                                   paced=True)
+    assert not run.errors, run.errors
+    windows = [(a, min(b, seconds)) for a, b in GAMER_WINDOWS if a < seconds]
+    means = [[statistics.fmean(v for t, v in run.series[c] if a <= t < b) for a, b in windows]
+             for c in ("c0", "c1")]
+    highest = max(statistics.fmean(v for t, v in run.series["c0"] if a <= t < a + 10)
+                  for a in range(10, int(seconds) - 9, 5))
+    return means, highest, len(given)
+
+
+GAMER_WINDOWS = ((10.0, 70.0), (70.0, 150.0), (150.0, math.inf))
+
+
+def gamer(seconds: float, seeds: int) -> None:
+    print("strict 30/30 pair of 20 us kernels together from the start; mean share per container "
+          "from 10, 70 and 150 s, median (lowest-highest) over seeds; the first's highest 10 s; "
+          "turns given")
+    for label, gaming, gap_s in (
+            ("first gaming", True, None),
+            ("first gaming, turns a minute apart (before)", True, 60.0),
+            ("both honest", False, None),
+            ("both honest, turns a minute apart (before)", False, 60.0)):
+        got = [asyncio.run(gamer_run(seconds, seed, gaming, gap_s)) for seed in range(seeds)]
+        print(f"\n{label}")
+        for c in range(2):
+            windows = " | ".join(_summary([[g[0][c][w]] for g in got])
+                                 for w in range(len(got[0][0][c])))
+            print(f"  c{c}: {windows}")
+        highest = [g[1] for g in got]
+        print(f"  c0's highest 10 s {statistics.median(highest):4.1f} ({min(highest):4.1f}-"
+              f"{max(highest):4.1f}) | turns {'/'.join(str(g[2]) for g in got)}")
+
+
 def main() -> int:
     import structlog
 
@@ -206,14 +347,23 @@ def main() -> int:
     parser.add_argument("--mixed", type=float, default=0.0,
                         help="seconds of the pairs whose kernels differ or change (0: the "
                              "cases)")
+    parser.add_argument("--crowd", type=float, default=0.0,
+                        help=f"seconds of {CROWD} containers together on one GPU (0: the cases)")
+    parser.add_argument("--gamer", type=float, default=0.0,
+                        help="seconds of the pair whose first container games its turns "
+                             "(0: the cases)")
     args = parser.parse_args()
-    if args.mixed:
-        if args.mixed < 90:
-            parser.error(f"--mixed must be >= 90 s (judged from 70 s on), got {args.mixed}")
+    runs = (("crowd", 60.0, crowd), ("gamer", 90.0, gamer), ("mixed", 90.0, mixed))
+    for name, least, run in runs:
+        seconds = getattr(args, name)
+        if not seconds:
+            continue
+        if seconds < least:
+            parser.error(f"--{name} must be >= {least:g} s, got {seconds}")
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
         print(f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
               f"Python {platform.python_version()}; plant H200_TIME_SLICED, {args.seeds} seeds")
-        mixed(args.mixed, args.seeds)
+        run(seconds, args.seeds)
         return 0
     if args.long:
         if args.long < 60:

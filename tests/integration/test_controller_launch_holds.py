@@ -48,7 +48,7 @@ async def test_each_container_gets_a_figure_of_its_own(before_s, after_s):
     # Strict 30/30, together from the start, the first's kernels other than the second's 20 us
     # (or changing to them a second after its turn). Charged at the first's figure times the
     # ratio of costs the periods show, the second ran at 35-50 % (or both at 49 %, for good);
-    # a turn of its own a minute after the first's holds both.
+    # a turn of its own 10 s after the first's holds both.
     with capture_logs() as logs:
         means, highest, given = await mixed_run(before_s, after_s, 90.0, seed=2,
                                                 one_figure=False)
@@ -67,7 +67,8 @@ async def test_a_figure_in_doubt_after_a_change_of_phase_is_measured_afresh(seed
     # Both seen alone first (no turn used); at 20 s the first one's kernels grow from 20 to
     # 200 us: charged by what its periods show, it ran at up to 70 % of its 30 % and wandered
     # 24-39 % for minutes. Its periods show the change, its figure is in doubt, and a turn
-    # alone measures it afresh.
+    # alone measures it afresh (and the second's, where its periods moved against the first's
+    # too, a turn later).
     from vgpu_agent.simulation.gpu import Workload
     from vgpu_agent.simulation.runner import ContainerSpec, Scenario, run_controlled
 
@@ -80,14 +81,15 @@ async def test_a_figure_in_doubt_after_a_change_of_phase_is_measured_afresh(seed
                            switch_at_s=20),
              ContainerSpec("c1", 30, kernels(20e-6, ((5, math.inf),)), policy="strict"))
     with capture_logs() as logs:
-        run = await run_controlled(Scenario("phase", specs, lambda name, t: 30.0, 50),
+        run = await run_controlled(Scenario("phase", specs, lambda name, t: 30.0, 60),
                                    plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
     started = [(e["alloc_id"], e["why"]) for e in logs
                if e["event"] == "throttle_solo_turn_started"]
-    assert started == [("c0", "its figure in doubt: its periods showed a change")]
+    doubt = "its figure in doubt: its periods showed a change"
+    assert started[0] == ("c0", doubt) and set(started[1:]) <= {("c1", doubt)}, started
     ended = [(e["why"], e["measured"]) for e in logs if e["event"] == "throttle_solo_turn_ended"]
-    assert ended == [("measured", True)]
-    for share in last_shares(run.series, 50):
+    assert ended == [("measured", True)] * len(started)
+    for share in last_shares(run.series, 60):
         assert 30 / timesliced.ALONE_MARGIN - 3 <= share <= 30 + 1.5, share
 
 
@@ -152,16 +154,19 @@ async def test_what_a_container_alone_showed_outlives_an_agent_restart(tmp_path,
 @pytest.mark.slow
 @pytest.mark.parametrize("limits", [(30, 30), (30, 50), (20, 30, 40)])
 async def test_containers_never_alone_are_given_a_turn_alone_and_keep_their_shares(limits):
+    # a turn each, SOLO_TURN_GAP_S apart, judged over the last 10 s once all were given
     with capture_logs() as logs:
-        got = await held(limits, 20e-6, alone=0)
+        got = await held(limits, 20e-6, alone=0, together_s=15 + 12 * len(limits))
     for share, limit in zip(got, limits, strict=True):
         assert limit / timesliced.ALONE_MARGIN - 3 <= share <= limit + 2, (got, limits)
-    # one turn, for the first container, over once it was measured, in under 2 s
+    # one turn each, the others paused, over once it was measured, in under 2 s
     started = [e for e in logs if e["event"] == "throttle_solo_turn_started"]
     ended = [e for e in logs if e["event"] == "throttle_solo_turn_ended"]
-    assert [(e["alloc_id"], e["paused"]) for e in started] == [("c0", len(limits) - 1)]
-    assert [(e["alloc_id"], e["why"]) for e in ended] == [("c0", "measured")]
-    assert 0 < ended[0]["seconds"] < 2
+    names = [f"c{n}" for n in range(len(limits))]
+    assert [(e["alloc_id"], e["paused"]) for e in started] \
+        == [(name, len(limits) - 1) for name in names]
+    assert [(e["alloc_id"], e["why"]) for e in ended] == [(name, "measured") for name in names]
+    assert all(0 < e["seconds"] < 2 for e in ended)
 
 
 class _Writes:

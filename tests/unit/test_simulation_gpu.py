@@ -151,3 +151,26 @@ def test_workload_busy_intervals_and_cost():
     w = Workload(kernel_s=0.001, blocks=10, threads_per_block=32, busy=((1, 2), (5, math.inf)))
     assert w.cost == 320
     assert [w.busy_at(t) for t in (0.5, 1.5, 3, 7)] == [False, True, False, True]
+
+
+def test_a_tenant_gaming_turns_runs_lighter_kernels_only_while_it_finds_itself_alone():
+    # 100 launches a second at 2 ms each (20 % of the GPU), 0.5 ms ones (5 %) while alone:
+    # the same tokens buy a quarter of the SM time while its neighbour is away
+    reg = region(rate=(26_214_400, 2 * 262_144))
+    gpu = SimGpu(UUID, imperfections=IDEAL)
+    gamer = gpu.shim_process("gamer", Workload(kernel_s=0.002, alone_kernel_s=0.0005), reg)
+    gpu.shim_process("other", Workload(kernel_s=0.001, busy=((0.0, 2.0), (4.0, 6.0))),
+                     region("other", rate=(13_107_200, 262_144)))
+    gpu.advance(6)
+    series = {round(t, 1): share for t, share in gpu.shares(gamer, 1)}
+    assert series[2.0] == pytest.approx(20, abs=1)  # beside the other: its real kernels
+    assert series[4.0] == pytest.approx(5, abs=1)  # alone: light ones
+    assert series[6.0] == pytest.approx(20, abs=1)
+    assert reg.processes[0].launches[0] == pytest.approx(600, abs=6)  # its tokens all along
+
+
+def test_a_gaming_workload_with_bad_values_is_refused():
+    with pytest.raises(ValueError, match="kernel duration alone must be > 0 s or None, got 0"):
+        Workload(kernel_s=0.002, alone_kernel_s=0)
+    with pytest.raises(ValueError, match="alone_after_s must be >= 0 s, got -1"):
+        Workload(kernel_s=0.002, alone_kernel_s=0.001, alone_after_s=-1)

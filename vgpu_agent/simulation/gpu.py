@@ -6,7 +6,9 @@ the shim's token rule on a region (`ShimGate`) or the peer model (`peer.PeerGate
 different processes time-share the GPU: every step the busy processes split the step equally
 (what the driver's time-slicing does between contexts), and a process with less queued work than
 its slice leaves the rest to the others. A process's SM time is the GPU time it held times the
-occupancy of its kernels.
+occupancy of its kernels. A hostile one (`Workload.alone_kernel_s`) runs lighter kernels for the
+same tokens whenever no other process has held the GPU for a while, as a tenant gaming the
+controller's turns alone would.
 
 NVML's view: every `sample_period_s` each process with a context gets one sample whose `sm_util`
 is its integer SM percent over that period, stamped with the period's end; readers see only
@@ -52,6 +54,11 @@ class Workload:
     queue_s: float = 0.01  # how much work the process keeps queued ahead of the GPU
     busy: tuple[tuple[float, float], ...] = ((0.0, math.inf),)  # [start, end) seconds
     streams: int = 1  # kernels of the process that may run at once when their grids leave room
+    # A tenant gaming a turn alone: kernels this long (same grid, so the same tokens a launch)
+    # while no other process has held the GPU for `alone_after_s`, which it can tell from its
+    # own kernels finishing sooner. None: an honest process, whose kernels never change.
+    alone_kernel_s: float | None = None
+    alone_after_s: float = 0.02
 
     def __post_init__(self) -> None:
         if not self.kernel_s > 0:
@@ -65,6 +72,11 @@ class Workload:
             raise ValueError(f"occupancy must be in (0, 1], got {self.occupancy!r}")
         if self.streams < 1:
             raise ValueError(f"streams must be >= 1, got {self.streams!r}")
+        if self.alone_kernel_s is not None and not self.alone_kernel_s > 0:
+            raise ValueError(f"kernel duration alone must be > 0 s or None, got "
+                             f"{self.alone_kernel_s!r}")
+        if not self.alone_after_s >= 0:
+            raise ValueError(f"alone_after_s must be >= 0 s, got {self.alone_after_s!r}")
 
     @property
     def cost(self) -> int:
@@ -152,6 +164,7 @@ class SimProcess:
     fill: float = 1.0  # fraction of the SMs one of its kernels occupies (grid / SMs)
     packable: int = 1  # how many of its kernels fit on the GPU at once
     recent_sm_s: deque[float] = field(default_factory=deque)  # per finished sample period
+    last_ran_ns: int = -1  # the last step it held the GPU (-1: never)
 
 
 class SimGpu:
@@ -232,17 +245,20 @@ class SimGpu:
                 w = p.workload
                 if t_s >= p.recheck_s:
                     p.busy, p.recheck_s = w.busy_at(t_s), w.next_change(t_s)
-                room = max(w.queue_s, w.kernel_s) - p.queued_s
-                if p.busy and room >= w.kernel_s * 0.999:
-                    want = int(room / w.kernel_s + 1e-9)
+                kernel_s = w.kernel_s
+                if w.alone_kernel_s is not None and self._alone(p, now, w.alone_after_s):
+                    kernel_s = w.alone_kernel_s
+                room = max(w.queue_s, kernel_s) - p.queued_s
+                if p.busy and room >= kernel_s * 0.999:
+                    want = int(room / kernel_s + 1e-9)
                     admitted = p.gate.admit(now, want)
                     p.window_launches += admitted
                     if admitted and jitter:
                         # n launches of relative spread j add up to a spread of j / sqrt(n)
                         spread = jitter / math.sqrt(admitted)
-                        p.queued_s += admitted * w.kernel_s * max(0.2, 1 + gauss(0, spread))
+                        p.queued_s += admitted * kernel_s * max(0.2, 1 + gauss(0, spread))
                     else:
-                        p.queued_s += admitted * w.kernel_s
+                        p.queued_s += admitted * kernel_s
             self._execute(step_s)
             self.now_ns = now + step_ns
             if self.now_ns >= self._next_sample_ns:
@@ -251,6 +267,12 @@ class SimGpu:
                 for p in procs:
                     p.bins.append(p.total_sm_s)
                 self._next_bin_ns += self.bin_ns
+
+    def _alone(self, p: SimProcess, now_ns: int, after_s: float) -> bool:
+        """Whether no process but `p` has held the GPU for `after_s` (and `p` has run since)."""
+        since_ns = now_ns - round(after_s * tokens.NS_PER_S)
+        return p.last_ran_ns >= since_ns and all(
+            q is p or q.last_ran_ns < since_ns for q in self.processes)
 
     def _execute(self, step_s: float) -> None:
         busy = [p for p in self.processes if p.queued_s > 0]
@@ -288,6 +310,8 @@ class SimGpu:
         """Let `p` hold the GPU for up to `held_s`; returns the time it used."""
         speed, sm_fraction = self._speed(p)
         used = min(held_s, p.queued_s / speed)
+        if used > 0:
+            p.last_ran_ns = self.now_ns
         p.queued_s -= used * speed
         if p.queued_s < 1e-12:
             p.queued_s = 0.0

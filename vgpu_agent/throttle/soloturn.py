@@ -25,7 +25,7 @@ of 10 us ran at 35 % (median of 6 runs over 70-150 s; up to 50 %, and 59 % over 
 s); beside one measured with 5 us kernels that moved to 20 us a second after its turn, both ran
 at 49 % to the end of the runs (150 s). With a turn each: 28.5 % (at most 35 % over any 10 s),
 and 28.4 / 28.6 % (`bench_launch_holds.py --mixed`). A newcomer joining measured containers is
-covered by the scale meanwhile, until its turn (at most one a minute per GPU). A figure in
+covered by the scale meanwhile, until its turn (at most one every 10 s per GPU). A figure in
 doubt (its container's periods showed a change since) counts as none: the caller passes
 `measured` without it, and a turn measures it afresh.
 
@@ -38,8 +38,16 @@ samples, then ALONE_READINGS steady batches), and a turn goes on to TURN_READING
 than `most_s` allows for a trusted figure, no turn is given.
 
 What a turn costs the others: at most `most_s` without a launch, once per `gap_s` per GPU, and
-per container at most `tries` turns while it stays on the GPU (one whose spending was not
-steady enough for a figure is tried again once). The container given the turn is the one of
+per container at most `tries` turns while it stays on the GPU (one whose spending was not steady
+enough for a figure is tried again once). The tries bound how many pauses there are; the gap
+only spaces them, and a long one leaves a wrong figure believed for as long: the first figure
+sets the scale for the others until their own turns, and one taken light (a tenant running
+lighter kernels while it finds itself alone, or a change of phase) let both of a strict 30/30
+pair run at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py
+--gamer`, simulated), and a figure put in doubt by a change of phase waited out the minute after
+the last turn for its re-measure (43-67 % of 30 meanwhile). With 10 s, a pause comes at most
+every 12 s, and ten containers starting together are measured in about two minutes rather than
+ten (`--crowd`), their pauses closer together. The container given the turn is the one of
 highest priority among those tried least, so a latency-sensitive service marked so by its
 priority (`vgpu.io/priority`) runs through the turn while the others wait.
 
@@ -59,7 +67,7 @@ PAUSED_BURST = 1
 LONGEST_WAIT_S = MAX_WAIT_NS / 1e9  # the shim's (2 s): a launch waits no longer
 SOLO_TURN_MOST_S = 0.95 * LONGEST_WAIT_S  # 1.9 s
 SOLO_TURN_AFTER_S = 3.0  # containers spending together, one without a figure, this long first
-SOLO_TURN_GAP_S = 60.0  # between the end of one turn and the start of the next on a GPU
+SOLO_TURN_GAP_S = 10.0  # between the end of one turn and the start of the next on a GPU
 SOLO_TURN_TRIES = 2  # turns per container at most
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
 PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
