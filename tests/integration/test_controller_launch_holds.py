@@ -11,7 +11,7 @@ import math
 import pytest
 from structlog.testing import capture_logs
 
-from tests.bench.bench_launch_holds import held, last_shares, mixed_run, scenario
+from tests.bench.bench_launch_holds import gamer_run, held, last_shares, mixed_run, scenario
 from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
 from vgpu_agent.simulation.runner import ControlledRun, PlantSpec, _series
 from vgpu_agent.throttle import timesliced
@@ -59,6 +59,20 @@ async def test_each_container_gets_a_figure_of_its_own(before_s, after_s):
     # the rule before, for the record: the second (or both) far above its limit
     means, _, given = await mixed_run(before_s, after_s, 90.0, seed=2, one_figure=True)
     assert given == 1 and max(means) > 40, means
+
+
+@pytest.mark.slow
+async def test_a_tenant_playing_light_in_its_turn_gains_only_until_its_neighbours_turn():
+    # The first of a strict 30/30 pair runs 5 us kernels whenever it finds itself alone, 20 us
+    # otherwise: its figure four times light set the scale for both, which ran unthrottled
+    # (48-50 %) for the minute turns were apart. Its neighbour's own turn, 10 s later, bounds it.
+    means, highest, given = await gamer_run(90.0, seed=1, gaming=True)
+    assert given == 2
+    assert all(26 <= share <= 34 for share in (means[0][0], means[1][0])), means  # 10-70 s
+    assert highest < 40, highest
+    # with turns a minute apart, for the record
+    means, highest, _ = await gamer_run(90.0, seed=1, gaming=True, gap_s=60.0)
+    assert min(means[0][0], means[1][0]) > 45 and highest > 45, (means, highest)
 
 
 @pytest.mark.slow

@@ -8,14 +8,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from structlog.testing import capture_logs
 
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import ContainerSpec, ControlledRun, PlantSpec
 from vgpu_agent.throttle.controller import ThrottleController
-from vgpu_agent.throttle.soloturn import SOLO_TURN_MOST_S
 
 UUID = "GPU-time-sliced"
 
@@ -77,28 +75,18 @@ async def test_a_container_overstating_its_tokens_leaves_its_neighbours_share_al
     # "liar" writes `factor` times what it spent into `state`, from its first tick. Its
     # periods correct what its tokens claim (the costs are learned period by period, its
     # claims are held to its bucket, and a rate that does not bind is halved), so its
-    # neighbour keeps its share in every 10 s window of the first 90 s, not only the last,
-    # and the liar takes no more than its own after the first. (A window with the liar's
-    # turn alone in it holds the honest one's pause, under 2 s: that much less.)
+    # neighbour keeps its share in every 10 s window of the first 70 s, not only the last,
+    # and the liar takes no more than its own after the first.
     gpu, (honest, liar), slot, controller = liar_and_honest()
-    turns: list[float] = []
-    with capture_logs() as logs:
-        for _ in range(900):
-            gpu.advance(0.1)
-            slot.tokens_spent[0] *= factor
-            before = len(logs)
-            await controller.tick()
-            slot.tokens_spent[0] //= factor
-            turns += [gpu.elapsed_s for e in logs[before:]
-                      if e["event"] == "throttle_solo_turn_started" and e["alloc_id"] == "liar"]
+    for _ in range(700):
+        gpu.advance(0.1)
+        slot.tokens_spent[0] *= factor
+        await controller.tick()
+        slot.tokens_spent[0] //= factor
     honest_windows = [share for _, share in gpu.shares(honest, 10)][::100]
     liar_windows = [share for _, share in gpu.shares(liar, 10)][::100]
-    assert len(honest_windows) == 9
-    assert turns and turns[-1] < 70, turns  # the last windows judged without a pause
-    for n, share in enumerate(honest_windows):
-        paused = any(n * 10 - SOLO_TURN_MOST_S < t < (n + 1) * 10 for t in turns)
-        assert share >= 38 - (40 * SOLO_TURN_MOST_S / 10 if paused else 0), (honest_windows,
-                                                                             turns)
+    assert len(honest_windows) == 7
+    assert min(honest_windows) >= 38, honest_windows
     assert max(liar_windows[1:]) <= 43, liar_windows
     assert honest_windows[-1] == pytest.approx(40, abs=3)
     assert 30 <= liar_windows[-1] <= 43  # (its claims held to its cap may leave it below)

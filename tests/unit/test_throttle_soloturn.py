@@ -10,6 +10,7 @@ from vgpu_agent.throttle.soloturn import (
     EARLY_SPREAD,
     PERIODS_NEEDED,
     SOLO_TURN_AFTER_S,
+    SOLO_TURN_CALM_GAP_S,
     SOLO_TURN_GAP_S,
     SOLO_TURN_MOST_S,
     TURN_READINGS,
@@ -22,10 +23,11 @@ PERIOD_S = 0.2  # the H200's
 
 
 def _due(turns: SoloTurns, at_s: float, spending=("a", "b"), measured=(), candidates=("a", "b"),
-         period_s: float = PERIOD_S, present=None, priorities=None, spared=()) -> str | None:
+         period_s: float = PERIOD_S, present=None, priorities=None, spared=(),
+         beyond_work: bool = True) -> str | None:
     on_gpu = set(spending) | set(candidates) if present is None else set(present)
     return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s,
-                     on_gpu, priorities, set(spared))
+                     on_gpu, priorities, set(spared), beyond_work)
 
 
 def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():
@@ -92,6 +94,29 @@ def test_turns_are_spaced_and_tried_at_most_twice_a_container():
     # a container gone and come back (a new one of the same name) is tried afresh
     assert _due(turns, at + 11 * SOLO_TURN_GAP_S, spending=("b", "c"), candidates=("b", "c")) \
         == "c"
+
+
+def test_turns_are_spaced_wider_on_a_gpu_not_seen_counting_busy_beyond_the_work():
+    # there the periods share the use out well enough, and a pause costs more than it buys
+    assert SOLO_TURN_GAP_S < SOLO_TURN_CALM_GAP_S
+    turns = SoloTurns(after_s=0.0)
+    three = ("a", "b", "c")
+    assert _due(turns, 0.0, spending=three, candidates=three, beyond_work=False) == "a"
+    turns.start("a", 0, {})
+    turns.end(1 * S)
+    assert _due(turns, 1.0 + SOLO_TURN_GAP_S, spending=three, candidates=three,
+                beyond_work=False) is None
+    assert _due(turns, 1.0 + SOLO_TURN_CALM_GAP_S - 0.1, spending=three, candidates=three,
+                beyond_work=False) is None
+    # seen counting beyond the work since: the short gap is over already
+    assert _due(turns, 1.0 + SOLO_TURN_CALM_GAP_S - 0.1, spending=three, candidates=three) == "b"
+    turns.start("b", 0, {})
+    end = 1.0 + SOLO_TURN_CALM_GAP_S
+    turns.end(int(end * S))
+    assert _due(turns, end + SOLO_TURN_CALM_GAP_S, spending=three, candidates=three,
+                beyond_work=False) == "c"
+    with pytest.raises(ValueError, match=r"calm_gap_s >= 0.*got 0\.0, 10\.0, -1\.0, 2"):
+        SoloTurns(after_s=0.0, calm_gap_s=-1.0)
 
 
 def test_a_container_keeps_its_tries_while_it_stays_on_the_gpu_idle_or_not():

@@ -488,7 +488,9 @@ class ThrottleController:
         # the driver gives each period to one process, see `_utilization`)
         self._shared_us: dict[str, int] = {}
         self._sliced: dict[str, TimeSlicedSplit] = {}  # per time-sliced GPU (`_utilization`)
-        self._beyond_work_logged: set[str] = set()  # GPUs said to count busy beyond the work
+        # GPUs said to count busy beyond the work (for good: how the GPU counts, or a figure
+        # taken light); turns alone come sooner there
+        self._beyond_work_logged: set[str] = set()
         self._phase_changes_before: dict[str, int] = {}  # found by splits since dropped
         self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
         self._now_ns = 0
@@ -1439,7 +1441,8 @@ class ThrottleController:
                            split.measured() - doubted, candidates if pausable else (),
                            self._period_us.get(uuid, 0) / 1e6,
                            {device.alloc_id for device, _, _ in steered}, priorities,
-                           _spared(priorities, self.solo_turn_spare_priority))
+                           _spared(priorities, self.solo_turn_spare_priority),
+                           uuid in self._beyond_work_logged)
         if chosen is None:
             return
         if chosen in doubted:

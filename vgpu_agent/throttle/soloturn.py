@@ -40,16 +40,23 @@ than `most_s` allows for a trusted figure, no turn is given.
 What a turn costs the others: at most `most_s` without a launch, once per `gap_s` per GPU, and
 per container at most `tries` turns while it stays on the GPU (one whose spending was not steady
 enough for a figure is tried again once). The tries bound how many pauses there are; the gap
-only spaces them, and a long one leaves a wrong figure believed for as long: the first figure
-sets the scale for the others until their own turns, and one taken light (a tenant running
-lighter kernels while it finds itself alone, or a change of phase) let both of a strict 30/30
-pair run at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py
---gamer`, simulated), and a figure put in doubt by a change of phase waited out the minute after
-the last turn for its re-measure (43-67 % of 30 meanwhile). With 10 s, a pause comes at most
-every 12 s, and ten containers starting together are measured in about two minutes rather than
-ten (`--crowd`), their pauses closer together. The container given the turn is the one of
-highest priority among those tried least, so a latency-sensitive service marked so by its
-priority (`vgpu.io/priority`) runs through the turn while the others wait.
+only spaces them, and a long one leaves a wrong figure believed for as long. On a GPU seen
+counting itself busy beyond the work the figures explain (as the H200 does while processes take
+turns, or where a figure came out light) the shares rest on figures: the first one sets the
+scale for the others until their own turns, and one taken light (a tenant running lighter
+kernels while it finds itself alone, or a change of phase) let both of a strict 30/30 pair run
+at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py --gamer`,
+simulated); a figure put in doubt by a change of phase waited out the minute after the last
+turn for its re-measure (43-67 % of 30 meanwhile). There turns are `gap_s` (10 s) apart: a pause
+at most every 12 s, ten containers starting together measured in about two minutes rather than
+ten (`--crowd`), their pauses closer together. On a GPU whose use the figures explain, the
+periods share it out well enough without them, and each pause costs more than it buys: ten
+containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s apart
+(`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute) apart.
+
+The container given the turn is the one of highest priority among those tried least, so a
+latency-sensitive service marked so by its priority (`vgpu.io/priority`) runs through the turn
+while the others wait.
 
 Pure: no I/O, no clocks (the caller passes the time).
 """
@@ -67,7 +74,10 @@ PAUSED_BURST = 1
 LONGEST_WAIT_S = MAX_WAIT_NS / 1e9  # the shim's (2 s): a launch waits no longer
 SOLO_TURN_MOST_S = 0.95 * LONGEST_WAIT_S  # 1.9 s
 SOLO_TURN_AFTER_S = 3.0  # containers spending together, one without a figure, this long first
-SOLO_TURN_GAP_S = 10.0  # between the end of one turn and the start of the next on a GPU
+# between the end of one turn and the start of the next on a GPU seen counting busy beyond the
+# work (where figures are what shares rest on), and on one not seen to (see the module note)
+SOLO_TURN_GAP_S = 10.0
+SOLO_TURN_CALM_GAP_S = 60.0
 SOLO_TURN_TRIES = 2  # turns per container at most
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
 PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
@@ -98,20 +108,22 @@ class SoloTurn:
 class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
-    __slots__ = ("after_ns", "gap_ns", "last_end_ns", "most_ns", "most_s", "tried", "tries",
-                 "turn", "waiting_ns")
+    __slots__ = ("after_ns", "calm_gap_ns", "gap_ns", "last_end_ns", "most_ns", "most_s",
+                 "tried", "tries", "turn", "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
-                 gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES) -> None:
+                 gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
+                 calm_gap_s: float = SOLO_TURN_CALM_GAP_S) -> None:
         if not 0 < most_s < LONGEST_WAIT_S:
             raise ValueError(f"a solo turn must last more than 0 s and less than the shim's "
                              f"longest wait ({LONGEST_WAIT_S:g} s), got {most_s!r}")
-        if not (after_s >= 0 and gap_s >= 0 and tries >= 1):
-            raise ValueError(f"need after_s >= 0, gap_s >= 0 and tries >= 1, got {after_s!r}, "
-                             f"{gap_s!r}, {tries!r}")
+        if not (after_s >= 0 and gap_s >= 0 and calm_gap_s >= 0 and tries >= 1):
+            raise ValueError(f"need after_s >= 0, gap_s >= 0, calm_gap_s >= 0 and tries >= 1, "
+                             f"got {after_s!r}, {gap_s!r}, {calm_gap_s!r}, {tries!r}")
         self.most_s = most_s
         self.most_ns, self.after_ns = int(most_s * 1e9), int(after_s * 1e9)
         self.gap_ns, self.tries = int(gap_s * 1e9), tries
+        self.calm_gap_ns = int(calm_gap_s * 1e9)
         self.turn: SoloTurn | None = None
         self.waiting_ns: int | None = None  # since when a turn has been wanted
         self.last_end_ns: int | None = None
@@ -119,8 +131,8 @@ class SoloTurns:
 
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
             candidates: Collection[str], period_s: float, present: Collection[str],
-            priorities: Mapping[str, int] | None = None, spared: Collection[str] = ()
-            ) -> str | None:
+            priorities: Mapping[str, int] | None = None, spared: Collection[str] = (),
+            beyond_work: bool = True) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
         that spent this tick, in a stable order; `measured`: those with a trusted figure (a
         turn is for one without);
@@ -130,7 +142,9 @@ class SoloTurns:
         forgotten: a container of the same name later is another); `priorities`: by
         container, those in force (0 where absent); `spared`: those never to be paused (the
         operator's choice): one of them can only be given the turn itself, and with two or
-        more on the GPU none is given.
+        more on the GPU none is given; `beyond_work`: whether the GPU has been seen counting
+        itself busy beyond the work the figures explain (turns `gap_s` apart; `calm_gap_s`
+        where not).
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
         pauses every other container: the one whose waits matter most is spared them), then
@@ -144,8 +158,9 @@ class SoloTurns:
             return None
         if self.waiting_ns is None:
             self.waiting_ns = now_ns
+        gap_ns = self.gap_ns if beyond_work else self.calm_gap_ns
         if now_ns - self.waiting_ns < self.after_ns or (
-                self.last_end_ns is not None and now_ns - self.last_end_ns < self.gap_ns):
+                self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
             return None
         eligible = [a for a in spending if a in candidates and a not in measured
                     and self.tried.get(a, 0) < self.tries]
