@@ -25,9 +25,9 @@ of 10 us ran at 35 % (median of 6 runs over 70-150 s; up to 50 %, and 59 % over 
 s); beside one measured with 5 us kernels that moved to 20 us a second after its turn, both ran
 at 49 % to the end of the runs (150 s). With a turn each: 28.5 % (at most 35 % over any 10 s),
 and 28.4 / 28.6 % (`bench_launch_holds.py --mixed`). A newcomer joining measured containers is
-covered by the scale meanwhile, until its turn (at most one every 10 s per GPU). A figure in
-doubt (its container's periods showed a change since) counts as none: the caller passes
-`measured` without it, and a turn measures it afresh.
+covered by the scale meanwhile, until its turn (turns are 10 s or a minute apart, below). A
+figure in doubt (its container's periods showed a change since) counts as none: the caller
+passes `measured` without it, and a turn measures it afresh.
 
 `most_s` stays below the shim's longest wait (`VGPU_MAX_WAIT_NS`, 2 s): a launch that has
 waited that long runs whatever its bucket says, and one stray launch of a paused process in a
@@ -46,12 +46,12 @@ turns, or where a figure came out light) the shares rest on figures: the first o
 scale for the others until their own turns, and one taken light (a tenant running lighter
 kernels while it finds itself alone, or a change of phase) let both of a strict 30/30 pair run
 at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py --gamer`,
-simulated); a figure put in doubt by a change of phase waited out the minute after the last
-turn for its re-measure (43-67 % of 30 meanwhile). There turns are `gap_s` (10 s) apart: a pause
-at most every 12 s, ten containers starting together measured in about two minutes rather than
-ten (`--crowd`), their pauses closer together. On a GPU whose use the figures explain, the
-periods share it out well enough without them, and each pause costs more than it buys: ten
-containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s apart
+simulated); a figure put in doubt by a change of phase waited out the minute after the last turn
+for its re-measure (43-67 % of 30 meanwhile). There turns are `gap_s` (10 s) apart: a pause at
+most every 12 s, ten containers starting together measured in two to two and a half minutes
+rather than nine (`--crowd`), their pauses closer together. On a GPU whose use the figures
+explain, the periods share it out well enough without them, and each pause costs more than it
+buys: ten containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s apart
 (`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute) apart.
 
 The container given the turn is the one of highest priority among those tried least, so a
