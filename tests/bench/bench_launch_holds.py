@@ -30,11 +30,10 @@ give a turn there: none did in the runs recorded, one turn each).
 With `--gamer S`, instead: a strict 30/30 pair of 20 us kernels together from the start for S
 seconds, the first a tenant gaming its turns alone: 5 us kernels (the same grid, so the same
 tokens a launch) whenever no other process has held the GPU for 20 ms, which a real tenant can
-tell from its own kernels finishing sooner; beside it the same pair both honest; each with
-turns a minute apart (`soloturn.SOLO_TURN_GAP_S` as it was) as well. Per pair,
-over the seeds, each container's mean share from 10 s to 70 s, from 70 s to 150 s and from 150
-s on (by then the gamer's two turns are spent), the gamer's highest 10 s from 10 s on, and the
-turns given.
+tell from its own kernels finishing sooner; beside it the same pair both honest; each also with
+turns a minute apart, as before `soloturn.SOLO_TURN_GAP_S` was 10 s. Per pair, over the seeds,
+each container's mean share from 10 s to 70 s, from 70 s to 150 s and from 150 s on, the
+gamer's highest 10 s from 10 s on, and the turns given.
 
 With `--crowd S`, instead: ten strict 10 % containers together from the start for S seconds,
 kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
@@ -213,7 +212,8 @@ def mixed(seconds: float, seeds: int) -> None:
 @contextlib.contextmanager
 def turns_counted(gap_s: float | None = None) -> Iterator[list[tuple[int, str]]]:
     """While in it, every turn alone started is listed (start ns, container); `gap_s`: the gap
-    between turns on a GPU, if not the controller's (`soloturn.SOLO_TURN_GAP_S`)."""
+    between turns on a GPU counted busy beyond the work, if not the controller's
+    (`soloturn.SOLO_TURN_GAP_S`)."""
     from vgpu_agent.throttle import soloturn
 
     start, init = soloturn.SoloTurns.start, soloturn.SoloTurns.__init__
@@ -293,6 +293,7 @@ async def gamer_run(seconds: float, seed: int, gaming: bool, gap_s: float | None
     from vgpu_agent.simulation.gpu import Workload
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
+
     honest = Workload(kernel_s=20e-6, blocks=1024, threads_per_block=128, queue_s=0.002)
     first = replace(honest, alone_kernel_s=5e-6) if gaming else honest
     specs = (ContainerSpec("c0", 30, first, policy="strict"),
