@@ -56,7 +56,8 @@ class Workload:
     streams: int = 1  # kernels of the process that may run at once when their grids leave room
     # A tenant gaming a turn alone: kernels this long (same grid, so the same tokens a launch)
     # while no other process has held the GPU for `alone_after_s`, which it can tell from its
-    # own kernels finishing sooner. None: an honest process, whose kernels never change.
+    # own kernels finishing sooner. None: an honest process, whose kernels never change. (Grids
+    # that pack several kernels at once are counted resident by `kernel_s`, not by these.)
     alone_kernel_s: float | None = None
     alone_after_s: float = 0.02
 
