@@ -107,7 +107,8 @@ def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml,
     try:
         code = load_script().main([str(check), "", "--out", str(out), "--nvml-library",
                                    str(fake_nvml.library_path), "--hold", "4",
-                                   "--seconds", "8", "--alone", "3", "--quick"])
+                                   "--seconds", "8", "--alone", "3", "--phase", "4",
+                                   "--quick"])
     finally:
         driver.stopped.set()
         driver.join()
@@ -125,7 +126,9 @@ def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml,
     # The controller held the strict containers (together from the start, and each alone
     # first: the stand-ins' regions hold a first process each, then a second) and lent to the
     # work-conserving ones.
-    for case in ("strict20", "strict20_alone_first"):
+    # (and in a third case, the first container's process replaced by another at 4 s: a
+    # change of phase, the region's counters going on across it)
+    for case in ("strict20", "strict20_alone_first", "strict20_phase"):
         strict = [json.loads(line) for line in (out / f"loop_{case}.jsonl").read_text()
                   .splitlines()]
         for container, goal in ((0, 30), (1, 50)):

@@ -39,6 +39,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import pynvml
 
@@ -298,6 +299,12 @@ CASES: tuple[tuple[Held, ...], ...] = (
 )
 
 RATE_CASES = ((Held(None, 20),), (Held(None, 200),))
+# the unthrottled rates, and the pairs below saturation that pin the busy a launch holds
+HOLD_CASES = (
+    *RATE_CASES,
+    (Held(20, 200), Held(20, 200)), (Held(10, 200), Held(10, 200)), (Held(5, 200), Held(5, 200)),
+    (Held(None, 50),), (Held(5, 50), Held(5, 50)),
+)
 QUICK_CASES = ((Held(None, 20),), (Held(50, 20),), (Held(20, 20),),
                (Held(20, 20), Held(20, 20)))
 
@@ -334,6 +341,13 @@ def part_samples(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: 
 
 
 # ---- part 3: the controller ------------------------------------------------------------------
+
+class Phase(NamedTuple):
+    """At `at_s`, container `container`'s process gives way to one of `spin_us` kernels."""
+    container: int
+    at_s: float
+    spin_us: int
+
 
 class KnownPids:
     """Host evidence for processes this script started itself (no containers here)."""
@@ -377,12 +391,12 @@ def launch_hold_us(case: Sequence[Held], found: Sequence[dict], together: float,
 async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
                       full: dict[int, float], name: str,
                       specs: Sequence[tuple[float, int, int]], seconds: float, out: Out,
-                      alone_s: float = 0.0) -> list[dict]:
+                      alone_s: float = 0.0, phase: Phase | None = None) -> list[dict]:
     """Containers of (limit %, policy, kernel us), all hungry, steered by the controller for
     `seconds`; each one's share is its tokens per second over its kernels' unthrottled rate.
     With `alone_s`, each container first runs a process of its own alone for that long, one
     after the other (the controller steering meanwhile), and `seconds` count from when they
-    all run."""
+    all run. With `phase`, one container's process is replaced by one of other kernels."""
     regions = [make_region(root, uuid, pct, policy) for pct, policy, _ in specs]
     evidence = KnownPids()
     controller = ThrottleController(backend, lambda: regions, tick_s=0.1, max_tick_s=0.4,
@@ -394,7 +408,7 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
                 evidence.owner_of[first.pid] = region.alloc_id
                 await asyncio.to_thread(finish, first)  # the controller steers meanwhile
         rows = await _together(check, shim, controller, evidence, regions, full, name, specs,
-                               seconds)
+                               seconds, phase)
     errors = dict(controller.error_counts)
     for region in regions:
         region.close()
@@ -411,7 +425,9 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
     for i, (pct, policy, spin) in enumerate(specs):
         mine = [r for r in rows if r["container"] == i]
         line = " ".join(f"{r['share']:.0f}" for r in mine)
-        say(f"    container {i} ({pct} %, {layout.POLICY_NAMES[policy]}, {spin} us kernels) "
+        kernels = (f"{spin} us kernels, {phase.spin_us} us from {phase.at_s:g} s"
+                   if phase and phase.container == i else f"{spin} us kernels")
+        say(f"    container {i} ({pct} %, {layout.POLICY_NAMES[policy]}, {kernels}) "
             f"share per 0.5 s: {line}")
     out.write(f"loop_{name}.jsonl", rows)
     return rows
@@ -419,18 +435,33 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
 
 async def _together(check: str, shim: str, controller: ThrottleController, evidence: KnownPids,
                     regions: list[Region], full: dict[int, float], name: str,
-                    specs: Sequence[tuple[float, int, int]], seconds: float) -> list[dict]:
+                    specs: Sequence[tuple[float, int, int]], seconds: float,
+                    phase: Phase | None = None) -> list[dict]:
     """Every container's process at once for `seconds`: its share every 0.5 s, and whether
-    it was paused for a turn alone in that window."""
+    it was paused for a turn alone in that window. With `phase`, at its second one container's
+    process is stopped and one of other kernels started in its place (a change of phase: its
+    tokens buy another amount of GPU time); its share counts against the new kernels' rate
+    from the first window after."""
+    spins = [spin for _, _, spin in specs]
     procs = [start(check, shim, r, seconds + 2, spin)
-             for r, (_, _, spin) in zip(regions, specs, strict=True)]
+             for r, spin in zip(regions, spins, strict=True)]
     for proc, region in zip(procs, regions, strict=True):
         evidence.owner_of[proc.pid] = region.alloc_id
     rows: list[dict] = []
     t0 = time.monotonic()
     last = [(t0, tokens(r)) for r in regions]
+    changing = phase
     try:
         while time.monotonic() - t0 < seconds:
+            if changing and time.monotonic() - t0 >= changing.at_s:
+                i, spins[changing.container] = changing.container, changing.spin_us
+                changing = None
+                procs[i].terminate()
+                await asyncio.to_thread(finish, procs[i])
+                left = seconds + 2 - (time.monotonic() - t0)
+                procs[i] = start(check, shim, regions[i], left, spins[i])
+                evidence.owner_of[procs[i].pid] = regions[i].alloc_id
+                last[i] = (time.monotonic(), tokens(regions[i]))
             # paused at any of the window's looks (a turn alone lasts a second or two)
             paused = set()
             for _ in range(5):
@@ -445,8 +476,8 @@ async def _together(check: str, shim: str, controller: ThrottleController, evide
                 st = status.get((region.alloc_id, 0))
                 rows.append({
                     "case": name, "t": round(now - t0, 2), "container": i,
-                    "limit": specs[i][0], "kernel_us": specs[i][2],
-                    "share": 100 * (spent - was_spent) / (now - was_t) / full[specs[i][2]],
+                    "limit": specs[i][0], "kernel_us": spins[i],
+                    "share": 100 * max(0, spent - was_spent) / (now - was_t) / full[spins[i]],
                     "nvml": st.measured_util if st else None,
                     "target": st.target if st else None,
                     "rate": st.rate if st else None,
@@ -472,29 +503,47 @@ def settle_and_error(rows: list[dict], container: int, goal: float, band: float
     return settled, statistics.fmean(tail) if tail else float("nan")
 
 
+def share_by_halves(rows: list[dict], container: int, seconds: float) -> str:
+    """Mean share in each half of the run after its first 5 s, and its highest 5 s."""
+    mine = [r for r in rows if r["container"] == container]
+    middle = 5 + (seconds - 5) / 2
+    halves = [[r["share"] for r in mine if lo <= r["t"] < hi]
+              for lo, hi in ((5, middle), (middle, seconds + 1))]
+    shares = [r["share"] for r in mine]
+    windows = [statistics.fmean(shares[j:j + 10]) for j in range(max(1, len(shares) - 9))]
+    means = " / ".join(f"{statistics.fmean(h):.1f}" if h else "-" for h in halves)
+    return f"mean share by halves {means}, highest 5 s {max(windows, default=0):.1f}"
+
+
 async def part_controller(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
                           full: dict[int, float], out: Out, seconds: float,
-                          alone_s: float = 0.0) -> bool:
-    """Two strict containers (30 % and 50 %) at each kernel length, then with unequal kernels
-    (the 30 % one's ten times shorter), then (with `alone_s`) at the shortest, each alone first,
-    then two work-conserving ones (20 % each) at the longest; ok when every strict share is
-    held within 5 points."""
+                          alone_s: float = 0.0, phase_s: float = 0.0) -> bool:
+    """Two strict containers (30 % and 50 %) at 20 and 200 us kernels (at every length
+    measured where neither was), then with unequal kernels (the 30 % one's the shorter), then
+    (with `alone_s`) at the shorter, each alone first, then (with `phase_s`) at the shorter, the
+    30 % one changing to the longer at `phase_s`, then two work-conserving ones (20 % each) at
+    the longer; ok when every strict share is held within 5 points."""
     ok = True
-    short, long = min(full), max(full)
-    cases = [(f"strict{spin}", ((30, STRICT, spin), (50, STRICT, spin)), 0.0)
-             for spin in sorted(full)]
+    spins = sorted(spin for spin in full if spin in (20, 200)) or sorted(full)
+    short, long = min(spins), max(spins)
+    cases: list[tuple[str, tuple[tuple[float, int, int], ...], float, Phase | None]] = [
+        (f"strict{spin}", ((30, STRICT, spin), (50, STRICT, spin)), 0.0, None)
+        for spin in spins]
     if short != long:
-        cases.append(("strict_mixed", ((30, STRICT, short), (50, STRICT, long)), 0.0))
+        cases.append(("strict_mixed", ((30, STRICT, short), (50, STRICT, long)), 0.0, None))
     if alone_s:
         cases.append((f"strict{short}_alone_first", ((30, STRICT, short), (50, STRICT, short)),
-                      alone_s))
-    for name, specs, alone in cases:
+                      alone_s, None))
+    if phase_s:
+        cases.append((f"strict{short}_phase", ((30, STRICT, short), (50, STRICT, short)), 0.0,
+                      Phase(0, phase_s, long)))
+    for name, specs, alone, phase in cases:
         rows = await closed_loop(check, shim, backend, root, uuid, full, name, specs, seconds,
-                                 out, alone)
+                                 out, alone, phase)
         for i, (goal, _, spin) in enumerate(specs):
             settled, err = settle_and_error(rows, i, goal, 3)
             say(f"    strict {goal} % ({spin} us kernels): within 3 points from {settled} s; "
-                f"mean |error| after 5 s {err:.2f} points")
+                f"mean |error| after 5 s {err:.2f} points; {share_by_halves(rows, i, seconds)}")
             ok &= err <= 5
     lending = await closed_loop(check, shim, backend, root, uuid, full, f"lending{long}",
                                 ((20, WORK_CONSERVING, long), (20, WORK_CONSERVING, long)),
@@ -522,6 +571,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--controller-only", action="store_true",
                         help="of the fixed-rate cases, only the unthrottled rates the "
                              "controller cases need")
+    parser.add_argument("--holds", action="store_true",
+                        help="of the fixed-rate cases, the unthrottled rates and the pairs "
+                             "that pin the busy a launch holds")
+    parser.add_argument("--phase", type=float, default=12.0,
+                        help="in a case of its own, the first container's process is replaced "
+                             "at this second by one with the longest kernels (0: no such case)")
     args = parser.parse_args(argv)
     out = Out(args.out)
     root = args.out / "regions"
@@ -534,13 +589,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("2. NVML's per-process samples at fixed rates")
         full = part_samples(args.check, args.shim, backend, root, uuid, out, args.hold,
                             QUICK_CASES if args.quick
-                            else RATE_CASES if args.controller_only else CASES)
+                            else RATE_CASES if args.controller_only
+                            else HOLD_CASES if args.holds else CASES)
         if not full or min(full.values()) <= 0:
             say("  no unthrottled rate measured: the controller cases need it")
             return 1
         say("3. the controller on real processes")
         ok = asyncio.run(part_controller(args.check, args.shim, backend, root, uuid, full, out,
-                                         args.seconds, args.alone))
+                                         args.seconds, args.alone, args.phase))
     finally:
         backend.shutdown()
     say("result:", "ok" if ok else "FAIL")
