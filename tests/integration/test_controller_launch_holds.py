@@ -56,7 +56,12 @@ async def test_each_container_gets_a_figure_of_its_own(before_s, after_s):
     assert started == ["c0", "c1"] and given == 2
     assert all(26 <= share <= 34 for share in means), means
     assert highest < 36, highest
-    # the rule before, for the record: the second (or both) far above its limit
+    if before_s == after_s:
+        # (the rule before held this pair too once the simulated driver answered late reads
+        # as the H200 does, one sample per process for all the periods since the last read:
+        # 29-35 over seeds 0-3, where it ran the second at 35-50 % before)
+        return
+    # the rule before, for the record: both far above their limits
     means, _, given = await mixed_run(before_s, after_s, 90.0, seed=2, one_figure=True)
     assert given == 1 and max(means) > 40, means
 

@@ -152,8 +152,9 @@ async def test_a_container_understating_its_tokens_leaves_its_neighbours_share_a
 async def test_a_change_of_phase_is_followed(seed):
     # Halfway, the tokens of "costlier" start to buy four times the SM time (twice as long
     # kernels, half the blocks) and those of "cheaper" a quarter. Over the last 10 s:
-    # costlier 39-47 % for its 40 (seeds 0-3); 60-66 % when the split's weights were moving
-    # averages over 100 periods, which had not forgotten the first phase 30 s later.
+    # costlier 35-54 % for its 40 (seeds 0-9, seed 0 the highest; 39-47 over seeds 0-3 while
+    # the simulated driver lost 2 % of its periods); 60-66 % when the split's weights were
+    # moving averages over 100 periods, which had not forgotten the first phase 30 s later.
     long = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
     costly = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
     run = ControlledRun(
@@ -164,8 +165,8 @@ async def test_a_change_of_phase_is_followed(seed):
     assert run.controller.error_counts == {}
     costlier, cheaper = (run.gpu.shares(run.procs[name][-1], 10)[-1][1]
                          for name in ("costlier", "cheaper"))
-    assert costlier <= 50
-    assert cheaper >= 48
+    assert costlier <= 56
+    assert cheaper >= 44
     uuid = run.gpu.uuid
     assert run.controller.time_sliced_gpus == {uuid}
     found = run.controller.phase_changes[uuid]
@@ -216,7 +217,7 @@ async def test_a_borrower_cut_back_when_the_owner_wakes_is_not_starved(seed):
 
 
 class _Missing(SimBackend):
-    """The simulated driver, with the busy process's sample missed in chosen periods (NVML's
+    """The simulated driver, with the busy process's sample missed in chosen reads (NVML's
     buffer is finite): only the idle process, listed at 0, is left in them."""
 
     def __init__(self, gpu: SimGpu, pid: int):
@@ -225,9 +226,9 @@ class _Missing(SimBackend):
 
     def process_utilization(self, uuid, since_us):
         samples = super().process_utilization(uuid, since_us)
-        newest = max((s.timestamp_us for s in samples), default=0)
-        if len(samples) > 2 and len(self.missed) < 3:  # a batch of two periods or more
-            self.missed.add(newest)
+        mine = [s.timestamp_us for s in samples if s.pid == self.pid]
+        if since_us and len(samples) > 1 and mine and len(self.missed) < 3:
+            self.missed.add(mine[-1])
         return [s for s in samples if not (s.pid == self.pid and s.timestamp_us in self.missed)]
 
 
@@ -251,7 +252,8 @@ async def test_a_missed_sample_beside_an_idle_process_is_not_an_idle_period():
             seen.append(measured)
     assert len(backend.missed) == 3
     # alone on the GPU, it uses all of it, missed samples or not (50 when one of a batch's
-    # two periods was read as idle; its k then doubled)
+    # two periods was read as idle, and 0 for a read of the idle process alone; its k then
+    # doubled)
     assert min(seen[5:]) > 90
     assert gpu.shares(proc, 2)[-1][1] > 90
 

@@ -154,7 +154,8 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
     try:
         load_script().main([str(check), "", "--out", str(out), "--nvml-library",
                             str(fake_nvml.library_path), "--hold", "3", "--seconds", "8",
-                            "--alone", "0", "--controller-only", "--quick"])
+                            "--alone", "0", "--controller-only", "--quick", "--only",
+                            "strict20", "--trace", "--late-reads"])
     finally:
         driver.stopped.set()
         driver.join()
@@ -162,6 +163,19 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
     (line,) = [ln for ln in printed.splitlines() if ln.startswith("  strict20:")]
     assert "read time-sliced ['GPU-" in line and "turns alone 1" in line, line
     assert "paused for a turn alone at t = " in printed
+    # reads further apart than a period bring several periods at once
+    late = [json.loads(ln) for ln in (out / "late_reads.jsonl").read_text().splitlines()]
+    assert {r["gap_s"] for r in late} == {0.02, 0.4, 1.0}
+    assert max(len(r["samples"]) for r in late if r["gap_s"] == 1.0) >= 4
+    assert "read every 1 s: values per read" in printed
+    # only the case asked for, traced: every NVML read, and every split of the use
+    assert sorted(f.name for f in out.glob("loop_*")) == ["loop_strict20.jsonl"]
+    trace = [json.loads(ln) for ln in (out / "trace_strict20.jsonl").read_text().splitlines()]
+    reads = [t for t in trace if "samples" in t]
+    splits = [t for t in trace if "owners" in t]
+    assert sum(len(t["samples"]) for t in reads) > 20
+    assert len(splits) > 20 and all(sum(t["shares"].values()) <= t["busy"] + 1e-6
+                                    for t in splits)
     rows = [json.loads(ln) for ln in (out / "loop_strict20.jsonl").read_text().splitlines()]
     # the first container measured, the second paused, then both spending again
     assert not any(r["paused"] for r in rows if r["container"] == 0)

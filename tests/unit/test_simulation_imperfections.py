@@ -176,8 +176,8 @@ def test_time_sliced_attribution_gives_each_period_whole_to_one_process():
     a = gpu.shim_process("a", LAUNCH, region("a", TWENTY_PERCENT))
     b = gpu.shim_process("b", LAUNCH, region("b", TWENTY_PERCENT))
     seen = {}
-    for _ in range(30):
-        gpu.advance(1.0)
+    for _ in range(180):  # asked every period (1/6 s)
+        gpu.advance(1 / 6)
         seen.update({(s.timestamp_us, s.pid): s for s in gpu.samples})
     samples = list(seen.values())
     stamps = [s.timestamp_us for s in samples]
@@ -193,6 +193,37 @@ def test_time_sliced_attribution_leaves_a_process_alone_its_own_use():
     gpu.shim_process("a", LAUNCH, region("a", TWENTY_PERCENT))
     gpu.advance(5.0)
     assert {s.sm_util for s in list(gpu.samples)[-20:]} == {20}
+
+
+def test_time_sliced_periods_asked_for_together_share_out_their_use():
+    # measured on the H200: asked every second beside two processes, one sample each, their
+    # values the GPU's use in the periods each was given over all five (40 / 60 where each
+    # period read 99); asked every period, one sample of the whole use
+    gpu = SimGpu(UUID, imperfections=H200_TIME_SLICED, sample_period_s=0.2)
+    tokens_per_s = round(0.2 / 200e-6) * 131_072  # 20 % each of 200 us kernels: 66 busy
+    procs = [gpu.shim_process(f"p{n}", twenty_percent_of(200e-6),
+                              region(f"p{n}", (tokens_per_s, 40 * 131_072))) for n in range(2)]
+    gpu.advance(2.0)
+    since = max(s.timestamp_us for s in gpu.process_utilization(0))
+    for _ in range(10):
+        gpu.advance(0.2)
+        (one,) = gpu.process_utilization(since)
+        assert one.sm_util == pytest.approx(66, abs=3)
+        since = one.timestamp_us
+    sums = []
+    for _ in range(10):
+        gpu.advance(1.0)
+        read = gpu.process_utilization(since)
+        assert 1 <= len(read) <= 2 and len({s.pid for s in read}) == len(read)
+        assert {s.pid for s in read} <= {p.pid for p in procs}
+        # whole periods of 66 each, over the five
+        assert all(any(abs(s.sm_util - k * 66 / 5) <= 2 for k in range(1, 6)) for s in read)
+        sums.append(sum(s.sm_util for s in read))
+        since = max(s.timestamp_us for s in read)
+    assert statistics.median(sums) == pytest.approx(66, abs=3)
+    # asked again for the same time, the same answer
+    assert gpu.process_utilization(since - 1_000_000) == [
+        s for s in gpu.samples if s.timestamp_us > since - 1_000_000]
 
 
 def test_an_unknown_attribution_is_refused_by_name():
@@ -213,8 +244,8 @@ def busy_read(imperfections: Imperfections, kernel_s: float, processes: int) -> 
         gpu.shim_process(f"p{n}", twenty_percent_of(kernel_s),
                          region(f"p{n}", (tokens_per_s, 40 * 131_072)))
     seen = {}
-    for _ in range(10):
-        gpu.advance(1.0)
+    for _ in range(50):  # asked every period
+        gpu.advance(0.2)
         seen.update({(s.timestamp_us, s.pid): s.sm_util for s in gpu.samples})
     return [v for (stamp, _), v in sorted(seen.items()) if stamp > 2_000_000 + gpu.start_ns // 1000]
 

@@ -14,6 +14,7 @@ from vgpu_agent.throttle.timesliced import (
     SHARED_PERIODS,
     ChangeWatch,
     TimeSlicedSplit,
+    read_as_periods,
 )
 
 
@@ -523,3 +524,40 @@ def test_a_figure_measured_afresh_is_not_overwritten_by_the_one_dropped():
     # nothing dropped (a container without a figure): nothing to put back
     split.restore("c", split.remeasure("c"))
     assert "c" not in split.alone
+
+
+# ---- one read of a time-sliced GPU's samples as the periods it stands for ---------------------
+
+OWNERS = {1: "a", 2: "b"}
+
+
+def test_a_read_every_period_is_that_period_whole():
+    assert read_as_periods({1000: [(1, 99)]}, OWNERS, 1) == ([["a"]], 99.0)
+
+
+def test_periods_read_together_share_one_use():
+    # on the H200, read every 0.4 s beside two processes each period read 99: 50 and 50
+    given, busy = read_as_periods({1000: [(1, 50)], 1200: [(2, 49)]}, OWNERS, 2)
+    assert busy == 99.0 and sorted(given) == [["a"], ["b"]]
+    # read every second: 40 and 60, two periods of five and three
+    given, busy = read_as_periods({1000: [(1, 40)], 1200: [(2, 60)]}, OWNERS, 5)
+    assert busy == 100.0
+    # spread, not in blocks (the change watch judges periods in order), the last one's last
+    assert [g[0] for g in given] == ["b", "a", "b", "a", "b"]
+
+
+def test_one_process_given_every_period_of_a_late_read_stands_for_all_of_them():
+    given, busy = read_as_periods({1400: [(1, 66)]}, OWNERS, 2)
+    assert given == [["a"], ["a"]] and busy == 66.0
+
+
+def test_processes_listed_idle_are_given_nothing_and_strangers_are_nobodys():
+    given, busy = read_as_periods({1000: [(1, 0), (9, 80)]}, OWNERS, 1)
+    assert given == [[""]] and busy == 80.0
+    # all listed idle: periods of an idle GPU, given to nobody
+    assert read_as_periods({1000: [(1, 0)], 1200: [(2, 0)]}, OWNERS, 3) == ([[], [], []], 0.0)
+
+
+def test_a_read_never_stands_for_fewer_periods_than_processes_or_more_than_all_use():
+    given, busy = read_as_periods({1000: [(1, 70)], 1200: [(2, 60)]}, OWNERS, 1)
+    assert sorted(given) == [["a"], ["b"]] and busy == 100.0

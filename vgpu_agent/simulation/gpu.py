@@ -197,7 +197,10 @@ class SimGpu:
         self.per_process_samples = per_process_samples
         self.start_ns = self.now_ns = start_ns
         self.processes: list[SimProcess] = []
-        self.samples: deque[ProcessSample] = deque()
+        self._samples: deque[ProcessSample] = deque()
+        # time-sliced attribution: each period's values per pid since the driver was last
+        # asked (`process_utilization` turns them into one sample per process)
+        self._unread: list[tuple[int, dict[int, int]]] = []
         self._history_ns = round(sample_history_s * tokens.NS_PER_S)
         self._next_sample_ns = start_ns + self.sample_ns
         self._next_bin_ns = start_ns + self.bin_ns
@@ -336,30 +339,66 @@ class SimGpu:
             if len(recent) > imp.window_periods:
                 recent.popleft()
             p.window_sm_s = 0.0
-        if imp.nvml_attribution == "time-sliced" and len(ran) > 1:
-            # one sample for the period, to one of those that ran, of the whole GPU's use
+        sliced = imp.nvml_attribution == "time-sliced"
+        # the H200 gave every period to someone, read often or seldom (see `_deliver`)
+        missed = 0.0 if sliced else imp.missed_samples
+        period: dict[int, int] = {}
+        if sliced and len(ran) > 1:
+            # the period, to one of those that ran, with the whole GPU's use
             chosen = rng.choices([p for p, _ in ran], weights=[sm for _, sm in ran])[0]
-            if not (imp.missed_samples and rng.random() < imp.missed_samples):
-                busy = 100 * (sum(sm for _, sm in ran) + held_s) / period_s
-                self.samples.append(ProcessSample(chosen.pid, stamp_us,
-                                                  imp.observe(min(100.0, busy), rng)))
+            busy = 100 * (sum(sm for _, sm in ran) + held_s) / period_s
+            period[chosen.pid] = imp.observe(min(100.0, busy), rng)
         else:
             for p in self.processes:
-                if imp.missed_samples and rng.random() < imp.missed_samples:
+                if missed and rng.random() < missed:
                     continue
                 recent = p.recent_sm_s
                 value = 100 * sum(recent) / (len(recent) * period_s)
-                self.samples.append(ProcessSample(p.pid, stamp_us, imp.observe(value, rng)))
+                period[p.pid] = imp.observe(value, rng)
+        if sliced:
+            self._unread.append((stamp_us, period))
+        else:
+            self._samples.extend(ProcessSample(pid, stamp_us, value)
+                                 for pid, value in period.items())
         self._next_sample_ns += self.sample_ns
         oldest_us = (self.now_ns - self._history_ns) // 1000
-        while self.samples and self.samples[0].timestamp_us < oldest_us:
-            self.samples.popleft()
+        while self._samples and self._samples[0].timestamp_us < oldest_us:
+            self._samples.popleft()
+        if self._unread and self._unread[0][0] < oldest_us:  # asked by nobody for a while
+            self._unread = [u for u in self._unread if u[0] >= oldest_us]
 
     def process_utilization(self, since_us: int) -> list[ProcessSample]:
         if not self.per_process_samples:
             raise GpuError("per-process utilization is not supported",
                            call="nvmlDeviceGetProcessUtilization", code=NVML_ERROR_NOT_SUPPORTED)
         return [s for s in self.samples if s.timestamp_us > since_us]
+
+    @property
+    def samples(self) -> deque[ProcessSample]:
+        """The driver's samples as a reader asking now gets them (asking delivers the periods
+        not yet asked for, with time-sliced attribution)."""
+        self._deliver()
+        return self._samples
+
+    def _deliver(self) -> None:
+        """Time-sliced attribution: the periods since the driver was last asked, as the H200
+        (driver 580) answered: one sample per process given any of them, stamped with the last
+        it was given, its value the GPU's use in the periods it was given over all of them
+        (asked every period, the one process given it, with the whole use; asked every second
+        beside one given 2 periods of 5 and one 3, 40 and 60 where each period read 99)."""
+        unread = self._unread
+        if not unread:
+            return
+        totals: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for stamp_us, period in unread:
+            for pid, value in period.items():
+                totals[pid] = totals.get(pid, 0) + value
+                if value or pid not in last:  # listed idle: not given the period
+                    last[pid] = stamp_us
+        self._samples.extend(ProcessSample(pid, last[pid], round(totals[pid] / len(unread)))
+                             for pid in sorted(last, key=last.__getitem__))
+        unread.clear()
 
     def shares(self, proc: SimProcess, window_s: float) -> list[tuple[float, float]]:
         """(end time s, SM percent over the preceding `window_s`) for every recorded bin."""

@@ -23,8 +23,14 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
   is drawn with odds in proportion to its SM time in the period, which is a guess: the one
   measurement there was, a process doing 5 % of the work beside an unthrottled one, got 5
   periods of 18, far more than its SM time would give it. A process alone gets its own
-  use either way (measured: 50/20/5 % of the work read 50/20/5). Not yet the default: the
-  throttle figures in BENCHMARKS.md are for "per-process" unless they say otherwise.
+  use either way (measured: 50/20/5 % of the work read 50/20/5). Asked less often than every
+  period, that driver answers for all the periods since it was last asked with one sample per
+  process given any of them, its value the use in the periods it was given over all of them
+  (measured: asked every second beside two processes given 2 and 3 periods of 5, each read
+  99, it answered 40 and 60; asked every 0.4 s, 50 and 50): `SimGpu` plays that, and every
+  period goes to someone there (`missed_samples` does not apply; none was seen missing). Not
+  yet the default: the throttle figures in BENCHMARKS.md are for "per-process" unless they
+  say otherwise.
 - `launch_hold_s` 0 (off): what a time-sliced GPU counts busy beyond the work done, per
   launch, while two or more processes run in a period (a sample's value is then the GPU's
   busy time, work and holds together, at most the whole period). Measured on the H200: two

@@ -149,6 +149,7 @@ from vgpu_agent.throttle.timesliced import (
     SHARED_PERIODS,
     KeptFigure,
     TimeSlicedSplit,
+    read_as_periods,
 )
 
 try:
@@ -1166,7 +1167,9 @@ class ThrottleController:
           missed it) counts with its last value: a missed sample is not an idle process.
         - time-sliced (seen on an H200, driver 580, two processes without MPS): each period's
           one sample goes to one of the processes that ran, and its value is the whole GPU's
-          use in it, whoever did the work. `timesliced.TimeSlicedSplit` shares that use out.
+          use in it, whoever did the work; read after several periods, one sample per process
+          given any of them, together worth the use over all of them
+          (`timesliced.read_as_periods`). `timesliced.TimeSlicedSplit` shares that use out.
         The GPU is read as time-sliced until a stamp with two processes or more that both
         used the GPU is seen, and again PER_PROCESS_HOLD_S (at least SHARED_PERIODS periods)
         after the last such stamp; with one process running the two readings agree. A process
@@ -1187,6 +1190,7 @@ class ThrottleController:
             at[s.timestamp_us].append((s.pid, s.sm_util))
         self._sampled_pids[uuid] = set(per_pid)
         self._sampled_now = True
+        before_us = self._newest_us.get(uuid)
         span_s, count = self._span(uuid, samples)
         newest = self._newest_us[uuid]
         period_us = self._period_us.get(uuid) or 1_000_000
@@ -1233,17 +1237,15 @@ class ThrottleController:
         if sliced:
             owner = {pid: placed[0] for pid, placed in recent.items()}
             split = self._sliced.get(uuid) or self._new_split(uuid)
-            # A process listed idle in a period (value 0) was not given it. A period whose
-            # processes are all listed idle, in a batch where others were used, is a sample
-            # NVML missed (its process absent), not an idle GPU: as with per-process samples,
-            # a missed sample must not halve the use (seen: k doubled on one such period).
-            stamps = sorted(at)
-            used = [stamp for stamp in stamps if any([v > 0 for _, v in at[stamp]])] or stamps
-            util = split.share(
-                [[owner.get(pid, "") for pid, v in at[stamp] if v > 0] for stamp in used],
-                min(100.0, sum([max(v for _, v in at[stamp]) for stamp in used]) / len(used)),
-                spent, dt_s, untrusted, solo,
-            )
+            # the periods since the last read: more than one where a tick came late or slow
+            periods = round((newest - before_us) / period_us) \
+                if before_us is not None and newest > before_us else 1
+            given, busy = read_as_periods(at, owner, periods)
+            if not busy and any(spent.values()):
+                # every process listed idle while containers spent: a sample NVML missed (the
+                # busy one absent), not an idle GPU; read as idle, its spending k would halve
+                return None
+            util = split.share(given, busy, spent, dt_s, untrusted, solo)
             if split.beyond_work and uuid not in self._beyond_work_logged:
                 self._beyond_work_logged.add(uuid)
                 log.warning("throttle_gpu_busy_beyond_work", uuid=uuid,

@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -53,6 +53,7 @@ from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region, format_alloc_id
 from vgpu_agent.throttle.attribution import NONE_OF_THEM, RegionMarks
 from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.timesliced import TimeSlicedSplit
 
 GRID, BLOCK, SPIN_US = 1024, 128, 20  # as run.sh: about 20 us per kernel, the whole GPU busy
 COST = GRID * BLOCK  # tokens per launch
@@ -340,6 +341,58 @@ def part_samples(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: 
     return full
 
 
+# ---- part 2b: reads further apart than a sample period ------------------------------------------
+
+# (share of the unthrottled rate, kernel us) per process, run together
+LATE_CASES: tuple[tuple[tuple[float, int], ...], ...] = (
+    ((50, 20),), ((20, 200), (20, 200)), ((30, 20), (50, 20)),
+)
+READ_GAPS_S = (0.02, 0.4, 1.0)  # the gap between reads, each for LATE_READS_S
+LATE_READS_S = 3.0
+
+
+def part_late_reads(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
+                    out: Out, full: dict[int, float]) -> None:
+    """Processes at fixed rates while NVML is read every 20 ms, then every 0.4 s, then every
+    second: what the samples of the periods one read brings together say (each period's own
+    use, or one period's use shared out among them)."""
+    rows: list[dict] = []
+    for case in LATE_CASES:
+        if any(spin not in full for _, spin in case):
+            continue
+        regions = []
+        for pct, spin in case:
+            rate = int(full[spin] * pct / 100)
+            regions.append(make_region(root, uuid, pct, STRICT, rate, max(COST, rate // 20)))
+        total_s = 1.5 + LATE_READS_S * len(READ_GAPS_S) + 1
+        procs = [start(check, shim, r, total_s, spin)
+                 for r, (_, spin) in zip(regions, case, strict=True)]
+        label = " + ".join(f"{pct}%@{spin}us" for pct, spin in case)
+        time.sleep(1.5)
+        since = 0
+        for gap in READ_GAPS_S:
+            per_read: list[list[int]] = []
+            end = time.monotonic() + LATE_READS_S
+            while time.monotonic() < end:
+                samples = sorted(backend.process_utilization(uuid, since),
+                                 key=lambda x: x.timestamp_us)
+                if since and samples:
+                    per_read.append([x.sm_util for x in samples])
+                    rows.append({"case": label, "gap_s": gap, "t": time.monotonic(),
+                                 "samples": [[x.pid, x.timestamp_us, x.sm_util]
+                                             for x in samples]})
+                if samples:
+                    since = samples[-1].timestamp_us
+                time.sleep(gap)
+            say(f"  {label}, read every {gap:g} s: values per read "
+                + " ".join("/".join(map(str, v)) for v in per_read))
+        for proc in procs:
+            finish(proc)
+        for region in regions:
+            region.close()
+    out.write("late_reads.jsonl", rows)
+
+
 # ---- part 3: the controller ------------------------------------------------------------------
 
 class Phase(NamedTuple):
@@ -361,6 +414,40 @@ class KnownPids:
 
     def forget_except(self, live: Iterable[int]) -> None:
         pass
+
+
+@contextlib.contextmanager
+def traced(backend: NvmlBackend, rows: list[dict] | None) -> Iterator[None]:
+    """With `rows`, every NVML per-process read the controller makes and every split of a
+    time-sliced GPU's use (its inputs and the shares it gave) are appended to them, for replay
+    without a GPU."""
+    if rows is None:
+        yield
+        return
+    read, share = backend.process_utilization, TimeSlicedSplit.share
+
+    def reading(uuid: str, since_us: int) -> list:
+        samples = read(uuid, since_us)
+        rows.append({"t": time.monotonic(), "since_us": since_us,
+                     "samples": [[s.pid, s.timestamp_us, s.sm_util] for s in samples]})
+        return samples
+
+    def sharing(split: TimeSlicedSplit, owners: list[list[str]], busy: float, spent: dict,
+                dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = "") -> dict:
+        shares = share(split, owners, busy, spent, dt_s, untrusted, solo)
+        rows.append({"t": time.monotonic(), "owners": owners, "busy": busy, "spent": spent,
+                     "dt_s": dt_s, "untrusted": sorted(untrusted), "solo": solo,
+                     "shares": shares, "beyond_work": list(split.beyond_work),
+                     "margin": split.margin})
+        return shares
+
+    backend.process_utilization = reading  # type: ignore[method-assign]
+    TimeSlicedSplit.share = sharing  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        del backend.process_utilization
+        TimeSlicedSplit.share = share  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -391,7 +478,8 @@ def launch_hold_us(case: Sequence[Held], found: Sequence[dict], together: float,
 async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
                       full: dict[int, float], name: str,
                       specs: Sequence[tuple[float, int, int]], seconds: float, out: Out,
-                      alone_s: float = 0.0, phase: Phase | None = None) -> list[dict]:
+                      alone_s: float = 0.0, phase: Phase | None = None, trace: bool = False
+                      ) -> list[dict]:
     """Containers of (limit %, policy, kernel us), all hungry, steered by the controller for
     `seconds`; each one's share is its tokens per second over its kernels' unthrottled rate.
     With `alone_s`, each container first runs a process of its own alone for that long, one
@@ -401,7 +489,8 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
     evidence = KnownPids()
     controller = ThrottleController(backend, lambda: regions, tick_s=0.1, max_tick_s=0.4,
                                     evidence=evidence)
-    with running(controller):
+    trail: list[dict] | None = [] if trace else None
+    with traced(backend, trail), running(controller):
         if alone_s:
             for region, (_, _, spin) in zip(regions, specs, strict=True):
                 first = start(check, shim, region, alone_s, spin)
@@ -430,6 +519,8 @@ async def closed_loop(check: str, shim: str, backend: NvmlBackend, root: Path, u
         say(f"    container {i} ({pct} %, {layout.POLICY_NAMES[policy]}, {kernels}) "
             f"share per 0.5 s: {line}")
     out.write(f"loop_{name}.jsonl", rows)
+    if trail is not None:
+        out.write(f"trace_{name}.jsonl", trail)
     return rows
 
 
@@ -517,7 +608,8 @@ def share_by_halves(rows: list[dict], container: int, seconds: float) -> str:
 
 async def part_controller(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
                           full: dict[int, float], out: Out, seconds: float,
-                          alone_s: float = 0.0, phase_s: float = 0.0) -> bool:
+                          alone_s: float = 0.0, phase_s: float = 0.0,
+                          only: Collection[str] = (), trace: bool = False) -> bool:
     """Two strict containers (30 % and 50 %) at 20 and 200 us kernels (at every length
     measured where neither was), then with unequal kernels (the 30 % one's the shorter), then
     (with `alone_s`) at the shorter, each alone first, then (with `phase_s`) at the shorter, the
@@ -537,18 +629,23 @@ async def part_controller(check: str, shim: str, backend: NvmlBackend, root: Pat
     if phase_s:
         cases.append((f"strict{short}_phase", ((30, STRICT, short), (50, STRICT, short)), 0.0,
                       Phase(0, phase_s, long)))
+    lending = f"lending{long}"
     for name, specs, alone, phase in cases:
+        if only and name not in only:
+            continue
         rows = await closed_loop(check, shim, backend, root, uuid, full, name, specs, seconds,
-                                 out, alone, phase)
+                                 out, alone, phase, trace)
         for i, (goal, _, spin) in enumerate(specs):
             settled, err = settle_and_error(rows, i, goal, 3)
             say(f"    strict {goal} % ({spin} us kernels): within 3 points from {settled} s; "
                 f"mean |error| after 5 s {err:.2f} points; {share_by_halves(rows, i, seconds)}")
             ok &= err <= 5
-    lending = await closed_loop(check, shim, backend, root, uuid, full, f"lending{long}",
-                                ((20, WORK_CONSERVING, long), (20, WORK_CONSERVING, long)),
-                                seconds, out)
-    tail = [r["share"] for r in lending if r["t"] >= 5]
+    if only and lending not in only:
+        return ok
+    lent = await closed_loop(check, shim, backend, root, uuid, full, lending,
+                             ((20, WORK_CONSERVING, long), (20, WORK_CONSERVING, long)),
+                             seconds, out, trace=trace)
+    tail = [r["share"] for r in lent if r["t"] >= 5]
     total = sum(tail) / (len(tail) / 2) if tail else 0.0
     say(f"    work-conserving 20 % + 20 % ({long} us kernels), both hungry: together "
         f"{total:.1f} % after 5 s (the GPU's idle time lent out)")
@@ -566,17 +663,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--alone", type=float, default=4.0,
                         help="each container alone first this long, in the controller case that "
                              "has them so (0: no such case)")
-    parser.add_argument("--quick", action="store_true",
-                        help="four fixed-rate cases, one kernel length (for checking the script)")
-    parser.add_argument("--controller-only", action="store_true",
-                        help="of the fixed-rate cases, only the unthrottled rates the "
-                             "controller cases need")
-    parser.add_argument("--holds", action="store_true",
-                        help="of the fixed-rate cases, the unthrottled rates and the pairs "
-                             "that pin the busy a launch holds")
+    for flag, what in (
+        ("--quick", "four fixed-rate cases, one kernel length (for checking the script)"),
+        ("--controller-only",
+         "of the fixed-rate cases, only the unthrottled rates the controller cases need"),
+        ("--holds", "of the fixed-rate cases, the unthrottled rates and the pairs that pin the "
+                    "busy a launch holds"),
+        ("--late-reads", "read NVML every 20 ms, 0.4 s and 1 s beside processes at fixed "
+                         "rates: what periods read together say"),
+        ("--trace", "write every NVML read and time-sliced split of the controller cases to "
+                    "trace_CASE.jsonl"),
+    ):
+        parser.add_argument(flag, action="store_true", help=what)
     parser.add_argument("--phase", type=float, default=12.0,
                         help="in a case of its own, the first container's process is replaced "
                              "at this second by one with the longest kernels (0: no such case)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated controller cases to run (default: all), e.g. "
+                             "strict20,strict_mixed")
     args = parser.parse_args(argv)
     out = Out(args.out)
     root = args.out / "regions"
@@ -594,9 +698,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not full or min(full.values()) <= 0:
             say("  no unthrottled rate measured: the controller cases need it")
             return 1
+        if args.late_reads:
+            say("2b. reads further apart than a sample period")
+            part_late_reads(args.check, args.shim, backend, root, uuid, out, full)
         say("3. the controller on real processes")
         ok = asyncio.run(part_controller(args.check, args.shim, backend, root, uuid, full, out,
-                                         args.seconds, args.alone, args.phase))
+                                         args.seconds, args.alone, args.phase,
+                                         {c for c in args.only.split(",") if c}, args.trace))
     finally:
         backend.shutdown()
     say("result:", "ok" if ok else "FAIL")
