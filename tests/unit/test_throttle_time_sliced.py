@@ -561,3 +561,36 @@ def test_processes_listed_idle_are_given_nothing_and_strangers_are_nobodys():
 def test_a_read_never_stands_for_fewer_periods_than_processes_or_more_than_all_use():
     given, busy = read_as_periods({1000: [(1, 70)], 1200: [(2, 60)]}, OWNERS, 1)
     assert sorted(given) == [["a"], ["b"]] and busy == 100.0
+
+
+def _alone_at(split: TimeSlicedSplit, reading: float, tokens: int, batches: int = 4) -> None:
+    for _ in range(batches):
+        split.share([["a"]], reading, {"a": tokens}, dt_s=0.2)
+
+
+def test_a_figure_read_at_a_few_percent_is_measured_afresh_once_its_spending_grows():
+    # on an H200, a turn at 3.5 % of the GPU read 3: a figure 13 % light, and its container,
+    # spending nine times as much, ran at 37 % for its 30
+    split = TimeSlicedSplit()
+    _alone_at(split, 3.0, 1_000)
+    assert split.steady("a") >= 3 and split.coarse() == set()
+    split.share([["a"], ["b"]], 99.0, {"a": 2_000, "b": 5_000}, dt_s=0.2)
+    assert split.coarse() == set()  # twice the spending: not yet
+    split.share([["a"], ["b"]], 99.0, {"a": 3_000, "b": 5_000}, dt_s=0.2)
+    assert split.coarse() == {"a"}
+    split.remeasure("a")  # the turn measures it afresh: once
+    _alone_at(split, 3.0, 1_000)
+    split.share([["a"], ["b"]], 99.0, {"a": 9_000, "b": 5_000}, dt_s=0.2)
+    assert split.coarse() == set()
+    # gone and back, it is a new container
+    split.share([["b"]], 99.0, {"b": 5_000}, dt_s=0.2)
+    _alone_at(split, 3.0, 1_000)
+    split.share([["a"], ["b"]], 99.0, {"a": 9_000, "b": 5_000}, dt_s=0.2)
+    assert split.coarse() == {"a"}
+
+
+def test_a_figure_read_well_above_a_few_percent_is_kept_however_the_spending_grows():
+    split = TimeSlicedSplit()
+    _alone_at(split, 12.0, 1_000)
+    split.share([["a"], ["b"]], 99.0, {"a": 9_000, "b": 5_000}, dt_s=0.2)
+    assert split.coarse() == set()

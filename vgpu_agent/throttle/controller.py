@@ -1437,8 +1437,10 @@ class ThrottleController:
         candidates = {device.alloc_id for device, _, _ in steered if device.limited}
         priorities = {device.alloc_id: device.limits[3] for device, _, _ in steered
                       if device.limits is not None}
-        # a figure in doubt (its periods showed a change) is as good as none: measured afresh
-        doubted = split.in_doubt()
+        # a figure in doubt (its periods showed a change), or read too coarsely for the
+        # spending it now stands for, is as good as none: measured afresh
+        coarse = split.coarse()
+        doubted = split.in_doubt() | coarse
         chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
                            split.measured() - doubted, candidates if pausable else (),
                            self._period_us.get(uuid, 0) / 1e6,
@@ -1461,7 +1463,9 @@ class ThrottleController:
         self._changed = True
         log.info("throttle_solo_turn_started", uuid=uuid, alloc_id=chosen, paused=len(paused),
                  most_s=turns.most_s,
-                 why="its figure in doubt: its periods showed a change" if chosen in doubted
+                 why="its figure read at a few percent, its spending since grown threefold"
+                 if chosen in coarse
+                 else "its figure in doubt: its periods showed a change" if chosen in doubted
                  else "a container sharing a time-sliced GPU, never seen alone there")
 
     def _go_on_turn(self, uuid: str, turns: SoloTurns, solo: str,

@@ -141,8 +141,8 @@ class TimeSlicedSplit:
     """
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "doubted", "lifted",
-                 "margin", "parts", "periods", "restarts", "solo", "solo_others", "solo_ran",
-                 "spending", "unseen", "watch")
+                 "margin", "parts", "periods", "rates", "recounted", "restarts", "solo",
+                 "solo_others", "solo_ran", "spending", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -177,6 +177,9 @@ class TimeSlicedSplit:
         # ran after the pause (a shim that ignores it, a process without one, a stranger)
         self.solo_others = 0
         self.solo_ran: set[str] = set()  # ... whose processes they were ("" for strangers)
+        self.rates: dict[str, float] = {}  # alloc_id -> tokens/s it spent in the last batch
+        # containers whose coarse figure was measured afresh once already (`coarse`)
+        self.recounted: set[str] = set()
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
               dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
@@ -214,6 +217,9 @@ class TimeSlicedSplit:
             self._learn_costs(owners, {a: used / total for a, used in spent.items() if used})
         self._calibrate(owners, busy, spent, dt_s)
         self.spending = spending = [a for a, used in spent.items() if used > 0]
+        if dt_s > 0:
+            self.rates = {a: used / dt_s for a, used in spent.items()}
+        self.recounted &= spent.keys()
         self._settle_doubts(spending)
         self._remember_apart(spending)
         explained = self._explained(spent, dt_s)
@@ -336,10 +342,28 @@ class TimeSlicedSplit:
         measured (`_settle_doubts`). A turn alone measures it afresh (`remeasure`)."""
         return set(self.doubted)
 
+    def coarse(self) -> set[str]:
+        """The containers whose trusted figure was read where a whole percent is a large part
+        of the reading (below COARSE_READING %) and whose spending has since grown
+        COARSE_GROWTH-fold or more: the figure, extrapolated that far, carries the reading's
+        rounding with it. Measured on an H200: a container whose turn came while its rate was
+        cut to 3.5 % of the GPU read 3, a figure 13 % light, and once it spent nine times as
+        much it ran at 37 % for its strict 30. Once per container: a turn alone measures it
+        afresh at the spending of the day (`remeasure`)."""
+        found = set()
+        for alloc_id, (figure, rate, steady) in self.alone.items():
+            if (steady >= ALONE_READINGS and alloc_id not in self.recounted
+                    and figure * rate < COARSE_READING
+                    and self.rates.get(alloc_id, 0.0) >= COARSE_GROWTH * rate):
+                found.add(alloc_id)
+        return found
+
     def remeasure(self, alloc_id: str) -> KeptFigure:
         """Drops a container's figure for a turn alone to measure afresh (kept as it was, a
         figure in the making would be averaged into it); what `restore` puts back should the
         turn end without a trusted one."""
+        if alloc_id in self.coarse():
+            self.recounted.add(alloc_id)
         return (self.alone.pop(alloc_id, None), self.batches.pop(alloc_id, None),
                 self.doubted.pop(alloc_id, None))
 
@@ -738,6 +762,10 @@ ALONE_MARGIN = 1.05
 # all work, three saturating ones were held with a mean error of 3.6 points instead of 1.1
 SPREAD_SIGMAS = 2.0
 FILE_SPREAD = 0.05  # figures kept across restarts scatter no more than this (`figures`)
+# A figure read below this (percent of the GPU: NVML reads whole percents) is coarse, and
+# measured afresh once its container spends this many times what it spent then (`coarse`)
+COARSE_READING = 5.0
+COARSE_GROWTH = 3.0
 # ... and while their ratios agree with the costs the periods show within this factor (beyond
 # what chance allows the costs)
 ALONE_AGREE = 1.25
