@@ -348,8 +348,8 @@ class TimeSlicedSplit:
         COARSE_GROWTH-fold or more: the figure, extrapolated that far, carries the reading's
         rounding with it. Measured on an H200: a container whose turn came while its rate was
         cut to 3.5 % of the GPU read 3, a figure 13 % light, and once it spent nine times as
-        much it ran at 37 % for its strict 30. Once per container: a turn alone measures it
-        afresh at the spending of the day (`remeasure`)."""
+        much it did 37 % of its unthrottled work for its strict 30. Once per container: a turn
+        alone measures it afresh at the spending of the day (`remeasure`)."""
         found = set()
         for alloc_id, (figure, rate, steady) in self.alone.items():
             if (steady >= ALONE_READINGS and alloc_id not in self.recounted
