@@ -347,7 +347,7 @@ class TimeSlicedSplit:
         of the reading (below COARSE_READING %) and whose spending has since grown
         COARSE_GROWTH-fold or more: the figure, extrapolated that far, carries the reading's
         rounding with it. Measured on an H200: a container whose turn came while its rate was
-        cut to 3.5 % of the GPU read 3, a figure 13 % light, and once it spent nine times as
+        cut to 3.8 % of its work read 3, a figure a fifth light, and once it spent nine times as
         much it did 37 % of its unthrottled work for its strict 30. Once per container: a turn
         alone measures it afresh at the spending of the day (`remeasure`)."""
         found = set()
