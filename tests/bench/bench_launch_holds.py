@@ -4,7 +4,8 @@
                                       [--gamer 240] [--crowd 600]
 
 `imperfections.H200_TIME_SLICED`: NVML gives each 200 ms period whole to one process with the
-GPU's busy time as its value, and while processes take turns every launch keeps the GPU counted
+GPU's busy time as its value (read after several periods, one sample per process for all of
+them, worth its part of the use), and while processes take turns every launch keeps the GPU counted
 busy 130 us beyond its work (fitted to the H200: two processes doing 20 % of the work each read
 99 % busy with 20 us kernels, 66 % with 200 us ones). Strict containers of one kernel length (1024
 blocks x 128 threads, the H200 check's), saturating: each alone first for 5 s, one after the
