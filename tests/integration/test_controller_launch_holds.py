@@ -418,3 +418,22 @@ async def test_two_containers_spared_by_the_operator_are_never_paused():
         assert len([e for e in logs if e["event"] == "throttle_solo_turn_started"]) == turns
         if not turns:
             assert not any(s.paused for s in run.controller.status.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("poll_periods", [1, 2])
+async def test_periods_read_together_are_read_as_the_h200s_driver_answers(poll_periods):
+    # Read after two periods, the H200's driver gave each process one sample worth its part
+    # of the use over both: 50 and 50 where each period read 99. Taken for periods of their
+    # own they read a GPU half idle, and both strict rates went up 60 % whenever the calm tick
+    # outgrew the period (a 50 % container at up to 73 % on the H200). NVML asked every other
+    # period, each read is such a pair: the shares hold all the same, over the last 20 s of 40.
+    from vgpu_agent.simulation.runner import run_controlled
+
+    sc, _ = scenario((30.0, 50.0), 20e-6, 0, 40.0)
+    run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=2), paced=True,
+                               nvml_poll_periods=poll_periods)
+    for name, limit in (("c0", 30.0), ("c1", 50.0)):
+        late = [share for t, share in run.series[name] if t > 20]
+        assert limit / timesliced.ALONE_MARGIN - 3 <= sum(late) / len(late) <= limit + 1, name
+        assert max(late) <= limit + 3, (name, max(late))
