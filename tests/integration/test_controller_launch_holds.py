@@ -63,9 +63,9 @@ async def test_each_container_gets_a_figure_of_its_own(before_s, after_s, monkey
     assert all(26 <= share <= 34 for share in means), means
     assert highest < 36, highest
     if before_s == after_s:
-        # (the rule before held this pair too once the simulated driver answered late reads
-        # as the H200 does, one sample per process for all the periods since the last read:
-        # 29-35 over seeds 0-3, where it ran the second at 35-50 % before)
+        # (the rule before held this pair under 36 too once the simulated driver answered
+        # late reads as the H200 does, one sample per process for all the periods since the
+        # last read: seeds 0-3, where it ran the second at 35-50 % before)
         return
     # the rule before, for the record: both far above their limits (no figure measured
     # afresh for being read at a few percent either, as then)
