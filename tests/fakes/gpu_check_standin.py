@@ -4,8 +4,8 @@
     python gpu_check_standin.py throughput SECONDS GRID BLOCK SPIN_US
 
 It plays the shim and the GPU of one process: every 20 ms it spends tokens at the rate its
-region's `control` grants (the GPU's full rate, FULL_TOKENS_PER_S, when the policy is off or the
-rate unset, and never more than that), and writes what it spent into `state` as the shim does
+region's `control` grants (the GPU's full rate, FULL_TOKENS_PER_S, where the shim would not
+limit it, and never more than that; nothing at a rate of 0 with a burst, as a paused container), and writes what it spent into `state` as the shim does
 (the device totals and its own process slot). It prints gpu_check's line at the end.
 """
 
@@ -43,8 +43,11 @@ def main() -> int:
     try:
         while (now := time.monotonic()) - start < seconds:
             device = layout.decode_control((region / "control").read_bytes()).devices[0]
-            rate = FULL_TOKENS_PER_S if device.policy == layout.POLICY_OFF or device.rate == 0 \
-                else min(device.rate, FULL_TOKENS_PER_S)
+            # unlimited as the shim's vgpu_unlimited; a rate of 0 with a burst is paused
+            unlimited = device.policy == layout.POLICY_OFF \
+                or device.core_limit >= layout.CORE_LIMIT_FULL \
+                or (device.rate == 0 and device.burst == 0)
+            rate = FULL_TOKENS_PER_S if unlimited else min(device.rate, FULL_TOKENS_PER_S)
             owed += rate * (now - last)
             spent += int(owed)
             owed -= int(owed)

@@ -8,6 +8,7 @@ findings rather than on the script's mistakes."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -224,3 +225,44 @@ def test_the_hold_per_launch_is_fitted_only_from_one_unsaturated_figure():
         assert script.launch_hold_us(pair, found, 40.0, full) is None
     assert script.launch_hold_us((held(None, 200), held(20, 200)),
                                  [{"sm_mean": 66}, {"sm_mean": 66}], 40.0, full) is None
+
+
+def test_fixed_rate_cases_are_read_from_the_command_line():
+    script = load_script()
+    cases = script.parse_cases("80@200, 90@20+0@200")
+    assert [[(h.pct, h.spin_us) for h in case] for case in cases] == [
+        [(None, 20)], [(None, 200)], [(80.0, 200)], [(90.0, 20), (0.0, 200)]]
+    for bad in ("80", "80@", "x@20", "101@20", "-1@20", "50@0", "50@20+full"):
+        with pytest.raises(argparse.ArgumentTypeError, match="SHARE@US"):
+            script.parse_cases(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_paused_process_holds_its_context_and_is_stopped_after_its_case(fake_nvml: FakeNvml,
+                                                                         tmp_path):
+    check = tmp_path / "gpu_check"
+    check.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
+    check.chmod(0o755)
+    out = tmp_path / "out"
+    (out / "regions").mkdir(parents=True)
+    driver = FakeDriver(fake_nvml, out / "regions")
+    driver.start()
+    script = load_script()
+    backend = script.NvmlBackend(str(fake_nvml.library_path))
+    backend.start()
+    try:
+        uuid = backend.discover().gpus[0].uuid
+        full = {20: 0.0}
+        (full[20], _, _), = script.hold(str(check), "", backend, out / "regions", uuid,
+                                       (script.Held(None, 20),), full, 3.0)
+        started = time.monotonic()
+        busy, paused = script.hold(str(check), "", backend, out / "regions", uuid,
+                                   (script.Held(50, 20), script.Held(0, 20)), full, 3.0)
+    finally:
+        backend.shutdown()
+        driver.stopped.set()
+        driver.join()
+    assert time.monotonic() - started < 10  # not left to run out its 30 s wait
+    assert busy[0] == pytest.approx(full[20] / 2, rel=0.2)
+    assert paused[0] < full[20] / 100

@@ -99,7 +99,7 @@ def make_region(root: Path, uuid: str, limit_pct: float, policy: int,
     seq = next(SEQ)
     device_id = f"{uuid}::{seq}"
     path = root / format_alloc_id(seq, (device_id,), time.monotonic_ns())
-    core = min(layout.CORE_LIMIT_FULL, round(limit_pct * layout.CORE_LIMIT_FULL / 100))
+    core = min(layout.CORE_LIMIT_FULL, max(1, round(limit_pct * layout.CORE_LIMIT_FULL / 100)))
     write_region(path, uuid, 0, core, rate, burst, policy, seq=seq, device_id=device_id)
     return Region.open(path)
 
@@ -242,7 +242,9 @@ def hold(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
         time.sleep(0.02)
     end = time.monotonic()
     spent1 = [tokens(r) for r in regions]
-    for proc in procs:
+    for proc, h in zip(procs, held, strict=True):
+        if h.pct == 0:  # paused for good: it would wait for tokens past its run
+            proc.kill()
         finish(proc)
     found = []
     for i, (proc, region) in enumerate(zip(procs, regions, strict=True)):
@@ -308,6 +310,30 @@ HOLD_CASES = (
 )
 QUICK_CASES = ((Held(None, 20),), (Held(50, 20),), (Held(20, 20),),
                (Held(20, 20), Held(20, 20)))
+
+
+def parse_cases(spec: str) -> tuple[tuple[Held, ...], ...]:
+    """Fixed-rate cases from `--cases`: comma-separated, each case's processes joined by '+',
+    each process SHARE@US (SHARE a percent of the unthrottled rate, or 'full'; 0 is a process
+    paused once its first kernel ran, holding its context, as a container is in another's turn
+    alone). The unthrottled rates the rest need come first."""
+    cases = []
+    for text in (c for c in spec.split(",") if c.strip()):
+        held = []
+        for part in text.split("+"):
+            share, sep, spin = part.strip().partition("@")
+            try:
+                pct = None if share == "full" else float(share)
+                spin_us = int(spin)
+            except ValueError:
+                pct, spin_us = -1.0, 0
+            if not sep or spin_us <= 0 or (pct is not None and not 0 <= pct <= 100):
+                raise argparse.ArgumentTypeError(
+                    f"case {text!r}: each process is SHARE@US, SHARE 0-100 or 'full', US > 0")
+            held.append(Held(pct, spin_us))
+        cases.append(tuple(held))
+    spins = sorted({h.spin_us for case in cases for h in case})
+    return (*((Held(None, spin),) for spin in spins), *cases)
 
 
 def part_samples(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
@@ -678,6 +704,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--phase", type=float, default=12.0,
                         help="in a case of its own, the first container's process is replaced "
                              "at this second by one with the longest kernels (0: no such case)")
+    parser.add_argument("--cases", type=parse_cases, default=None,
+                        help="the fixed-rate cases instead of the built-in ones, e.g. "
+                             "'80@200,80@200+0@20' (SHARE@US joined by '+'; 0: paused)")
     parser.add_argument("--only", default="",
                         help="comma-separated controller cases to run (default: all), e.g. "
                              "strict20,strict_mixed")
@@ -692,7 +721,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         uuid = part_backend(backend, out)
         say("2. NVML's per-process samples at fixed rates")
         full = part_samples(args.check, args.shim, backend, root, uuid, out, args.hold,
-                            QUICK_CASES if args.quick
+                            args.cases if args.cases
+                            else QUICK_CASES if args.quick
                             else RATE_CASES if args.controller_only
                             else HOLD_CASES if args.holds else CASES)
         if not full or min(full.values()) <= 0:
