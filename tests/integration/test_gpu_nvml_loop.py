@@ -154,7 +154,7 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
     driver.start()
     try:
         load_script().main([str(check), "", "--out", str(out), "--nvml-library",
-                            str(fake_nvml.library_path), "--hold", "3", "--seconds", "8",
+                            str(fake_nvml.library_path), "--hold", "3", "--seconds", "14",
                             "--alone", "0", "--controller-only", "--quick", "--only",
                             "strict20", "--trace", "--late-reads"])
     finally:
@@ -162,7 +162,9 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
         driver.join()
     printed = capsys.readouterr().out
     (line,) = [ln for ln in printed.splitlines() if ln.startswith("  strict20:")]
-    assert "read time-sliced ['GPU-" in line and "turns alone 1" in line, line
+    # a turn each: the second 3 s after the first (a first turn, on a GPU counted busy
+    # beyond the work)
+    assert "read time-sliced ['GPU-" in line and "turns alone 2" in line, line
     assert "paused for a turn alone at t = " in printed
     # reads further apart than a period bring several periods at once
     late = [json.loads(ln) for ln in (out / "late_reads.jsonl").read_text().splitlines()]
@@ -178,11 +180,11 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
     assert len(splits) > 20 and all(sum(t["shares"].values()) <= t["busy"] + 1e-6
                                     for t in splits)
     rows = [json.loads(ln) for ln in (out / "loop_strict20.jsonl").read_text().splitlines()]
-    # the first container measured, the second paused, then both spending again
-    assert not any(r["paused"] for r in rows if r["container"] == 0)
-    paused = [r for r in rows if r["container"] == 1 and r["paused"]]
-    assert paused, rows
-    after = max(r["t"] for r in paused) + 1
+    # each measured in turn while the other was paused, then both spending again
+    paused = {c: [r["t"] for r in rows if r["container"] == c and r["paused"]] for c in (0, 1)}
+    assert paused[0] and paused[1], rows
+    assert max(paused[1]) < min(paused[0])  # the first container's turn came first
+    after = max(paused[0]) + 1
     for container in (0, 1):
         later = [r["share"] for r in rows if r["container"] == container and r["t"] > after]
         assert later and sum(later) / len(later) > 5, rows

@@ -193,6 +193,12 @@ def test_time_sliced_attribution_leaves_a_process_alone_its_own_use():
     gpu.shim_process("a", LAUNCH, region("a", TWENTY_PERCENT))
     gpu.advance(5.0)
     assert {s.sm_util for s in list(gpu.samples)[-20:]} == {20}
+    # truncated to the percent, as the H200 read it, its periods of 19.2-20.4 % read below
+    truncating = gpu_with(nvml_attribution="time-sliced", nvml_truncates=True)
+    truncating.shim_process("a", LAUNCH, region("a", TWENTY_PERCENT))
+    truncating.advance(5.0)
+    read = [s.sm_util for s in list(truncating.samples)[-20:]]
+    assert set(read) <= {19, 20} and 19 <= statistics.fmean(read) < 20
 
 
 def test_time_sliced_periods_asked_for_together_share_out_their_use():

@@ -10,8 +10,8 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
   at which the process was seen busy: unbiased, never negative, its error largest (sigma) at
   50 % use and shrinking towards 0 % and 100 %, as a proportion's does. With "additive" each
   sample gets Gaussian noise of sigma whatever the use, clipped to [0, 100]: harsher, and
-  biased upwards for processes using only a few percent. Either way the value is rounded to
-  the integer percent NVML reports.
+  biased upwards for processes using only a few percent. Either way the value is made the
+  integer percent NVML reports (see "time-sliced" below for how).
 - `missed_samples` 2 %: a process that ran in a period does not always appear in that period's
   samples (the driver's buffer is per GPU and finite); the law must not read a missing sample
   as zero use.
@@ -31,6 +31,12 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
   period goes to someone there (`missed_samples` does not apply; none was seen missing). Not
   yet the default: the throttle figures in BENCHMARKS.md are for "per-process" unless they
   say otherwise.
+- `nvml_truncates` False: a sample is rounded to the whole percent. The H200 (driver 580)
+  truncates (turns alone at 3.8, 6.7 and 8.6 % of the work read 3, 6 and 8), and so does
+  `H200_TIME_SLICED`; the other plants keep rounding, their noise being a model of no
+  measured driver (with the noisy time-sliced plant truncating, a container overclaiming
+  its tokens kept its honest strict-60 neighbour at 49 % in five seeds of six, against three
+  rounding: `test_controller_token_claims`).
 - `launch_hold_s` 0 (off): what a time-sliced GPU counts busy beyond the work done, per
   launch, while two or more processes run in a period (a sample's value is then the GPU's
   busy time, work and holds together, at most the whole period). Measured on the H200: two
@@ -85,6 +91,7 @@ class Imperfections:
     sm_count: int = 132  # 0: every grid fills the GPU
     packing_efficiency: float = 0.8  # c packed kernels progress c ** this times as fast
     launch_hold_s: float = 0.0  # busy NVML counts per launch while processes take turns
+    nvml_truncates: bool = False  # whole percents truncated, not rounded (the H200's)
 
     def __post_init__(self) -> None:
         checks = {
@@ -135,7 +142,8 @@ class Imperfections:
             else:
                 busy = round(instants * p + rng.gauss(0, math.sqrt(instants * p * (1 - p))))
             percent = 100 * busy / instants
-        return round(min(100.0, max(0.0, percent)))
+        percent = min(100.0, max(0.0, percent))
+        return math.floor(percent + 1e-9) if self.nvml_truncates else round(percent)
 
 
 IDEAL = Imperfections(nvml_sigma=0.0, missed_samples=0.0, window_periods=1, kernel_jitter=0.0,
@@ -144,4 +152,4 @@ REAL = Imperfections()
 # The GPU as the H200 (driver 580) was measured without MPS: each period whole to one process,
 # with the busy time its launches hold (see the module note); a process's readings exact.
 H200_TIME_SLICED = Imperfections(nvml_sigma=0.0, nvml_attribution="time-sliced",
-                                 launch_hold_s=130e-6)
+                                 launch_hold_s=130e-6, nvml_truncates=True)

@@ -49,11 +49,18 @@ kernels while it finds itself alone, or a change of phase) let both of a strict 
 at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py --gamer`,
 simulated); a figure put in doubt by a change of phase waited out the minute after the last turn
 for its re-measure (43-67 % of 30 meanwhile). There turns are `gap_s` (10 s) apart: a pause at
-most every 12 s, ten containers starting together measured in two to two and a half minutes
-rather than nine (`--crowd`), their pauses closer together. On a GPU whose use the figures
-explain, the periods share it out well enough without them, and each pause costs more than it
-buys: ten containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s apart
+most every 12 s (first turns sooner, below). On a GPU whose use the figures explain, the
+periods share it out well enough without them, and each pause costs more than it buys: ten
+containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s apart
 (`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute) apart.
+On a GPU counted busy beyond the work, a container's first turn waits only `first_gap_s` (3 s)
+after the last turn: until then it is charged at another's figure times the cost its periods
+show, and a time-sliced driver gives long kernels fewer periods than their time (the H200 gave
+a process doing 5 % of the work 5 periods of 18). On the H200 a strict-50 container of 200 us
+kernels beside a measured strict-30 one of 20 us ran at 64 % of its work for the 10 s gap, its
+charge rising from 7 to 32 % as the periods came; simulated, at 54-89 % for 8-12 s (three
+seeds). With the first gap, about 4 s of that (simulated), and ten containers starting together
+are all measured within 43-80 s instead of 106-135 s (`--crowd`).
 
 The container given the turn is the one of highest priority among those tried least, so a
 latency-sensitive service marked so by its priority (`vgpu.io/priority`) runs through the turn
@@ -79,6 +86,7 @@ SOLO_TURN_AFTER_S = 3.0  # containers spending together, one without a figure, t
 # work (where figures are what shares rest on), and on one not seen to (see the module note)
 SOLO_TURN_GAP_S = 10.0
 SOLO_TURN_CALM_GAP_S = 60.0
+SOLO_TURN_FIRST_GAP_S = 3.0  # ... before a container's first turn there (see the module note)
 SOLO_TURN_TRIES = 2  # turns per container at most
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
 PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
@@ -109,22 +117,26 @@ class SoloTurn:
 class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
-    __slots__ = ("after_ns", "calm_gap_ns", "gap_ns", "last_end_ns", "most_ns", "most_s",
-                 "tried", "tries", "turn", "waiting_ns")
+    __slots__ = ("after_ns", "calm_gap_ns", "first_gap_ns", "gap_ns", "last_end_ns", "most_ns",
+                 "most_s", "tried", "tries", "turn", "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
-                 calm_gap_s: float = SOLO_TURN_CALM_GAP_S) -> None:
+                 calm_gap_s: float = SOLO_TURN_CALM_GAP_S,
+                 first_gap_s: float = SOLO_TURN_FIRST_GAP_S) -> None:
         if not 0 < most_s < LONGEST_WAIT_S:
             raise ValueError(f"a solo turn must last more than 0 s and less than the shim's "
                              f"longest wait ({LONGEST_WAIT_S:g} s), got {most_s!r}")
-        if not (after_s >= 0 and gap_s >= 0 and calm_gap_s >= 0 and tries >= 1):
-            raise ValueError(f"need after_s >= 0, gap_s >= 0, calm_gap_s >= 0 and tries >= 1, "
-                             f"got {after_s!r}, {gap_s!r}, {calm_gap_s!r}, {tries!r}")
+        if not (after_s >= 0 and gap_s >= 0 and calm_gap_s >= 0 and first_gap_s >= 0
+                and tries >= 1):
+            raise ValueError(f"need after_s >= 0, gap_s >= 0, calm_gap_s >= 0, first_gap_s >= 0 "
+                             f"and tries >= 1, got {after_s!r}, {gap_s!r}, {calm_gap_s!r}, "
+                             f"{first_gap_s!r}, {tries!r}")
         self.most_s = most_s
         self.most_ns, self.after_ns = int(most_s * 1e9), int(after_s * 1e9)
         self.gap_ns, self.tries = int(gap_s * 1e9), tries
         self.calm_gap_ns = int(calm_gap_s * 1e9)
+        self.first_gap_ns = int(first_gap_s * 1e9)
         self.turn: SoloTurn | None = None
         self.waiting_ns: int | None = None  # since when a turn has been wanted
         self.last_end_ns: int | None = None
@@ -144,8 +156,8 @@ class SoloTurns:
         container, those in force (0 where absent); `spared`: those never to be paused (the
         operator's choice): one of them can only be given the turn itself, and with two or
         more on the GPU none is given; `beyond_work`: whether the GPU has been seen counting
-        itself busy beyond the work the figures explain (turns `gap_s` apart; `calm_gap_s`
-        where not).
+        itself busy beyond the work the figures explain (turns `gap_s` apart, `first_gap_s`
+        where one eligible was never tried; `calm_gap_s` where not).
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
         pauses every other container: the one whose waits matter most is spared them), then
@@ -159,12 +171,14 @@ class SoloTurns:
             return None
         if self.waiting_ns is None:
             self.waiting_ns = now_ns
+        eligible = [a for a in spending if a in candidates and a not in measured
+                    and self.tried.get(a, 0) < self.tries]
         gap_ns = self.gap_ns if beyond_work else self.calm_gap_ns
+        if beyond_work and any(a not in self.tried for a in eligible):
+            gap_ns = min(gap_ns, self.first_gap_ns)
         if now_ns - self.waiting_ns < self.after_ns or (
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
             return None
-        eligible = [a for a in spending if a in candidates and a not in measured
-                    and self.tried.get(a, 0) < self.tries]
         spare = [a for a in present if a in spared]
         if spare:
             eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
