@@ -9,7 +9,6 @@ findings rather than on the script's mistakes."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import scripts
 from tests.fakes import gpu_check_standin
 from tests.fakes.fakenvml import FakeNvml
 from vgpu_agent.shm import layout
@@ -30,11 +30,7 @@ STANDIN = Path(gpu_check_standin.__file__)
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("nvml_loop", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return scripts.load_script(SCRIPT, "nvml_loop")
 
 
 class FakeDriver(threading.Thread):

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
 from vgpu_agent.throttle.timesliced import TimeSlicedSplit
 
 SCRIPT = Path(__file__).resolve().parents[2] / "shim" / "tests" / "gpu" / "replay_split.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("replay_split", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "replay_split")
 
 
 def _trace(path: Path, tamper: bool = False) -> list[float]:
