@@ -1,7 +1,7 @@
 """Strict containers on a GPU that counts itself busy beyond the work done, as the H200 did.
 
     python tests/bench/bench_launch_holds.py [--seeds 8] [--together 45] [--long 1800] [--mixed 150]
-                                      [--gamer 240] [--crowd 600]
+                                      [--gamer 240] [--crowd 600] [--unequal 40]
 
 `imperfections.H200_TIME_SLICED`: NVML gives each 200 ms period whole to one process with the
 GPU's busy time as its value (read after several periods, one sample per process for all of
@@ -40,6 +40,12 @@ With `--crowd S`, instead: ten strict 10 % containers together from the start fo
 kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
 before); per minute, the lowest and highest container's mean share (over the seeds), and when
 the last container's first turn came.
+
+With `--unequal S`, instead: the H200's pair of a strict 30 % container of 20 us kernels beside
+a strict 50 % one of 200 us, together from the start for S seconds (a 200 us kernel costs the
+tokens of a 20 us one); ours and with first turns 10 s apart (as before
+`soloturn.SOLO_TURN_FIRST_GAP_S`); per seed, each container's mean share per 2 s, its highest
+5 s, and when the turns came.
 
 With `--long S`, instead: the 30/30 pair of 20 us kernels, the first alone first, together for
 S seconds, ours only; per seed, each container's mean share over each fifth of the run and its
@@ -210,6 +216,46 @@ def mixed(seconds: float, seeds: int) -> None:
                   f" | turns {'/'.join(str(g[2]) for g in got)}")
 
 
+async def unequal_run(seconds: float, seed: int, first_gap_s: float | None = None
+                      ) -> tuple[dict[str, list[float]], list[float]]:
+    """Strict 30 % of 20 us kernels (c0) beside strict 50 % of 200 us (c1), together from the
+    start: (each one's share per 0.1 s, the 0.5 s before; when the turns started, s).
+    `first_gap_s`: between turns, first ones too, if not the controller's."""
+    from vgpu_agent.simulation.gpu import START_NS, Workload
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
+
+    def kernels(kernel_s: float) -> Workload:
+        return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
+                        queue_s=max(0.002, 5 * kernel_s))
+
+    limits = {"c0": 30.0, "c1": 50.0}
+    specs = (ContainerSpec("c0", 30, kernels(20e-6), policy="strict"),
+             ContainerSpec("c1", 50, kernels(200e-6), policy="strict"))
+    sc = Scenario("20 us beside 200 us", specs, lambda name, t: limits[name], seconds)
+    with turns_counted(first_gap_s) as given:
+        run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed),
+                                   paced=True)
+    assert not run.errors, run.errors
+    shares = {name: [share for _, share in run.series[name]] for name in limits}
+    return shares, [(at - START_NS) / 1e9 for at, _ in given]
+
+
+def unequal(seconds: float, seeds: int) -> None:
+    print("strict 30 % of 20 us kernels (c0) beside strict 50 % of 200 us (c1), together from "
+          "the start; per seed, each one's mean share per 2 s, its highest 5 s; turns (s)")
+    for label, first_gap_s in (("ours", None), ("first turns 10 s apart (before)", 10.0)):
+        print(f"\n{label}")
+        for seed in range(seeds):
+            shares, turns = asyncio.run(unequal_run(seconds, seed, first_gap_s))
+            for name, got in shares.items():
+                per = [statistics.fmean(got[a:a + 20]) for a in range(0, len(got) - 19, 20)]
+                highest = max(statistics.fmean(got[a:a + 50]) for a in range(len(got) - 49))
+                print(f"  seed {seed} {name}: {' '.join(f'{v:3.0f}' for v in per)} | highest "
+                      f"5 s {highest:4.1f}")
+            print(f"  seed {seed} turns at {', '.join(f'{t:.1f}' for t in turns)}")
+
+
 @contextlib.contextmanager
 def turns_counted(gap_s: float | None = None) -> Iterator[list[tuple[int, str]]]:
     """While in it, every turn alone started is listed (start ns, container); `gap_s`: the gap
@@ -356,8 +402,12 @@ def main() -> int:
     parser.add_argument("--gamer", type=float, default=0.0,
                         help="seconds of the pair whose first container games its turns "
                              "(0: the cases)")
+    parser.add_argument("--unequal", type=float, default=0.0,
+                        help="seconds of the strict 30/50 pair of 20 us beside 200 us kernels "
+                             "(0: the cases)")
     args = parser.parse_args()
-    runs = (("crowd", 60.0, crowd), ("gamer", 90.0, gamer), ("mixed", 90.0, mixed))
+    runs = (("crowd", 60.0, crowd), ("gamer", 90.0, gamer), ("mixed", 90.0, mixed),
+            ("unequal", 20.0, unequal))
     for name, least, run in runs:
         seconds = getattr(args, name)
         if not seconds:

@@ -19,6 +19,7 @@ from tests.bench.bench_launch_holds import (
     mixed_run,
     scenario,
     turns_counted,
+    unequal_run,
 )
 from vgpu_agent.simulation.gpu import START_NS
 from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
@@ -464,3 +465,18 @@ async def test_periods_read_together_are_read_as_the_h200s_driver_answers(poll_p
         late = [share for t, share in run.series[name] if t > 20]
         assert limit / timesliced.ALONE_MARGIN - 3 <= sum(late) / len(late) <= limit + 1, name
         assert max(late) <= limit + 3, (name, max(late))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_a_container_never_measured_gets_its_turn_soon_after_the_first(seed):
+    # The H200's pair: a strict 50 % container of 200 us kernels beside a strict 30 % one of
+    # 20 us. After the 30 % one's turn, the other is charged at its figure times a cost the
+    # periods understate; with first turns 10 s apart it ran at 66-71 % of its work from 10 to
+    # 15 s (at 64 % on the H200). Its own turn 3 s after the first holds it from there.
+    shares, turns = await unequal_run(20.0, seed)
+    assert turns[1] - turns[0] < 5, turns
+    assert statistics.fmean(shares["c1"][100:150]) <= 50 + 1.5
+    before, turns = await unequal_run(20.0, seed, first_gap_s=10.0)
+    assert turns[1] - turns[0] > 10, turns
+    assert statistics.fmean(before["c1"][100:150]) > 60

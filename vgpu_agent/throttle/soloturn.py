@@ -55,12 +55,13 @@ containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s
 (`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute) apart.
 On a GPU counted busy beyond the work, a container's first turn waits only `first_gap_s` (3 s)
 after the last turn: until then it is charged at another's figure times the cost its periods
-show, and a time-sliced driver gives long kernels fewer periods than their time (the H200 gave
-a process doing 5 % of the work 5 periods of 18). On the H200 a strict-50 container of 200 us
-kernels beside a measured strict-30 one of 20 us ran at 64 % of its work for the 10 s gap, its
-charge rising from 7 to 32 % as the periods came; simulated, at 54-89 % for 8-12 s (three
-seeds). With the first gap, about 4 s of that (simulated), and ten containers starting together
-are all measured within 43-80 s instead of 106-135 s (`--crowd`).
+show, and on the H200, under the controller, the periods understated long kernels (a container
+of 20 us kernels at 25-31 % of the GPU's time was given 40-46 % of the periods beside one of
+200 us). There a strict-50 container of 200 us kernels beside a measured strict-30 one of 20 us
+ran at 64 % of its work for the 10 s gap, its charge rising from 7 to 32 % as the periods came;
+simulated, at 54-88 % for 8-12 s (three seeds, `bench_launch_holds.py --unequal`). With the
+first gap, about 4 s of that, and ten containers starting together are all measured within
+43-80 s instead of 106-135 s (`--crowd`).
 
 The container given the turn is the one of highest priority among those tried least, so a
 latency-sensitive service marked so by its priority (`vgpu.io/priority`) runs through the turn
