@@ -260,3 +260,14 @@ def test_a_turn_ends_when_it_cannot_give_a_figure():
 def test_bad_settings_are_refused_by_name(kwargs, named):
     with pytest.raises(ValueError, match=named):
         SoloTurns(**kwargs)
+
+
+def test_the_first_gap_is_for_a_container_that_can_be_given_the_turn():
+    # one container spared by the operator: only it may be given a turn; the other, never
+    # tried, cannot be, so it does not bring the spared one's second turn sooner
+    turns = SoloTurns(after_s=0.0)
+    assert _due(turns, 0.0, spared=("a",)) == "a"
+    turns.start("a", 0, {})
+    turns.end(1 * S)
+    assert _due(turns, 1.0 + SOLO_TURN_FIRST_GAP_S, spared=("a",)) is None
+    assert _due(turns, 1.0 + SOLO_TURN_GAP_S, spared=("a",)) == "a"

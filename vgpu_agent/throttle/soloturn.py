@@ -174,15 +174,15 @@ class SoloTurns:
             self.waiting_ns = now_ns
         eligible = [a for a in spending if a in candidates and a not in measured
                     and self.tried.get(a, 0) < self.tries]
+        spare = [a for a in present if a in spared]
+        if spare:
+            eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
         gap_ns = self.gap_ns if beyond_work else self.calm_gap_ns
         if beyond_work and any(a not in self.tried for a in eligible):
             gap_ns = min(gap_ns, self.first_gap_ns)
         if now_ns - self.waiting_ns < self.after_ns or (
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
             return None
-        spare = [a for a in present if a in spared]
-        if spare:
-            eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
         if not eligible:
             return None
         ranks = priorities or {}

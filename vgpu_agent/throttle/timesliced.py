@@ -767,14 +767,14 @@ FILE_SPREAD = 0.05  # figures kept across restarts scatter no more than this (`f
 # measured afresh once its container spends this many times what it spent then (`coarse`)
 COARSE_READING = 5.0
 COARSE_GROWTH = 3.0
+# ... and while their ratios agree with the costs the periods show within this factor (beyond
+# what chance allows the costs)
+ALONE_AGREE = 1.25
 # NVML's whole percents are truncated (measured on an H200: a process alone at 3.8, 6.7 and
 # 8.6 % of its work read 3, 6 and 8), so a figure is made of its batch's reading and half a
 # percent: as read, the strict 30 % container of such a turn ran at 41 % for 12 s until it was
 # measured afresh (a reading of 2 for 2.8 %, a figure 29 % light)
 TRUNCATED = 0.5
-# ... and while their ratios agree with the costs the periods show within this factor (beyond
-# what chance allows the costs)
-ALONE_AGREE = 1.25
 # A container's cost against the others' is remembered this many periods back (the watch finds
 # a three-fold change in 10-20), so that a rise is judged from before the change began
 ANCHOR_PERIODS = 60
