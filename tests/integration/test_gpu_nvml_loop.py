@@ -90,17 +90,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml, tmp_path,
-                                                              capsys):
+def _stand_ins(fake_nvml: FakeNvml, tmp_path: Path, time_sliced: bool = False
+               ) -> tuple[Path, Path, FakeDriver]:
+    """A `gpu_check` that runs the stand-in process, the script's output directory, and the
+    fake driver publishing the processes' use (started)."""
     check = tmp_path / "gpu_check"
     check.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
     check.chmod(0o755)
     out = tmp_path / "out"
     (out / "regions").mkdir(parents=True)
-    driver = FakeDriver(fake_nvml, out / "regions")
+    driver = FakeDriver(fake_nvml, out / "regions", time_sliced=time_sliced)
     driver.start()
+    return check, out, driver
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml, tmp_path,
+                                                              capsys):
+    check, out, driver = _stand_ins(fake_nvml, tmp_path)
     try:
         code = load_script().main([str(check), "", "--out", str(out), "--nvml-library",
                                    str(fake_nvml.library_path), "--hold", "4",
@@ -141,13 +149,7 @@ def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml,
 @pytest.mark.timeout(180)
 def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml: FakeNvml,
                                                                         tmp_path, capsys):
-    check = tmp_path / "gpu_check"
-    check.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
-    check.chmod(0o755)
-    out = tmp_path / "out"
-    (out / "regions").mkdir(parents=True)
-    driver = FakeDriver(fake_nvml, out / "regions", time_sliced=True)
-    driver.start()
+    check, out, driver = _stand_ins(fake_nvml, tmp_path, time_sliced=True)
     try:
         load_script().main([str(check), "", "--out", str(out), "--nvml-library",
                             str(fake_nvml.library_path), "--hold", "3", "--seconds", "14",
@@ -244,13 +246,7 @@ def test_fixed_rate_cases_are_read_from_the_command_line():
 @pytest.mark.timeout(60)
 def test_a_paused_process_holds_its_context_and_is_stopped_after_its_case(fake_nvml: FakeNvml,
                                                                          tmp_path):
-    check = tmp_path / "gpu_check"
-    check.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
-    check.chmod(0o755)
-    out = tmp_path / "out"
-    (out / "regions").mkdir(parents=True)
-    driver = FakeDriver(fake_nvml, out / "regions")
-    driver.start()
+    check, out, driver = _stand_ins(fake_nvml, tmp_path)
     script = load_script()
     backend = script.NvmlBackend(str(fake_nvml.library_path))
     backend.start()

@@ -773,7 +773,7 @@ ALONE_AGREE = 1.25
 # NVML's whole percents are truncated (measured on an H200: a process alone at 3.8, 6.7 and
 # 8.6 % of its work read 3, 6 and 8), so a figure is made of its batch's reading and half a
 # percent: as read, the strict 30 % container of such a turn ran at 41 % for 12 s until it was
-# measured afresh (a reading of 2 for 2.8 %, a figure 29 % light)
+# measured afresh (a reading of 2; charged 29.7 % while it did 41 %)
 TRUNCATED = 0.5
 # A container's cost against the others' is remembered this many periods back (the watch finds
 # a three-fold change in 10-20), so that a rise is judged from before the change began
