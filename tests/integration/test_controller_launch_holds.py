@@ -42,7 +42,7 @@ async def test_containers_seen_alone_keep_their_shares_on_a_gpu_counted_busy(lim
         assert limit / timesliced.ALONE_MARGIN - 2 <= share <= limit + 1, (got, limits)
     # the operator is told, once
     said = [e for e in logs if e["event"] == "throttle_gpu_busy_beyond_work"]
-    assert len(said) == 1 and said[0]["busy"] > timesliced.ALONE_MARGIN * said[0]["explained"]
+    assert len(said) == 1 and said[0]["busy"] > timesliced.BEYOND_SEEN * said[0]["explained"]
 
 
 @pytest.mark.slow

@@ -279,7 +279,23 @@ def test_use_the_tokens_explain_is_shared_out_whole():
     _alone(split, "b", 30.0, 1000, 10, others=("a",))
     got = split.share([["b"]], 50.0, {"a": 1000, "b": 1000}, 0.1)
     assert sum(got.values()) == pytest.approx(50.0)
-    assert split.beyond_work == ()
+    assert split.beyond_work == () and not split.counts_beyond
+
+
+@pytest.mark.parametrize("excess", [1.01, 1.035, 1.08])
+def test_a_gpu_is_said_to_count_beyond_the_work_only_well_past_the_bound(excess):
+    # the figures explain 2 x 20.5 (read 20, truncated); a use a little above that is bounded
+    # (a figure may be a little light) but says nothing of how the GPU counts
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 20.0, 1000, 10, others=("a",))
+    work = 2 * (20 + timesliced.TRUNCATED)
+    got = split.share([["a"], ["b"]], excess * work, {"a": 1000, "b": 1000}, 0.1)
+    bounded = excess > timesliced.ALONE_MARGIN
+    assert sum(got.values()) == pytest.approx(min(excess, timesliced.ALONE_MARGIN) * work)
+    assert bool(split.beyond_work) == bounded
+    assert split.counts_beyond == (excess > timesliced.BEYOND_SEEN)
+    assert timesliced.ALONE_MARGIN < timesliced.BEYOND_SEEN
 
 
 @pytest.mark.parametrize("why", ["unsteady", "shared period", "too few", "read at 0"])

@@ -1246,7 +1246,8 @@ class ThrottleController:
                 # busy one absent), not an idle GPU; read as idle, its spending k would halve
                 return None
             util = split.share(given, busy, spent, dt_s, untrusted, solo)
-            if split.beyond_work and uuid not in self._beyond_work_logged:
+            if split.counts_beyond and split.beyond_work \
+                    and uuid not in self._beyond_work_logged:
                 self._beyond_work_logged.add(uuid)
                 log.warning("throttle_gpu_busy_beyond_work", uuid=uuid,
                             busy=round(split.beyond_work[0], 1),
