@@ -392,8 +392,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "vgpu_gpu_throttle_uncharged_use_percent",
         "Points of the time-sliced GPU's use, at the last batch of NVML samples, that its "
         "containers' tokens do not explain (at what each one's bought while alone) and that no "
-        "container was charged: NVML counting the GPU busy beyond the work. 0 when all of it "
-        "was charged.",
+        "container was charged: NVML counting the GPU busy beyond the work (or a few points of "
+        "a figure taken light). 0 when all of it was charged.",
         GPU_LABELS,
     )
     solo_turns = _counter(

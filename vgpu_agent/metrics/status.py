@@ -16,7 +16,8 @@ Schema (``schema_version`` 1; fields are only ever added within a version):
                an estimate from their tokens; null without a throttle controller),
                "uncharged_use_ratio": float | null (of a time-sliced GPU's use at the last
                batch of samples, the part its containers' tokens do not explain and nobody
-               was charged: NVML counting it busy beyond the work; null where not split)}],
+               was charged: NVML counting it busy beyond the work, or a few points of a
+               figure taken light; null where not split)}],
      "allocations": [{"alloc_id", "seq", "namespace", "pod", "container" (null until
                       PodResources names the holder), "state", "priority", "policy_source"
                       ("pod": its pod's annotations chose policy and priority, "default": the
