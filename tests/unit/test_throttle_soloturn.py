@@ -25,10 +25,10 @@ PERIOD_S = 0.2  # the H200's
 
 def _due(turns: SoloTurns, at_s: float, spending=("a", "b"), measured=(), candidates=("a", "b"),
          period_s: float = PERIOD_S, present=None, priorities=None, spared=(),
-         beyond_work: bool = True) -> str | None:
+         beyond_work: bool = True, doubted=()) -> str | None:
     on_gpu = set(spending) | set(candidates) if present is None else set(present)
     return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s,
-                     on_gpu, priorities, set(spared), beyond_work)
+                     on_gpu, priorities, set(spared), beyond_work, set(doubted))
 
 
 def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():
@@ -135,6 +135,41 @@ def test_first_turns_come_closer_together_only_where_the_gpu_counts_beyond_the_w
         assert _due(turns, at, spending=three, candidates=three, beyond_work=beyond_work) == "a"
     with pytest.raises(ValueError, match="first_gap_s"):
         SoloTurns(first_gap_s=-1.0)
+
+
+def test_a_figure_in_doubt_is_measured_afresh_as_soon_as_a_first_turn_would_be():
+    # both measured once; then a's figure is in doubt (its periods showed a change, or it was
+    # read at a few percent): waiting the whole gap after b's turn, a figure rising and
+    # falling with a cost wandering at chance's edge charged a strict-50 container 29 and 70 %
+    # by turns, and its neighbour ran at 34-38 % of its 30 (simulated)
+    for beyond_work, gap in ((True, SOLO_TURN_FIRST_GAP_S), (False, SOLO_TURN_CALM_GAP_S)):
+        turns = SoloTurns(after_s=0.0)
+        assert _due(turns, 0.0, beyond_work=beyond_work) == "a"
+        turns.start("a", 0, {})
+        turns.end(1 * S)
+        assert _due(turns, 1.0 + gap, beyond_work=beyond_work) == "b"
+        turns.start("b", int((1.0 + gap) * S), {})
+        ended = 2.0 + gap
+        turns.end(int(ended * S))
+        # a's figure in doubt: its second try as soon as a first would be (3 s) where the GPU
+        # counts beyond the work; a minute apart where it does not
+        assert _due(turns, ended + gap - 0.1, measured=("b",), doubted=("a",),
+                    beyond_work=beyond_work) is None
+        assert _due(turns, ended + gap, measured=("b",), doubted=("a",),
+                    beyond_work=beyond_work) == "a"
+        turns.start("a", int((ended + gap) * S), {})
+        turns.end(int((ended + gap + 1) * S))
+        # its tries spent: doubt or not, no third
+        assert _due(turns, ended + 10 * SOLO_TURN_CALM_GAP_S, measured=("b",), doubted=("a",),
+                    beyond_work=beyond_work) is None
+    # without the doubt, the figure standing waits the usual gap
+    turns = SoloTurns(after_s=0.0)
+    for name, at in (("a", 0.0), ("b", 1.0 + SOLO_TURN_FIRST_GAP_S)):
+        assert _due(turns, at) == name
+        turns.start(name, int(at * S), {})
+        turns.end(int((at + 1) * S))
+    assert _due(turns, 2.0 + 2 * SOLO_TURN_FIRST_GAP_S, measured=("b",)) is None
+    assert _due(turns, 2.0 + SOLO_TURN_FIRST_GAP_S + SOLO_TURN_GAP_S, measured=("b",)) == "a"
 
 
 def test_turns_are_spaced_wider_on_a_gpu_not_seen_counting_busy_beyond_the_work():

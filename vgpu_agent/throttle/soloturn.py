@@ -61,7 +61,12 @@ of 20 us kernels at 25-31 % of the GPU's time was given 40-46 % of the periods b
 ran at 64 % of its work for the 10 s gap, its charge rising from 7 to 32 % as the periods came;
 simulated, at 54-88 % for 8-12 s (three seeds, `bench_launch_holds.py --unequal`). With the
 first gap, about 4 s of that, and ten containers starting together are all measured within
-43-80 s instead of 106-135 s (`--crowd`).
+43-80 s instead of 106-135 s (`--crowd`). A container whose figure is in doubt (or too coarse)
+is measured afresh after the first gap too: it waited the whole gap after its neighbour's turn
+(a re-measure of the neighbour's coarse figure) while its own figure, raised by its cost's
+rise only where that rise is beyond chance, went 2.3-fold up and back with a cost at chance's
+edge, and its strict 30 % neighbour ran at 34-38 % for 6 s; with the first gap, at most 33.7 %
+over 5 s (simulated, `--unequal`, seed 1 of eleven).
 
 The container given the turn is the one of highest priority among those tried least, so a
 latency-sensitive service marked so by its priority (`vgpu.io/priority`) runs through the turn
@@ -146,7 +151,7 @@ class SoloTurns:
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
             candidates: Collection[str], period_s: float, present: Collection[str],
             priorities: Mapping[str, int] | None = None, spared: Collection[str] = (),
-            beyond_work: bool = True) -> str | None:
+            beyond_work: bool = True, doubted: Collection[str] = ()) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
         that spent this tick, in a stable order; `measured`: those with a trusted figure (a
         turn is for one without);
@@ -158,7 +163,9 @@ class SoloTurns:
         operator's choice): one of them can only be given the turn itself, and with two or
         more on the GPU none is given; `beyond_work`: whether the GPU has been seen counting
         itself busy beyond the work the figures explain (turns `gap_s` apart, `first_gap_s`
-        where one eligible was never tried; `calm_gap_s` where not).
+        where one eligible was never tried or has its figure in `doubted`; `calm_gap_s` where
+        not); `doubted`: those whose figure is in doubt or too coarse (left out of
+        `measured`).
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
         pauses every other container: the one whose waits matter most is spared them), then
@@ -178,7 +185,7 @@ class SoloTurns:
         if spare:
             eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
         gap_ns = self.gap_ns if beyond_work else self.calm_gap_ns
-        if beyond_work and any(a not in self.tried for a in eligible):
+        if beyond_work and any(a not in self.tried or a in doubted for a in eligible):
             gap_ns = min(gap_ns, self.first_gap_ns)
         if now_ns - self.waiting_ns < self.after_ns or (
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
