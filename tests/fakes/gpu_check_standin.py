@@ -5,8 +5,9 @@
 
 It plays the shim and the GPU of one process: every 20 ms it spends tokens at the rate its
 region's `control` grants (the GPU's full rate, FULL_TOKENS_PER_S, where the shim would not
-limit it, and never more than that; nothing at a rate of 0 with a burst, as a paused container), and writes what it spent into `state` as the shim does
-(the device totals and its own process slot). It prints gpu_check's line at the end.
+limit it, and never more than that; nothing at a rate of 0 with a burst, as a paused
+container), and writes what it spent into `state` as the shim does (the device totals and its
+own process slot). It prints gpu_check's line at the end.
 """
 
 from __future__ import annotations
