@@ -383,6 +383,61 @@ def test_one_figure_follows_its_containers_rise_against_a_neighbour_never_alone(
     assert split.restarts > 0
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_neighbours_raised_figure_never_charges_a_container_below_its_own(seed):
+    # a did 20 % alone, b 10 %; together their work stays so, but the time slices come to go
+    # to b five times as often as to a (the GPU counted whole, 100 % busy). The periods say
+    # b's tokens buy ten times what they did against a's: b's figure is raised (or a's sets
+    # the scale), the weights explain more than the GPU's use, and shared by those weights
+    # alone a was charged 11-17 for its 20
+    rng, split = random.Random(seed), TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 10.0, 1000, 10, others=("a",))
+    charged = []
+    for n in range(1400):
+        cost = {"a": 2.0, "b": 1.0 if n < 400 else 10.0}
+        spent = {"a": rng.randint(950, 1050), "b": rng.randint(950, 1050)}
+        owner, _ = _drawn(rng, spent, cost)
+        charged.append(split.share([[owner]], 100.0, spent, 0.1))
+    own = timesliced.ALONE_MARGIN * (20 + timesliced.TRUNCATED)
+    assert "b" in split.doubted and split.restarts > 0
+    for got in charged[200:]:
+        # (its tokens drawn from 950-1050 a tick: its figure's work within 5 %)
+        assert got["a"] >= 0.95 * own
+    after = charged[-500:]
+    # b is charged the rise the periods show (the safe side for its own limit) ...
+    assert sum(got["b"] for got in after) / 500 > 60
+    # ... and nothing is said to be uncharged that was charged after all
+    assert split.uncharged >= 0.0
+    # with the figures as measured (no doubt, agreeing with the periods) the use is shared
+    # by them: a GPU whose use is all work, both a little light, is not charged beyond it
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 10.0, 1000, 10, others=("a",))
+    got = split.share([["a"], ["a"], ["b"]], 30.0, {"a": 1000, "b": 1000}, 0.1)
+    assert sum(got.values()) == pytest.approx(30.0)
+
+
+def test_turns_are_ordered_by_costs_the_periods_show_beyond_a_deviation():
+    # b's tokens buy three times a's: after a few dozen periods its cost is told apart, while
+    # two containers of equal costs mostly read as equal
+    rng, split = random.Random(4), TimeSlicedSplit()
+    for _ in range(60):
+        spent = {"a": 1000, "b": 1000, "c": 1000}
+        owner, _ = _drawn(rng, spent, {"a": 1.0, "b": 3.0, "c": 1.0})
+        split.share([[owner]], 100.0, spent)
+    proven = split.proven_costs()
+    assert proven["b"] > 0 and max(proven, key=proven.__getitem__) == "b"
+    log_cost, info = split.costs["b"]
+    assert proven["b"] == log_cost
+    # a learned cost within ORDER_SIGMAS deviations of equal orders nothing
+    deviation = 1 / math.sqrt(2 * info)
+    split.costs["b"] = (0.9 * timesliced.ORDER_SIGMAS * deviation, info)
+    assert split.proven_costs()["b"] == 0.0
+    split.costs["b"] = (-1.1 * timesliced.ORDER_SIGMAS * deviation, info)
+    assert split.proven_costs()["b"] < 0
+
+
 def test_figures_kept_across_a_restart_bound_the_use_at_once():
     before = TimeSlicedSplit()
     _alone(before, "a", 10.0, 1000, 10, others=("b",))

@@ -278,7 +278,30 @@ class TimeSlicedSplit:
         floors = self._floors(weights, busy)
         self.lifted = _lift_from(shares, floors, whole - ours) if self.beyond_work else 0.0
         _floor_by_periods(shares, floors)
+        if explained is not None and explained[2]:
+            self._floor_by_figures(shares, spent, dt_s, whole)
         return dict.fromkeys(spent, 0.0) | shares | unshimmed
+
+    def _floor_by_figures(self, shares: dict[str, float], spent: Mapping[str, int],
+                          dt_s: float, ours: float) -> None:
+        """While a figure in doubt is raised (`_figure`), each container with a trusted
+        figure is charged at least what its tokens bought alone, as the bound would charge it
+        (up to `ours`). The raise takes the periods at their word that the doubted
+        container's tokens came to buy more, while they may as well show the others' buying
+        less, or the time slices going to it beyond its work: where the raise made the weights
+        explain more than the GPU's use, the whole use was shared by them, and a strict 30 %
+        container, charged 30-37, did 38-45 (simulated, its neighbour's figure raised e^1.6).
+        Not without a raise: where figures measured alone explain more than the use together
+        (tokens buying less beside others), shared by the weights is right, and held to its
+        figure an honest container ran at 30 % of its 40 (simulated)."""
+        for alloc_id, (figure, _, steady) in self.alone.items():
+            if steady < ALONE_READINGS or alloc_id not in shares:
+                continue
+            own = min(ours, self.margin * figure * spent[alloc_id] / dt_s)
+            if own > shares[alloc_id]:
+                if self.beyond_work:
+                    self.lifted += own - shares[alloc_id]
+                shares[alloc_id] = own
 
     def _learn_costs(self, owners: list[list[str]], tokens: Mapping[str, float]) -> None:
         """Each period given to one of the containers spending (`tokens`: their parts of the
@@ -328,6 +351,13 @@ class TimeSlicedSplit:
                     else figure, rate)
                 for a, (figure, rate, steady) in self.alone.items()
                 if steady >= ALONE_READINGS and self.spread(a) <= FILE_SPREAD}
+
+    def proven_costs(self) -> dict[str, float]:
+        """Each container's learned log cost against the others' where it is ORDER_SIGMAS
+        deviations or more from equal, 0 where nearer: whose tokens the periods show buying
+        more than the others' (or less), and whose show nothing yet."""
+        return {a: log_cost if log_cost * log_cost * 2 * info > ORDER_SIGMAS * ORDER_SIGMAS
+                else 0.0 for a, (log_cost, info) in self.costs.items()}
 
     def spread(self, alloc_id: str) -> float:
         """How far a figure may be off, relative to it: the standard error of the mean of the
@@ -406,7 +436,7 @@ class TimeSlicedSplit:
         if not self.beyond_work:
             return 0.0
         busy, explained = self.beyond_work
-        return busy - self.margin * explained - self.lifted
+        return max(0.0, busy - self.margin * explained - self.lifted)
 
     def _calibrate(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
                    dt_s: float) -> None:
@@ -467,10 +497,11 @@ class TimeSlicedSplit:
         batches[alloc_id] = (n, mean, squares)
 
     def _explained(self, spent: Mapping[str, int], dt_s: float
-                   ) -> tuple[float, dict[str, float]] | None:
-        """The use the tokens spent explain, and each container's weight in it (its part of
-        that use, up to a common factor); None unless two containers or more spent and at
-        least one has a trusted figure from when it was alone.
+                   ) -> tuple[float, dict[str, float], bool] | None:
+        """The use the tokens spent explain, each container's weight in it (its part of
+        that use, up to a common factor), and whether a figure in doubt was raised; None
+        unless two containers or more spent and at least one has a trusted figure from when it
+        was alone.
 
         Every one with a figure, the figures agreeing with the costs the periods show (their
         ratios, within what chance allows the costs): each one's tokens at its figure.
@@ -487,6 +518,7 @@ class TimeSlicedSplit:
         if not measured:
             return None
         figures = {a: self._figure(a, spending) for a in measured}
+        raised = any(figures[a] != alone[a][0] for a in measured)
         if len(measured) == len(spending):
             apart, least_info = [], math.inf
             for alloc_id in measured:
@@ -496,11 +528,11 @@ class TimeSlicedSplit:
             if max(apart) - min(apart) <= _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(
                     2 / least_info):
                 weights = {a: figures[a] * spent[a] / dt_s for a in spending}
-                return sum(weights.values()), weights
+                return sum(weights.values()), weights, raised
         believed = {a: _believed(*costs.get(a, (0.0, PRIOR_INFO))) for a in spending}
         scale = max(figures[a] / believed[a] for a in measured)
         weights = {a: scale * believed[a] * spent[a] / dt_s for a in spending}
-        return sum(weights.values()), weights
+        return sum(weights.values()), weights, raised
 
     def _apart(self, alloc_id: str, spending: Iterable[str]) -> tuple[float, float]:
         """A container's learned log cost against the mean of the others' `spending`, and the
@@ -573,7 +605,8 @@ class TimeSlicedSplit:
         standing charges more, not less). Where it has risen, its tokens buy more than they
         did alone, and the figure follows the rise (`_figure`) while the costs go on learning
         it, until the container is measured alone again. Costs against the others cannot tell
-        which of them changed: the figure is raised either way, the safe side for the limits.
+        which of them changed: the figure is raised either way, the safe side for its limit
+        (and the others charged at least at their own figures meanwhile, `_floor_by_figures`).
         Where the others spending are no longer those of the change, the rise can no longer
         be told: the figure keeps the rise it had.
 
@@ -740,6 +773,11 @@ COST_RANGE = 8.0
 LUCK_SIGMAS = 2.0  # a floor is the part of the periods chance cannot explain at this many
 # deviations of a learned log cost that draw it halfway towards 1 (equal costs)
 DOUBT_SIGMAS = 2.0
+# ... and past which it orders the turns alone (`proven_costs`): an order, not a charge, so
+# more likely than not is enough. At DOUBT_SIGMAS, the H200's pair of 20 and 200 us kernels
+# had shown it by the first turn in 8 seeds of 11; at 1, in all 11. Not at 0, where containers
+# of equal costs would be ordered by noise every time (at 1, about a third of the time)
+ORDER_SIGMAS = 1.0
 # A container's odds of being given a period this many times what its cost predicts (or as
 # many times less) is a change of workload, found once the evidence for it reaches
 # CHANGE_EVIDENCE nats; the information of the costs whose periods changed is then cut to
