@@ -288,12 +288,16 @@ class TimeSlicedSplit:
         figure is charged at least what its tokens bought alone, as the bound would charge it
         (up to `ours`). The raise takes the periods at their word that the doubted
         container's tokens came to buy more, while they may as well show the others' buying
-        less, or the time slices going to it beyond its work: where the raise made the weights
+        less, or (on a GPU counted busy beyond the work, where periods follow turns on the
+        GPU) the time slices going to it beyond its work: where the raise made the weights
         explain more than the GPU's use, the whole use was shared by them, and a strict 30 %
         container, charged 30-37, did 38-45 (simulated, its neighbour's figure raised e^1.6).
-        Not without a raise: where figures measured alone explain more than the use together
-        (tokens buying less beside others), shared by the weights is right, and held to its
-        figure an honest container ran at 30 % of its 40 (simulated)."""
+        The safe side for each container's limit, at a cost where the others' tokens did come
+        to buy less: two containers changing phase the opposite ways at once (four times
+        more, a quarter) are held further from their shares until measured again (simulated,
+        see BENCHMARKS.md). Not without a raise: where figures measured alone explain more
+        than the use together (tokens buying less beside others), shared by the weights is
+        right, and held to its figure an honest container ran at 30 % of its 40 (simulated)."""
         for alloc_id, (figure, _, steady) in self.alone.items():
             if steady < ALONE_READINGS or alloc_id not in shares:
                 continue
