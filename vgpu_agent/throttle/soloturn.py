@@ -61,12 +61,12 @@ of 20 us kernels at 25-31 % of the GPU's time was given 40-46 % of the periods b
 ran at 64 % of its work for the 10 s gap, its charge rising from 7 to 32 % as the periods came;
 simulated, at 54-88 % for 8-12 s (three seeds, `bench_launch_holds.py --unequal`). With the
 first gap, about 4 s of that, and ten containers starting together are all measured within
-43-80 s instead of 106-135 s (`--crowd`). A container whose figure is in doubt (or too coarse)
-is measured afresh after the first gap too: it waited the whole gap after its neighbour's turn
-(a re-measure of the neighbour's coarse figure) while its own figure, raised by its cost's
-rise only where that rise is beyond chance, went 2.3-fold up and back with a cost at chance's
-edge, and its strict 30 % neighbour ran at 34-38 % for 6 s; with the first gap, at most 33.7 %
-over 5 s (simulated, `--unequal`, seed 1 of eleven).
+43-80 s instead of 106-135 s (`--crowd`; 43 s since the heaviest go first, below). A container
+whose figure is in doubt (or too coarse) is measured afresh after the first gap too: it waited
+the whole gap after its neighbour's turn (a re-measure of the neighbour's coarse figure) while
+its own figure, raised by its cost's rise only where that rise is beyond chance, went 2.3-fold
+up and back with a cost at chance's edge, and its strict 30 % neighbour ran at 34-38 % for 6 s;
+with the first gap, at most 33.7 % over 5 s (simulated, `--unequal`, seed 1 of eleven).
 
 The container given the turn is the one of highest priority among those tried least, so a
 latency-sensitive service marked so by its priority (`vgpu.io/priority`) runs through the turn
