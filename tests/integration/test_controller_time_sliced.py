@@ -5,25 +5,15 @@ throttled towards nothing; the shares are judged here by the SM time each really
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import replace
 
 import pytest
 
-from tests.bench.bench_launch_holds import turns_counted
-from vgpu_agent.simulation.gpu import (
-    START_NS,
-    SimBackend,
-    SimGpu,
-    SimHostEvidence,
-    SimProcess,
-    Workload,
-)
+from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import ContainerSpec, ControlledRun, PlantSpec
 from vgpu_agent.throttle.controller import ThrottleController
-from vgpu_agent.throttle.soloturn import SOLO_TURN_MOST_S
 
 UUID = "GPU-time-sliced"
 
@@ -86,26 +76,15 @@ async def test_a_container_overstating_its_tokens_leaves_its_neighbours_share_al
     # periods correct what its tokens claim (the costs are learned period by period, its
     # claims are held to its bucket, and a rate that does not bind is halved), so its
     # neighbour keeps its share in every 10 s window of the first 70 s, not only the last,
-    # and the liar takes no more than its own after the first. (The seconds of a turn alone,
-    # the liar's or the honest one's, are left out: a pause is the turns' cost, judged
-    # elsewhere, not a share taken.)
+    # and the liar takes no more than its own after the first.
     gpu, (honest, liar), slot, controller = liar_and_honest()
-    with turns_counted() as given:
-        for _ in range(700):
-            gpu.advance(0.1)
-            slot.tokens_spent[0] *= factor
-            await controller.tick()
-            slot.tokens_spent[0] //= factor
-    turns = [(at_ns - START_NS) / 1e9 for at_ns, _ in given]
-
-    def windows(proc: SimProcess) -> list[float]:
-        series = gpu.shares(proc, 0.5)
-        return [statistics.fmean(share for t, share in series if start < t <= start + 10
-                                 and not any(at < t <= at + SOLO_TURN_MOST_S + 0.5
-                                             for at in turns))
-                for start in range(0, 70, 10)]
-
-    honest_windows, liar_windows = windows(honest), windows(liar)
+    for _ in range(700):
+        gpu.advance(0.1)
+        slot.tokens_spent[0] *= factor
+        await controller.tick()
+        slot.tokens_spent[0] //= factor
+    honest_windows = [share for _, share in gpu.shares(honest, 10)][::100]
+    liar_windows = [share for _, share in gpu.shares(liar, 10)][::100]
     assert len(honest_windows) == 7
     assert min(honest_windows) >= 38, honest_windows
     assert max(liar_windows[1:]) <= 43, liar_windows

@@ -25,10 +25,10 @@ PERIOD_S = 0.2  # the H200's
 
 def _due(turns: SoloTurns, at_s: float, spending=("a", "b"), measured=(), candidates=("a", "b"),
          period_s: float = PERIOD_S, present=None, priorities=None, spared=(),
-         beyond_work: bool = True, doubted=(), costs=None) -> str | None:
+         beyond_work: bool = True, doubted=()) -> str | None:
     on_gpu = set(spending) | set(candidates) if present is None else set(present)
     return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s,
-                     on_gpu, priorities, set(spared), beyond_work, set(doubted), costs)
+                     on_gpu, priorities, set(spared), beyond_work, set(doubted))
 
 
 def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():
@@ -229,28 +229,6 @@ def test_the_turn_goes_to_the_highest_priority_among_those_tried_least():
     fresh = SoloTurns(after_s=0.0)
     assert _due(fresh, 0.0, spending=("c", "a"), candidates=("c", "a"),
                 priorities={"a": 5, "c": 5}) == "c"
-
-
-def test_among_equals_the_turn_goes_to_the_container_whose_tokens_buy_the_most():
-    # the costs the periods show: "b"'s tokens buy the most SM time, so it is the one charged
-    # too little at a neighbour's figure times a cost drawn towards theirs
-    costs = {"a": -0.4, "b": 0.9, "c": -0.5}
-    three = ("a", "b", "c")
-    turns = SoloTurns(after_s=0.0, gap_s=0.0, first_gap_s=0.0)
-    assert _due(turns, 0.0, spending=three, candidates=three, costs=costs) == "b"
-    turns.end(0)
-    # tried once: the heaviest of the others
-    assert _due(turns, 1.0, spending=three, candidates=three, costs=costs) == "a"
-    turns.end(int(1.0 * S))
-    # priority comes first, the tries before both
-    assert _due(turns, 2.0, spending=three, candidates=three, costs=costs,
-                priorities={"c": 1}) == "c"
-    turns.end(int(2.0 * S))
-    # all tried once: the heaviest again
-    assert _due(turns, 3.0, spending=three, candidates=three, costs=costs) == "b"
-    # a container without a cost learned counts at 0 (the mean)
-    fresh = SoloTurns(after_s=0.0)
-    assert _due(fresh, 0.0, spending=("a", "d"), candidates=("a", "d"), costs=costs) == "d"
 
 
 def test_a_spared_container_is_never_paused():

@@ -418,26 +418,6 @@ def test_a_neighbours_raised_figure_never_charges_a_container_below_its_own(seed
     assert sum(got.values()) == pytest.approx(30.0)
 
 
-def test_turns_are_ordered_by_costs_the_periods_show_beyond_a_deviation():
-    # b's tokens buy three times a's: after a few dozen periods its cost is told apart, while
-    # two containers of equal costs mostly read as equal
-    rng, split = random.Random(4), TimeSlicedSplit()
-    for _ in range(60):
-        spent = {"a": 1000, "b": 1000, "c": 1000}
-        owner, _ = _drawn(rng, spent, {"a": 1.0, "b": 3.0, "c": 1.0})
-        split.share([[owner]], 100.0, spent)
-    proven = split.proven_costs()
-    assert proven["b"] > 0 and max(proven, key=proven.__getitem__) == "b"
-    log_cost, info = split.costs["b"]
-    assert proven["b"] == log_cost
-    # a learned cost within ORDER_SIGMAS deviations of equal orders nothing
-    deviation = 1 / math.sqrt(2 * info)
-    split.costs["b"] = (0.9 * timesliced.ORDER_SIGMAS * deviation, info)
-    assert split.proven_costs()["b"] == 0.0
-    split.costs["b"] = (-1.1 * timesliced.ORDER_SIGMAS * deviation, info)
-    assert split.proven_costs()["b"] < 0
-
-
 def test_figures_kept_across_a_restart_bound_the_use_at_once():
     before = TimeSlicedSplit()
     _alone(before, "a", 10.0, 1000, 10, others=("b",))

@@ -61,21 +61,16 @@ of 20 us kernels at 25-31 % of the GPU's time was given 40-46 % of the periods b
 ran at 64 % of its work for the 10 s gap, its charge rising from 7 to 32 % as the periods came;
 simulated, at 54-88 % for 8-12 s (three seeds, `bench_launch_holds.py --unequal`). With the
 first gap, about 4 s of that, and ten containers starting together are all measured within
-43-80 s instead of 106-135 s (`--crowd`; 43 s since the heaviest go first, below). A container
-whose figure is in doubt (or too coarse) is measured afresh after the first gap too: it waited
-the whole gap after its neighbour's turn (a re-measure of the neighbour's coarse figure) while
-its own figure, raised by its cost's rise only where that rise is beyond chance, went 2.3-fold
-up and back with a cost at chance's edge, and its strict 30 % neighbour ran at 34-38 % for 6 s;
-with the first gap, at most 33.7 % over 5 s (simulated, `--unequal`, seed 1 of eleven).
+43-80 s instead of 106-135 s (`--crowd`). A container whose figure is in doubt (or too coarse)
+is measured afresh after the first gap too: it waited the whole gap after its neighbour's turn
+(a re-measure of the neighbour's coarse figure) while its own figure, raised by its cost's
+rise only where that rise is beyond chance, went 2.3-fold up and back with a cost at chance's
+edge, and its strict 30 % neighbour ran at 34-38 % for 6 s; with the first gap, at most 33.7 %
+over 5 s (simulated, `--unequal`, seed 1 of eleven).
 
 The container given the turn is the one of highest priority among those tried least, so a
 latency-sensitive service marked so by its priority (`vgpu.io/priority`) runs through the turn
-while the others wait; among equals, the one whose tokens the periods show buying the most SM
-time. Until it has a figure of its own, a container is charged at a measured neighbour's figure
-times the ratio of their costs, and a cost learned from few periods is drawn towards the
-others' (as far as it could be chance): the heaviest is the one charged too little, the lighter
-ones too much, the safe side. Measured in the order they spend, the H200's strict 50 %
-container of 200 us kernels waited for its light neighbour's turn first.
+while the others wait.
 
 Pure: no I/O, no clocks (the caller passes the time).
 """
@@ -156,8 +151,7 @@ class SoloTurns:
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
             candidates: Collection[str], period_s: float, present: Collection[str],
             priorities: Mapping[str, int] | None = None, spared: Collection[str] = (),
-            beyond_work: bool = True, doubted: Collection[str] = (),
-            costs: Mapping[str, float] | None = None) -> str | None:
+            beyond_work: bool = True, doubted: Collection[str] = ()) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
         that spent this tick, in a stable order; `measured`: those with a trusted figure (a
         turn is for one without);
@@ -171,12 +165,11 @@ class SoloTurns:
         itself busy beyond the work the figures explain (turns `gap_s` apart, `first_gap_s`
         where one eligible was never tried or has its figure in `doubted`; `calm_gap_s` where
         not); `doubted`: those whose figure is in doubt or too coarse (left out of
-        `measured`); `costs`: their learned log costs against one another
-        where beyond chance (`TimeSlicedSplit.proven_costs`; 0 otherwise and where absent).
+        `measured`).
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
         pauses every other container: the one whose waits matter most is spared them), then
-        the highest cost (see the module note), then the first in `spending`'s order."""
+        the first in `spending`'s order."""
         for gone in [a for a in self.tried if a not in present]:
             del self.tried[gone]
         if (self.turn is not None or len(spending) < 2
@@ -200,9 +193,7 @@ class SoloTurns:
         if not eligible:
             return None
         ranks = priorities or {}
-        heavy = costs or {}
-        chosen = min(eligible, key=lambda a: (self.tried.get(a, 0), -ranks.get(a, 0),
-                                              -heavy.get(a, 0.0)))
+        chosen = min(eligible, key=lambda a: (self.tried.get(a, 0), -ranks.get(a, 0)))
         self.tried[chosen] = self.tried.get(chosen, 0) + 1
         self.waiting_ns = None
         return chosen

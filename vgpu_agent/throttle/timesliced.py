@@ -356,13 +356,6 @@ class TimeSlicedSplit:
                 for a, (figure, rate, steady) in self.alone.items()
                 if steady >= ALONE_READINGS and self.spread(a) <= FILE_SPREAD}
 
-    def proven_costs(self) -> dict[str, float]:
-        """Each container's learned log cost against the others' where it is ORDER_SIGMAS
-        deviations or more from equal, 0 where nearer: whose tokens the periods show buying
-        more than the others' (or less), and whose show nothing yet."""
-        return {a: log_cost if log_cost * log_cost * 2 * info > ORDER_SIGMAS * ORDER_SIGMAS
-                else 0.0 for a, (log_cost, info) in self.costs.items()}
-
     def spread(self, alloc_id: str) -> float:
         """How far a figure may be off, relative to it: the standard error of the mean of the
         batches it rests on (ALONE_AVERAGED of them at most are averaged); 0 for one adopted.
@@ -777,11 +770,6 @@ COST_RANGE = 8.0
 LUCK_SIGMAS = 2.0  # a floor is the part of the periods chance cannot explain at this many
 # deviations of a learned log cost that draw it halfway towards 1 (equal costs)
 DOUBT_SIGMAS = 2.0
-# ... and past which it orders the turns alone (`proven_costs`): an order, not a charge, so
-# more likely than not is enough. At DOUBT_SIGMAS, the H200's pair of 20 and 200 us kernels
-# had shown it by the first turn in 8 seeds of 11; at 1, in all 11. Not at 0, where containers
-# of equal costs would be ordered by noise every time (at 1, about a third of the time)
-ORDER_SIGMAS = 1.0
 # A container's odds of being given a period this many times what its cost predicts (or as
 # many times less) is a change of workload, found once the evidence for it reaches
 # CHANGE_EVIDENCE nats; the information of the costs whose periods changed is then cut to
