@@ -306,3 +306,26 @@ def test_the_first_gap_is_for_a_container_that_can_be_given_the_turn():
     turns.end(1 * S)
     assert _due(turns, 1.0 + SOLO_TURN_FIRST_GAP_S, spared=("a",)) is None
     assert _due(turns, 1.0 + SOLO_TURN_GAP_S, spared=("a",)) == "a"
+
+
+def test_first_turns_come_soon_on_a_calm_gpu_only_where_costs_are_far_apart():
+    # a GPU whose use is all work: a minute between turns, first ones too, unless the
+    # containers' costs differ far (the second's figure then matters within seconds)
+    for apart, expected in ((False, SOLO_TURN_CALM_GAP_S), (True, SOLO_TURN_FIRST_GAP_S)):
+        turns = SoloTurns(after_s=0.0)
+        assert turns.due(0, ["a", "b"], set(), {"a", "b"}, PERIOD_S, {"a", "b"},
+                         beyond_work=False, apart=apart) == "a"
+        turns.start("a", 0, {})
+        turns.end(int(1.0 * S))
+        at = 1.0 + expected
+        assert turns.due(int((at - 0.1) * S), ["a", "b"], {"a"}, {"a", "b"}, PERIOD_S,
+                         {"a", "b"}, beyond_work=False, apart=apart) is None
+        assert turns.due(int(at * S), ["a", "b"], {"a"}, {"a", "b"}, PERIOD_S, {"a", "b"},
+                         beyond_work=False, apart=apart) == "b"
+    # ... first turns only: a figure in doubt there waits the minute, costs apart or not
+    turns = SoloTurns(after_s=0.0)
+    turns.tried = {"a": 1, "b": 1}
+    turns.last_end_ns = 0
+    assert turns.due(int((SOLO_TURN_FIRST_GAP_S + 1) * S), ["a", "b"], {"a"}, {"a", "b"},
+                     PERIOD_S, {"a", "b"}, beyond_work=False, doubted={"b"},
+                     apart=True) is None

@@ -418,6 +418,19 @@ def test_a_neighbours_raised_figure_never_charges_a_container_below_its_own(seed
     assert sum(got.values()) == pytest.approx(30.0)
 
 
+@pytest.mark.parametrize(("ratio", "apart"), [(1.0, False), (1.5, False), (6.0, True)])
+def test_costs_are_said_apart_only_when_far_apart_beyond_chance(ratio, apart):
+    rng, split = random.Random(5), TimeSlicedSplit()
+    for _ in range(400):
+        spent = {"a": 1000, "b": 1000}
+        owner, _ = _drawn(rng, spent, {"a": 1.0, "b": ratio})
+        split.share([[owner]], 100.0, spent)
+    assert split.costs_apart() == apart
+    # a container alone has nobody to be apart from
+    split.share([["a"]], 50.0, {"a": 1000})
+    assert not split.costs_apart()
+
+
 def test_figures_kept_across_a_restart_bound_the_use_at_once():
     before = TimeSlicedSplit()
     _alone(before, "a", 10.0, 1000, 10, others=("b",))

@@ -53,6 +53,10 @@ most every 12 s (first turns sooner, below). On a GPU whose use the figures expl
 periods share it out well enough without them, and each pause costs more than it buys: ten
 containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s apart
 (`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute) apart.
+Not first turns where the periods show costs twofold apart or more (`costs_apart`): until each
+container has a figure, the first one's sets the scale and the costs the rest, learned over
+tens of seconds where they differ far, and a strict 50 % container of 200 us kernels, measured
+first beside one of 20 us, ran at 52-56 % for the rest of the minute (simulated).
 On a GPU counted busy beyond the work, a container's first turn waits only `first_gap_s` (3 s)
 after the last turn: until then it is charged at another's figure times the cost its periods
 show, and on the H200, under the controller, the periods understated long kernels (a container
@@ -151,7 +155,8 @@ class SoloTurns:
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
             candidates: Collection[str], period_s: float, present: Collection[str],
             priorities: Mapping[str, int] | None = None, spared: Collection[str] = (),
-            beyond_work: bool = True, doubted: Collection[str] = ()) -> str | None:
+            beyond_work: bool = True, doubted: Collection[str] = (),
+            apart: bool = False) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
         that spent this tick, in a stable order; `measured`: those with a trusted figure (a
         turn is for one without);
@@ -165,7 +170,8 @@ class SoloTurns:
         itself busy beyond the work the figures explain (turns `gap_s` apart, `first_gap_s`
         where one eligible was never tried or has its figure in `doubted`; `calm_gap_s` where
         not); `doubted`: those whose figure is in doubt or too coarse (left out of
-        `measured`).
+        `measured`); `apart`: whether the costs of containers spending differ far
+        (`TimeSlicedSplit.costs_apart`): first turns `first_gap_s` apart on any GPU then.
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
         pauses every other container: the one whose waits matter most is spared them), then
@@ -185,7 +191,8 @@ class SoloTurns:
         if spare:
             eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
         gap_ns = self.gap_ns if beyond_work else self.calm_gap_ns
-        if beyond_work and any(a not in self.tried or a in doubted for a in eligible):
+        if (beyond_work and any(a not in self.tried or a in doubted for a in eligible)) or (
+                apart and any(a not in self.tried for a in eligible)):
             gap_ns = min(gap_ns, self.first_gap_ns)
         if now_ns - self.waiting_ns < self.after_ns or (
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
