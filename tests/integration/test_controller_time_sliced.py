@@ -5,6 +5,8 @@ throttled towards nothing; the shares are judged here by the SM time each really
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import replace
 
 import pytest
@@ -12,7 +14,14 @@ import pytest
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
-from vgpu_agent.simulation.runner import ContainerSpec, ControlledRun, PlantSpec
+from vgpu_agent.simulation.runner import (
+    ContainerSpec,
+    ControlledRun,
+    PlantSpec,
+    Scenario,
+    run_controlled,
+)
+from vgpu_agent.throttle import timesliced
 from vgpu_agent.throttle.controller import ThrottleController
 
 UUID = "GPU-time-sliced"
@@ -285,3 +294,32 @@ async def test_split_shares_are_followed_at_once_and_samples_wait_for_confirmati
     split = attribution == "time-sliced"
     assert (UUID in controller.time_sliced_gpus) == split
     assert confirming[-20:] == [not split] * 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 4])
+async def test_a_heavy_strict_container_measured_first_is_held_once_its_neighbour_is_measured(
+        seed, monkeypatch):
+    # A GPU whose use is all work (no holds), a strict 50 % container of 200 us kernels
+    # measured first beside a strict 30 % one of 20 us. Until the neighbour has a figure it is
+    # charged at the first's figure times costs learned over tens of seconds, and the first's
+    # share, diluted by that estimate, ran over its limit (highest 5 s from 15 s on: 57.6 and
+    # 58.4) while turns waited a minute. Costs twofold apart bring the neighbour's turn 3 s on.
+    async def highest_from_15_s() -> float:
+        def kernels(kernel_s: float) -> Workload:
+            return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
+                            queue_s=max(0.002, 5 * kernel_s))
+
+        limits = {"c0": 50.0, "c1": 30.0}
+        specs = (ContainerSpec("c0", 50, kernels(200e-6), policy="strict"),
+                 ContainerSpec("c1", 30, kernels(20e-6), policy="strict"))
+        imperfections = replace(REAL, nvml_attribution="time-sliced", nvml_sigma=3.0)
+        run = await run_controlled(Scenario("heavy first", specs, lambda n, t: limits[n], 40.0),
+                                   plant=PlantSpec(imperfections, 1 / 6, seed=seed), paced=True)
+        assert not run.errors, run.errors
+        got = [share for t, share in run.series["c0"] if t > 15]
+        return max(statistics.fmean(got[n:n + 50]) for n in range(len(got) - 49))
+
+    assert await highest_from_15_s() <= 50 + 2
+    monkeypatch.setattr(timesliced, "_LOG_APART", math.inf)  # costs never far enough apart
+    assert await highest_from_15_s() > 55
