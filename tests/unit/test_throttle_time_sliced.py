@@ -431,6 +431,24 @@ def test_costs_are_said_apart_only_when_far_apart_beyond_chance(ratio, apart):
     assert not split.costs_apart()
 
 
+def test_without_a_bound_no_container_is_floored_at_its_figure(monkeypatch):
+    # the margin infinite (the bound switched off, as `bench_launch_holds`' variant does):
+    # the floor stands for what the bound would charge, so there is none either
+    monkeypatch.setattr(timesliced, "ALONE_MARGIN", math.inf)
+    rng, split = random.Random(0), TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "b", 10.0, 1000, 10, others=("a",))
+    charged = []
+    for n in range(1400):
+        cost = {"a": 2.0, "b": 1.0 if n < 400 else 10.0}
+        spent = {"a": rng.randint(950, 1050), "b": rng.randint(950, 1050)}
+        owner, _ = _drawn(rng, spent, cost)
+        charged.append(split.share([[owner]], 100.0, spent, 0.1))
+    assert "b" in split.doubted
+    assert sum(got["a"] for got in charged[-500:]) / 500 < 18
+    assert all(sum(got.values()) == pytest.approx(100.0) for got in charged[-500:])
+
+
 def test_figures_kept_across_a_restart_bound_the_use_at_once():
     before = TimeSlicedSplit()
     _alone(before, "a", 10.0, 1000, 10, others=("b",))

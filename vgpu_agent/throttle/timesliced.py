@@ -298,6 +298,8 @@ class TimeSlicedSplit:
         see BENCHMARKS.md). Not without a raise: where figures measured alone explain more
         than the use together (tokens buying less beside others), shared by the weights is
         right, and held to its figure an honest container ran at 30 % of its 40 (simulated)."""
+        if not math.isfinite(self.margin):
+            return  # no bound (the margin infinite): the bound charges nothing by figures
         for alloc_id, (figure, _, steady) in self.alone.items():
             if steady < ALONE_READINGS or alloc_id not in shares:
                 continue
