@@ -56,7 +56,7 @@ containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s
 Not first turns where the periods show costs twofold apart or more (`costs_apart`): until each
 container has a figure, the first one's sets the scale and the costs the rest, learned over
 tens of seconds where they differ far, and a strict 50 % container of 200 us kernels, measured
-first beside one of 20 us, ran at 52-56 % for the rest of the minute (simulated).
+first beside one of 20 us, ran at 51-56 % for the last 30 s of a 40 s run (simulated).
 On a GPU counted busy beyond the work, a container's first turn waits only `first_gap_s` (3 s)
 after the last turn: until then it is charged at another's figure times the cost its periods
 show, and on the H200, under the controller, the periods understated long kernels (a container

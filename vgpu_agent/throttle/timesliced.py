@@ -840,7 +840,7 @@ CONFIRM_INFO = 20.0
 # soon as one counting beyond the work does (`soloturn`): until every container has a figure,
 # one figure sets the scale and the costs the periods show the rest, learned from periods
 # over tens of seconds where they differ far. A strict 50 % container of 200 us kernels,
-# measured first beside a 20 us one, ran at 52-56 % for 30 s and 62-77 % before (simulated,
+# measured first beside a 20 us one, ran at 51-56 % for 30 s and 62-85 % before (simulated,
 # sigma 3, 6 Hz, no holds); its neighbour measured 3 s after it, at 48-52 % from 10 s. Not
 # at any difference beyond chance: three containers of equal kernels read apart by chance
 # and paid a pause each (their mean error in 30 s runs 1.15 -> 2.15 points).
