@@ -79,11 +79,20 @@ CASES = (  # (limits, kernel seconds)
 )
 
 
+def check_kernels(kernel_s: float, busy: tuple[tuple[float, float], ...] = ((0.0, math.inf),)
+                  ):  # type: ignore[no-untyped-def]
+    """A saturating process of `kernel_s` kernels on the H200 check's grid (1024 blocks x 128
+    threads: the same tokens a launch whatever the length), busy over `busy` (seconds)."""
+    from vgpu_agent.simulation.gpu import Workload
+
+    return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
+                    queue_s=max(0.002, 5 * kernel_s), busy=busy)
+
+
 def scenario(limits: tuple[float, ...], kernel_s: float, alone: int,
              together_s: float):  # type: ignore[no-untyped-def]
     """The containers (the first `alone` of them alone first, one after the other), and the
     moment they all run from."""
-    from vgpu_agent.simulation.gpu import Workload
     from vgpu_agent.simulation.runner import ContainerSpec, Scenario
 
     together = alone * ALONE_S
@@ -91,9 +100,8 @@ def scenario(limits: tuple[float, ...], kernel_s: float, alone: int,
     for n, limit in enumerate(limits):
         busy = (((n * ALONE_S, (n + 1) * ALONE_S), (together, math.inf)) if n < alone
                 else ((together, math.inf),))
-        workload = Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
-                            queue_s=max(0.002, 5 * kernel_s), busy=busy)
-        specs.append(ContainerSpec(f"c{n}", limit, workload, policy="strict"))
+        specs.append(ContainerSpec(f"c{n}", limit, check_kernels(kernel_s, busy),
+                                   policy="strict"))
     return Scenario(f"strict {limits} of {kernel_s * 1e6:g} us kernels", tuple(specs),
                     lambda name, t: limits[int(name[1:])], together + together_s), together
 
@@ -165,18 +173,13 @@ async def mixed_run(before_s: float, after_s: float, seconds: float, seed: int,
     `after_s` from 6 s on, the second's 20 us: (each one's mean share from 70 s on, the highest
     10 s of either from 70 s on, turns alone given). `one_figure`: no turn once a container
     spending has a figure (the rule before)."""
-    from vgpu_agent.simulation.gpu import Workload
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
     from vgpu_agent.throttle import soloturn
 
-    def kernels(kernel_s: float) -> Workload:
-        return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
-                        queue_s=max(0.002, 5 * kernel_s))
-
-    specs = (ContainerSpec("c0", 30, kernels(before_s), policy="strict",
-                           switch_to=kernels(after_s), switch_at_s=6.0),
-             ContainerSpec("c1", 30, kernels(20e-6), policy="strict"))
+    specs = (ContainerSpec("c0", 30, check_kernels(before_s), policy="strict",
+                           switch_to=check_kernels(after_s), switch_at_s=6.0),
+             ContainerSpec("c1", 30, check_kernels(20e-6), policy="strict"))
     sc = Scenario("mixed", specs, lambda name, t: 30.0, seconds)
     due = soloturn.SoloTurns.due
     given = 0
@@ -221,17 +224,13 @@ async def unequal_run(seconds: float, seed: int, first_gap_s: float | None = Non
     """Strict 30 % of 20 us kernels (c0) beside strict 50 % of 200 us (c1), together from the
     start: (each one's share per 0.1 s, the 0.5 s before; when the turns started, s).
     `first_gap_s`: between turns, first ones too, if not the controller's."""
-    from vgpu_agent.simulation.gpu import START_NS, Workload
+    from vgpu_agent.simulation.gpu import START_NS
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
 
-    def kernels(kernel_s: float) -> Workload:
-        return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
-                        queue_s=max(0.002, 5 * kernel_s))
-
     limits = {"c0": 30.0, "c1": 50.0}
-    specs = (ContainerSpec("c0", 30, kernels(20e-6), policy="strict"),
-             ContainerSpec("c1", 50, kernels(200e-6), policy="strict"))
+    specs = (ContainerSpec("c0", 30, check_kernels(20e-6), policy="strict"),
+             ContainerSpec("c1", 50, check_kernels(200e-6), policy="strict"))
     sc = Scenario("20 us beside 200 us", specs, lambda name, t: limits[name], seconds)
     with turns_counted(first_gap_s) as given:
         run = await run_controlled(sc, plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed),
@@ -288,14 +287,13 @@ async def crowd_run(seconds: float, seed: int, mixed: bool, gap_s: float | None
     """Ten strict 10 % containers together from the start, kernels of 10 and 20 us in turn
     (`mixed`) or all 20 us: (per minute, the lowest and highest container's mean share; when
     the last container's first turn started, s, None if not all had one)."""
-    from vgpu_agent.simulation.gpu import START_NS, Workload
+    from vgpu_agent.simulation.gpu import START_NS
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
 
     specs = tuple(
-        ContainerSpec(f"c{n}", 10, Workload(kernel_s=10e-6 if mixed and n % 2 else 20e-6,
-                                            blocks=1024, threads_per_block=128,
-                                            queue_s=0.002), policy="strict")
+        ContainerSpec(f"c{n}", 10, check_kernels(10e-6 if mixed and n % 2 else 20e-6),
+                      policy="strict")
         for n in range(CROWD))
     sc = Scenario("crowd", specs, lambda name, t: 10.0, seconds)
     with turns_counted(gap_s) as given:
@@ -337,11 +335,10 @@ async def gamer_run(seconds: float, seed: int, gaming: bool, gap_s: float | None
     """The strict 30/30 pair of 20 us kernels, the first gaming its turns where `gaming`:
     (per window of GAMER_WINDOWS, each one's mean share; the first's highest 10 s from 10 s
     on; turns alone given). `gap_s`: between turns on the GPU, if not the controller's."""
-    from vgpu_agent.simulation.gpu import Workload
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
 
-    honest = Workload(kernel_s=20e-6, blocks=1024, threads_per_block=128, queue_s=0.002)
+    honest = check_kernels(20e-6)
     first = replace(honest, alone_kernel_s=5e-6) if gaming else honest
     specs = (ContainerSpec("c0", 30, first, policy="strict"),
              ContainerSpec("c1", 30, honest, policy="strict"))

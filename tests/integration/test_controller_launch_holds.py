@@ -13,6 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.bench.bench_launch_holds import (
+    check_kernels,
     gamer_run,
     held,
     last_shares,
@@ -108,17 +109,12 @@ async def test_a_figure_in_doubt_after_a_change_of_phase_is_measured_afresh(seed
     # 24-39 % for minutes. Its periods show the change, its figure is in doubt, and a turn
     # alone measures it afresh (and the second's, where its periods moved against the first's
     # too, a turn later).
-    from vgpu_agent.simulation.gpu import Workload
     from vgpu_agent.simulation.runner import ContainerSpec, Scenario, run_controlled
 
-    def kernels(kernel_s: float, busy: tuple[tuple[float, float], ...]) -> Workload:
-        return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
-                        queue_s=max(0.002, 5 * kernel_s), busy=busy)
-
-    specs = (ContainerSpec("c0", 30, kernels(20e-6, ((0, 5), (10, math.inf))),
-                           policy="strict", switch_to=kernels(200e-6, ((0, math.inf),)),
+    specs = (ContainerSpec("c0", 30, check_kernels(20e-6, ((0, 5), (10, math.inf))),
+                           policy="strict", switch_to=check_kernels(200e-6, ((0, math.inf),)),
                            switch_at_s=20),
-             ContainerSpec("c1", 30, kernels(20e-6, ((5, math.inf),)), policy="strict"))
+             ContainerSpec("c1", 30, check_kernels(20e-6, ((5, math.inf),)), policy="strict"))
     with capture_logs() as logs:
         run = await run_controlled(Scenario("phase", specs, lambda name, t: 30.0, 60),
                                    plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)

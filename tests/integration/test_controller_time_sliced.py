@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from tests.bench.bench_launch_holds import check_kernels
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
@@ -306,13 +307,9 @@ async def test_a_heavy_strict_container_measured_first_is_held_once_its_neighbou
     # share, diluted by that estimate, ran over its limit (highest 5 s from 15 s on: 57.6 and
     # 58.4) while turns waited a minute. Costs twofold apart bring the neighbour's turn 3 s on.
     async def highest_from_15_s() -> float:
-        def kernels(kernel_s: float) -> Workload:
-            return Workload(kernel_s=kernel_s, blocks=1024, threads_per_block=128,
-                            queue_s=max(0.002, 5 * kernel_s))
-
         limits = {"c0": 50.0, "c1": 30.0}
-        specs = (ContainerSpec("c0", 50, kernels(200e-6), policy="strict"),
-                 ContainerSpec("c1", 30, kernels(20e-6), policy="strict"))
+        specs = (ContainerSpec("c0", 50, check_kernels(200e-6), policy="strict"),
+                 ContainerSpec("c1", 30, check_kernels(20e-6), policy="strict"))
         imperfections = replace(REAL, nvml_attribution="time-sliced", nvml_sigma=3.0)
         run = await run_controlled(Scenario("heavy first", specs, lambda n, t: limits[n], 40.0),
                                    plant=PlantSpec(imperfections, 1 / 6, seed=seed), paced=True)

@@ -25,10 +25,10 @@ PERIOD_S = 0.2  # the H200's
 
 def _due(turns: SoloTurns, at_s: float, spending=("a", "b"), measured=(), candidates=("a", "b"),
          period_s: float = PERIOD_S, present=None, priorities=None, spared=(),
-         beyond_work: bool = True, doubted=()) -> str | None:
+         beyond_work: bool = True, doubted=(), apart: bool = False) -> str | None:
     on_gpu = set(spending) | set(candidates) if present is None else set(present)
     return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s,
-                     on_gpu, priorities, set(spared), beyond_work, set(doubted))
+                     on_gpu, priorities, set(spared), beyond_work, set(doubted), apart)
 
 
 def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():
@@ -313,19 +313,15 @@ def test_first_turns_come_soon_on_a_calm_gpu_only_where_costs_are_far_apart():
     # containers' costs differ far (the second's figure then matters within seconds)
     for apart, expected in ((False, SOLO_TURN_CALM_GAP_S), (True, SOLO_TURN_FIRST_GAP_S)):
         turns = SoloTurns(after_s=0.0)
-        assert turns.due(0, ["a", "b"], set(), {"a", "b"}, PERIOD_S, {"a", "b"},
-                         beyond_work=False, apart=apart) == "a"
+        assert _due(turns, 0.0, beyond_work=False, apart=apart) == "a"
         turns.start("a", 0, {})
         turns.end(int(1.0 * S))
         at = 1.0 + expected
-        assert turns.due(int((at - 0.1) * S), ["a", "b"], {"a"}, {"a", "b"}, PERIOD_S,
-                         {"a", "b"}, beyond_work=False, apart=apart) is None
-        assert turns.due(int(at * S), ["a", "b"], {"a"}, {"a", "b"}, PERIOD_S, {"a", "b"},
-                         beyond_work=False, apart=apart) == "b"
+        assert _due(turns, at - 0.1, measured=("a",), beyond_work=False, apart=apart) is None
+        assert _due(turns, at, measured=("a",), beyond_work=False, apart=apart) == "b"
     # ... first turns only: a figure in doubt there waits the minute, costs apart or not
     turns = SoloTurns(after_s=0.0)
     turns.tried = {"a": 1, "b": 1}
     turns.last_end_ns = 0
-    assert turns.due(int((SOLO_TURN_FIRST_GAP_S + 1) * S), ["a", "b"], {"a"}, {"a", "b"},
-                     PERIOD_S, {"a", "b"}, beyond_work=False, doubted={"b"},
-                     apart=True) is None
+    assert _due(turns, SOLO_TURN_FIRST_GAP_S + 1, measured=("a",), beyond_work=False,
+                doubted=("b",), apart=True) is None

@@ -383,13 +383,10 @@ def test_one_figure_follows_its_containers_rise_against_a_neighbour_never_alone(
     assert split.restarts > 0
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_a_neighbours_raised_figure_never_charges_a_container_below_its_own(seed):
-    # a did 20 % alone, b 10 %; together their work stays so, but the time slices come to go
-    # to b five times as often as to a (the GPU counted whole, 100 % busy). The periods say
-    # b's tokens buy ten times what they did against a's: b's figure is raised (or a's sets
-    # the scale), the weights explain more than the GPU's use, and shared by those weights
-    # alone a was charged 11-17 for its 20
+def _slices_turning_to_b(seed: int) -> tuple[TimeSlicedSplit, list[dict[str, float]]]:
+    """a did 20 % alone, b 10 %; together their work stays so, but after 400 periods the time
+    slices go to b five times as often as to a (the GPU counted whole, 100 % busy): the split
+    and what it charged, period by period."""
     rng, split = random.Random(seed), TimeSlicedSplit()
     _alone(split, "a", 20.0, 1000, 10, others=("b",))
     _alone(split, "b", 10.0, 1000, 10, others=("a",))
@@ -399,6 +396,15 @@ def test_a_neighbours_raised_figure_never_charges_a_container_below_its_own(seed
         spent = {"a": rng.randint(950, 1050), "b": rng.randint(950, 1050)}
         owner, _ = _drawn(rng, spent, cost)
         charged.append(split.share([[owner]], 100.0, spent, 0.1))
+    return split, charged
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_a_neighbours_raised_figure_never_charges_a_container_below_its_own(seed):
+    # The periods say b's tokens came to buy ten times what they did against a's: b's figure
+    # is raised (or a's sets the scale), the weights explain more than the GPU's use, and
+    # shared by those weights alone a was charged 11-17 for its 20
+    split, charged = _slices_turning_to_b(seed)
     own = timesliced.ALONE_MARGIN * (20 + timesliced.TRUNCATED)
     assert "b" in split.doubted and split.restarts > 0
     for got in charged[200:]:
@@ -435,15 +441,7 @@ def test_without_a_bound_no_container_is_floored_at_its_figure(monkeypatch):
     # the margin infinite (the bound switched off, as `bench_launch_holds`' variant does):
     # the floor stands for what the bound would charge, so there is none either
     monkeypatch.setattr(timesliced, "ALONE_MARGIN", math.inf)
-    rng, split = random.Random(0), TimeSlicedSplit()
-    _alone(split, "a", 20.0, 1000, 10, others=("b",))
-    _alone(split, "b", 10.0, 1000, 10, others=("a",))
-    charged = []
-    for n in range(1400):
-        cost = {"a": 2.0, "b": 1.0 if n < 400 else 10.0}
-        spent = {"a": rng.randint(950, 1050), "b": rng.randint(950, 1050)}
-        owner, _ = _drawn(rng, spent, cost)
-        charged.append(split.share([[owner]], 100.0, spent, 0.1))
+    split, charged = _slices_turning_to_b(0)
     assert "b" in split.doubted
     assert sum(got["a"] for got in charged[-500:]) / 500 < 18
     assert all(sum(got.values()) == pytest.approx(100.0) for got in charged[-500:])
