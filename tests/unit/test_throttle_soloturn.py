@@ -28,7 +28,8 @@ def _due(turns: SoloTurns, at_s: float, spending=("a", "b"), measured=(), candid
          beyond_work: bool = True, doubted=(), apart: bool = False) -> str | None:
     on_gpu = set(spending) | set(candidates) if present is None else set(present)
     return turns.due(int(at_s * S), list(spending), set(measured), set(candidates), period_s,
-                     on_gpu, priorities, set(spared), beyond_work, set(doubted), apart)
+                     on_gpu, priorities, set(spared), beyond_work, set(doubted),
+                     lambda: apart)
 
 
 def test_a_turn_is_due_once_two_containers_have_spent_together_for_a_while():

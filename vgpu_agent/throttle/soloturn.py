@@ -81,7 +81,7 @@ Pure: no I/O, no clocks (the caller passes the time).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vgpu_agent.shm.layout import MAX_WAIT_NS
@@ -156,7 +156,7 @@ class SoloTurns:
             candidates: Collection[str], period_s: float, present: Collection[str],
             priorities: Mapping[str, int] | None = None, spared: Collection[str] = (),
             beyond_work: bool = True, doubted: Collection[str] = (),
-            apart: bool = False) -> str | None:
+            apart: Callable[[], bool] = lambda: False) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
         that spent this tick, in a stable order; `measured`: those with a trusted figure (a
         turn is for one without);
@@ -171,7 +171,8 @@ class SoloTurns:
         where one eligible was never tried or has its figure in `doubted`; `calm_gap_s` where
         not); `doubted`: those whose figure is in doubt or too coarse (left out of
         `measured`); `apart`: whether the costs of containers spending differ far
-        (`TimeSlicedSplit.costs_apart`): first turns `first_gap_s` apart on any GPU then.
+        (`TimeSlicedSplit.costs_apart`; called only where it decides the gap, as it compares
+        every pair spending): first turns `first_gap_s` apart on any GPU then.
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
         pauses every other container: the one whose waits matter most is spared them), then
@@ -192,7 +193,7 @@ class SoloTurns:
             eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
         gap_ns = self.gap_ns if beyond_work else self.calm_gap_ns
         if (beyond_work and any(a not in self.tried or a in doubted for a in eligible)) or (
-                apart and any(a not in self.tried for a in eligible)):
+                any(a not in self.tried for a in eligible) and apart()):
             gap_ns = min(gap_ns, self.first_gap_ns)
         if now_ns - self.waiting_ns < self.after_ns or (
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
