@@ -258,8 +258,9 @@ def unequal(seconds: float, seeds: int) -> None:
 @contextlib.contextmanager
 def turns_counted(gap_s: float | None = None) -> Iterator[list[tuple[int, str]]]:
     """While in it, every turn alone started is listed (start ns, container); `gap_s`: the gap
-    between turns on a GPU counted busy beyond the work, first turns too, if not the
-    controller's (`soloturn.SOLO_TURN_GAP_S`, `SOLO_TURN_FIRST_GAP_S`)."""
+    between turns on a GPU counted busy beyond the work, first turns and re-measures too, if
+    not the controller's (`soloturn.SOLO_TURN_GAP_S`, `SOLO_TURN_FIRST_GAP_S`,
+    `SOLO_TURN_REMEASURE_GAP_S`)."""
     from vgpu_agent.throttle import soloturn
 
     start, init = soloturn.SoloTurns.start, soloturn.SoloTurns.__init__
@@ -270,7 +271,7 @@ def turns_counted(gap_s: float | None = None) -> Iterator[list[tuple[int, str]]]
         return start(self, alloc_id, now_ns, paused)
 
     def spaced(self, **kwargs):  # type: ignore[no-untyped-def]
-        init(self, **{**kwargs, "gap_s": gap_s, "first_gap_s": gap_s})
+        init(self, **{**kwargs, "gap_s": gap_s, "first_gap_s": gap_s, "remeasure_gap_s": gap_s})
 
     soloturn.SoloTurns.start = counted  # type: ignore[method-assign]
     if gap_s is not None:

@@ -14,6 +14,7 @@ from vgpu_agent.throttle.soloturn import (
     SOLO_TURN_FIRST_GAP_S,
     SOLO_TURN_GAP_S,
     SOLO_TURN_MOST_S,
+    SOLO_TURN_REMEASURE_GAP_S,
     TURN_READINGS,
     SoloTurns,
 )
@@ -138,30 +139,38 @@ def test_first_turns_come_closer_together_only_where_the_gpu_counts_beyond_the_w
         SoloTurns(first_gap_s=-1.0)
 
 
-def test_a_figure_in_doubt_is_measured_afresh_as_soon_as_a_first_turn_would_be():
+def test_a_figure_in_doubt_is_measured_afresh_soon_after_the_last_turn_on_any_gpu():
     # both measured once; then a's figure is in doubt (its periods showed a change, or it was
-    # read at a few percent): waiting the whole gap after b's turn, a figure rising and
-    # falling with a cost wandering at chance's edge charged a strict-50 container 29 and 70 %
-    # by turns, and its neighbour ran at 34-38 % of its 30 (simulated)
+    # read at a few percent): its charge stands for other work. Waiting 3 s after the doubt
+    # and 3 s after its neighbour's re-measure, a pair that changed phase together ran at
+    # 44-62 % and 20-30 % of their 40 and 60 for 5-10 s after the change (simulated); a figure
+    # rising and falling with a cost at chance's edge charged a strict-50 container 29 and
+    # 70 % by turns. Not waiting `after_s` either: its container has spent all along.
     for beyond_work, gap in ((True, SOLO_TURN_FIRST_GAP_S), (False, SOLO_TURN_CALM_GAP_S)):
-        turns = SoloTurns(after_s=0.0)
-        assert _due(turns, 0.0, beyond_work=beyond_work) == "a"
+        turns = SoloTurns()
+        assert _due(turns, 0.0, beyond_work=beyond_work) is None
+        assert _due(turns, SOLO_TURN_AFTER_S, beyond_work=beyond_work) == "a"
         turns.start("a", 0, {})
-        turns.end(1 * S)
-        assert _due(turns, 1.0 + gap, beyond_work=beyond_work) == "b"
-        turns.start("b", int((1.0 + gap) * S), {})
-        ended = 2.0 + gap
+        turns.end(int(SOLO_TURN_AFTER_S * S))
+        started = 2 * SOLO_TURN_AFTER_S + gap  # b waits the gap and `after_s` again
+        assert _due(turns, SOLO_TURN_AFTER_S + gap, beyond_work=beyond_work) is None
+        assert _due(turns, started, beyond_work=beyond_work) == "b"
+        turns.start("b", int(started * S), {})
+        ended = started + 1.0
         turns.end(int(ended * S))
-        # a's figure in doubt: its second try as soon as a first would be (3 s) where the GPU
-        # counts beyond the work; a minute apart where it does not
-        assert _due(turns, ended + gap - 0.1, measured=("b",), doubted=("a",),
-                    beyond_work=beyond_work) is None
-        assert _due(turns, ended + gap, measured=("b",), doubted=("a",),
+        assert _due(turns, ended + SOLO_TURN_REMEASURE_GAP_S - 0.1, measured=("b",),
+                    doubted=("a",), beyond_work=beyond_work) is None
+        assert _due(turns, ended + SOLO_TURN_REMEASURE_GAP_S, measured=("b",), doubted=("a",),
                     beyond_work=beyond_work) == "a"
-        turns.start("a", int((ended + gap) * S), {})
-        turns.end(int((ended + gap + 1) * S))
-        # its tries spent: doubt or not, no third
-        assert _due(turns, ended + 10 * SOLO_TURN_CALM_GAP_S, measured=("b",), doubted=("a",),
+        turns.start("a", int((ended + 1) * S), {})
+        turns.end(int((ended + 2) * S))
+        # b's in doubt too (both changed phase): measured right after a's
+        assert _due(turns, ended + 2 + SOLO_TURN_REMEASURE_GAP_S, doubted=("b",),
+                    beyond_work=beyond_work) == "b"
+        turns.start("b", int((ended + 3) * S), {})
+        turns.end(int((ended + 4) * S))
+        # their tries spent: doubt or not, no third
+        assert _due(turns, ended + 10 * SOLO_TURN_CALM_GAP_S, doubted=("a", "b"),
                     beyond_work=beyond_work) is None
     # without the doubt, the figure standing waits the usual gap
     turns = SoloTurns(after_s=0.0)
@@ -171,6 +180,28 @@ def test_a_figure_in_doubt_is_measured_afresh_as_soon_as_a_first_turn_would_be()
         turns.end(int((at + 1) * S))
     assert _due(turns, 2.0 + 2 * SOLO_TURN_FIRST_GAP_S, measured=("b",)) is None
     assert _due(turns, 2.0 + SOLO_TURN_FIRST_GAP_S + SOLO_TURN_GAP_S, measured=("b",)) == "a"
+
+
+def test_a_container_never_measured_goes_before_a_figure_in_doubt_and_waits_as_a_first_turn():
+    # c joined a measured pair; a's figure is in doubt too: c has been tried least, so the turn
+    # is c's, after `after_s` and the first gap, not the re-measure's short one
+    three = ("a", "b", "c")
+    turns = SoloTurns()
+    turns.tried = {"a": 1, "b": 1}
+    turns.last_end_ns = 0
+    wanted = SOLO_TURN_REMEASURE_GAP_S  # c and b spending together since
+    assert _due(turns, wanted, spending=three, candidates=three, measured=("b",),
+                doubted=("a",)) is None
+    at = wanted + max(SOLO_TURN_AFTER_S, SOLO_TURN_FIRST_GAP_S)
+    assert _due(turns, at - 0.1, spending=three, candidates=three, measured=("b",),
+                doubted=("a",)) is None
+    assert _due(turns, at, spending=three, candidates=three, measured=("b",),
+                doubted=("a",)) == "c"
+    turns.start("c", int(at * S), {})
+    end = at + 1
+    turns.end(int(end * S))
+    assert _due(turns, end + SOLO_TURN_REMEASURE_GAP_S, spending=three, candidates=three,
+                measured=("b", "c"), doubted=("a",)) == "a"
 
 
 def test_turns_are_spaced_wider_on_a_gpu_not_seen_counting_busy_beyond_the_work():
@@ -192,7 +223,8 @@ def test_turns_are_spaced_wider_on_a_gpu_not_seen_counting_busy_beyond_the_work(
     turns.end(int(end * S))
     assert _due(turns, end + SOLO_TURN_CALM_GAP_S, spending=three, candidates=three,
                 beyond_work=False) == "c"
-    with pytest.raises(ValueError, match=r"calm_gap_s >= 0.*got 0\.0, 10\.0, -1\.0, 3\.0, 2"):
+    with pytest.raises(ValueError,
+                       match=r"calm_gap_s >= 0.*got 0\.0, 10\.0, -1\.0, 3\.0, 0\.5, 2"):
         SoloTurns(after_s=0.0, calm_gap_s=-1.0)
 
 
@@ -292,6 +324,7 @@ def test_a_turn_ends_when_it_cannot_give_a_figure():
 @pytest.mark.parametrize(("kwargs", "named"), [
     ({"most_s": 0.0}, "0.0"), ({"most_s": 2.0}, "2.0"), ({"most_s": float("nan")}, "nan"),
     ({"after_s": -1.0}, "-1.0"), ({"gap_s": -1.0}, "-1.0"), ({"tries": 0}, "0"),
+    ({"remeasure_gap_s": -1.0}, r"remeasure_gap_s >= 0.*-1\.0"),
 ])
 def test_bad_settings_are_refused_by_name(kwargs, named):
     with pytest.raises(ValueError, match=named):
@@ -320,9 +353,12 @@ def test_first_turns_come_soon_on_a_calm_gpu_only_where_costs_are_far_apart():
         at = 1.0 + expected
         assert _due(turns, at - 0.1, measured=("a",), beyond_work=False, apart=apart) is None
         assert _due(turns, at, measured=("a",), beyond_work=False, apart=apart) == "b"
-    # ... first turns only: a figure in doubt there waits the minute, costs apart or not
+    # ... first turns only: a container tried before waits the minute there, costs apart or
+    # not (a figure in doubt is measured afresh sooner on any GPU: the test above)
     turns = SoloTurns(after_s=0.0)
     turns.tried = {"a": 1, "b": 1}
     turns.last_end_ns = 0
     assert _due(turns, SOLO_TURN_FIRST_GAP_S + 1, measured=("a",), beyond_work=False,
-                doubted=("b",), apart=True) is None
+                apart=True) is None
+    assert _due(turns, SOLO_TURN_CALM_GAP_S, measured=("a",), beyond_work=False,
+                apart=True) == "b"

@@ -49,14 +49,15 @@ kernels while it finds itself alone, or a change of phase) let both of a strict 
 at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py --gamer`,
 simulated); a figure put in doubt by a change of phase waited out the minute after the last turn
 for its re-measure (43-67 % of 30 meanwhile). There turns are `gap_s` (10 s) apart: a pause at
-most every 12 s (first turns sooner, below). On a GPU whose use the figures explain, the
-periods share it out well enough without them, and each pause costs more than it buys: ten
-containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s apart
-(`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute) apart.
-Not first turns where the periods show costs twofold apart or more (`costs_apart`): until each
-container has a figure, the first one's sets the scale and the costs the rest, learned over
-tens of seconds where they differ far, and a strict 50 % container of 200 us kernels, measured
-first beside one of 20 us, ran at 51-56 % for the last 30 s of a 40 s run (simulated).
+most every 12 s (first turns and re-measures sooner, below). On a GPU whose use the figures
+explain, the periods share it out well enough without them, and each pause costs more than it
+buys: ten containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s
+apart (`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute)
+apart. Not re-measures (below), nor first turns where the periods show costs twofold apart or
+more (`costs_apart`): until each container has a figure, the first one's sets the scale and the
+costs the rest, learned over tens of seconds where they differ far, and a strict 50 % container
+of 200 us kernels, measured first beside one of 20 us, ran at 51-56 % for the last 30 s of a 40
+s run (simulated).
 On a GPU counted busy beyond the work, a container's first turn waits only `first_gap_s` (3 s)
 after the last turn: until then it is charged at another's figure times the cost its periods
 show, and on the H200, under the controller, the periods understated long kernels (a container
@@ -66,11 +67,16 @@ ran at 64 % of its work for the 10 s gap, its charge rising from 7 to 32 % as th
 simulated, at 54-88 % for 8-12 s (three seeds, `bench_launch_holds.py --unequal`). With the
 first gap, about 4 s of that, and ten containers starting together are all measured within
 43-80 s instead of 106-135 s (`--crowd`). A container whose figure is in doubt (or too coarse)
-is measured afresh after the first gap too: it waited the whole gap after its neighbour's turn
-(a re-measure of the neighbour's coarse figure) while its own figure, raised by its cost's
-rise only where that rise is beyond chance, went 2.3-fold up and back with a cost at chance's
-edge, and its strict 30 % neighbour ran at 34-38 % for 6 s; with the first gap, at most 33.7 %
-over 5 s (simulated, `--unequal`, seed 1 of eleven).
+is measured afresh sooner still, on any GPU: `remeasure_gap_s` (0.5 s) after the last turn,
+and without `after_s` (it has spent all along). Its charge stands for work it no longer does:
+a pair whose phases changed together (tokens then buying four times and a quarter of what
+they did) ran at 44-62 % and 20-30 % of their 40 and 60 for 5-10 s after the change while
+each re-measure waited 3 s, after the doubt and then after the other's turn; now 35-57 % for
+the second (simulated, six seeds). Waiting the whole 10 s gap after a neighbour's turn, a
+doubted figure, raised by its cost's rise only where that rise is beyond chance, went
+2.3-fold up and back with a cost at chance's edge, and its strict 30 % neighbour ran at 34-38 %
+for 6 s (simulated, `--unequal`, seed 1 of eleven). A container never measured still goes
+first (it has been tried least), as a first turn.
 
 The container given the turn is the one of highest priority among those tried least, so a
 latency-sensitive service marked so by its priority (`vgpu.io/priority`) runs through the turn
@@ -97,6 +103,8 @@ SOLO_TURN_AFTER_S = 3.0  # containers spending together, one without a figure, t
 SOLO_TURN_GAP_S = 10.0
 SOLO_TURN_CALM_GAP_S = 60.0
 SOLO_TURN_FIRST_GAP_S = 3.0  # ... before a container's first turn there (see the module note)
+# ... before a figure in doubt is measured afresh, on any GPU, and without waiting `after_s`
+SOLO_TURN_REMEASURE_GAP_S = 0.5
 SOLO_TURN_TRIES = 2  # turns per container at most
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
 PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
@@ -128,25 +136,27 @@ class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
     __slots__ = ("after_ns", "calm_gap_ns", "first_gap_ns", "gap_ns", "last_end_ns", "most_ns",
-                 "most_s", "tried", "tries", "turn", "waiting_ns")
+                 "most_s", "remeasure_gap_ns", "tried", "tries", "turn", "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
                  calm_gap_s: float = SOLO_TURN_CALM_GAP_S,
-                 first_gap_s: float = SOLO_TURN_FIRST_GAP_S) -> None:
+                 first_gap_s: float = SOLO_TURN_FIRST_GAP_S,
+                 remeasure_gap_s: float = SOLO_TURN_REMEASURE_GAP_S) -> None:
         if not 0 < most_s < LONGEST_WAIT_S:
             raise ValueError(f"a solo turn must last more than 0 s and less than the shim's "
                              f"longest wait ({LONGEST_WAIT_S:g} s), got {most_s!r}")
         if not (after_s >= 0 and gap_s >= 0 and calm_gap_s >= 0 and first_gap_s >= 0
-                and tries >= 1):
-            raise ValueError(f"need after_s >= 0, gap_s >= 0, calm_gap_s >= 0, first_gap_s >= 0 "
-                             f"and tries >= 1, got {after_s!r}, {gap_s!r}, {calm_gap_s!r}, "
-                             f"{first_gap_s!r}, {tries!r}")
+                and remeasure_gap_s >= 0 and tries >= 1):
+            raise ValueError(f"need after_s >= 0, gap_s >= 0, calm_gap_s >= 0, first_gap_s >= 0, "
+                             f"remeasure_gap_s >= 0 and tries >= 1, got {after_s!r}, {gap_s!r}, "
+                             f"{calm_gap_s!r}, {first_gap_s!r}, {remeasure_gap_s!r}, {tries!r}")
         self.most_s = most_s
         self.most_ns, self.after_ns = int(most_s * 1e9), int(after_s * 1e9)
         self.gap_ns, self.tries = int(gap_s * 1e9), tries
         self.calm_gap_ns = int(calm_gap_s * 1e9)
         self.first_gap_ns = int(first_gap_s * 1e9)
+        self.remeasure_gap_ns = int(remeasure_gap_s * 1e9)
         self.turn: SoloTurn | None = None
         self.waiting_ns: int | None = None  # since when a turn has been wanted
         self.last_end_ns: int | None = None
@@ -170,7 +180,8 @@ class SoloTurns:
         itself busy beyond the work the figures explain (turns `gap_s` apart, `first_gap_s`
         where one eligible was never tried or has its figure in `doubted`; `calm_gap_s` where
         not); `doubted`: those whose figure is in doubt or too coarse (left out of
-        `measured`); `apart`: whether the costs of containers spending differ far
+        `measured`; the turn given to one of them comes `remeasure_gap_s` after the last, on
+        any GPU, without `after_s`); `apart`: whether the costs of containers spending differ far
         (`TimeSlicedSplit.costs_apart`; called only where it decides the gap, as it compares
         every pair spending): first turns `first_gap_s` apart on any GPU then.
 
@@ -191,17 +202,20 @@ class SoloTurns:
         spare = [a for a in present if a in spared]
         if spare:
             eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
-        gap_ns = self.gap_ns if beyond_work else self.calm_gap_ns
-        if (beyond_work and any(a not in self.tried or a in doubted for a in eligible)) or (
-                any(a not in self.tried for a in eligible) and apart()):
-            gap_ns = min(gap_ns, self.first_gap_ns)
-        if now_ns - self.waiting_ns < self.after_ns or (
-                self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
-            return None
         if not eligible:
             return None
         ranks = priorities or {}
         chosen = min(eligible, key=lambda a: (self.tried.get(a, 0), -ranks.get(a, 0)))
+        after_ns, gap_ns = self.after_ns, self.gap_ns if beyond_work else self.calm_gap_ns
+        if chosen in doubted:
+            # its figure stood for other work: its turn comes as soon as the last ends
+            after_ns, gap_ns = 0, min(gap_ns, self.remeasure_gap_ns)
+        elif (beyond_work and any(a not in self.tried or a in doubted for a in eligible)) or (
+                any(a not in self.tried for a in eligible) and apart()):
+            gap_ns = min(gap_ns, self.first_gap_ns)
+        if now_ns - self.waiting_ns < after_ns or (
+                self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
+            return None
         self.tried[chosen] = self.tried.get(chosen, 0) + 1
         self.waiting_ns = None
         return chosen
