@@ -437,6 +437,24 @@ def test_costs_are_said_apart_only_when_far_apart_beyond_chance(ratio, apart):
     assert not split.costs_apart()
 
 
+def test_costs_apart_answers_as_every_pair_compared_would():
+    # the pass over the extremes only skips pairs none of which could be apart
+    rng = random.Random(11)
+    for trial in range(2000):
+        split = TimeSlicedSplit()
+        n = rng.randint(0, 12)
+        split.spending = [f"c{i}" for i in range(n)]
+        width = rng.choice([0.05, 0.3, 0.8, 2.0])
+        split.costs = {a: (rng.gauss(0.0, width), rng.choice([1.0, 4.0, 30.0, 400.0]))
+                       for a in split.spending if rng.random() < 0.9}
+        learned = [split.costs[a] for a in split.spending if a in split.costs]
+        pairwise = any(
+            abs(x - y) > timesliced._LOG_APART
+            + timesliced.DOUBT_SIGMAS * math.sqrt(0.5 / i + 0.5 / j)
+            for k, (x, i) in enumerate(learned) for y, j in learned[k + 1:])
+        assert split.costs_apart() == pairwise, (trial, learned)
+
+
 def test_without_a_bound_no_container_is_floored_at_its_figure(monkeypatch):
     # the margin infinite (the bound switched off, as `bench_launch_holds`' variant does):
     # the floor stands for what the bound would charge, so there is none either
