@@ -195,6 +195,27 @@ async def test_a_change_of_phase_is_followed(seed):
     assert run.controller.phase_changes == {uuid: found}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 3])
+async def test_a_second_change_of_phase_is_measured_too(seed):
+    # The strict pair changes phase at 30 s and back at 90 s. The first change's re-measures
+    # spent each container's second try; without one more a minute after its last, the one
+    # whose tokens came to buy a quarter of the time was charged at its old figure and ran at
+    # 9 % of its 40 from the second change to the end (seeds 1 and 2 of four).
+    long = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
+    costly = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
+    run = ControlledRun(
+        (ContainerSpec("costlier", 40, long, "strict", switch_to=costly, switch_at_s=30.0,
+                       switch_back_at_s=90.0),
+         ContainerSpec("cheaper", 60, costly, "strict", switch_to=long, switch_at_s=30.0,
+                       switch_back_at_s=90.0)),
+        plant=PlantSpec(replace(REAL, nvml_attribution="time-sliced"), seed=seed))
+    await run.advance(120.0)
+    assert run.controller.error_counts == {}
+    costlier = sum(run.gpu.shares(p, 10)[-1][1] for p in run.procs["costlier"])
+    assert costlier >= 30
+
+
 async def test_a_gpu_whose_samples_are_per_process_is_not_read_as_time_sliced():
     # two processes on one stamp: per-process samples (the split is dropped, nothing counted)
     gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=REAL)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from vgpu_agent.throttle.soloturn import (
@@ -15,6 +17,7 @@ from vgpu_agent.throttle.soloturn import (
     SOLO_TURN_GAP_S,
     SOLO_TURN_MOST_S,
     SOLO_TURN_REMEASURE_GAP_S,
+    SOLO_TURN_RETRY_S,
     TURN_READINGS,
     SoloTurns,
 )
@@ -78,7 +81,7 @@ def test_the_wait_starts_over_when_the_containers_stop_sharing():
 
 
 def test_turns_are_spaced_and_tried_at_most_twice_a_container():
-    turns = SoloTurns(after_s=0.0)
+    turns = SoloTurns(after_s=0.0, retry_s=math.inf)  # the tries alone (retries: below)
     assert _due(turns, 0.0) == "a"
     turns.start("a", 0, {"b/0": (100, 10)})
     assert _due(turns, 0.5) is None  # one under way
@@ -100,7 +103,7 @@ def test_turns_are_spaced_and_tried_at_most_twice_a_container():
     assert _due(turns, at) == "b"
     turns.start("b", int(at * S), {})
     turns.end(int(at * S))
-    # each had its two: no more, however long they share without a figure
+    # each had its two: no more, however long they share without a figure (but for retries)
     assert _due(turns, at + 10 * SOLO_TURN_GAP_S) is None
     # a container gone and come back (a new one of the same name) is tried afresh
     assert _due(turns, at + 11 * SOLO_TURN_GAP_S, spending=("b", "c"), candidates=("b", "c")) \
@@ -147,7 +150,7 @@ def test_a_figure_in_doubt_is_measured_afresh_soon_after_the_last_turn_on_any_gp
     # rising and falling with a cost at chance's edge charged a strict-50 container 29 and
     # 70 % by turns. Not waiting `after_s` either: its container has spent all along.
     for beyond_work, gap in ((True, SOLO_TURN_FIRST_GAP_S), (False, SOLO_TURN_CALM_GAP_S)):
-        turns = SoloTurns()
+        turns = SoloTurns(retry_s=math.inf)  # the tries alone (retries: below)
         assert _due(turns, 0.0, beyond_work=beyond_work) is None
         assert _due(turns, SOLO_TURN_AFTER_S, beyond_work=beyond_work) == "a"
         turns.start("a", 0, {})
@@ -204,6 +207,32 @@ def test_a_container_never_measured_goes_before_a_figure_in_doubt_and_waits_as_a
                 measured=("b", "c"), doubted=("a",)) == "a"
 
 
+def test_a_container_whose_tries_are_spent_gets_one_more_each_retry_after_its_last():
+    # two phase changes: the first re-measure spent the second try; without another, a strict
+    # 40 % container ran at 9 % after the second change for as long as it ran (simulated)
+    turns = SoloTurns(after_s=0.0, gap_s=0.0, first_gap_s=0.0, remeasure_gap_s=0.0)
+    turns.tried, turns.tried_ns = {"a": 2, "b": 2}, {"a": 0, "b": int(1.0 * S)}
+    turns.last_end_ns = int(2.0 * S)
+    assert _due(turns, SOLO_TURN_RETRY_S - 0.1, measured=("b",), doubted=("a",)) is None
+    assert _due(turns, SOLO_TURN_RETRY_S, measured=("b",), doubted=("a",)) == "a"
+    started = SOLO_TURN_RETRY_S
+    turns.start("a", int(started * S), {})
+    turns.end(int((started + 1) * S))
+    # the next no sooner than a retry after this one, whatever the gaps
+    assert _due(turns, started + SOLO_TURN_RETRY_S - 0.1, measured=("b",),
+                doubted=("a",)) is None
+    assert _due(turns, started + SOLO_TURN_RETRY_S, measured=("b",), doubted=("a",)) == "a"
+    # a container gone is forgotten, its tries with it; one of the same name later is new
+    turns.end(int((started + SOLO_TURN_RETRY_S + 1) * S))
+    _due(turns, started + SOLO_TURN_RETRY_S + 2, spending=("b", "c"), candidates=("b", "c"),
+         measured=("b", "c"))
+    assert "a" not in turns.tried and "a" not in turns.tried_ns
+    # retry_s infinite: the tries are all there is
+    never = SoloTurns(after_s=0.0, gap_s=0.0, retry_s=math.inf)
+    never.tried, never.tried_ns = {"a": 2, "b": 2}, {"a": 0, "b": 0}
+    assert _due(never, 1e6, measured=("b",), doubted=("a",)) is None
+
+
 def test_turns_are_spaced_wider_on_a_gpu_not_seen_counting_busy_beyond_the_work():
     # there the periods share the use out well enough, and a pause costs more than it buys
     assert SOLO_TURN_GAP_S < SOLO_TURN_CALM_GAP_S
@@ -229,7 +258,7 @@ def test_turns_are_spaced_wider_on_a_gpu_not_seen_counting_busy_beyond_the_work(
 
 
 def test_a_container_keeps_its_tries_while_it_stays_on_the_gpu_idle_or_not():
-    turns = SoloTurns(after_s=0.0)
+    turns = SoloTurns(after_s=0.0, retry_s=math.inf)  # the tries alone (retries: below)
     for n, whose in enumerate("abab"):
         at = n * 2 * SOLO_TURN_GAP_S
         assert _due(turns, at) == whose
@@ -325,6 +354,7 @@ def test_a_turn_ends_when_it_cannot_give_a_figure():
     ({"most_s": 0.0}, "0.0"), ({"most_s": 2.0}, "2.0"), ({"most_s": float("nan")}, "nan"),
     ({"after_s": -1.0}, "-1.0"), ({"gap_s": -1.0}, "-1.0"), ({"tries": 0}, "0"),
     ({"remeasure_gap_s": -1.0}, r"remeasure_gap_s >= 0.*-1\.0"),
+    ({"retry_s": 0.0}, r"retry_s > 0.*got 0\.0"), ({"retry_s": float("nan")}, "nan"),
 ])
 def test_bad_settings_are_refused_by_name(kwargs, named):
     with pytest.raises(ValueError, match=named):

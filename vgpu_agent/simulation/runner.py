@@ -37,13 +37,19 @@ class ContainerSpec:
     # another phase: its tokens then buy a different SM time, which the law must re-learn).
     switch_to: Workload | None = None
     switch_at_s: float = math.inf
+    # ... and from `switch_back_at_s` on `workload` again (a second change of phase)
+    switch_back_at_s: float = math.inf
 
     def phases(self) -> list[tuple[str, Workload]]:
         """(name suffix, workload) for each set of `processes` processes it runs."""
         if self.switch_to is None or not math.isfinite(self.switch_at_s):
             return [("", self.workload)]
-        return [("", _within(self.workload, 0.0, self.switch_at_s)),
-                ("-after", _within(self.switch_to, self.switch_at_s, math.inf))]
+        back = max(self.switch_back_at_s, self.switch_at_s)
+        phases = [("", _within(self.workload, 0.0, self.switch_at_s)),
+                  ("-after", _within(self.switch_to, self.switch_at_s, back))]
+        if math.isfinite(back):
+            phases.append(("-back", _within(self.workload, back, math.inf)))
+        return phases
 
 
 def _within(workload: Workload, start: float, end: float) -> Workload:

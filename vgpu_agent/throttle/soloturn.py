@@ -39,9 +39,16 @@ samples, then ALONE_READINGS steady batches), and a turn goes on to TURN_READING
 than `most_s` allows for a trusted figure, no turn is given.
 
 What a turn costs the others: at most `most_s` without a launch, once per `gap_s` per GPU, and
-per container at most `tries` turns while it stays on the GPU (one whose spending was not steady
-enough for a figure is tried again once). The tries bound how many pauses there are; the gap
-only spaces them, and a long one leaves a wrong figure believed for as long. On a GPU seen
+per container `tries` turns while it stays on the GPU (one whose spending was not steady
+enough for a figure is tried again once), then one more each `retry_s` (a minute) after its
+last. The tries bound how many pauses there are; the gap only spaces them, and a long one
+leaves a wrong figure believed for as long. Without the retries an application that changed
+phase twice was charged at a figure of the first phase from the second change on, for as long
+as it ran: a strict 40 % container whose tokens came to buy a quarter of the time ran at 9 %
+of its 40 (simulated, the first re-measure having spent its second try); with them, at 34-46 %
+once measured again (in one run of four a re-measure taken as the phase changed came out wrong,
+and it ran at 9 % for one minute more). A tenant that keeps its figure in doubt on purpose costs
+each neighbour a pause of under 2 s a minute at most. On a GPU seen
 counting itself busy beyond the work the figures explain (as the H200 does while processes take
 turns, or where a figure came out light) the shares rest on figures: the first one sets the
 scale for the others until their own turns, and one taken light (a tenant running lighter
@@ -87,6 +94,7 @@ Pure: no I/O, no clocks (the caller passes the time).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -106,6 +114,8 @@ SOLO_TURN_FIRST_GAP_S = 3.0  # ... before a container's first turn there (see th
 # ... before a figure in doubt is measured afresh, on any GPU, and without waiting `after_s`
 SOLO_TURN_REMEASURE_GAP_S = 0.5
 SOLO_TURN_TRIES = 2  # turns per container at most
+# ... and one more once this long has passed since its last (see the module note)
+SOLO_TURN_RETRY_S = 60.0
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
 PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
 # steady batches a turn waits for, time allowing (a figure is trusted after ALONE_READINGS, and
@@ -136,13 +146,15 @@ class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
     __slots__ = ("after_ns", "calm_gap_ns", "first_gap_ns", "gap_ns", "last_end_ns", "most_ns",
-                 "most_s", "remeasure_gap_ns", "tried", "tries", "turn", "waiting_ns")
+                 "most_s", "remeasure_gap_ns", "retry_ns", "tried", "tried_ns", "tries", "turn",
+                 "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
                  calm_gap_s: float = SOLO_TURN_CALM_GAP_S,
                  first_gap_s: float = SOLO_TURN_FIRST_GAP_S,
-                 remeasure_gap_s: float = SOLO_TURN_REMEASURE_GAP_S) -> None:
+                 remeasure_gap_s: float = SOLO_TURN_REMEASURE_GAP_S,
+                 retry_s: float = SOLO_TURN_RETRY_S) -> None:
         if not 0 < most_s < LONGEST_WAIT_S:
             raise ValueError(f"a solo turn must last more than 0 s and less than the shim's "
                              f"longest wait ({LONGEST_WAIT_S:g} s), got {most_s!r}")
@@ -151,6 +163,9 @@ class SoloTurns:
             raise ValueError(f"need after_s >= 0, gap_s >= 0, calm_gap_s >= 0, first_gap_s >= 0, "
                              f"remeasure_gap_s >= 0 and tries >= 1, got {after_s!r}, {gap_s!r}, "
                              f"{calm_gap_s!r}, {first_gap_s!r}, {remeasure_gap_s!r}, {tries!r}")
+        if not retry_s > 0:
+            raise ValueError(f"need retry_s > 0 (inf: no turn once the tries are spent), got "
+                             f"{retry_s!r}")
         self.most_s = most_s
         self.most_ns, self.after_ns = int(most_s * 1e9), int(after_s * 1e9)
         self.gap_ns, self.tries = int(gap_s * 1e9), tries
@@ -161,6 +176,8 @@ class SoloTurns:
         self.waiting_ns: int | None = None  # since when a turn has been wanted
         self.last_end_ns: int | None = None
         self.tried: dict[str, int] = {}  # alloc_id -> turns it had
+        self.tried_ns: dict[str, int] = {}  # alloc_id -> when its last turn started
+        self.retry_ns = int(retry_s * 1e9) if math.isfinite(retry_s) else None
 
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
             candidates: Collection[str], period_s: float, present: Collection[str],
@@ -190,6 +207,7 @@ class SoloTurns:
         the first in `spending`'s order."""
         for gone in [a for a in self.tried if a not in present]:
             del self.tried[gone]
+            self.tried_ns.pop(gone, None)
         if (self.turn is not None or len(spending) < 2
                 or all(a in measured for a in spending)
                 or not 0 < period_s * PERIODS_NEEDED <= self.most_s):
@@ -198,7 +216,7 @@ class SoloTurns:
         if self.waiting_ns is None:
             self.waiting_ns = now_ns
         eligible = [a for a in spending if a in candidates and a not in measured
-                    and self.tried.get(a, 0) < self.tries]
+                    and self._may_try(a, now_ns)]
         spare = [a for a in present if a in spared]
         if spare:
             eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
@@ -217,8 +235,16 @@ class SoloTurns:
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
             return None
         self.tried[chosen] = self.tried.get(chosen, 0) + 1
+        self.tried_ns[chosen] = now_ns
         self.waiting_ns = None
         return chosen
+
+    def _may_try(self, alloc_id: str, now_ns: int) -> bool:
+        """Whether a turn is left to it: `tries`, then one each `retry_s` after its last."""
+        if self.tried.get(alloc_id, 0) < self.tries:
+            return True
+        return self.retry_ns is not None and (
+            now_ns - self.tried_ns.get(alloc_id, now_ns) >= self.retry_ns)
 
     def start(self, alloc_id: str, now_ns: int, paused: Mapping[str, tuple[int, int]]) -> None:
         self.turn = SoloTurn(alloc_id, now_ns, dict(paused))
