@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from tests.bench.bench_launch_holds import check_kernels
+from vgpu_agent.shm.api import CorePolicy
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
@@ -157,6 +158,21 @@ async def test_a_container_understating_its_tokens_leaves_its_neighbours_share_a
     assert gpu.shares(liar, 20)[-1][1] < 47
 
 
+def _changing_pair(seed: int, policy: CorePolicy = "work-conserving",
+                   back_at_s: float = math.inf) -> ControlledRun:
+    """A 40/60 pair whose phases change at 30 s (and back at `back_at_s`): the tokens of
+    "costlier" come to buy four times the SM time (twice as long kernels, half the blocks),
+    those of "cheaper" a quarter."""
+    long = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
+    costly = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
+    return ControlledRun(
+        (ContainerSpec("costlier", 40, long, policy, switch_to=costly, switch_at_s=30.0,
+                       switch_back_at_s=back_at_s),
+         ContainerSpec("cheaper", 60, costly, policy, switch_to=long, switch_at_s=30.0,
+                       switch_back_at_s=back_at_s)),
+        plant=PlantSpec(replace(REAL, nvml_attribution="time-sliced"), seed=seed))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 3])
 async def test_a_change_of_phase_is_followed(seed):
@@ -166,12 +182,7 @@ async def test_a_change_of_phase_is_followed(seed):
     # over seeds 0-3 while the simulated driver lost 2 % of its periods); 60-66 % when the
     # split's weights were moving averages over 100 periods, which had not forgotten the
     # first phase 30 s later.
-    long = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
-    costly = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
-    run = ControlledRun(
-        (ContainerSpec("costlier", 40, long, switch_to=costly, switch_at_s=30.0),
-         ContainerSpec("cheaper", 60, costly, switch_to=long, switch_at_s=30.0)),
-        plant=PlantSpec(replace(REAL, nvml_attribution="time-sliced"), seed=seed))
+    run = _changing_pair(seed)
     await run.advance(40.0)
     # Both figures in doubt are measured afresh one after the other: over 5-10 s after the
     # change cheaper ran at 46-54 % (35-57 over seeds 0-5); when each re-measure waited 3 s
@@ -201,15 +212,8 @@ async def test_a_second_change_of_phase_is_measured_too(seed):
     # The strict pair changes phase at 30 s and back at 90 s. The first change's re-measures
     # spent each container's second try; without one more a minute after its last, the one
     # whose tokens came to buy a quarter of the time was charged at its old figure and ran at
-    # 9 % of its 40 from the second change to the end (seeds 1 and 2 of four).
-    long = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
-    costly = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
-    run = ControlledRun(
-        (ContainerSpec("costlier", 40, long, "strict", switch_to=costly, switch_at_s=30.0,
-                       switch_back_at_s=90.0),
-         ContainerSpec("cheaper", 60, costly, "strict", switch_to=long, switch_at_s=30.0,
-                       switch_back_at_s=90.0)),
-        plant=PlantSpec(replace(REAL, nvml_attribution="time-sliced"), seed=seed))
+    # 9 % of its 40 from the second change to the end (seeds 1 to 3 of four).
+    run = _changing_pair(seed, "strict", back_at_s=90.0)
     await run.advance(120.0)
     assert run.controller.error_counts == {}
     costlier = sum(run.gpu.shares(p, 10)[-1][1] for p in run.procs["costlier"])
