@@ -207,29 +207,38 @@ def test_a_container_never_measured_goes_before_a_figure_in_doubt_and_waits_as_a
                 measured=("b", "c"), doubted=("a",)) == "a"
 
 
-def test_a_container_whose_tries_are_spent_gets_one_more_each_retry_after_its_last():
-    # two phase changes: the first re-measure spent the second try; without another, a strict
-    # 40 % container ran at 9 % after the second change for as long as it ran (simulated)
+def test_a_containers_tries_come_back_one_each_retry_up_to_the_tries():
+    # two phase changes: the first re-measure spent the second try (or a false alarm did);
+    # without one back, a strict 40 % container ran at 9 % after the second change for as
+    # long as it ran (simulated)
     turns = SoloTurns(after_s=0.0, gap_s=0.0, first_gap_s=0.0, remeasure_gap_s=0.0)
-    turns.tried, turns.tried_ns = {"a": 2, "b": 2}, {"a": 0, "b": int(1.0 * S)}
-    turns.last_end_ns = int(2.0 * S)
-    assert _due(turns, SOLO_TURN_RETRY_S - 0.1, measured=("b",), doubted=("a",)) is None
-    assert _due(turns, SOLO_TURN_RETRY_S, measured=("b",), doubted=("a",)) == "a"
-    started = SOLO_TURN_RETRY_S
-    turns.start("a", int(started * S), {})
-    turns.end(int((started + 1) * S))
-    # the next no sooner than a retry after this one, whatever the gaps
-    assert _due(turns, started + SOLO_TURN_RETRY_S - 0.1, measured=("b",),
-                doubted=("a",)) is None
-    assert _due(turns, started + SOLO_TURN_RETRY_S, measured=("b",), doubted=("a",)) == "a"
+    turns.tried, turns.credit = {"a": 2, "b": 2}, {"a": (0.0, 0), "b": (0.0, 0)}
+    turns.last_end_ns = 0
+
+    def turn(at: float) -> str | None:
+        chosen = _due(turns, at, doubted=("a", "b"))
+        if chosen is not None:
+            turns.start(chosen, int(at * S), {})
+            turns.end(int(at * S))
+        return chosen
+
+    assert turn(SOLO_TURN_RETRY_S - 0.1) is None
+    assert turn(SOLO_TURN_RETRY_S) == "a"  # both have one back: a first in the order given
+    assert turn(SOLO_TURN_RETRY_S + 0.1) == "b"
+    assert turn(SOLO_TURN_RETRY_S + 0.2) is None  # both spent again
+    assert turn(2 * SOLO_TURN_RETRY_S - 0.1) is None
+    assert turn(2 * SOLO_TURN_RETRY_S) == "a"
+    # b's come back over a long wait, but never more than the tries: two, then none
+    late = 10 * SOLO_TURN_RETRY_S
+    given = [turn(late + 0.1 * n) for n in range(5)]
+    assert given[0] == "b"  # tried least
+    assert sorted(given[:4]) == ["a", "a", "b", "b"] and given[4] is None
     # a container gone is forgotten, its tries with it; one of the same name later is new
-    turns.end(int((started + SOLO_TURN_RETRY_S + 1) * S))
-    _due(turns, started + SOLO_TURN_RETRY_S + 2, spending=("b", "c"), candidates=("b", "c"),
-         measured=("b", "c"))
-    assert "a" not in turns.tried and "a" not in turns.tried_ns
+    _due(turns, late + 1, spending=("b", "c"), candidates=("b", "c"), measured=("b", "c"))
+    assert "a" not in turns.tried and "a" not in turns.credit
     # retry_s infinite: the tries are all there is
     never = SoloTurns(after_s=0.0, gap_s=0.0, retry_s=math.inf)
-    never.tried, never.tried_ns = {"a": 2, "b": 2}, {"a": 0, "b": 0}
+    never.tried, never.credit = {"a": 2, "b": 2}, {"a": (0.0, 0), "b": (0.0, 0)}
     assert _due(never, 1e6, measured=("b",), doubted=("a",)) is None
 
 

@@ -39,16 +39,17 @@ samples, then ALONE_READINGS steady batches), and a turn goes on to TURN_READING
 than `most_s` allows for a trusted figure, no turn is given.
 
 What a turn costs the others: at most `most_s` without a launch, once per `gap_s` per GPU, and
-per container `tries` turns while it stays on the GPU (one whose spending was not steady
-enough for a figure is tried again once), then one more each `retry_s` (a minute) after its
-last. The tries bound how many pauses there are; the gap only spaces them, and a long one
-leaves a wrong figure believed for as long. Without the retries an application that changed
-phase twice was charged at a figure of the first phase from the second change on, for as long
-as it ran: a strict 40 % container whose tokens came to buy a quarter of the time ran at 9 %
-of its 40 (simulated, the first re-measure having spent its second try); with them, at 34-46 %
-once measured again (in one run of four a re-measure taken as the phase changed came out wrong,
-and it ran at 9 % for one minute more). A tenant that keeps its figure in doubt on purpose costs
-each neighbour a pause of under 2 s a minute at most. On a GPU seen
+per container `tries` turns (one whose spending was not steady enough for a figure is tried
+again once), which come back one each `retry_s` (a minute), never more than `tries` in hand,
+while it stays on the GPU. The tries bound how often pauses come; the gap only spaces them,
+and a long one leaves a wrong figure believed for as long. Without tries coming back an application
+that changed phase twice was charged at a figure of the first phase from the second change on,
+for as long as it ran: a strict 40 % container whose tokens came to buy a quarter of the time
+ran at 9 % of its 40 (simulated, the first re-measure having spent its second try, or a false
+alarm of the watch having spent it before the change); with them, at 34-45 % once measured
+again (in one run of four a re-measure taken as the phase changed came out wrong, and it ran at
+9 % for 40 s more). A tenant that keeps its figure in doubt on purpose costs each neighbour a
+pause of under 2 s a minute at most, over time. On a GPU seen
 counting itself busy beyond the work the figures explain (as the H200 does while processes take
 turns, or where a figure came out light) the shares rest on figures: the first one sets the
 scale for the others until their own turns, and one taken light (a tenant running lighter
@@ -113,8 +114,8 @@ SOLO_TURN_CALM_GAP_S = 60.0
 SOLO_TURN_FIRST_GAP_S = 3.0  # ... before a container's first turn there (see the module note)
 # ... before a figure in doubt is measured afresh, on any GPU, and without waiting `after_s`
 SOLO_TURN_REMEASURE_GAP_S = 0.5
-SOLO_TURN_TRIES = 2  # turns per container at most
-# ... and one more once this long has passed since its last (see the module note)
+SOLO_TURN_TRIES = 2  # turns per container in hand at most
+# ... which come back one each this long (see the module note)
 SOLO_TURN_RETRY_S = 60.0
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
 PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
@@ -145,8 +146,8 @@ class SoloTurn:
 class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
-    __slots__ = ("after_ns", "calm_gap_ns", "first_gap_ns", "gap_ns", "last_end_ns", "most_ns",
-                 "most_s", "remeasure_gap_ns", "retry_ns", "tried", "tried_ns", "tries", "turn",
+    __slots__ = ("after_ns", "calm_gap_ns", "credit", "first_gap_ns", "gap_ns", "last_end_ns",
+                 "most_ns", "most_s", "remeasure_gap_ns", "retry_ns", "tried", "tries", "turn",
                  "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
@@ -176,7 +177,8 @@ class SoloTurns:
         self.waiting_ns: int | None = None  # since when a turn has been wanted
         self.last_end_ns: int | None = None
         self.tried: dict[str, int] = {}  # alloc_id -> turns it had
-        self.tried_ns: dict[str, int] = {}  # alloc_id -> when its last turn started
+        # alloc_id -> (turns left to it, when): `tries` at first, one back each `retry_s`
+        self.credit: dict[str, tuple[float, int]] = {}
         self.retry_ns = int(retry_s * 1e9) if math.isfinite(retry_s) else None
 
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
@@ -207,7 +209,7 @@ class SoloTurns:
         the first in `spending`'s order."""
         for gone in [a for a in self.tried if a not in present]:
             del self.tried[gone]
-            self.tried_ns.pop(gone, None)
+            self.credit.pop(gone, None)
         if (self.turn is not None or len(spending) < 2
                 or all(a in measured for a in spending)
                 or not 0 < period_s * PERIODS_NEEDED <= self.most_s):
@@ -235,16 +237,20 @@ class SoloTurns:
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
             return None
         self.tried[chosen] = self.tried.get(chosen, 0) + 1
-        self.tried_ns[chosen] = now_ns
+        self.credit[chosen] = (self._credit(chosen, now_ns) - 1, now_ns)
         self.waiting_ns = None
         return chosen
 
+    def _credit(self, alloc_id: str, now_ns: int) -> float:
+        """The turns left to it now: `tries` at first, one back each `retry_s` since its last
+        turn, never more than `tries`."""
+        left, since_ns = self.credit.get(alloc_id, (float(self.tries), now_ns))
+        if self.retry_ns is not None:
+            left = min(float(self.tries), left + (now_ns - since_ns) / self.retry_ns)
+        return left
+
     def _may_try(self, alloc_id: str, now_ns: int) -> bool:
-        """Whether a turn is left to it: `tries`, then one each `retry_s` after its last."""
-        if self.tried.get(alloc_id, 0) < self.tries:
-            return True
-        return self.retry_ns is not None and (
-            now_ns - self.tried_ns.get(alloc_id, now_ns) >= self.retry_ns)
+        return self._credit(alloc_id, now_ns) >= 1 - 1e-9
 
     def start(self, alloc_id: str, now_ns: int, paused: Mapping[str, tuple[int, int]]) -> None:
         self.turn = SoloTurn(alloc_id, now_ns, dict(paused))
