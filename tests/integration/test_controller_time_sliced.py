@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from tests.bench.bench_launch_holds import check_kernels
+from tests.bench.bench_throttle import COSTLY, LONG
 from vgpu_agent.shm.api import CorePolicy
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
@@ -162,13 +163,11 @@ def _changing_pair(seed: int, policy: CorePolicy = "work-conserving",
                    back_at_s: float = math.inf) -> ControlledRun:
     """A 40/60 pair whose phases change at 30 s (and back at `back_at_s`): the tokens of
     "costlier" come to buy four times the SM time (twice as long kernels, half the blocks),
-    those of "cheaper" a quarter."""
-    long = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
-    costly = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
+    those of "cheaper" a quarter (the bench's scenario 6)."""
     return ControlledRun(
-        (ContainerSpec("costlier", 40, long, policy, switch_to=costly, switch_at_s=30.0,
+        (ContainerSpec("costlier", 40, LONG, policy, switch_to=COSTLY, switch_at_s=30.0,
                        switch_back_at_s=back_at_s),
-         ContainerSpec("cheaper", 60, costly, policy, switch_to=long, switch_at_s=30.0,
+         ContainerSpec("cheaper", 60, COSTLY, policy, switch_to=LONG, switch_at_s=30.0,
                        switch_back_at_s=back_at_s)),
         plant=PlantSpec(replace(REAL, nvml_attribution="time-sliced"), seed=seed))
 

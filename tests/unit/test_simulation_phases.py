@@ -36,6 +36,19 @@ def test_the_phases_split_the_busy_time_at_the_switch():
     assert not any(idle.busy_at(t / 10) for t in range(100))
 
 
+def test_a_container_can_change_phase_back():
+    phases = ContainerSpec("a", 40, LONG, switch_to=COSTLY, switch_at_s=5.0,
+                           switch_back_at_s=9.0).phases()
+    assert [suffix for suffix, _ in phases] == ["", "-after", "-back"]
+    assert [w.busy for _, w in phases] == [((0.0, 5.0),), ((5.0, 9.0),), ((9.0, math.inf),)]
+    assert phases[2][1].kernel_s == LONG.kernel_s
+    # coming back before (or as) it leaves is no phase: refused by name
+    for back in (5.0, 3.0, math.nan):
+        with pytest.raises(ValueError, match=r"switch_back_at_s must come after"):
+            ContainerSpec("a", 40, LONG, switch_to=COSTLY, switch_at_s=5.0,
+                          switch_back_at_s=back)
+
+
 def test_each_phase_runs_only_on_its_side_of_the_switch():
     # The container's processes of each phase, unthrottled and alone on the GPU: the first set
     # holds the SMs until the switch, the second from it on, and the same second launches a

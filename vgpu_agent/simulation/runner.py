@@ -40,11 +40,17 @@ class ContainerSpec:
     # ... and from `switch_back_at_s` on `workload` again (a second change of phase)
     switch_back_at_s: float = math.inf
 
+    def __post_init__(self) -> None:
+        if not (self.switch_back_at_s > self.switch_at_s or self.switch_back_at_s == math.inf):
+            raise ValueError(f"container {self.name!r}: switch_back_at_s must come after "
+                             f"switch_at_s ({self.switch_at_s!r} s), got "
+                             f"{self.switch_back_at_s!r}")
+
     def phases(self) -> list[tuple[str, Workload]]:
         """(name suffix, workload) for each set of `processes` processes it runs."""
         if self.switch_to is None or not math.isfinite(self.switch_at_s):
             return [("", self.workload)]
-        back = max(self.switch_back_at_s, self.switch_at_s)
+        back = self.switch_back_at_s
         phases = [("", _within(self.workload, 0.0, self.switch_at_s)),
                   ("-after", _within(self.switch_to, self.switch_at_s, back))]
         if math.isfinite(back):

@@ -46,7 +46,7 @@ and a long one leaves a wrong figure believed for as long. Without tries coming 
 that changed phase twice was charged at a figure of the first phase from the second change on,
 for as long as it ran: a strict 40 % container whose tokens came to buy a quarter of the time
 ran at 9 % of its 40 (simulated, the first re-measure having spent its second try, or a false
-alarm of the watch having spent it before the change); with them, at 34-45 % once measured
+alarm of the watch having spent it before the change); with them, at 33-45 % once measured
 again (in one run of four a re-measure taken as the phase changed came out wrong, and it ran at
 9 % for 40 s more). A tenant that keeps its figure in doubt on purpose costs each neighbour a
 pause of under 2 s a minute at most, over time. On a GPU seen
@@ -201,7 +201,7 @@ class SoloTurns:
         not); `doubted`: those whose figure is in doubt or too coarse (left out of
         `measured`; the turn given to one of them comes `remeasure_gap_s` after the last, on
         any GPU, without `after_s`); `apart`: whether the costs of containers spending differ far
-        (`TimeSlicedSplit.costs_apart`; called only where it decides the gap, as it compares
+        (`TimeSlicedSplit.costs_apart`; called only where it decides the gap, as it may compare
         every pair spending): first turns `first_gap_s` apart on any GPU then.
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
