@@ -615,6 +615,17 @@ def test_a_figure_in_doubt_is_dropped_for_a_turn_and_restored_if_none_is_measure
     assert split.alone["a"] == (2e-9, 1e9, timesliced.ALONE_READINGS)
 
 
+def test_trusted_figures_are_those_measured_alone_as_measured_not_as_a_doubt_raised_them():
+    split = TimeSlicedSplit()
+    split.adopt({"a": (2e-9, 1e9), "b": (3e-9, 1e9)})
+    split.alone["c"] = (5e-9, 1e9, timesliced.ALONE_READINGS - 1)  # still being made
+    split.doubted["a"] = (-5.0, 0.01, frozenset({"b"}))  # its cost risen far since
+    split.costs.update({"a": (0.0, 50.0), "b": (0.0, 50.0)})
+    split.spending = ["a", "b"]
+    assert split.figures()["a"][0] > 2e-9  # the bound takes it raised
+    assert split.trusted_figures() == {"a": 2e-9, "b": 3e-9}
+
+
 def test_a_figure_measured_afresh_is_not_overwritten_by_the_one_dropped():
     split = TimeSlicedSplit()
     split.adopt({"a": (2e-9, 1e9)})

@@ -368,6 +368,11 @@ class TimeSlicedSplit:
             return 0.0
         return math.sqrt(squares / (n - 1) / min(n, ALONE_AVERAGED)) / mean
 
+    def trusted_figures(self) -> dict[str, float]:
+        """Each trusted figure as measured alone (use per token/s), not raised by a doubt."""
+        return {a: figure for a, (figure, _, steady) in self.alone.items()
+                if steady >= ALONE_READINGS}
+
     def measured(self) -> set[str]:
         """The containers with a trusted figure (those `figures` gives)."""
         return {a for a, (_, _, steady) in self.alone.items() if steady >= ALONE_READINGS}
