@@ -1524,10 +1524,10 @@ class ThrottleController:
         showed, at another's figure's scale, or by its tokens alone), the measured one's `k`
         was learned from charges of another kind, confidently (and with a noise their moves
         taught): the law followed the new charges a few percent a reading, and a strict 50 %
-        container ran at 55-64 % for seconds after its turn (simulated H200, 9 runs of 40). A
+        container ran at 56-62 % over its worst 2 s after its turn (simulated H200, 8 runs of 40). A
         neighbour's charge moves with the split's weights, by as much as the new figure
         changes them: a strict 50 % container measured first, diluted until its neighbour's
-        figure came, stayed 2-5 points over its limit for 5-10 s in 5 runs of 16 (a GPU
+        figure came, ran 2-5 points over its limit over its worst 5 s in 5 runs of 16 (a GPU
         whose use is all work, simulated). Re-learned every time, a neighbour's `k` followed
         the first readings after its pause, a transient, and every one of them too: a steady
         0.3 points off for seconds where nothing had changed."""
