@@ -1527,8 +1527,9 @@ class ThrottleController:
         container ran at 56-62 % over its worst 2 s after its turn (simulated H200, 8 runs of 40). A
         neighbour's charge moves with the split's weights, by as much as the new figure
         changes them: a strict 50 % container measured first, diluted until its neighbour's
-        figure came, ran 2-5 points over its limit over its worst 5 s in 5 runs of 16 (a GPU
-        whose use is all work, simulated). Re-learned every time, a neighbour's `k` followed
+        figure came, ran 2-5 points over its limit over its worst 5 s in 5 runs of 16 with the
+        measured one alone re-learned, in 2 with it too (a GPU whose use is all work,
+        simulated). Re-learned every time, a neighbour's `k` followed
         the first readings after its pause, a transient, and every one of them too: a steady
         0.3 points off for seconds where nothing had changed."""
         for key, state in list(states.items()):

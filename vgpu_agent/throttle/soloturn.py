@@ -46,9 +46,10 @@ and a long one leaves a wrong figure believed for as long. Without tries coming 
 that changed phase twice was charged at a figure of the first phase from the second change on,
 for as long as it ran: a strict 40 % container whose tokens came to buy a quarter of the time
 ran at 9 % of its 40 (simulated, the first re-measure having spent its second try, or a false
-alarm of the watch having spent it before the change); with them, at 33-45 % once measured
-again (in one run of four a re-measure taken as the phase changed came out wrong, and it ran at
-9 % for 40 s more). A tenant that keeps its figure in doubt on purpose costs each neighbour a
+alarm of the watch having spent it before the change); with them, at 30 % or more 20-30 s
+after the second change in 15 runs of 24, and still at 9-10 % in 4, where a false alarm of the
+watch in the minute before the change had spent the tries (a try comes back a minute after it
+was spent). A tenant that keeps its figure in doubt on purpose costs each neighbour a
 pause of under 2 s a minute at most, over time. On a GPU seen
 counting itself busy beyond the work the figures explain (as the H200 does while processes take
 turns, or where a figure came out light) the shares rest on figures: the first one sets the

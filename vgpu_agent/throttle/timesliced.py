@@ -374,8 +374,8 @@ class TimeSlicedSplit:
                 if steady >= ALONE_READINGS}
 
     def measured(self) -> set[str]:
-        """The containers with a trusted figure (those `figures` gives)."""
-        return {a for a, (_, _, steady) in self.alone.items() if steady >= ALONE_READINGS}
+        """The containers with a trusted figure (those `trusted_figures` gives)."""
+        return set(self.trusted_figures())
 
     def costs_apart(self) -> bool:
         """Whether the periods show two of the containers spending with costs APART_FACTOR
