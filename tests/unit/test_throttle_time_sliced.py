@@ -721,3 +721,83 @@ def test_a_figure_is_taken_at_the_middle_of_its_truncated_percent(below, coarse)
     split.share([["a"], ["b"]], 99.0, {"a": 3_000, "b": 5_000}, dt_s=0.2)
     assert split.coarse() == ({"a"} if coarse else set())
 
+
+
+def _shared(split: TimeSlicedSplit, rng: random.Random, periods: int, cost_a: float
+            ) -> list[dict[str, float]]:
+    """`periods` batches of one period in which a and b spent alike, a's tokens buying
+    `cost_a` times b's SM time, on a GPU counted 99 % busy; each batch's split."""
+    got = []
+    for _ in range(periods):
+        spent = {"a": 1000, "b": 1000}
+        owner, _ = _drawn(rng, spent, {"a": cost_a, "b": 1.0})
+        got.append(split.share([[owner]], 99.0, spent, 0.1))
+    return got
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_figures_seen_to_disagree_are_not_believed_when_a_change_cuts_the_costs_information(seed):
+    # a played light while alone (its kernels a quarter of their time together): together,
+    # the periods show its tokens buying what b's do, and the figures are not believed
+    rng, split = random.Random(seed), TimeSlicedSplit()
+    _alone(split, "a", 5.0, 1000, 10, others=("b",))
+    _alone(split, "b", 20.0, 1000, 10, others=("a",))
+    got = _shared(split, rng, 300, 1.0)[-1]
+    assert got["a"] == pytest.approx(got["b"], rel=0.35)
+    together = frozenset({"a", "b"})
+    then, _, _ = split.disagreed[together]
+    assert then > 20
+    # a change found: the costs' information cut, where chance would let the figures agree
+    # (the figures 1.32 apart in logs, the costs near 0, allowed 1.49 at that information),
+    # and a measured afresh, playing light again
+    for alloc_id, (log_cost, _) in split.costs.items():
+        split.costs[alloc_id] = (log_cost, timesliced.RESTART_INFO)
+    assert abs(math.log(5.5 / 20.5)) < math.log(timesliced.ALONE_AGREE) \
+        + timesliced.DOUBT_SIGMAS * math.sqrt(2 / timesliced.RESTART_INFO)
+    split.remeasure("a")
+    _alone(split, "a", 5.0, 1000, 10, others=("b",))
+    held = []
+    for _ in range(60):
+        (got,) = _shared(split, rng, 1, 1.0)
+        assert together in split.disagreed  # charged by its periods, not at 27 % of b's
+        held.append(got["a"] / got["b"])
+    assert sum(held) / len(held) > 0.6
+    # measured afresh honestly, its figure moved: believed at once
+    split.remeasure("a")
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _shared(split, rng, 1, 1.0)
+    assert together not in split.disagreed
+
+
+def test_a_disagreement_is_forgotten_once_costs_are_as_informed_as_then():
+    split = TimeSlicedSplit()
+    figures = {"a": 1.0, "b": 2.0}
+    split.alone.update({a: (f, 1e9, timesliced.ALONE_READINGS) for a, f in figures.items()})
+    split.costs.update({"a": (-0.35, 10.0), "b": (0.35, 10.0)})  # agreeing, little known
+    split.periods = 1000
+    split.disagreed[frozenset(figures)] = (60.0, 1000, dict(figures))
+    assert not split._figures_agree(figures)
+    # the information then fades as the costs' own does: 60 -> 10 over 537 periods
+    split.periods += 530
+    assert not split._figures_agree(figures)
+    split.periods += 10
+    assert split._figures_agree(figures) and not split.disagreed
+    # a figure moved by more than ALONE_AGREE since the disagreement (measured afresh)
+    split.disagreed[frozenset(figures)] = (60.0, split.periods, {"a": 1.0, "b": 1.0})
+    assert split._figures_agree(figures)
+    # ... not one a doubt raised (moved as the bound takes it, not as measured alone)
+    split.disagreed[frozenset(figures)] = (60.0, split.periods, {"a": 1.1, "b": 1.9})
+    assert not split._figures_agree({"a": 1.0, "b": 2.0 * 2.5})
+    assert not split._figures_agree(figures)
+    split.costs["a"] = (-1.5, 80.0)
+    split.costs["b"] = (1.5, 80.0)
+    assert not split._figures_agree(figures)
+    assert split.disagreed[frozenset(figures)][0] == 80.0
+
+
+def test_a_disagreement_is_forgotten_with_its_containers():
+    split = TimeSlicedSplit()
+    split.disagreed[frozenset({"a", "b"})] = (70.0, 0, {"a": 1.0, "b": 1.0})
+    split.disagreed[frozenset({"a", "c"})] = (70.0, 0, {"a": 1.0, "c": 1.0})
+    split.share([["a"]], 50.0, {"a": 1000, "c": 1000}, 0.1)  # b gone
+    assert list(split.disagreed) == [frozenset({"a", "c"})]
