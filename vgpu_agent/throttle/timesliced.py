@@ -141,8 +141,9 @@ class TimeSlicedSplit:
     """
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "counts_beyond",
-                 "disagreed", "doubted", "lifted", "margin", "parts", "periods", "rates", "recounted",
-                 "restarts", "solo", "solo_others", "solo_ran", "spending", "unseen", "watch")
+                 "disagreed", "doubted", "lifted", "margin", "parts", "periods", "rates",
+                 "recounted", "restarts", "solo", "solo_others", "solo_ran", "spending", "unseen",
+                 "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -220,8 +221,8 @@ class TimeSlicedSplit:
         costs = self.costs
         for gone in [a for a in costs if a not in spent]:
             del costs[gone]
-        for gone in [k for k in self.disagreed if not k <= spent.keys()]:
-            del self.disagreed[gone]
+        for left in [k for k in self.disagreed if not k <= spent.keys()]:
+            del self.disagreed[left]
         if total > 0:
             self._learn_costs(owners, {a: used / total for a, used in spent.items() if used})
         self._calibrate(owners, busy, spent, dt_s)
