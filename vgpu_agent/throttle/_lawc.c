@@ -197,12 +197,12 @@ typedef struct {
         boot_widening, resolution, initial_var, drift2, noise_prior, noise_memory,
         held_tolerance, floor, surprise2, noise_tail, missing_above, partial,
         saturation_margin, cold_sigmas, rate_deadband, burst_s, burst_launches,
-        relearn_weight, relearn_span;
+        relearn_weight, relearn_span, floor_trust2;
     int64_t demand_ticks, cold_samples, min_rate, confirm;
 } Params;
 
 /* how many values nativelaw packs the tuning into (`bind` checks it) */
-#define PARAMS 28
+#define PARAMS 29
 
 static int read_params(PyObject *t, Params *p)
 {
@@ -222,7 +222,8 @@ static int read_params(PyObject *t, Params *p)
         && as_int(PyTuple_GET_ITEM(t, 24), &p->min_rate)
         && as_int(PyTuple_GET_ITEM(t, 25), &p->confirm)
         && as_double(PyTuple_GET_ITEM(t, 26), &p->relearn_weight)
-        && as_double(PyTuple_GET_ITEM(t, 27), &p->relearn_span);
+        && as_double(PyTuple_GET_ITEM(t, 27), &p->relearn_span)
+        && as_double(PyTuple_GET_ITEM(t, 28), &p->floor_trust2);
 }
 
 /* ----------------------------------------------------------------------- one container */
@@ -833,6 +834,8 @@ static PyObject *step(PyObject *module, PyObject *args)
                     spread = pv * k * k;
                     lower_bound = 0;
                     c->learned += 1;
+                    if (spread <= p.floor_trust2)
+                        k_floor = 0.0; /* the estimate knows k better than the bound */
                 }
             }
         }

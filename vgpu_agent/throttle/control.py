@@ -131,7 +131,12 @@ Kalman filter over the model `util = b * spend`:
   a `strict` container's rate uses `b` plus `cold_sigmas` standard deviations of the estimate,
   so that a noisy first sample cannot push it above its limit; the margin fades as evidence
   accumulates, and never takes the rate below what the cold-start bound buys (that bound is
-  proven; a container alone on the GPU is exactly at it). A rate found already in force (the
+  proven as far as the tick's spending is; a container alone on the GPU is exactly at it).
+  The bound holds `k` until the estimate knows it better (its relative deviation below
+  `floor_trust`), no longer: the spending is counted as the shim counts it (in steps,
+  launches as it admits them), and a bound a few percent high, kept, held a strict container
+  a few percent over its limit for good (no reading off by as little is far enough to
+  re-learn from). A rate found already in force (the
   agent restarted) is kept until `k` is learned from it.
 
 Kernel length does not matter: long kernels make spending lumpy within a tick, which the burst
@@ -197,6 +202,9 @@ class ControlParams:
     # as one reading where they span more
     relearn_weight: float = 1 / 3
     relearn_span_s: float = 0.5
+    # the cold-start bound holds k until the estimate's relative standard deviation is below
+    # this: the bound's own error (the tick's spending is counted in the shim's steps)
+    floor_trust: float = 0.03
 
     def __post_init__(self) -> None:
         for name in ("nvml_period_s", "history_s", "noise_prior", "noise_memory", "resolution",
@@ -218,6 +226,10 @@ class ControlParams:
         if not 0 <= self.partial_window < 1:
             raise ValueError("ControlParams.partial_window must be in [0, 1), got "
                              f"{self.partial_window!r}")
+        if self.floor_trust < 0:
+            raise ValueError("ControlParams.floor_trust must be >= 0 (0: the cold-start bound "
+                             f"holds k until a changed workload is found), got "
+                             f"{self.floor_trust!r}")
         if self.drift_per_s < 0 or self.cold_sigmas < 0 or self.cold_samples < 0:
             raise ValueError("ControlParams.drift_per_s, cold_sigmas and cold_samples must be "
                              f">= 0, got {self.drift_per_s!r}, {self.cold_sigmas!r}, "
@@ -642,10 +654,18 @@ def _observe(
                 weight = params.relearn_weight if span <= params.relearn_span_s else 1.0
                 p = max(p, r / (weight * x * x))
             # Evidence that straddles the start (spending before the first tick is unknown)
-            # may point below the bound, which the unthrottled tick proved.
+            # may point below the bound, which the unthrottled tick proved. Until the
+            # estimate knows k better than the bound does (`floor_trust`): the tick's spending
+            # is the container's word, counted as its shim counts (in steps, launches admitted
+            # ahead of the GPU), and a bound a few percent high kept for good held a strict
+            # 50 % container at 52.5-56 % (fake driver, real time: within the noise, no
+            # reading was far enough to re-learn from). Dropped after the first few readings
+            # instead, noise took a strict container alone below it at sigma 8 (simulated).
             k = max(1 / b, k_floor)
             spread, lower_bound = p * k * k, False
             learned += 1
+            if spread <= params.floor_trust**2:
+                k_floor = 0.0
     # Never spent a token: idle. Otherwise its recent peak, which a waking owner shows at once.
     demand = max(history[-params.demand_ticks :], default=0.0) / k + params.demand_margin \
         if k > 0 else 0.0

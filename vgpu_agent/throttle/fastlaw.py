@@ -170,6 +170,7 @@ def control_step_gpu(
     surprise2, confirm = p.surprise_sigmas**2, p.confirm_surprises
     noise_tail, missing_above, partial = p.noise_tail, p.missing_above, p.partial_window
     relearn_weight, relearn_span_s = p.relearn_weight, p.relearn_span_s
+    floor_trust2 = p.floor_trust**2
 
     windows: dict[tuple[float, int], _Window] = {}  # (span, id of the window's lengths)
     # The containers of a GPU are ticked together, so their histories of tick lengths are
@@ -295,6 +296,8 @@ def control_step_gpu(
                     k = max(1 / b, k_floor)
                     spread, lower_bound = pv * k * k, False
                     learned += 1
+                    if spread <= floor_trust2:
+                        k_floor = 0.0  # the estimate knows k better than the bound
         demand = max(history[-demand_ticks:], default=0.0) / k + demand_margin if k > 0 else 0.0
         last_util = prev.util if util is None else util
         learned_all.append((k, lower_bound, history, cost, last_util, spread, noise, noise_pairs,
