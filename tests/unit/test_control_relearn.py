@@ -56,11 +56,13 @@ def test_a_new_basis_is_learned_from_its_first_reading(law):
 
 
 def test_relearn_widens_the_estimate_and_keeps_the_rest():
-    state = _confident(48.0)._replace(surprise=5.0)
+    state = _confident(48.0)._replace(surprise=5.0, k_floor=1e5)
     got = relearn(state, SPLIT)
     assert got.spread == SPLIT.initial_spread**2
     assert got.surprise == 0.0
-    assert got._replace(spread=state.spread, surprise=state.surprise) == state
+    assert got.k_floor == 0.0  # the cold-start bound described the workload before the turn
+    assert got._replace(spread=state.spread, surprise=state.surprise,
+                        k_floor=state.k_floor) == state
     wider = state._replace(spread=4.0)
     assert relearn(wider, SPLIT).spread == 4.0  # never narrowed
 

@@ -862,10 +862,15 @@ def relearn(state: LoopState, params: ControlParams) -> LoopState:
     `k` was learned from (a figure measured in a turn alone, on a time-sliced GPU): `k`
     kept as the first guess, as uncertain as the cold-start bound, so that the next readings
     re-learn it. Its noise is kept: forgotten as well (back to the prior), a strict 50 %
-    container ran 7 points over its limit for seconds in one run of 40 (simulated H200)."""
+    container ran 7 points over its limit for seconds in one run of 40 (simulated H200). Its
+    cold-start bound, if it still has one, is dropped, as where a changed workload is found: a
+    turn often comes after a change of phase, and a bound from before one held the `k` of a
+    container whose tokens came to buy four times more at 1.8 times the new phase's (simulated,
+    the time-sliced bench's scenario 6, when the bound was kept for good)."""
     if state.tokens_per_pct <= 0:
         return state
-    return state._replace(spread=max(state.spread, params.initial_spread**2), surprise=0.0)
+    return state._replace(spread=max(state.spread, params.initial_spread**2), surprise=0.0,
+                          k_floor=0.0)
 
 
 def forget(states: Mapping[str, LoopState], keep: set[str]) -> dict[str, LoopState]:
