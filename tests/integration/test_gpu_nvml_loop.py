@@ -187,7 +187,7 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
         assert paused[0] and max(paused[1]) < min(paused[0])  # the first container's came first
     else:
         assert not paused[0], rows
-    # (the second turn came 7.5-10.5 s in over ten runs, after evidence of the GPU counting
+    # (the second turn came 7.5-10.5 s in over six runs, after evidence of the GPU counting
     # beyond the work that the fake's noise gives sooner or later: 18 s leave windows after it)
     after = max(paused[0] + paused[1]) + 1
     for container in (0, 1):

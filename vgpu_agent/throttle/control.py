@@ -203,7 +203,8 @@ class ControlParams:
     relearn_weight: float = 1 / 3
     relearn_span_s: float = 0.5
     # the cold-start bound holds k until the estimate's relative standard deviation is below
-    # this: the bound's own error (the tick's spending is counted in the shim's steps)
+    # this: about the bound's own error (the tick's spending is counted in the shim's steps;
+    # 4 % seen on the fake driver, not measured on a GPU)
     floor_trust: float = 0.03
 
     def __post_init__(self) -> None:
@@ -657,9 +658,9 @@ def _observe(
             # may point below the bound, which the unthrottled tick proved. Until the
             # estimate knows k better than the bound does (`floor_trust`): the tick's spending
             # is the container's word, counted as its shim counts (in steps, launches admitted
-            # ahead of the GPU), and a bound a few percent high kept for good held a strict
-            # 50 % container at 52.5-56 % (fake driver, real time: within the noise, no
-            # reading was far enough to re-learn from). Dropped after the first few readings
+            # ahead of the GPU), and a bound 4 % high kept for good held a strict 50 %
+            # container at 52.5 % (fake driver, real time: within the noise, no reading was
+            # far enough to re-learn from). Dropped after the first few readings
             # instead, noise took a strict container alone below it at sigma 8 (simulated).
             k = max(1 / b, k_floor)
             spread, lower_bound = p * k * k, False
