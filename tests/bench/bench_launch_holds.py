@@ -1,7 +1,7 @@
 """Strict containers on a GPU that counts itself busy beyond the work done, as the H200 did.
 
     python tests/bench/bench_launch_holds.py [--seeds 8] [--together 45] [--long 1800] [--mixed 150]
-                                      [--gamer 240] [--crowd 600] [--unequal 40]
+                                      [--gamer 240] [--crowd 600] [--unequal 40] [--odd 150]
 
 `imperfections.H200_TIME_SLICED`: NVML gives each 200 ms period whole to one process with the
 GPU's busy time as its value (read after several periods, one sample per process for all of
@@ -35,6 +35,12 @@ tell from its own kernels finishing sooner; beside it the same pair both honest;
 turns a minute apart, as before `soloturn.SOLO_TURN_GAP_S` was 10 s. Per pair, over the seeds,
 each container's mean share from 10 s to 70 s, from 70 s to 150 s and from 150 s on, the
 gamer's highest 10 s from 10 s on, and the turns given.
+
+With `--odd S`, instead: strict 30 % containers of 20 us kernels together from the start for S
+seconds, two or three, the first running other kernels (the same grid) whenever it finds itself
+alone, four times heavier (80 us) or lighter (5 us); per case, each container's mean share from
+30 s on and its lowest and highest 10 s, for ours and for the largest figure over its cost setting the
+scale where figures disagree with the periods (`timesliced._scale` before the median).
 
 With `--crowd S`, instead: ten strict 10 % containers together from the start for S seconds,
 kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
@@ -379,6 +385,60 @@ def gamer(seconds: float, seeds: int) -> None:
               f"{max(highest):4.1f}) | turns {'/'.join(str(g[2]) for g in got)}")
 
 
+async def odd_run(seconds: float, seed: int, alone_kernel_s: float, count: int
+                  ) -> tuple[list[float], list[float], list[float]]:
+    """`count` strict 30 % containers of 20 us kernels together from the start, the first
+    running `alone_kernel_s` kernels whenever it finds itself alone: (each one's mean share
+    from ODD_FROM_S on; its lowest 10 s from then; its highest)."""
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
+
+    honest = check_kernels(20e-6)
+    specs = tuple(
+        ContainerSpec(f"c{n}", 30, replace(honest, alone_kernel_s=alone_kernel_s) if n == 0
+                      else honest, policy="strict")
+        for n in range(count))
+    run = await run_controlled(Scenario("odd", specs, lambda name, t: 30.0, seconds),
+                               plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
+    assert not run.errors, run.errors
+    means, lowest, highest = [], [], []
+    for spec in specs:
+        series = run.series[spec.name]
+        means.append(statistics.fmean(v for t, v in series if t >= ODD_FROM_S))
+        tens = [statistics.fmean(v for t, v in series if a <= t < a + 10)
+                for a in range(int(ODD_FROM_S), int(seconds) - 9, 5)]
+        lowest.append(min(tens))
+        highest.append(max(tens))
+    return means, lowest, highest
+
+
+ODD_FROM_S = 30.0  # by then each container of three has had its first turn
+
+
+def odd(seconds: float, seeds: int) -> None:
+    from vgpu_agent.throttle import timesliced
+
+    print(f"strict 30 % containers of 20 us kernels together from the start, the first running "
+          f"other kernels while it finds itself alone; from {ODD_FROM_S:g} s on, each one's "
+          "mean share, lowest and highest 10 s, median (lowest-highest) over seeds; ours and with the "
+          "largest figure setting the scale (before)")
+    scale = timesliced._scale
+    for alone_kernel_s, how in ((80e-6, "heavy (80 us)"), (5e-6, "light (5 us)")):
+        for count in (2, 3):
+            for label, rule in (("ours", scale), ("largest (before)", max)):
+                timesliced._scale = rule  # type: ignore[assignment]
+                try:
+                    got = [asyncio.run(odd_run(seconds, seed, alone_kernel_s, count))
+                           for seed in range(seeds)]
+                finally:
+                    timesliced._scale = scale  # type: ignore[assignment]
+                print(f"\n{count} containers, the first {how}, {label}")
+                for n in range(count):
+                    print(f"  c{n}: mean {_summary([[g[0][n]] for g in got])} | lowest 10 s "
+                          f"{_summary([[g[1][n]] for g in got])} | highest "
+                          f"{_summary([[g[2][n]] for g in got])}")
+
+
 def main() -> int:
     import structlog
 
@@ -400,12 +460,15 @@ def main() -> int:
     parser.add_argument("--gamer", type=float, default=0.0,
                         help="seconds of the pair whose first container games its turns "
                              "(0: the cases)")
+    parser.add_argument("--odd", type=float, default=0.0,
+                        help="seconds of the pair and the trio whose first container runs "
+                             "other kernels while alone (0: the cases)")
     parser.add_argument("--unequal", type=float, default=0.0,
                         help="seconds of the strict 30/50 pair of 20 us beside 200 us kernels "
                              "(0: the cases)")
     args = parser.parse_args()
     runs = (("crowd", 60.0, crowd), ("gamer", 90.0, gamer), ("mixed", 90.0, mixed),
-            ("unequal", 20.0, unequal))
+            ("odd", 60.0, odd), ("unequal", 20.0, unequal))
     for name, least, run in runs:
         seconds = getattr(args, name)
         if not seconds:

@@ -18,6 +18,7 @@ from tests.bench.bench_launch_holds import (
     held,
     last_shares,
     mixed_run,
+    odd_run,
     scenario,
     turns_counted,
     unequal_run,
@@ -99,6 +100,25 @@ async def test_a_tenant_playing_light_in_its_turn_gains_only_until_its_neighbour
     # with turns a minute apart, for the record
     means, highest, _ = await gamer_run(90.0, seed=1, gaming=True, gap_s=60.0)
     assert min(means[0][0], means[1][0]) > 45 and highest > 45, (means, highest)
+
+
+@pytest.mark.slow
+async def test_a_tenant_playing_heavy_in_its_turn_sets_no_neighbours_charge(monkeypatch):
+    # The first of three strict 30 % containers runs 80 us kernels whenever it finds itself
+    # alone, 20 us otherwise: its figure four times heavy. With the largest figure over its
+    # cost setting the scale, all three were charged at it and held at 7 %; with the median,
+    # its honest neighbours keep their shares and it is charged at its own heavy figure.
+    means, lowest, _ = await odd_run(60.0, 0, 80e-6, 3)
+    assert means[0] < 10, means
+    assert all(27 <= share <= 30.5 for share in means[1:]) and min(lowest[1:]) > 24, means
+    # of two, nothing tells which figure is odd: the larger scale is kept, and the tenant
+    # lowers its neighbour's share only by lowering its own as much
+    means, _, _ = await odd_run(60.0, 0, 80e-6, 2)
+    assert means[0] <= means[1] + 1 and max(means) < 10, means
+    # the largest setting the scale among three, for the record
+    monkeypatch.setattr(timesliced, "_scale", max)
+    means, _, _ = await odd_run(60.0, 0, 80e-6, 3)
+    assert max(means) < 10, means
 
 
 @pytest.mark.slow

@@ -340,6 +340,57 @@ def test_a_container_whose_tokens_came_to_buy_more_is_charged_what_its_periods_s
     assert 30 < sum(got["a"] for got in charged[-200:]) / 200 < 50
 
 
+def _charged_together(figures: dict[str, float], seed: int = 1) -> dict[str, float]:
+    """Each container measured alone at its reading (percent for 1000 tokens a tick), then all
+    spending about 1000 together, their kernels alike (equal costs) on a GPU counted 99 % busy:
+    each one's mean charge over the last 200 of 600 batches."""
+    rng, split = random.Random(seed), TimeSlicedSplit()
+    for name, reading in figures.items():
+        _alone(split, name, reading, 1000, 10, others=tuple(n for n in figures if n != name))
+    charged = []
+    for _ in range(600):
+        spent = {name: rng.randint(950, 1050) for name in figures}
+        owner, _ = _drawn(rng, spent, dict.fromkeys(figures, 1.0))
+        charged.append(split.share([[owner]], 99.0, spent, 0.1))
+    return {name: sum(got[name] for got in charged[-200:]) / 200 for name in figures}
+
+
+@pytest.mark.parametrize("odd", [40.0, 2.5])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_one_odd_figure_among_three_sets_nobodys_charge(odd, seed):
+    # c read 40 % (or 2.5 %) alone for the tokens with which a and b read 10 %: its kernels
+    # were heavier (lighter) while it was alone than together, where the three cost alike.
+    # The figures disagree with the periods, and the scale is the median's, a's and b's: a and
+    # b are charged their work (with the largest, c's heavy figure charged them 33 each); c
+    # its work where light, and where heavy at least what its tokens bought alone.
+    charged = _charged_together({"a": 10.0, "b": 10.0, "c": odd}, seed)
+    work = timesliced.ALONE_MARGIN * (10 + timesliced.TRUNCATED)
+    own = timesliced.ALONE_MARGIN * (max(10.0, odd) + timesliced.TRUNCATED)
+    assert charged == pytest.approx({"a": work, "b": work, "c": own}, abs=1.5)
+
+
+def test_of_two_disagreeing_figures_the_larger_sets_the_scale():
+    # nothing tells which of two is odd: the larger is kept, so that a figure taken light
+    # lowers nobody's charge, and one taken heavy raises its own as much as its neighbour's
+    light = _charged_together({"a": 10.0, "c": 2.5})
+    work = timesliced.ALONE_MARGIN * (10 + timesliced.TRUNCATED)
+    assert light == pytest.approx({"a": work, "c": work}, abs=1.5)
+    heavy = _charged_together({"a": 10.0, "c": 40.0})
+    assert heavy["a"] > 3 * work and heavy["a"] == pytest.approx(heavy["c"], rel=0.15)
+
+
+def test_the_scale_leaves_out_only_figures_far_heavier_than_a_majority_agreeing():
+    agree = timesliced.ALONE_AGREE
+    assert timesliced._scale([3.0]) == 3.0
+    assert timesliced._scale([5.0, 1.0]) == 5.0  # of two, the larger
+    assert timesliced._scale([2.0, 9.0, 2.1]) == 2.1  # 9 left out
+    assert timesliced._scale([1.0, 2.0 * agree, 2.0]) == 2.0 * agree  # all within: the largest
+    # 2 and 2.5+ do not agree, nor 1 with either: no majority, the largest
+    assert timesliced._scale([1.0, 2.0 * agree * 1.01, 2.0]) == 2.0 * agree * 1.01
+    assert timesliced._scale([2.0, 2.1, 2.2, 9.0]) == 2.2  # three of four agree
+    assert timesliced._scale([0.5, 2.0, 9.0, 9.5]) == 9.5  # two of four are no majority
+
+
 def test_a_figure_lasts_while_its_container_shares_and_leaves_with_it():
     # an hour of batches at five a second beside a container never alone: the figure still
     # bounds the use (dropped by age, both were charged the whole 99 % again)

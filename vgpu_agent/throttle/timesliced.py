@@ -119,13 +119,13 @@ class TimeSlicedSplit:
     token is also learned where it is alone (every period of the batch given to it, no other
     container spending) and spends steadily (`_calibrate`), and while one container spending
     or more has such a figure, the use shared out is at most ALONE_MARGIN times the work their
-    tokens explain (`_explained`): at their figures where all have one; otherwise one figure
-    sets the scale and the costs the periods show the rest, so that a newcomer that joined a
-    container seen alone is covered too. Without a figure (containers never alone) the whole
-    use is shared out, as before. A container whose periods show a change (`ChangeWatch`) has
-    its figure in doubt: its tokens may no longer buy what they did alone. While its cost
-    against the others' has risen beyond chance since, its figure rises by as much; where, once
-    the costs are known again, it has not, the doubt ends and the figure stands
+    tokens explain (`_explained`): at their figures where all have one; otherwise the figures
+    set one scale (`_scale`) and the costs the periods show the rest, so that a newcomer that
+    joined a container seen alone is covered too. Without a figure (containers never alone)
+    the whole use is shared out, as before. A container whose periods show a change
+    (`ChangeWatch`) has its figure in doubt: its tokens may no longer buy what they did alone.
+    While its cost against the others' has risen beyond chance since, its figure rises by as
+    much; where, once the costs are known again, it has not, the doubt ends and the figure stands
     (`_settle_doubts`). A figure in doubt counts as none for turns alone: the controller gives
     its container one, for which the figure is dropped (`remeasure`) and put back should the
     turn end without a new one (`restore`).
@@ -286,17 +286,23 @@ class TimeSlicedSplit:
         self.lifted = _lift_from(shares, floors, whole - ours) if self.beyond_work else 0.0
         _floor_by_periods(shares, floors)
         if explained is not None and explained[2]:
-            self._floor_by_figures(shares, spent, dt_s, whole)
+            self._floor_by_figures(shares, spent, dt_s, whole, explained[2])
         return dict.fromkeys(spent, 0.0) | shares | unshimmed
 
     def _floor_by_figures(self, shares: dict[str, float], spent: Mapping[str, int],
-                          dt_s: float, ours: float) -> None:
-        """While a figure in doubt is raised (`_figure`), each container with a trusted
-        figure is charged at least what its tokens bought alone, as the bound would charge it
-        (up to `ours`). The raise takes the periods at their word that the doubted
-        container's tokens came to buy more, while they may as well show the others' buying
-        less, or (on a GPU counted busy beyond the work, where periods follow turns on the
-        GPU) the time slices going to it beyond its work: where the raise made the weights
+                          dt_s: float, ours: float, floored: Collection[str]) -> None:
+        """Each container in `floored` (with a trusted figure) is charged at least what its
+        tokens bought alone, as the bound would charge it (up to `ours`): every one while a
+        figure in doubt is raised (`_figure`), and, where figures disagree with the costs, one
+        whose figure over its cost was left out of the scale as far heavier (`_scale`). That
+        one's figure is what its own tokens bought alone; charged by the scale of the others'
+        figures instead, a tenant running heavier kernels while alone was charged by its noisy
+        cost and crept to 33 % of its strict 30 over two minutes, 38 % over one 10 s
+        (simulated, `bench_launch_holds.py --odd`; held at its heavy figure, 7 %, its own
+        choice). The raise takes the periods at their word that the doubted container's
+        tokens came to buy more, while they may as well show the others' buying less, or (on
+        a GPU counted busy beyond the work, where periods follow turns on the GPU) the time
+        slices going to it beyond its work: where the raise made the weights
         explain more than the GPU's use, the whole use was shared by them, and a strict 30 %
         container, charged 30-37, did 38-45 (simulated, its neighbour's figure raised e^1.6).
         The safe side for each container's limit, at a cost where the others' tokens did come
@@ -308,7 +314,7 @@ class TimeSlicedSplit:
         if not math.isfinite(self.margin):
             return  # no bound (the margin infinite): the bound charges nothing by figures
         for alloc_id, (figure, _, steady) in self.alone.items():
-            if steady < ALONE_READINGS or alloc_id not in shares:
+            if steady < ALONE_READINGS or alloc_id not in shares or alloc_id not in floored:
                 continue
             own = min(ours, self.margin * figure * spent[alloc_id] / dt_s)
             if own > shares[alloc_id]:
@@ -524,19 +530,19 @@ class TimeSlicedSplit:
         batches[alloc_id] = (n, mean, squares)
 
     def _explained(self, spent: Mapping[str, int], dt_s: float
-                   ) -> tuple[float, dict[str, float], bool] | None:
+                   ) -> tuple[float, dict[str, float], set[str]] | None:
         """The use the tokens spent explain, each container's weight in it (its part of
-        that use, up to a common factor), and whether a figure in doubt was raised; None
-        unless two containers or more spent and at least one has a trusted figure from when it
-        was alone.
+        that use, up to a common factor), and the containers to charge at least at their own
+        figures (`_floor_by_figures`); None unless two containers or more spent and at least
+        one has a trusted figure from when it was alone.
 
         Every one with a figure, the figures agreeing with the costs the periods show (their
         ratios, within what chance allows the costs): each one's tokens at its figure.
-        Otherwise one figure sets the scale (use per token at a cost of 1; the largest over
-        its believed cost, where several do) and the costs the periods show the rest: each
-        one's tokens at its believed cost times the scale. So a container whose tokens came
-        to buy more than they did alone is charged what the periods show they buy now, not
-        what they bought then, and one without a figure (a newcomer) what its cost says."""
+        Otherwise one figure sets the scale (use per token at a cost of 1: `_scale`) and the
+        costs the periods show the rest: each one's tokens at its believed cost times the
+        scale. So a container whose tokens came to buy more than they did alone is charged
+        what the periods show they buy now, not what they bought then, and one without a
+        figure (a newcomer) what its cost says."""
         spending = [a for a, used in spent.items() if used > 0]
         if dt_s <= 0 or len(spending) < 2:
             return None
@@ -545,14 +551,19 @@ class TimeSlicedSplit:
         if not measured:
             return None
         figures = {a: self._figure(a, spending) for a in measured}
-        raised = any(figures[a] != alone[a][0] for a in measured)
+        # while a figure in doubt is raised, every container measured is floored at its own
+        raised = set(measured) if any(figures[a] != alone[a][0] for a in measured) else set()
         if len(measured) == len(spending) and self._figures_agree(figures):
             weights = {a: figures[a] * spent[a] / dt_s for a in spending}
             return sum(weights.values()), weights, raised
         believed = {a: _believed(*costs.get(a, (0.0, PRIOR_INFO))) for a in spending}
-        scale = max(figures[a] / believed[a] for a in measured)
+        scales = {a: figures[a] / believed[a] for a in measured}
+        scale = _scale(list(scales.values()))
         weights = {a: scale * believed[a] * spent[a] / dt_s for a in spending}
-        return sum(weights.values()), weights, raised
+        # a figure left out of the scale as far heavier is what its own container's tokens
+        # bought alone: the safe side for its limit is to charge it at least that
+        heavier = {a for a, own in scales.items() if own > scale}
+        return sum(weights.values()), weights, raised | heavier
 
     def _figures_agree(self, figures: Mapping[str, float]) -> bool:
         """Whether the figures of the containers spending (every one has one) agree with the
@@ -712,6 +723,39 @@ class TimeSlicedSplit:
                 if low > 0:
                     floors[alloc_id] = busy * low
         return floors
+
+
+def _scale(scales: list[float]) -> float:
+    """The use per token at a cost of 1 that the split charges by, from each measured
+    container's figure over its believed cost (its own scale): the largest, but where most
+    of them agree (within ALONE_AGREE of their upper median), the largest of those agreeing
+    and those below, leaving out the ones far heavier. Those left out are charged at least
+    their own figures (`_floor_by_figures`).
+
+    Figures that disagree with the periods' costs say that one of them at least no longer
+    stands for what its container does together (a change of phase, or a tenant running other
+    kernels while it finds itself alone), not which. The largest is the safe side for limits:
+    a container playing light is charged at its neighbours' scale, and of figures a little
+    apart by noise the heavier counts. But the largest alone let one playing heavy set every
+    neighbour's charge: a strict 30 % container running 80 us kernels while alone (20 us
+    otherwise) held its two honest neighbours at 7 % of their 30 (simulated, H200 plant,
+    `bench_launch_holds.py --odd`). Left out where its neighbours agree, it sets nobody's
+    charge but its own. Left out wherever far heavier than the median (no majority asked),
+    an honest figure apart from the other honest one by noise was left out too, and a tenant
+    playing light beside them, charged at the lower one's scale, ran at 36-37 % of its strict
+    30 for 20 s (32 % with the largest). Of two, nothing tells which is odd and the larger is
+    kept: a tenant can lower its neighbour's share only by lowering its own as much (7.4 / 7.4
+    % of 30 / 30, simulated), and never raise its own; the smaller, each charged at least its
+    own figure, let a tenant playing light run at 69 % of its strict 30, and take 20 points
+    of a strict 70 % neighbour's share (simulated). A majority is believed: two of three
+    containers playing light together ran at 32-35 % of their strict 30, and held an honest
+    strict 40 % neighbour at 33 % (simulated), which the largest alone prevented."""
+    ordered = sorted(scales)
+    median = ordered[len(ordered) // 2]
+    agreeing = [own for own in ordered if median / ALONE_AGREE <= own <= ALONE_AGREE * median]
+    if 2 * len(agreeing) <= len(ordered):
+        return ordered[-1]  # no majority agrees: none is told odd
+    return max(agreeing)
 
 
 def _believed(log_cost: float, info: float) -> float:
