@@ -39,8 +39,9 @@ gamer's highest 10 s from 10 s on, and the turns given.
 With `--odd S`, instead: strict 30 % containers of 20 us kernels together from the start for S
 seconds, two or three, the first running other kernels (the same grid) whenever it finds itself
 alone, four times heavier (80 us) or lighter (5 us); per case, each container's mean share from
-30 s on and its lowest and highest 10 s, for ours and for the largest figure over its cost setting the
-scale where figures disagree with the periods (`timesliced._scale` before the median).
+30 s on and its lowest and highest 10 s, for ours and for the largest figure over its cost
+setting the scale where figures disagree with the periods (every figure counted, as before
+`timesliced._counted_in_scale`).
 
 With `--crowd S`, instead: ten strict 10 % containers together from the start for S seconds,
 kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
@@ -422,16 +423,16 @@ def odd(seconds: float, seeds: int) -> None:
           f"other kernels while it finds itself alone; from {ODD_FROM_S:g} s on, each one's "
           "mean share, lowest and highest 10 s, median (lowest-highest) over seeds; ours and with the "
           "largest figure setting the scale (before)")
-    scale = timesliced._scale
+    counted = timesliced._counted_in_scale
     for alone_kernel_s, how in ((80e-6, "heavy (80 us)"), (5e-6, "light (5 us)")):
         for count in (2, 3):
-            for label, rule in (("ours", scale), ("largest (before)", max)):
-                timesliced._scale = rule  # type: ignore[assignment]
+            for label, rule in (("ours", counted), ("largest (before)", set)):
+                timesliced._counted_in_scale = rule  # type: ignore[assignment]
                 try:
                     got = [asyncio.run(odd_run(seconds, seed, alone_kernel_s, count))
                            for seed in range(seeds)]
                 finally:
-                    timesliced._scale = scale  # type: ignore[assignment]
+                    timesliced._counted_in_scale = counted
                 print(f"\n{count} containers, the first {how}, {label}")
                 for n in range(count):
                     print(f"  c{n}: mean {_summary([[g[0][n]] for g in got])} | lowest 10 s "

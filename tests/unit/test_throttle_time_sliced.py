@@ -381,14 +381,46 @@ def test_of_two_disagreeing_figures_the_larger_sets_the_scale():
 
 def test_the_scale_leaves_out_only_figures_far_heavier_than_a_majority_agreeing():
     agree = timesliced.ALONE_AGREE
-    assert timesliced._scale([3.0]) == 3.0
-    assert timesliced._scale([5.0, 1.0]) == 5.0  # of two, the larger
-    assert timesliced._scale([2.0, 9.0, 2.1]) == 2.1  # 9 left out
-    assert timesliced._scale([1.0, 2.0 * agree, 2.0]) == 2.0 * agree  # all within: the largest
-    # 2 and 2.5+ do not agree, nor 1 with either: no majority, the largest
-    assert timesliced._scale([1.0, 2.0 * agree * 1.01, 2.0]) == 2.0 * agree * 1.01
-    assert timesliced._scale([2.0, 2.1, 2.2, 9.0]) == 2.2  # three of four agree
-    assert timesliced._scale([0.5, 2.0, 9.0, 9.5]) == 9.5  # two of four are no majority
+
+    def counted(*scales: float, info: float = 1e12) -> str:
+        # each figure over its cost, the costs known as well as `info` periods tell them
+        names = "abcd"[:len(scales)]
+        return "".join(sorted(timesliced._counted_in_scale(
+            {name: (math.log(scale), info) for name, scale in zip(names, scales, strict=True)})))
+
+    assert counted(3.0) == "a"
+    assert counted(5.0, 1.0) == "ab"  # of two, both: the larger sets the scale
+    assert counted(2.0, 9.0, 2.1) == "ac"  # 9 left out
+    assert counted(1.0, 2.0 * agree, 2.0) == "abc"  # all within, or below
+    # 2 and 2.5+ do not agree, nor 1 with either: no majority, none left out
+    assert counted(1.0, 2.0 * agree * 1.01, 2.0) == "abc"
+    assert counted(2.0, 2.1, 2.2, 9.0) == "abc"  # three of four agree
+    assert counted(0.5, 2.0, 9.0, 9.5) == "abcd"  # two of four are no majority
+    # costs learned on few periods may be far apart by chance: what agrees widens with them
+    # (two sigmas of the difference of two log costs, each scattering by 1 / sqrt(2 info))
+    assert counted(1.0, 1.6, 9.0, info=1000) == "abc"
+    assert counted(1.0, 1.6, 9.0, info=10) == "ab"
+    assert counted(1.0, 1.6, 3.0, info=10) == "abc"  # 3 is within chance of 1.6 there
+
+
+def test_a_doubts_raise_does_not_break_the_majority_that_leaves_a_heavy_figure_out():
+    # c's figure is four times heavy; b's is in doubt, raised twofold by its periods: as
+    # measured, a and b agree and c is left out, and the scale is b's raised one
+    split = TimeSlicedSplit()
+    names = ("a", "b", "c")
+    for name, reading in zip(names, (10.0, 10.0, 40.0), strict=True):
+        _alone(split, name, reading, 1000, 10, others=tuple(n for n in names if n != name))
+    split.costs = dict.fromkeys(names, (0.0, 100.0))  # their kernels alike, as periods show
+    # b's cost against the others' was log 2 lower before its periods showed a change
+    split.doubted["b"] = (-math.log(2.0), 0.0, frozenset({"a", "c"}))
+    _, weights, floored = split._explained({"a": 1000, "b": 1000, "c": 1000}, 0.1)
+    assert floored == {"a", "b", "c"}  # (a raise floors every one; c is left out as well)
+    work = 10 + timesliced.TRUNCATED
+    assert weights == pytest.approx(dict.fromkeys(names, 2.0 * work), rel=0.01)
+    # judged on the raised figures, no majority would agree, and c's would set everyone's
+    raised = {"a": 0.0, "b": math.log(2.0), "c": math.log(4.0)}
+    assert timesliced._counted_in_scale(
+        {name: (log, 100.0) for name, log in raised.items()}) == set(names)
 
 
 def test_a_figure_lasts_while_its_container_shares_and_leaves_with_it():

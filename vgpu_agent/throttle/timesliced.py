@@ -120,9 +120,9 @@ class TimeSlicedSplit:
     container spending) and spends steadily (`_calibrate`), and while one container spending
     or more has such a figure, the use shared out is at most ALONE_MARGIN times the work their
     tokens explain (`_explained`): at their figures where all have one; otherwise the figures
-    set one scale (`_scale`) and the costs the periods show the rest, so that a newcomer that
-    joined a container seen alone is covered too. Without a figure (containers never alone)
-    the whole use is shared out, as before. A container whose periods show a change
+    set one scale (`_counted_in_scale`) and the costs the periods show the rest, so that a
+    newcomer that joined a container seen alone is covered too. Without a figure (containers
+    never alone) the whole use is shared out, as before. A container whose periods show a change
     (`ChangeWatch`) has its figure in doubt: its tokens may no longer buy what they did alone.
     While its cost against the others' has risen beyond chance since, its figure rises by as
     much; where, once the costs are known again, it has not, the doubt ends and the figure stands
@@ -294,15 +294,15 @@ class TimeSlicedSplit:
         """Each container in `floored` (with a trusted figure) is charged at least what its
         tokens bought alone, as the bound would charge it (up to `ours`): every one while a
         figure in doubt is raised (`_figure`), and, where figures disagree with the costs, one
-        whose figure over its cost was left out of the scale as far heavier (`_scale`). That
-        one's figure is what its own tokens bought alone; charged by the scale of the others'
-        figures instead, a tenant running heavier kernels while alone was charged by its noisy
-        cost and crept to 33 % of its strict 30 over two minutes, 38 % over one 10 s
-        (simulated, `bench_launch_holds.py --odd`; held at its heavy figure, 7 %, its own
-        choice). The raise takes the periods at their word that the doubted container's
-        tokens came to buy more, while they may as well show the others' buying less, or (on
-        a GPU counted busy beyond the work, where periods follow turns on the GPU) the time
-        slices going to it beyond its work: where the raise made the weights
+        whose figure over its cost was left out of the scale as far heavier
+        (`_counted_in_scale`). That one's figure is what its own tokens bought alone; charged
+        by the scale of the others' figures instead, a tenant running heavier kernels while
+        alone was charged by its noisy cost and crept to 33 % of its strict 30 over two
+        minutes, 38 % over one 10 s (simulated, `bench_launch_holds.py --odd`; held at its
+        heavy figure, 7 %, its own choice). The raise takes the periods at their word that the
+        doubted container's tokens came to buy more, while they may as well show the others'
+        buying less, or (on a GPU counted busy beyond the work, where periods follow turns on
+        the GPU) the time slices going to it beyond its work: where the raise made the weights
         explain more than the GPU's use, the whole use was shared by them, and a strict 30 %
         container, charged 30-37, did 38-45 (simulated, its neighbour's figure raised e^1.6).
         The safe side for each container's limit, at a cost where the others' tokens did come
@@ -538,11 +538,11 @@ class TimeSlicedSplit:
 
         Every one with a figure, the figures agreeing with the costs the periods show (their
         ratios, within what chance allows the costs): each one's tokens at its figure.
-        Otherwise one figure sets the scale (use per token at a cost of 1: `_scale`) and the
-        costs the periods show the rest: each one's tokens at its believed cost times the
-        scale. So a container whose tokens came to buy more than they did alone is charged
-        what the periods show they buy now, not what they bought then, and one without a
-        figure (a newcomer) what its cost says."""
+        Otherwise one figure sets the scale (use per token at a cost of 1: the largest of
+        those `_counted_in_scale`) and the costs the periods show the rest: each one's tokens
+        at its believed cost times the scale. So a container whose tokens came to buy more
+        than they did alone is charged what the periods show they buy now, not what they
+        bought then, and one without a figure (a newcomer) what its cost says."""
         spending = [a for a, used in spent.items() if used > 0]
         if dt_s <= 0 or len(spending) < 2:
             return None
@@ -557,13 +557,17 @@ class TimeSlicedSplit:
             weights = {a: figures[a] * spent[a] / dt_s for a in spending}
             return sum(weights.values()), weights, raised
         believed = {a: _believed(*costs.get(a, (0.0, PRIOR_INFO))) for a in spending}
-        scales = {a: figures[a] / believed[a] for a in measured}
-        scale = _scale(list(scales.values()))
+        # which figures count is judged on them as measured alone, against the costs learned
+        # (with what chance allows them); the scale is the largest of those counted as the
+        # split takes them (raised by a doubt, if so)
+        counted = _counted_in_scale({
+            a: (math.log(alone[a][0]) - costs.get(a, (0.0, PRIOR_INFO))[0],
+                costs.get(a, (0.0, PRIOR_INFO))[1]) for a in measured})
+        scale = max(figures[a] / believed[a] for a in counted)
         weights = {a: scale * believed[a] * spent[a] / dt_s for a in spending}
-        # a figure left out of the scale as far heavier is what its own container's tokens
-        # bought alone: the safe side for its limit is to charge it at least that
-        heavier = {a for a, own in scales.items() if own > scale}
-        return sum(weights.values()), weights, raised | heavier
+        # a figure left out as far heavier is what its own container's tokens bought alone:
+        # the safe side for its limit is to charge it at least that
+        return sum(weights.values()), weights, raised | (set(measured) - counted)
 
     def _figures_agree(self, figures: Mapping[str, float]) -> bool:
         """Whether the figures of the containers spending (every one has one) agree with the
@@ -725,12 +729,13 @@ class TimeSlicedSplit:
         return floors
 
 
-def _scale(scales: list[float]) -> float:
-    """The use per token at a cost of 1 that the split charges by, from each measured
-    container's figure over its believed cost (its own scale): the largest, but where most
-    of them agree (within ALONE_AGREE of their upper median), the largest of those agreeing
-    and those below, leaving out the ones far heavier. Those left out are charged at least
-    their own figures (`_floor_by_figures`).
+def _counted_in_scale(scales: Mapping[str, tuple[float, float]]) -> set[str]:
+    """The containers whose figure counts towards the scale the split charges by (the largest
+    of those counted), given each one's log figure over its learned cost and that cost's
+    information: every one, but where most of them agree with their upper median (within
+    ALONE_AGREE, widened by what chance allows the two costs), those agreeing and those
+    below; the ones far heavier are left out, and charged at least their own figures
+    (`_floor_by_figures`).
 
     Figures that disagree with the periods' costs say that one of them at least no longer
     stands for what its container does together (a change of phase, or a tenant running other
@@ -743,19 +748,26 @@ def _scale(scales: list[float]) -> float:
     charge but its own. Left out wherever far heavier than the median (no majority asked),
     an honest figure apart from the other honest one by noise was left out too, and a tenant
     playing light beside them, charged at the lower one's scale, ran at 36-37 % of its strict
-    30 for 20 s (32 % with the largest). Of two, nothing tells which is odd and the larger is
-    kept: a tenant can lower its neighbour's share only by lowering its own as much (7.4 / 7.4
-    % of 30 / 30, simulated), and never raise its own; the smaller, each charged at least its
-    own figure, let a tenant playing light run at 69 % of its strict 30, and take 20 points
-    of a strict 70 % neighbour's share (simulated). A majority is believed: two of three
-    containers playing light together ran at 32-35 % of their strict 30, and held an honest
-    strict 40 % neighbour at 33 % (simulated), which the largest alone prevented."""
-    ordered = sorted(scales)
-    median = ordered[len(ordered) // 2]
-    agreeing = [own for own in ordered if median / ALONE_AGREE <= own <= ALONE_AGREE * median]
+    30 for 20 s (32 % with the largest). Agreeing within ALONE_AGREE alone, two honest
+    neighbours whose costs had wandered apart after a false alarm of the watch (one learned
+    at 1.46 on the information of 11 periods) did not, and the heavy tenant's scale charged
+    everyone again for seconds (one neighbour at 20 % over 10 s). Of two, nothing tells which
+    is odd and the larger is kept: a tenant can lower its neighbour's share only by lowering
+    its own as much (7.4 / 7.4 % of 30 / 30, simulated), and never raise its own; the
+    smaller, each charged at least its own figure, let a tenant playing light run at 69 % of
+    its strict 30, and take 20 points of a strict 70 % neighbour's share (simulated). A
+    majority is believed: two of three containers playing light together ran at 32-35 % of
+    their strict 30, and held an honest strict 40 % neighbour at 33 % (simulated), which the
+    largest alone prevented."""
+    ordered = sorted(scales, key=lambda alloc_id: scales[alloc_id][0])
+    median, median_info = scales[ordered[len(ordered) // 2]]
+    agreeing = [alloc_id for alloc_id, (own, info) in scales.items()
+                if abs(own - median) <= _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(
+                    0.5 / info + 0.5 / median_info)]
     if 2 * len(agreeing) <= len(ordered):
-        return ordered[-1]  # no majority agrees: none is told odd
-    return max(agreeing)
+        return set(scales)  # no majority agrees: none is told odd
+    highest = max(scales[alloc_id][0] for alloc_id in agreeing)
+    return {alloc_id for alloc_id, (own, _) in scales.items() if own <= highest}
 
 
 def _believed(log_cost: float, info: float) -> float:
