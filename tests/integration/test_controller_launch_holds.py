@@ -108,8 +108,12 @@ async def test_a_tenant_playing_heavy_in_its_turn_sets_no_neighbours_charge(monk
     # alone, 20 us otherwise: its figure four times heavy. With the largest figure over its
     # cost setting the scale, all three were charged at it and held at 7 %; with the median,
     # its honest neighbours keep their shares and it is charged at its own heavy figure.
-    means, lowest, _ = await odd_run(60.0, 0, 80e-6, 3)
+    with capture_logs() as logs:
+        means, lowest, _ = await odd_run(60.0, 0, 80e-6, 3)
     assert means[0] < 10, means
+    # the operator is told, once, whose figure is left out
+    told = [e["alloc_id"] for e in logs if e["event"] == "throttle_figure_left_out"]
+    assert told == ["c0"], told
     assert all(27 <= share <= 30.5 for share in means[1:]) and min(lowest[1:]) > 24, means
     # of two, nothing tells which figure is odd: the larger scale is kept, and the tenant
     # lowers its neighbour's share only by lowering its own as much

@@ -369,6 +369,33 @@ def test_one_odd_figure_among_three_sets_nobodys_charge(odd, seed):
     assert charged == pytest.approx({"a": work, "b": work, "c": own}, abs=1.5)
 
 
+def test_a_figure_left_out_of_the_scale_is_told_once_while_its_container_stays():
+    split, names, rng = TimeSlicedSplit(), ("a", "b", "c"), random.Random(1)
+
+    def together(batches: int) -> tuple[list[set[str]], list[str]]:
+        left_out, told = [], []
+        for _ in range(batches):
+            spent = {name: rng.randint(950, 1050) for name in names}
+            owner, _ = _drawn(rng, spent, dict.fromkeys(names, 1.0))
+            split.share([[owner]], 99.0, spent, 0.1)
+            left_out.append(set(split.left_out))
+            told.extend(split.newly_left_out)
+        return left_out, told
+
+    for name, reading in zip(names, (10.0, 10.0, 40.0), strict=True):
+        _alone(split, name, reading, 1000, 10, others=tuple(n for n in names if n != name))
+    left_out, told = together(300)
+    # left out whenever the costs know enough to tell a four-fold figure from chance (not at
+    # first, nor while chance lets it agree with them), and told the first time only
+    assert all(out == {"c"} for out in left_out[-100:]) and told == ["c"]
+    # gone, then back (a container of the same name later is another): told again
+    split.share([["a"]], 99.0, {"a": 1000, "b": 1000}, 0.1)
+    assert split.left_out == set() and "c" not in split.told_left_out
+    _alone(split, "c", 40.0, 1000, 10, others=("a", "b"))
+    _, told = together(300)
+    assert told == ["c"]
+
+
 def test_of_two_disagreeing_figures_the_larger_sets_the_scale():
     # nothing tells which of two is odd: the larger is kept, so that a figure taken light
     # lowers nobody's charge, and one taken heavy raises its own as much as its neighbour's

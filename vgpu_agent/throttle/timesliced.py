@@ -141,9 +141,9 @@ class TimeSlicedSplit:
     """
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "counts_beyond",
-                 "disagreed", "doubted", "lifted", "margin", "parts", "periods", "rates",
-                 "recounted", "restarts", "solo", "solo_others", "solo_ran", "spending", "unseen",
-                 "watch")
+                 "disagreed", "doubted", "left_out", "lifted", "margin", "newly_left_out",
+                 "parts", "periods", "rates", "recounted", "restarts", "solo", "solo_others",
+                 "solo_ran", "spending", "told_left_out", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -188,6 +188,12 @@ class TimeSlicedSplit:
         self.rates: dict[str, float] = {}  # alloc_id -> tokens/s it spent in the last batch
         # containers whose coarse figure was measured afresh once already (`coarse`)
         self.recounted: set[str] = set()
+        # those whose figure was left out of the scale as far heavier in the last batch
+        # (`_counted_in_scale`); of them, those never left out before while on the GPU (for
+        # the operator to be told once); and those ever left out while on it
+        self.left_out: set[str] = set()
+        self.newly_left_out: set[str] = set()
+        self.told_left_out: set[str] = set()
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
               dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
@@ -232,7 +238,11 @@ class TimeSlicedSplit:
         self.recounted &= spent.keys()
         self._settle_doubts(spending)
         self._remember_apart(spending)
+        self.left_out = set()
         explained = self._explained(spent, dt_s)
+        self.told_left_out &= spent.keys()
+        self.newly_left_out = self.left_out - self.told_left_out
+        self.told_left_out |= self.left_out
         self.beyond_work = ()
         unseen = self.unseen
         for given in owners:
@@ -567,7 +577,8 @@ class TimeSlicedSplit:
         weights = {a: scale * believed[a] * spent[a] / dt_s for a in spending}
         # a figure left out as far heavier is what its own container's tokens bought alone:
         # the safe side for its limit is to charge it at least that
-        return sum(weights.values()), weights, raised | (set(measured) - counted)
+        self.left_out = set(measured) - counted
+        return sum(weights.values()), weights, raised | self.left_out
 
     def _figures_agree(self, figures: Mapping[str, float]) -> bool:
         """Whether the figures of the containers spending (every one has one) agree with the
