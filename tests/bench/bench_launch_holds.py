@@ -38,7 +38,8 @@ gamer's highest 10 s from 10 s on, and the turns given.
 
 With `--odd S`, instead: strict 30 % containers of 20 us kernels together from the start for S
 seconds, two or three, the first running other kernels (the same grid) whenever it finds itself
-alone, four times heavier (80 us) or lighter (5 us); per case, each container's mean share from
+alone, four times heavier (80 us) or lighter (5 us), or each time it is alone the next of
+light and heavy (5, 80 us) or light and honest (5, 20 us); per case, each container's mean share from
 30 s on and its lowest and highest 10 s, for ours and for the largest figure over its cost
 setting the scale where figures disagree with the periods (every figure counted, as before
 `timesliced._counted_in_scale`).
@@ -386,19 +387,20 @@ def gamer(seconds: float, seeds: int) -> None:
               f"{max(highest):4.1f}) | turns {'/'.join(str(g[2]) for g in got)}")
 
 
-async def odd_run(seconds: float, seed: int, alone_kernel_s: float, count: int
-                  ) -> tuple[list[float], list[float], list[float]]:
+async def odd_run(seconds: float, seed: int, alone_kernel_s: float | tuple[float, ...],
+                  count: int) -> tuple[list[float], list[float], list[float]]:
     """`count` strict 30 % containers of 20 us kernels together from the start, the first
-    running `alone_kernel_s` kernels whenever it finds itself alone: (each one's mean share
-    from ODD_FROM_S on; its lowest 10 s from then; its highest)."""
+    running `alone_kernel_s` kernels whenever it finds itself alone (several: one length each
+    time, in turn): (each one's mean share from ODD_FROM_S on; its lowest 10 s from then; its
+    highest)."""
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
 
     honest = check_kernels(20e-6)
-    specs = tuple(
-        ContainerSpec(f"c{n}", 30, replace(honest, alone_kernel_s=alone_kernel_s) if n == 0
-                      else honest, policy="strict")
-        for n in range(count))
+    odd = (replace(honest, alone_kernels_s=alone_kernel_s) if isinstance(alone_kernel_s, tuple)
+           else replace(honest, alone_kernel_s=alone_kernel_s))
+    specs = tuple(ContainerSpec(f"c{n}", 30, odd if n == 0 else honest, policy="strict")
+                  for n in range(count))
     run = await run_controlled(Scenario("odd", specs, lambda name, t: 30.0, seconds),
                                plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
     assert not run.errors, run.errors
@@ -424,7 +426,9 @@ def odd(seconds: float, seeds: int) -> None:
           "mean share, lowest and highest 10 s, median (lowest-highest) over seeds; ours and with the "
           "largest figure setting the scale (before)")
     counted = timesliced._counted_in_scale
-    for alone_kernel_s, how in ((80e-6, "heavy (80 us)"), (5e-6, "light (5 us)")):
+    for alone_kernel_s, how in ((80e-6, "heavy (80 us)"), (5e-6, "light (5 us)"),
+                                ((5e-6, 80e-6), "light and heavy in turn (5, 80 us)"),
+                                ((5e-6, 20e-6), "light and honest in turn (5, 20 us)")):
         for count in (2, 3):
             for label, rule in (("ours", counted), ("largest (before)", set)):
                 timesliced._counted_in_scale = rule  # type: ignore[assignment]

@@ -169,8 +169,30 @@ def test_a_tenant_gaming_turns_runs_lighter_kernels_only_while_it_finds_itself_a
     assert reg.processes[0].launches[0] == pytest.approx(600, abs=6)  # its tokens all along
 
 
+def test_a_tenant_varying_its_game_runs_other_kernels_each_time_it_finds_itself_alone():
+    # 0.5 ms kernels the first time alone, 4 ms the second, 0.5 ms the third and so on (2 ms
+    # beside the other): a quarter, twice, a quarter of the SM time its tokens buy beside it.
+    # The first time is its first milliseconds, before the other's first kernel.
+    reg = region(rate=(26_214_400, 2 * 262_144))
+    gpu = SimGpu(UUID, imperfections=IDEAL)
+    gamer = gpu.shim_process(
+        "gamer", Workload(kernel_s=0.002, alone_kernels_s=(0.0005, 0.004)), reg)
+    gpu.shim_process("other", Workload(kernel_s=0.001, busy=((0.0, 2.0), (4.0, 6.0),
+                                                               (8.0, 10.0))),
+                     region("other", rate=(13_107_200, 262_144)))
+    gpu.advance(12)
+    series = {round(t, 1): share for t, share in gpu.shares(gamer, 1)}
+    assert series[2.0] == pytest.approx(20, abs=1)
+    assert series[4.0] == pytest.approx(40, abs=1)  # the second time alone: heavy
+    assert series[6.0] == pytest.approx(20, abs=1)
+    assert series[8.0] == pytest.approx(5, abs=1)  # the third: light
+    assert series[12.0] == pytest.approx(40, abs=1)  # the fourth: heavy again
+
+
 def test_a_gaming_workload_with_bad_values_is_refused():
     with pytest.raises(ValueError, match="kernel duration alone must be > 0 s or None, got 0"):
         Workload(kernel_s=0.002, alone_kernel_s=0)
     with pytest.raises(ValueError, match="alone_after_s must be >= 0 s, got -1"):
         Workload(kernel_s=0.002, alone_kernel_s=0.001, alone_after_s=-1)
+    with pytest.raises(ValueError, match=r"must all be > 0 s, got \(0.001, 0.0\)"):
+        Workload(kernel_s=0.002, alone_kernels_s=(0.001, 0.0))

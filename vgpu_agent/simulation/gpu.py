@@ -6,9 +6,9 @@ the shim's token rule on a region (`ShimGate`) or the peer model (`peer.PeerGate
 different processes time-share the GPU: every step the busy processes split the step equally
 (what the driver's time-slicing does between contexts), and a process with less queued work than
 its slice leaves the rest to the others. A process's SM time is the GPU time it held times the
-occupancy of its kernels. A hostile one (`Workload.alone_kernel_s`) runs lighter kernels for the
-same tokens whenever no other process has held the GPU for a while, as a tenant gaming the
-controller's turns alone would.
+occupancy of its kernels. A hostile one (`Workload.alone_kernel_s`) runs lighter (or heavier)
+kernels for the same tokens whenever no other process has held the GPU for a while, as a tenant
+gaming the controller's turns alone would, or other ones each time (`alone_kernels_s`).
 
 NVML's view: every `sample_period_s` each process with a context gets one sample whose `sm_util`
 is its integer SM percent over that period, stamped with the period's end; readers see only
@@ -60,6 +60,9 @@ class Workload:
     # that pack several kernels at once are counted resident by `kernel_s`, not by these.)
     alone_kernel_s: float | None = None
     alone_after_s: float = 0.02
+    # ... or, varying from one time alone to the next, these in turn (one per time it finds
+    # itself alone; overrides `alone_kernel_s`)
+    alone_kernels_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.kernel_s > 0:
@@ -78,6 +81,9 @@ class Workload:
                              f"{self.alone_kernel_s!r}")
         if not self.alone_after_s >= 0:
             raise ValueError(f"alone_after_s must be >= 0 s, got {self.alone_after_s!r}")
+        if not all(kernel_s > 0 for kernel_s in self.alone_kernels_s):
+            raise ValueError(f"kernel durations alone must all be > 0 s, got "
+                             f"{self.alone_kernels_s!r}")
 
     @property
     def cost(self) -> int:
@@ -166,6 +172,8 @@ class SimProcess:
     packable: int = 1  # how many of its kernels fit on the GPU at once
     recent_sm_s: deque[float] = field(default_factory=deque)  # per finished sample period
     last_ran_ns: int = -1  # the last step it held the GPU (-1: never)
+    alone_times: int = 0  # times it found itself alone (a gaming workload's)
+    was_alone: bool = False
 
 
 class SimGpu:
@@ -250,8 +258,14 @@ class SimGpu:
                 if t_s >= p.recheck_s:
                     p.busy, p.recheck_s = w.busy_at(t_s), w.next_change(t_s)
                 kernel_s = w.kernel_s
-                if w.alone_kernel_s is not None and self._alone(p, now, w.alone_after_s):
-                    kernel_s = w.alone_kernel_s
+                if w.alone_kernels_s or w.alone_kernel_s is not None:
+                    alone = self._alone(p, now, w.alone_after_s)
+                    if alone and not p.was_alone:
+                        p.alone_times += 1
+                    p.was_alone = alone
+                    if alone:
+                        kernel_s = (w.alone_kernels_s[(p.alone_times - 1) % len(w.alone_kernels_s)]
+                                    if w.alone_kernels_s else w.alone_kernel_s or kernel_s)
                 room = max(w.queue_s, kernel_s) - p.queued_s
                 if p.busy and room >= kernel_s * 0.999:
                     want = int(room / kernel_s + 1e-9)
