@@ -263,9 +263,10 @@ class SimGpu:
                     if alone and not p.was_alone:
                         p.alone_times += 1
                     p.was_alone = alone
-                    if alone:
-                        kernel_s = (w.alone_kernels_s[(p.alone_times - 1) % len(w.alone_kernels_s)]
-                                    if w.alone_kernels_s else w.alone_kernel_s or kernel_s)
+                    if alone and w.alone_kernels_s:
+                        kernel_s = w.alone_kernels_s[(p.alone_times - 1) % len(w.alone_kernels_s)]
+                    elif alone and w.alone_kernel_s is not None:
+                        kernel_s = w.alone_kernel_s
                 room = max(w.queue_s, kernel_s) - p.queued_s
                 if p.busy and room >= kernel_s * 0.999:
                     want = int(room / kernel_s + 1e-9)

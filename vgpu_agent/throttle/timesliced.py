@@ -308,11 +308,12 @@ class TimeSlicedSplit:
         (`_counted_in_scale`). That one's figure is what its own tokens bought alone; charged
         by the scale of the others' figures instead, a tenant running heavier kernels while
         alone was charged by its noisy cost and crept to 33 % of its strict 30 over two
-        minutes, 38 % over one 10 s (simulated, `bench_launch_holds.py --odd`; held at its
-        heavy figure, 7 %, its own choice). The raise takes the periods at their word that the
-        doubted container's tokens came to buy more, while they may as well show the others'
-        buying less, or (on a GPU counted busy beyond the work, where periods follow turns on
-        the GPU) the time slices going to it beyond its work: where the raise made the weights
+        minutes, 38 % over one 10 s (simulated, the trio of `bench_launch_holds.py --odd`, one
+        seed of eight; held at its heavy figure, 7 %, its own choice). The raise takes the
+        periods at their word that the doubted container's tokens came to buy more, while they
+        may as well show the others' buying less, or (on a GPU counted busy beyond the work,
+        where periods follow turns on the GPU) the time slices going to it beyond its work:
+        where the raise made the weights
         explain more than the GPU's use, the whole use was shared by them, and a strict 30 %
         container, charged 30-37, did 38-45 (simulated, its neighbour's figure raised e^1.6).
         The safe side for each container's limit, at a cost where the others' tokens did come
@@ -544,7 +545,8 @@ class TimeSlicedSplit:
         """The use the tokens spent explain, each container's weight in it (its part of
         that use, up to a common factor), and the containers to charge at least at their own
         figures (`_floor_by_figures`); None unless two containers or more spent and at least
-        one has a trusted figure from when it was alone.
+        one has a trusted figure from when it was alone. Those left out of the scale are kept
+        in `left_out` (for the operator to be told).
 
         Every one with a figure, the figures agreeing with the costs the periods show (their
         ratios, within what chance allows the costs): each one's tokens at its figure.
@@ -570,9 +572,9 @@ class TimeSlicedSplit:
         # which figures count is judged on them as measured alone, against the costs learned
         # (with what chance allows them); the scale is the largest of those counted as the
         # split takes them (raised by a doubt, if so)
-        counted = _counted_in_scale({
-            a: (math.log(alone[a][0]) - costs.get(a, (0.0, PRIOR_INFO))[0],
-                costs.get(a, (0.0, PRIOR_INFO))[1]) for a in measured})
+        learned = {a: costs.get(a, (0.0, PRIOR_INFO)) for a in measured}
+        counted = _counted_in_scale({a: (math.log(alone[a][0]) - learned[a][0], learned[a][1])
+                                     for a in measured})
         scale = max(figures[a] / believed[a] for a in counted)
         weights = {a: scale * believed[a] * spent[a] / dt_s for a in spending}
         # a figure left out as far heavier is what its own container's tokens bought alone:
