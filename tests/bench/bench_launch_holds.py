@@ -2,6 +2,7 @@
 
     python tests/bench/bench_launch_holds.py [--seeds 8] [--together 45] [--long 1800] [--mixed 150]
                                       [--gamer 240] [--crowd 600] [--unequal 40] [--odd 150]
+                                      [--phase 150]
 
 `imperfections.H200_TIME_SLICED`: NVML gives each 200 ms period whole to one process with the
 GPU's busy time as its value (read after several periods, one sample per process for all of
@@ -43,6 +44,13 @@ light and heavy (5, 80 us) or light and honest (5, 20 us); per case, each contai
 30 s on and its lowest and highest 10 s, for ours and for the largest figure over its cost
 setting the scale where figures disagree with the periods (every figure counted, as before
 `timesliced._counted_in_scale`).
+
+With `--phase S`, instead: strict 30 % containers of 20 us kernels together from the start for S
+seconds, two or three, the first's kernels becoming lighter at PHASE_AT_S (10 or 5 us, the same
+grid: its tokens buying a half or a quarter of the SM time they did); per case, each container's
+mean share from 30 s after the change on and its lowest 10 s from 10 s after it, and the turns
+alone given after the change, for ours and with no figure measured afresh for being long at
+odds with the periods (`TimeSlicedSplit.stale` empty, as before it).
 
 With `--crowd S`, instead: ten strict 10 % containers together from the start for S seconds,
 kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
@@ -444,6 +452,63 @@ def odd(seconds: float, seeds: int) -> None:
                           f"{_summary([[g[2][n]] for g in got])}")
 
 
+async def phase_run(seconds: float, seed: int, after_s: float, count: int
+                    ) -> tuple[list[float], list[float], int]:
+    """`count` strict 30 % containers of 20 us kernels together from the start, the first's
+    kernels `after_s` long from PHASE_AT_S on: (each one's mean share from 30 s after the
+    change on; its lowest 10 s from 10 s after it; turns alone given after the change)."""
+    from vgpu_agent.simulation.gpu import START_NS
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
+
+    specs = (ContainerSpec("c0", 30, check_kernels(20e-6), policy="strict",
+                           switch_to=check_kernels(after_s), switch_at_s=PHASE_AT_S),
+             *(ContainerSpec(f"c{n}", 30, check_kernels(20e-6), policy="strict")
+               for n in range(1, count)))
+    with turns_counted() as given:
+        run = await run_controlled(Scenario("phase", specs, lambda name, t: 30.0, seconds),
+                                   plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed),
+                                   paced=True)
+    assert not run.errors, run.errors
+    means, lowest = [], []
+    for spec in specs:
+        series = run.series[spec.name]
+        means.append(statistics.fmean(v for t, v in series if t >= PHASE_AT_S + 30))
+        lowest.append(min(statistics.fmean(v for t, v in series if a <= t < a + 10)
+                          for a in range(int(PHASE_AT_S) + 10, int(seconds) - 9, 5)))
+    after = sum((ns - START_NS) / 1e9 >= PHASE_AT_S for ns, _ in given)
+    return means, lowest, after
+
+
+PHASE_AT_S = 40.0  # the first container's change of phase, well after every first turn
+
+
+def phase(seconds: float, seeds: int) -> None:
+    from vgpu_agent.throttle.timesliced import TimeSlicedSplit
+
+    print(f"strict 30 % containers of 20 us kernels together from the start, the first's "
+          f"kernels lighter from {PHASE_AT_S:g} s on (the same grid); each one's mean share from "
+          f"{PHASE_AT_S + 30:g} s on and lowest 10 s from {PHASE_AT_S + 10:g} s on, median "
+          "(lowest-highest) over seeds; turns given after the change, per seed; ours and with "
+          "no figure measured afresh for being long at odds with the periods (before)")
+    stale = TimeSlicedSplit.stale
+    for after_s in (10e-6, 5e-6):
+        for count in (2, 3):
+            for label, asked in (("ours", stale), ("not asked (before)", lambda self: set())):
+                TimeSlicedSplit.stale = asked  # type: ignore[method-assign]
+                try:
+                    got = [asyncio.run(phase_run(seconds, seed, after_s, count))
+                           for seed in range(seeds)]
+                finally:
+                    TimeSlicedSplit.stale = stale  # type: ignore[method-assign]
+                print(f"\n{count} containers, the first's kernels {after_s * 1e6:g} us from "
+                      f"{PHASE_AT_S:g} s, {label}")
+                for n in range(count):
+                    print(f"  c{n}: mean {_summary([[g[0][n]] for g in got])} | lowest 10 s "
+                          f"{_summary([[g[1][n]] for g in got])}")
+                print(f"  turns after the change {'/'.join(str(g[2]) for g in got)}")
+
+
 def main() -> int:
     import structlog
 
@@ -468,12 +533,16 @@ def main() -> int:
     parser.add_argument("--odd", type=float, default=0.0,
                         help="seconds of the pair and the trio whose first container runs "
                              "other kernels while alone (0: the cases)")
+    parser.add_argument("--phase", type=float, default=0.0,
+                        help="seconds of the pair and the trio whose first container's kernels "
+                             "become lighter (0: the cases)")
     parser.add_argument("--unequal", type=float, default=0.0,
                         help="seconds of the strict 30/50 pair of 20 us beside 200 us kernels "
                              "(0: the cases)")
     args = parser.parse_args()
     runs = (("crowd", 60.0, crowd), ("gamer", 90.0, gamer), ("mixed", 90.0, mixed),
-            ("odd", 60.0, odd), ("unequal", 20.0, unequal))
+            ("odd", 60.0, odd), ("phase", PHASE_AT_S + 40, phase),
+            ("unequal", 20.0, unequal))
     for name, least, run in runs:
         seconds = getattr(args, name)
         if not seconds:

@@ -911,3 +911,98 @@ def test_a_disagreement_is_forgotten_with_its_containers():
     split.disagreed[frozenset({"a", "c"})] = (70.0, 0, {"a": 1.0, "c": 1.0})
     split.share([["a"]], 50.0, {"a": 1000, "c": 1000}, 0.1)  # b gone
     assert list(split.disagreed) == [frozenset({"a", "c"})]
+
+
+# ---- a figure long at odds with the periods, measured afresh (`stale`) ----------------------
+
+
+def _stale_after(split: TimeSlicedSplit, rng: random.Random, batches: int,
+                 cost: dict[str, float]) -> list[set[str]]:
+    """`batches` of one period in which every container spent about 1000 tokens, theirs buying
+    `cost` SM time each, on a GPU counted 99 % busy: what `stale` said after each."""
+    said = []
+    for _ in range(batches):
+        spent = {name: rng.randint(950, 1050) for name in cost}
+        owner, _ = _drawn(rng, spent, cost)
+        split.share([[owner]], 99.0, spent, 0.1)
+        said.append(split.stale())
+    return said
+
+
+def _measured(readings: dict[str, float]) -> TimeSlicedSplit:
+    """A split whose containers were each measured alone at their reading for 1000 tokens."""
+    split = TimeSlicedSplit()
+    for name, reading in readings.items():
+        _alone(split, name, reading, 1000, 10, others=tuple(n for n in readings if n != name))
+    return split
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_figure_long_at_odds_with_the_periods_is_measured_afresh_once(seed):
+    # a and b read 10 % alone; together a's tokens buy a quarter of b's SM time (a change of
+    # phase, lighter): a's figure over its cost is the heaviest, and once the costs know it
+    # beyond chance for STALE_PERIODS it is asked to be measured afresh; b never is
+    rng, split = random.Random(seed), _measured({"a": 10.0, "b": 10.0})
+    said = _stale_after(split, rng, 600, {"a": 0.25, "b": 1.0})
+    first = next(n for n, stale in enumerate(said) if stale)
+    assert first >= timesliced.STALE_PERIODS and said[first] == {"a"}
+    assert all(stale in (set(), {"a"}) for stale in said)
+    # measured afresh, its figure the same (it plays heavy alone; or the periods read it
+    # apart): not asked again while the figure stands, however long they disagree
+    kept = split.remeasure("a")
+    assert split.stale() == set() and split.questioned == {"a": kept[0][0]}
+    _alone(split, "a", 10.0, 1000, 10, others=("b",))
+    assert not any(_stale_after(split, rng, 600, {"a": 0.25, "b": 1.0}))
+    # ... measured afresh as it is now, it agrees, and nothing is asked either
+    split = _measured({"a": 10.0, "b": 10.0})
+    _stale_after(split, rng, 600, {"a": 0.25, "b": 1.0})
+    split.remeasure("a")
+    _alone(split, "a", 2.5, 1000, 10, others=("b",))
+    assert not any(_stale_after(split, rng, 600, {"a": 0.25, "b": 1.0}))
+
+
+def test_a_questioned_figure_that_moved_may_be_asked_again():
+    rng, split = random.Random(3), _measured({"a": 10.0, "b": 10.0})
+    _stale_after(split, rng, 600, {"a": 0.25, "b": 1.0})
+    split.remeasure("a")
+    _alone(split, "a", 10.0, 1000, 10, others=("b",))  # the same: not asked again
+    _alone(split, "a", 40.0, 1000, 10, others=("b",))  # ... moved four-fold since
+    assert {"a"} in _stale_after(split, rng, 600, {"a": 0.25, "b": 1.0})
+    # gone and back: forgotten with its container
+    split.share([["b"]], 50.0, {"b": 1000}, 0.1)
+    assert "a" not in split.questioned
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_heaviest_figure_another_agrees_with_is_not_asked(seed):
+    # c read 2.5 % alone (it plays light) beside a and b at 10 %, all alike together: the
+    # heaviest over its cost is a or b, corroborated by the other; c sets nobody's scale
+    rng = random.Random(seed)
+    split = _measured({"a": 10.0, "b": 10.0, "c": 2.5})
+    assert not any(_stale_after(split, rng, 600, dict.fromkeys("abc", 1.0)))
+    # c read 40 % (heavy): nobody agrees with it, and it is asked
+    split = _measured({"a": 10.0, "b": 10.0, "c": 40.0})
+    said = _stale_after(split, rng, 600, dict.fromkeys("abc", 1.0))
+    assert {"c"} in said and all(stale in (set(), {"c"}) for stale in said)
+
+
+def test_figures_agreeing_count_against_a_disagreement_and_little_known_costs_for_none():
+    split = _measured({"a": 10.0, "b": 10.0})
+    split.costs = {"a": (-1.0, 100.0), "b": (1.0, 100.0)}  # a's figure far over its cost
+    stale = timesliced.STALE_PERIODS
+    split._track_disagreement(["a", "b"], stale - 10)
+    split.costs = {"a": (0.0, 100.0), "b": (0.0, 100.0)}  # agreeing for 20 periods
+    split._track_disagreement(["a", "b"], 20)
+    split.costs = {"a": (-1.0, 100.0), "b": (1.0, 100.0)}
+    split._track_disagreement(["a", "b"], 20)
+    assert split.disagreeing == ("a", stale - 10) and split.stale() == set()
+    split._track_disagreement(["a", "b"], 10)
+    assert split.stale() == {"a"}
+    # costs cut by a change know little: however far apart, no evidence yet
+    split = _measured({"a": 10.0, "b": 10.0})
+    split.costs = {"a": (-2.0, timesliced.CONFIRM_INFO - 1), "b": (2.0, 100.0)}
+    split._track_disagreement(["a", "b"], 10 * stale)
+    assert split.stale() == set()
+    # nor with a container spending that has no figure (its first turn comes first)
+    split._track_disagreement([], 10 * stale)
+    assert split.disagreeing == ("", 0)

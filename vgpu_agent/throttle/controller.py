@@ -1445,10 +1445,11 @@ class ThrottleController:
         candidates = {device.alloc_id for device, _, _ in steered if device.limited}
         priorities = {device.alloc_id: device.limits[3] for device, _, _ in steered
                       if device.limits is not None}
-        # a figure in doubt (its periods showed a change), or read too coarsely for the
-        # spending it now stands for, is as good as none: measured afresh
-        coarse = split.coarse()
-        doubted = split.in_doubt() | coarse
+        # a figure in doubt (its periods showed a change), read too coarsely for the spending
+        # it now stands for, or long at odds with the periods, is as good as none: measured
+        # afresh
+        coarse, stale = split.coarse(), split.stale()
+        doubted = split.in_doubt() | coarse | stale
         chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
                            split.measured() - doubted, candidates if pausable else (),
                            self._period_us.get(uuid, 0) / 1e6,
@@ -1473,6 +1474,7 @@ class ThrottleController:
                  most_s=turns.most_s,
                  why="its figure read at a few percent, its spending since grown threefold"
                  if chosen in coarse
+                 else "its figure long at odds with the costs its periods show" if chosen in stale
                  else "its figure in doubt: its periods showed a change" if chosen in doubted
                  else "a container sharing a time-sliced GPU, never seen alone there")
 

@@ -26,9 +26,10 @@ s); beside one measured with 5 us kernels that moved to 20 us a second after its
 at 49 % to the end of the runs (150 s). With a turn each: 28.5 % (at most 35 % over any 10 s),
 and 28.4 / 28.6 % (`bench_launch_holds.py --mixed`). A newcomer joining measured containers is
 covered by the scale meanwhile, until its turn (turns are 10 s or a minute apart, below). A
-figure in doubt (its container's periods showed a change since), or read at a few percent
-for a container that now spends threefold (`TimeSlicedSplit.coarse`), counts as none: the
-caller passes `measured` without it, and a turn measures it afresh.
+figure in doubt (its container's periods showed a change since), read at a few percent
+for a container that now spends threefold (`TimeSlicedSplit.coarse`), or long at odds with
+the costs the periods show (`TimeSlicedSplit.stale`), counts as none: the caller passes
+`measured` without it, and a turn measures it afresh.
 
 `most_s` stays below the shim's longest wait (`VGPU_MAX_WAIT_NS`, 2 s): a launch that has
 waited that long runs whatever its bucket says, and one stray launch of a paused process in a

@@ -137,13 +137,18 @@ class TimeSlicedSplit:
     old figure risks: tokens that come to buy more SM time slowly, too slowly for the
     watch, are charged what they bought alone, and their container runs above its limit by
     that much (nothing here can tell that from the GPU counting itself busy). Where costs
-    fall instead, the figures explain more than the GPU's use and bound nothing.
+    fall instead, the figures explain more than the GPU's use and bound nothing. Tokens that
+    come to buy less are charged their old figure, and where that figure sets the scale (of a
+    pair, the heavier over its cost does), the neighbour's charge too: where the periods show
+    it long enough, the figure is measured afresh (`stale`); where they do not (kernels twice
+    lighter, on a GPU whose periods follow its turns more than the work), it stands.
     """
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "counts_beyond",
-                 "disagreed", "doubted", "left_out", "lifted", "margin", "newly_left_out",
-                 "parts", "periods", "rates", "recounted", "restarts", "solo", "solo_others",
-                 "solo_ran", "spending", "told_left_out", "unseen", "watch")
+                 "disagreed", "disagreeing", "doubted", "left_out", "lifted", "margin",
+                 "newly_left_out", "parts", "periods", "questioned", "rates", "recounted",
+                 "restarts", "solo", "solo_others", "solo_ran", "spending", "told_left_out",
+                 "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -194,6 +199,12 @@ class TimeSlicedSplit:
         self.left_out: set[str] = set()
         self.newly_left_out: set[str] = set()
         self.told_left_out: set[str] = set()
+        # the container whose figure over its cost is the heaviest while the figures disagree
+        # with the costs beyond chance, and the periods they have (net of those they agreed
+        # in) since it became so (`stale`)
+        self.disagreeing: tuple[str, int] = ("", 0)
+        # alloc_id -> its figure when it was measured afresh for disagreeing (`stale`)
+        self.questioned: dict[str, float] = {}
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
               dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
@@ -236,10 +247,12 @@ class TimeSlicedSplit:
         if dt_s > 0:
             self.rates = {a: used / dt_s for a, used in spent.items()}
         self.recounted &= spent.keys()
+        for gone in [a for a in self.questioned if a not in spent]:
+            del self.questioned[gone]
         self._settle_doubts(spending)
         self._remember_apart(spending)
         self.left_out = set()
-        explained = self._explained(spent, dt_s)
+        explained = self._explained(spent, dt_s, len(owners))
         self.told_left_out &= spent.keys()
         self.newly_left_out = self.left_out - self.told_left_out
         self.told_left_out |= self.left_out
@@ -438,12 +451,35 @@ class TimeSlicedSplit:
                 found.add(alloc_id)
         return found
 
+    def stale(self) -> set[str]:
+        """The container whose figure has disagreed with the costs the periods show for
+        STALE_PERIODS (net of periods they agreed in), its figure over its cost the heaviest:
+        its tokens may buy less than they did alone (a change of phase the watch missed, or
+        whose doubt ended as a fall, not a rise: `_settle_doubts`), and the figure, largest over
+        its cost, sets the scale every container of a pair is charged by. Simulated, a strict
+        30 % container whose kernels came to buy a quarter of the SM time they did was charged at
+        its old figure, and it and its strict 30 % neighbour both ran at 7 % for the minute to
+        the end of the run. Once per figure: measured afresh to within ALONE_AGREE of it (an
+        honest figure the periods read apart, or a tenant playing heavy while alone), it is not
+        asked again until it moves. Empty where none is."""
+        heaviest, periods = self.disagreeing
+        if periods < STALE_PERIODS or heaviest not in self.alone:
+            return set()
+        before = self.questioned.get(heaviest)
+        if before is not None and abs(math.log(self.alone[heaviest][0] / before)
+                                      ) <= _LOG_ALONE_AGREE:
+            return set()
+        return {heaviest}
+
     def remeasure(self, alloc_id: str) -> KeptFigure:
         """Drops a container's figure for a turn alone to measure afresh (kept as it was, a
         figure in the making would be averaged into it); what `restore` puts back should the
         turn end without a trusted one."""
         if alloc_id in self.coarse():
             self.recounted.add(alloc_id)
+        if alloc_id in self.stale():
+            self.questioned[alloc_id] = self.alone[alloc_id][0]
+            self.disagreeing = ("", 0)
         return (self.alone.pop(alloc_id, None), self.batches.pop(alloc_id, None),
                 self.doubted.pop(alloc_id, None))
 
@@ -540,7 +576,7 @@ class TimeSlicedSplit:
         alone[alloc_id] = (figure, rate, steady)
         batches[alloc_id] = (n, mean, squares)
 
-    def _explained(self, spent: Mapping[str, int], dt_s: float
+    def _explained(self, spent: Mapping[str, int], dt_s: float, periods: int = 1
                    ) -> tuple[float, dict[str, float], set[str]] | None:
         """The use the tokens spent explain, each container's weight in it (its part of
         that use, up to a common factor), and the containers to charge at least at their own
@@ -561,10 +597,12 @@ class TimeSlicedSplit:
         alone, costs = self.alone, self.costs
         measured = [a for a in spending if a in alone and alone[a][2] >= ALONE_READINGS]
         if not measured:
+            self.disagreeing = ("", 0)
             return None
         figures = {a: self._figure(a, spending) for a in measured}
         # while a figure in doubt is raised, every container measured is floored at its own
         raised = set(measured) if any(figures[a] != alone[a][0] for a in measured) else set()
+        self._track_disagreement(measured if len(measured) == len(spending) else [], periods)
         if len(measured) == len(spending) and self._figures_agree(figures):
             weights = {a: figures[a] * spent[a] / dt_s for a in spending}
             return sum(weights.values()), weights, raised
@@ -581,6 +619,32 @@ class TimeSlicedSplit:
         # the safe side for its limit is to charge it at least that
         self.left_out = set(measured) - counted
         return sum(weights.values()), weights, raised | self.left_out
+
+    def _track_disagreement(self, measured: list[str], periods: int) -> None:
+        """Counts the `periods` of this batch for or against the heaviest figure over its cost
+        among `measured` (every container spending, each with a trusted figure; none where
+        not all have one): for, where no other figure agrees with it (within ALONE_AGREE and
+        what chance allows the two costs, as `_counted_in_scale` judges agreement), the costs
+        informed (CONFIRM_INFO) past the cut of a change (`stale`). One that another figure
+        agrees with is corroborated: among three containers, two honest ones beside a tenant
+        playing light while alone were both measured afresh for nothing, a pause of the
+        others each (simulated, `bench_launch_holds.py --odd`)."""
+        heaviest, counted = self.disagreeing
+        if len(measured) < 2:
+            self.disagreeing = ("", 0)
+            return
+        costs, alone = self.costs, self.alone
+        learned = {a: costs.get(a, (0.0, PRIOR_INFO)) for a in measured}
+        apart = {a: math.log(alone[a][0]) - learned[a][0] for a in measured}
+        top = max(apart, key=apart.__getitem__)
+        top_info = learned[top][1]
+        unmatched = min(info for _, info in learned.values()) >= CONFIRM_INFO and not any(
+            apart[top] - apart[a] <= _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(
+                0.5 / top_info + 0.5 / learned[a][1]) for a in measured if a != top)
+        if unmatched:
+            self.disagreeing = (top, counted + periods if top == heaviest else periods)
+        else:
+            self.disagreeing = (heaviest, max(0, counted - periods))
 
     def _figures_agree(self, figures: Mapping[str, float]) -> bool:
         """Whether the figures of the containers spending (every one has one) agree with the
@@ -690,7 +754,8 @@ class TimeSlicedSplit:
         proves to have been chance: once the costs have re-learned CONFIRM_INFO of
         information, its cost has not risen against the others' beyond chance (the watch's
         false alarms, about one in a few thousand periods; or cheaper work, which a figure
-        standing charges more, not less). Where it has risen, its tokens buy more than they
+        standing charges more, not less: where the figures then disagree with the costs long
+        enough, `stale` has it measured afresh). Where it has risen, its tokens buy more than they
         did alone, and the figure follows the rise (`_figure`) while the costs go on learning
         it, until the container is measured alone again. Costs against the others cannot tell
         which of them changed: the figure is raised either way, the safe side for its limit
@@ -969,6 +1034,11 @@ CONFIRM_INFO = 20.0
 # at any difference beyond chance: three containers of equal kernels read apart by chance
 # and paid a pause each (their mean error in 30 s runs 1.15 -> 2.15 points).
 APART_FACTOR = 2.0
+# Periods the figures disagree with the costs (net of those they agree in) before the heaviest
+# figure over its cost is measured afresh (`stale`): 10 s at NVML's 200 ms (the H200's). The
+# costs then have CONFIRM_INFO already: a disagreement this long is not a change still being
+# learned.
+STALE_PERIODS = 50
 _CHANCE_EPS = 1e-3
 _LOG_CHANGE_ODDS = math.log(CHANGE_ODDS)
 _LOG_COST_RANGE = math.log(COST_RANGE)
