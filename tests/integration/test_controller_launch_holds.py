@@ -70,10 +70,12 @@ async def test_each_container_gets_a_figure_of_its_own(before_s, after_s, monkey
     started = [(e["alloc_id"], e["why"]) for e in logs
                if e["event"] == "throttle_solo_turn_started"]
     # a turn each; and one more for each whose figure was read at a few percent (its rate
-    # cut while the GPU's whole use was shared out) and which now spends threefold
+    # cut while the GPU's whole use was shared out) and which now spends threefold, or whose
+    # periods then showed the change (that turn spent no try: one is in hand for it)
     assert [name for name, _ in started[:2]] == ["c0", "c1"] and given == len(started)
     again = started[2:]
-    assert {why for _, why in again} <= {COARSE} and len(again) == len(set(again)), started
+    doubt = "its figure in doubt: its periods showed a change"
+    assert {why for _, why in again} <= {COARSE, doubt} and len(again) == len(set(again)), started
     assert all(26 <= share <= 34 for share in means), means
     assert highest < 36, highest
     if before_s == after_s:

@@ -401,3 +401,34 @@ def test_first_turns_come_soon_on_a_calm_gpu_only_where_costs_are_far_apart():
                 apart=True) is None
     assert _due(turns, SOLO_TURN_CALM_GAP_S, measured=("a",), beyond_work=False,
                 apart=True) == "b"
+
+
+def test_a_coarse_figures_turn_spends_no_try_once_per_container():
+    # a's first turn read low (its rate cut then); measured again once it spends threefold,
+    # that turn spends no try: a change of phase later finds one in hand. Once only while it
+    # stays: the next coarse turn spends a try like any other
+    turns = SoloTurns(after_s=0.0, gap_s=0.0, first_gap_s=0.0, remeasure_gap_s=0.0,
+                      retry_s=math.inf)
+
+    def turn(at: float, doubted=("a",), free=("a",)) -> str | None:
+        chosen = turns.due(int(at * S), ["a", "b"], {"b"}, {"a", "b"}, PERIOD_S, {"a", "b"},
+                           None, set(), True, set(doubted), lambda: False, set(free))
+        if chosen is not None:
+            turns.start(chosen, int(at * S), {})
+            turns.end(int(at * S))
+        return chosen
+
+    assert turn(0.0, doubted=(), free=()) == "a"  # its first turn: one try spent
+    assert turn(1.0) == "a"  # coarse: free
+    assert turns.freed == {"a"} and turns._credit("a", 2 * S) == 1
+    assert turn(2.0, free=()) == "a"  # in doubt: its second try
+    assert turn(3.0) is None  # coarse again, but its free turn is spent, and so are its tries
+    # free only for a figure measured afresh (one in `doubted`)
+    turns = SoloTurns(after_s=0.0, gap_s=0.0, first_gap_s=0.0, remeasure_gap_s=0.0,
+                      retry_s=math.inf)
+    turns.tried, turns.credit = {"a": 2}, {"a": (0.0, 0)}
+    assert turn(4.0, doubted=()) is None
+    # gone, then back: a container of that name later is another
+    turns.freed = {"a"}
+    turns.due(5 * S, ["b"], {"b"}, {"b"}, PERIOD_S, {"b"})
+    assert turns.freed == set()

@@ -1455,7 +1455,8 @@ class ThrottleController:
                            self._period_us.get(uuid, 0) / 1e6,
                            {device.alloc_id for device, _, _ in steered}, priorities,
                            _spared(priorities, self.solo_turn_spare_priority),
-                           uuid in self._beyond_work_logged, doubted, split.costs_apart)
+                           uuid in self._beyond_work_logged, doubted, split.costs_apart,
+                           coarse)
         if chosen is None:
             return
         if chosen in doubted:

@@ -39,54 +39,52 @@ samples, then ALONE_READINGS steady batches), and a turn goes on to TURN_READING
 `most_s`, whichever comes first, for a figure averaged over more samples; with periods longer
 than `most_s` allows for a trusted figure, no turn is given.
 
-What a turn costs the others: at most `most_s` without a launch, once per `gap_s` per GPU, and
-per container `tries` turns (one whose spending was not steady enough for a figure is tried
-again once), which come back one each `retry_s` (a minute), never more than `tries` in hand,
-while it stays on the GPU. The tries bound how often pauses come; the gap only spaces them,
-and a long one leaves a wrong figure believed for as long. Without tries coming back an application
-that changed phase twice was charged at a figure of the first phase from the second change on,
-for as long as it ran: a strict 40 % container whose tokens came to buy a quarter of the time
-ran at 9 % of its 40 (simulated, the first re-measure having spent its second try, or a false
-alarm of the watch having spent it before the change); with them, at 30 % or more 20-30 s
-after the second change in 15 runs of 24, and still at 9-10 % in 4, where a false alarm of the
-watch in the minute before the change had spent the tries (a try comes back a minute after it
-was spent). A tenant that keeps its figure in doubt on purpose costs each neighbour a
-pause of under 2 s a minute at most, over time. On a GPU seen
-counting itself busy beyond the work the figures explain (as the H200 does while processes take
-turns, or where a figure came out light) the shares rest on figures: the first one sets the
-scale for the others until their own turns, and one taken light (a tenant running lighter
-kernels while it finds itself alone, or a change of phase) let both of a strict 30/30 pair run
-at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py --gamer`,
-simulated); a figure put in doubt by a change of phase waited out the minute after the last turn
-for its re-measure (43-67 % of 30 meanwhile). There turns are `gap_s` (10 s) apart: a pause at
-most every 12 s (first turns and re-measures sooner, below). On a GPU whose use the figures
-explain, the periods share it out well enough without them, and each pause costs more than it
-buys: ten containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s
-apart (`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute)
-apart. Not re-measures (below), nor first turns where the periods show costs twofold apart or
-more (`costs_apart`): until each container has a figure, the first one's sets the scale and the
-costs the rest, learned over tens of seconds where they differ far, and a strict 50 % container
-of 200 us kernels, measured first beside one of 20 us, ran at 51-56 % for the last 30 s of a 40
-s run (simulated).
-On a GPU counted busy beyond the work, a container's first turn waits only `first_gap_s` (3 s)
-after the last turn: until then it is charged at another's figure times the cost its periods
-show, and on the H200, under the controller, the periods understated long kernels (a container
-of 20 us kernels at 25-31 % of the GPU's time was given 40-46 % of the periods beside one of
-200 us). There a strict-50 container of 200 us kernels beside a measured strict-30 one of 20 us
-ran at 64 % of its work for the 10 s gap, its charge rising from 7 to 32 % as the periods came;
-simulated, at 54-88 % for 8-12 s (three seeds, `bench_launch_holds.py --unequal`). With the
-first gap, about 4 s of that, and ten containers starting together are all measured within
-43-80 s instead of 106-135 s (`--crowd`). A container whose figure is in doubt (or too coarse)
-is measured afresh sooner still, on any GPU: `remeasure_gap_s` (0.5 s) after the last turn,
-and without `after_s` (it has spent all along). Its charge stands for work it no longer does:
-a pair whose phases changed together (tokens then buying four times and a quarter of what
-they did) ran at 44-62 % and 20-30 % of their 40 and 60 for 5-10 s after the change while
-each re-measure waited 3 s, after the doubt and then after the other's turn; now 35-57 % for
-the second (simulated, six seeds). Waiting the whole 10 s gap after a neighbour's turn, a
-doubted figure, raised by its cost's rise only where that rise is beyond chance, went
-2.3-fold up and back with a cost at chance's edge, and its strict 30 % neighbour ran at 34-38 %
-for 6 s (simulated, `--unequal`, seed 1 of eleven). A container never measured still goes
-first (it has been tried least), as a first turn.
+What a turn costs the others: at most `most_s` without a launch, once per `gap_s` per GPU, and per
+container `tries` turns (one whose spending was not steady enough for a figure is tried again
+once), which come back one each `retry_s` (a minute), never more than `tries` in hand, while it
+stays on the GPU; and once per container a turn for a figure read too coarsely, which spends no try
+(the first measurement's end, see `due`). The tries bound how often pauses come; the gap only
+spaces them, and a long one leaves a wrong figure believed for as long. Without tries coming back
+an application that changed phase twice was charged at a figure of the first phase from the second
+change on, for as long as it ran: a strict 40 % container whose tokens came to buy a quarter of the
+time ran at 9 % of its 40 (simulated, the first re-measure having spent its second try, or a false
+alarm of the watch having spent it before the change); with them, at 30 % or more 20-30 s after the
+second change in 15 runs of 24, and still at 9-10 % in 4, where a false alarm of the watch in the
+minute before the change had spent the tries (a try comes back a minute after it was spent). A
+tenant that keeps its figure in doubt on purpose costs each neighbour a pause of under 2 s a minute
+at most, over time. On a GPU seen counting itself busy beyond the work the figures explain (as the
+H200 does while processes take turns, or where a figure came out light) the shares rest on figures:
+the first one sets the scale for the others until their own turns, and one taken light (a tenant
+running lighter kernels while it finds itself alone, or a change of phase) let both of a strict
+30/30 pair run at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py
+--gamer`, simulated); a figure put in doubt by a change of phase waited out the minute after the
+last turn for its re-measure (43-67 % of 30 meanwhile). There turns are `gap_s` (10 s) apart: a
+pause at most every 12 s (first turns and re-measures sooner, below). On a GPU whose use the
+figures explain, the periods share it out well enough without them, and each pause costs more than
+it buys: ten containers at 10 % lost 1.0 points of mean error over two minutes to pauses 10 s apart
+(`bench_throttle.py --attribution time-sliced`), so turns stay `calm_gap_s` (a minute) apart. Not
+re-measures (below), nor first turns where the periods show costs twofold apart or more
+(`costs_apart`): until each container has a figure, the first one's sets the scale and the costs
+the rest, learned over tens of seconds where they differ far, and a strict 50 % container of 200 us
+kernels, measured first beside one of 20 us, ran at 51-56 % for the last 30 s of a 40 s run
+(simulated). On a GPU counted busy beyond the work, a container's first turn waits only
+`first_gap_s` (3 s) after the last turn: until then it is charged at another's figure times the
+cost its periods show, and on the H200, under the controller, the periods understated long kernels
+(a container of 20 us kernels at 25-31 % of the GPU's time was given 40-46 % of the periods beside
+one of 200 us). There a strict-50 container of 200 us kernels beside a measured strict-30 one of 20
+us ran at 64 % of its work for the 10 s gap, its charge rising from 7 to 32 % as the periods came;
+simulated, at 54-88 % for 8-12 s (three seeds, `bench_launch_holds.py --unequal`). With the first
+gap, about 4 s of that, and ten containers starting together are all measured within 43-80 s
+instead of 106-135 s (`--crowd`). A container whose figure is in doubt (or too coarse) is measured
+afresh sooner still, on any GPU: `remeasure_gap_s` (0.5 s) after the last turn, and without
+`after_s` (it has spent all along). Its charge stands for work it no longer does: a pair whose
+phases changed together (tokens then buying four times and a quarter of what they did) ran at 44-62
+% and 20-30 % of their 40 and 60 for 5-10 s after the change while each re-measure waited 3 s,
+after the doubt and then after the other's turn; now 35-57 % for the second (simulated, six seeds).
+Waiting the whole 10 s gap after a neighbour's turn, a doubted figure, raised by its cost's rise
+only where that rise is beyond chance, went 2.3-fold up and back with a cost at chance's edge, and
+its strict 30 % neighbour ran at 34-38 % for 6 s (simulated, `--unequal`, seed 1 of eleven). A
+container never measured still goes first (it has been tried least), as a first turn.
 
 The container given the turn is the one of highest priority among those tried least, so a
 latency-sensitive service marked so by its priority (`vgpu.io/priority`) runs through the turn
@@ -148,9 +146,9 @@ class SoloTurn:
 class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
-    __slots__ = ("after_ns", "calm_gap_ns", "credit", "first_gap_ns", "gap_ns", "last_end_ns",
-                 "most_ns", "most_s", "remeasure_gap_ns", "retry_ns", "tried", "tries", "turn",
-                 "waiting_ns")
+    __slots__ = ("after_ns", "calm_gap_ns", "credit", "first_gap_ns", "freed", "gap_ns",
+                 "last_end_ns", "most_ns", "most_s", "remeasure_gap_ns", "retry_ns", "tried",
+                 "tries", "turn", "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
@@ -182,12 +180,14 @@ class SoloTurns:
         # alloc_id -> (turns left to it, when): `tries` at first, one back each `retry_s`
         self.credit: dict[str, tuple[float, int]] = {}
         self.retry_ns = int(retry_s * 1e9) if math.isfinite(retry_s) else None
+        self.freed: set[str] = set()  # those given their one turn that spent no try (`due`)
 
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
             candidates: Collection[str], period_s: float, present: Collection[str],
             priorities: Mapping[str, int] | None = None, spared: Collection[str] = (),
             beyond_work: bool = True, doubted: Collection[str] = (),
-            apart: Callable[[], bool] = lambda: False) -> str | None:
+            apart: Callable[[], bool] = lambda: False, free: Collection[str] = ()
+            ) -> str | None:
         """The container to give a turn alone now, None for none. `spending`: the containers
         that spent this tick, in a stable order; `measured`: those with a trusted figure (a
         turn is for one without);
@@ -204,7 +204,12 @@ class SoloTurns:
         `measured`; the turn given to one of them comes `remeasure_gap_s` after the last, on
         any GPU, without `after_s`); `apart`: whether the costs of containers spending differ far
         (`TimeSlicedSplit.costs_apart`; called only where it decides the gap, as it may compare
-        every pair spending): first turns `first_gap_s` apart on any GPU then.
+        every pair spending): first turns `first_gap_s` apart on any GPU then; `free`: those of
+        `doubted` whose turn spends no try, once per container while it stays (a figure read
+        too coarsely, `TimeSlicedSplit.coarse`: the first turn comes while the rates are cut,
+        and reads low; measuring it again is the first measurement's end, and spending a try on
+        it left a container that changed phase 40 s in without one for its re-measure until a
+        minute after its start, held at 7 % of its strict 30 meanwhile, simulated).
 
         Of the eligible, the one tried least is taken, then the highest priority (a turn
         pauses every other container: the one whose waits matter most is spared them), then
@@ -212,6 +217,7 @@ class SoloTurns:
         for gone in [a for a in self.tried if a not in present]:
             del self.tried[gone]
             self.credit.pop(gone, None)
+            self.freed.discard(gone)
         if (self.turn is not None or len(spending) < 2
                 or all(a in measured for a in spending)
                 or not 0 < period_s * PERIODS_NEEDED <= self.most_s):
@@ -219,8 +225,9 @@ class SoloTurns:
             return None
         if self.waiting_ns is None:
             self.waiting_ns = now_ns
+        unspent = {a for a in free if a in doubted and a not in self.freed}
         eligible = [a for a in spending if a in candidates and a not in measured
-                    and self._may_try(a, now_ns)]
+                    and (a in unspent or self._may_try(a, now_ns))]
         spare = [a for a in present if a in spared]
         if spare:
             eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
@@ -239,7 +246,10 @@ class SoloTurns:
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
             return None
         self.tried[chosen] = self.tried.get(chosen, 0) + 1
-        self.credit[chosen] = (self._credit(chosen, now_ns) - 1, now_ns)
+        if chosen in unspent:
+            self.freed.add(chosen)
+        else:
+            self.credit[chosen] = (self._credit(chosen, now_ns) - 1, now_ns)
         self.waiting_ns = None
         return chosen
 
