@@ -169,6 +169,7 @@ class Agent:
             nvml_poll_periods=config.throttle_nvml_poll_periods,
             solo_turns=config.throttle_solo_turns,
             solo_turn_spare_priority=config.throttle_solo_turn_spare_priority,
+            figure_max_age_s=config.throttle_figure_max_age_seconds,
             default_policy=config.core_policy,
             proc_root=config.host_proc_dir,
             container_region_dir=config.container_region_dir,

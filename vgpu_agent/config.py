@@ -121,6 +121,8 @@ class Config:
     throttle_solo_turns: bool = True
     # containers of this priority or more are never paused for a turn alone (None: none is)
     throttle_solo_turn_spare_priority: int | None = None
+    # a figure measured in a turn alone this long ago is measured afresh (0: never by age)
+    throttle_figure_max_age_seconds: float = 0.0
     host_proc_dir: str = "/proc"
     region_gc_grace_seconds: float = 30.0
     pod_resources_refresh_seconds: float = 5.0
@@ -478,6 +480,7 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
     "throttle_nvml_poll_periods": _as_int(1, 5),
     "throttle_solo_turns": _as_bool,
     "throttle_solo_turn_spare_priority": _as_optional_priority,
+    "throttle_figure_max_age_seconds": _seconds(0, DAY_S, " (0: never measured again by age)"),
     "host_proc_dir": _as_abs_path,
     "region_gc_grace_seconds": _seconds(0, DAY_S, " (>= 0)"),
     "pod_resources_refresh_seconds": _seconds(0.05, 3600, " (> 0)"),

@@ -50,7 +50,8 @@ seconds, two or three, the first's kernels becoming lighter at PHASE_AT_S (10 or
 grid: its tokens buying a half or a quarter of the SM time they did); per case, each container's
 mean share from 30 s after the change on and its lowest 10 s from 10 s after it, and the turns
 alone given after the change, for ours and with no figure measured afresh for being long at
-odds with the periods (`TimeSlicedSplit.stale` empty, as before it).
+odds with the periods (`TimeSlicedSplit.stale` empty, as before it); for kernels twice lighter
+also with figures measured again a minute old (`throttle_figure_max_age_seconds: 60`).
 
 With `--crowd S`, instead: ten strict 10 % containers together from the start for S seconds,
 kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
@@ -452,11 +453,12 @@ def odd(seconds: float, seeds: int) -> None:
                           f"{_summary([[g[2][n]] for g in got])}")
 
 
-async def phase_run(seconds: float, seed: int, after_s: float, count: int
-                    ) -> tuple[list[float], list[float], int]:
+async def phase_run(seconds: float, seed: int, after_s: float, count: int,
+                    max_age_s: float = 0.0) -> tuple[list[float], list[float], int]:
     """`count` strict 30 % containers of 20 us kernels together from the start, the first's
     kernels `after_s` long from PHASE_AT_S on: (each one's mean share from 30 s after the
-    change on; its lowest 10 s from 10 s after it; turns alone given after the change)."""
+    change on; its lowest 10 s from 10 s after it; turns alone given after the change).
+    `max_age_s`: figures measured again this old (`throttle_figure_max_age_seconds`)."""
     from vgpu_agent.simulation.gpu import START_NS
     from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
     from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
@@ -468,7 +470,7 @@ async def phase_run(seconds: float, seed: int, after_s: float, count: int
     with turns_counted() as given:
         run = await run_controlled(Scenario("phase", specs, lambda name, t: 30.0, seconds),
                                    plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed),
-                                   paced=True)
+                                   paced=True, figure_max_age_s=max_age_s)
     assert not run.errors, run.errors
     means, lowest = [], []
     for spec in specs:
@@ -481,6 +483,7 @@ async def phase_run(seconds: float, seed: int, after_s: float, count: int
 
 
 PHASE_AT_S = 40.0  # the first container's change of phase, well after every first turn
+PHASE_MAX_AGE_S = 60.0  # `throttle_figure_max_age_seconds` of the third variant
 
 
 def phase(seconds: float, seeds: int) -> None:
@@ -494,10 +497,14 @@ def phase(seconds: float, seeds: int) -> None:
     stale = TimeSlicedSplit.stale
     for after_s in (10e-6, 5e-6):
         for count in (2, 3):
-            for label, asked in (("ours", stale), ("not asked (before)", lambda self: set())):
+            variants = [("ours", stale, 0.0), ("not asked (before)", lambda self: set(), 0.0)]
+            if after_s == 10e-6:  # what the periods do not show: measured again by age
+                variants.append((f"ours, figures measured again after {PHASE_MAX_AGE_S:g} s",
+                                 stale, PHASE_MAX_AGE_S))
+            for label, asked, max_age_s in variants:
                 TimeSlicedSplit.stale = asked  # type: ignore[method-assign]
                 try:
-                    got = [asyncio.run(phase_run(seconds, seed, after_s, count))
+                    got = [asyncio.run(phase_run(seconds, seed, after_s, count, max_age_s))
                            for seed in range(seeds)]
                 finally:
                     TimeSlicedSplit.stale = stale  # type: ignore[method-assign]

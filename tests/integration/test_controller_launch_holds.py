@@ -189,6 +189,39 @@ async def test_a_figure_long_at_odds_with_the_periods_is_measured_afresh(monkeyp
 
 
 @pytest.mark.slow
+async def test_a_figure_measured_again_by_age_finds_kernels_the_periods_cannot_show():
+    # At 40 s the first of a strict 30/30 pair switches to kernels of half the SM time (the
+    # same grid): on the H200 plant its periods barely move (each launch holds the GPU 130 us
+    # beyond its 10-20 us of work), its figure stands, and it runs at half its share for as
+    # long as it runs. Asked for (`throttle_figure_max_age_seconds`), its figure is measured
+    # afresh a minute after the last measurement, and it is back at its share.
+    from vgpu_agent.simulation.runner import ContainerSpec, Scenario
+
+    specs = (ContainerSpec("c0", 30, check_kernels(20e-6), policy="strict",
+                           switch_to=check_kernels(10e-6), switch_at_s=40),
+             ContainerSpec("c1", 30, check_kernels(20e-6), policy="strict"))
+
+    async def run(max_age_s: float) -> tuple[list[tuple[str, str]], list[float]]:
+        from vgpu_agent.simulation.runner import run_controlled
+
+        with capture_logs() as logs:
+            done = await run_controlled(Scenario("half", specs, lambda name, t: 30.0, 100),
+                                        plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=2),
+                                        paced=True, figure_max_age_s=max_age_s)
+        started = [(e["alloc_id"], e["why"]) for e in logs
+                   if e["event"] == "throttle_solo_turn_started"]
+        return started, last_shares(done.series, 100)
+
+    started, shares = await run(60.0)
+    aged = "its figure older than throttle_figure_max_age_seconds"
+    assert ("c0", aged) in started and {why for _, why in started[3:]} == {aged}, started
+    assert all(30 / timesliced.ALONE_MARGIN - 3 <= share <= 30 + 1.5 for share in shares), shares
+    # not asked (the default), for the record: nothing shows the change
+    started, shares = await run(0.0)
+    assert len(started) == 3 and shares[0] < 16, (started, shares)
+
+
+@pytest.mark.slow
 async def test_containers_never_alone_are_starved_by_the_use_counted(monkeypatch):
     # without a turn alone, what the bound cannot help: nothing says what their tokens buy
     # (recorded here, so that a change of it is seen)

@@ -519,6 +519,11 @@ def test_a_tick_kept_fast_stays_fast_and_bad_unlent_ticks_are_refused():
         with pytest.raises(ValueError, match="unlent tick"):
             ThrottleController(SimBackend([]), list, tick_s=0.1, max_tick_s=0.4,
                                unlent_tick_s=bad)
+    # nor a figure's longest age that is no duration (0 is: never by age)
+    assert ThrottleController(SimBackend([]), list, figure_max_age_s=0.0).figure_max_age_s == 0
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"longest age must be >= 0 s .* got"):
+            ThrottleController(SimBackend([]), list, figure_max_age_s=bad)
 
 
 async def test_without_regions_a_tick_asks_nothing():

@@ -84,6 +84,9 @@ def test_an_alias_bomb_spread_over_keys_is_rejected_too():
         ("throttle_solo_turn_spare_priority: 2147483648\n", "throttle_solo_turn_spare_priority"),
         ("throttle_solo_turn_spare_priority: 50.5\n", "throttle_solo_turn_spare_priority"),
         ("throttle_solo_turn_spare_priority: true\n", "throttle_solo_turn_spare_priority"),
+        ("throttle_figure_max_age_seconds: -1\n", "throttle_figure_max_age_seconds"),
+        ("throttle_figure_max_age_seconds: .inf\n", "throttle_figure_max_age_seconds"),
+        ("throttle_figure_max_age_seconds: 1e9\n", "throttle_figure_max_age_seconds"),
         ("memory_scaling: 1e999\nallow_memory_oversubscription: true\n", "memory_scaling"),
         ("health_check_seconds: 1e308\n", "health_check_seconds"),
         ("pod_resources_refresh_seconds: 0\n", "pod_resources_refresh_seconds"),
@@ -201,3 +204,16 @@ def test_no_container_is_spared_a_pause_by_default_and_a_priority_reaches_the_co
     config = build_config(ConfigSources(file_text="throttle_solo_turn_spare_priority: null\n",
                                         env=env))
     assert config.throttle_solo_turn_spare_priority is None
+
+
+def test_figures_are_never_measured_again_by_age_unless_asked_and_the_age_reaches_the_controller():
+    from vgpu_agent.agent import Agent
+
+    env = {"VGPU_AGENT_BACKEND": "sim"}
+    assert Agent(build_config(ConfigSources(env=env))).controller.figure_max_age_s == 0.0
+    config = build_config(ConfigSources(
+        env={**env, "VGPU_AGENT_THROTTLE_FIGURE_MAX_AGE_SECONDS": "600"}))
+    assert Agent(config).controller.figure_max_age_s == 600.0
+    with pytest.raises(ConfigError, match=r"THROTTLE_FIGURE_MAX_AGE_SECONDS=.-5.*between 0 and 86400"):
+        build_config(ConfigSources(env={**env, "VGPU_AGENT_THROTTLE_FIGURE_MAX_AGE_SECONDS":
+                                        "-5"}))

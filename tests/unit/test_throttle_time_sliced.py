@@ -1006,3 +1006,24 @@ def test_figures_agreeing_count_against_a_disagreement_and_little_known_costs_fo
     # nor with a container spending that has no figure (its first turn comes first)
     split._track_disagreement([], 10 * stale)
     assert split.disagreeing == ("", 0)
+
+
+def test_a_figures_age_counts_periods_since_it_was_last_measured_alone():
+    rng, split = random.Random(4), _measured({"a": 10.0, "b": 10.0})
+    # a measured in its ten batches alone, then b in its own
+    assert split.aged(11) == set() and split.aged(10) == {"a"} and split.aged(0) == {"a", "b"}
+    _stale_after(split, rng, 100, {"a": 1.0, "b": 1.0})
+    assert split.aged(100) == {"a", "b"} and split.aged(101) == {"a"}
+    # steady batches alone (once b's last periods are out of the samples) measure it again:
+    # its age starts over
+    _alone(split, "a", 10.0, 1000, timesliced.ALONE_QUIET + 1, others=("b",))
+    assert split.aged(100) == {"b"} and split.aged(1) == {"b"} and "a" in split.aged(0)
+    # a figure adopted after a restart is as old as the periods since
+    split.adopt({"c": (1e-8, 1e3)})
+    _stale_after(split, rng, 5, {"a": 1.0, "b": 1.0, "c": 1.0})
+    assert "c" in split.aged(5) and "c" not in split.aged(6)
+    # one still being made has no age; a container gone is forgotten
+    split.alone["c"] = (1e-8, 1e3, timesliced.ALONE_READINGS - 1)
+    assert "c" not in split.aged(0)
+    split.share([["a"]], 50.0, {"a": 1000, "b": 1000}, 0.1)
+    assert "c" not in split.measured_at

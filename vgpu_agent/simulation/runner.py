@@ -129,7 +129,7 @@ class ControlledRun:
                  params: ControlParams | None = None, per_process_samples: bool = True,
                  uuid: str = SIM_UUID, plant: PlantSpec | None = None, paced: bool = False,
                  nvml_poll_periods: int = 1, figure_file: FigureFile | None = None,
-                 solo_turns: bool = True):
+                 solo_turns: bool = True, figure_max_age_s: float = 0.0):
         self.gpu = (plant or PlantSpec()).gpu(uuid, per_process_samples)
         # paced: tick at the controller's own pace (`interval_s`: tick_s, slower while all is
         # calm), as the agent's loop does; otherwise every tick_s
@@ -148,7 +148,7 @@ class ControlledRun:
         self._due_s = tick_s  # when, on the plant's clock, the next tick is due
         self._look_s: float | None = None  # and when idle containers are next looked at
         self.params, self.nvml_poll_periods = params, nvml_poll_periods
-        self.solo_turns = solo_turns
+        self.solo_turns, self.figure_max_age_s = solo_turns, figure_max_age_s
         self.controller = self._controller(figure_file)
 
     def _controller(self, figure_file: FigureFile | None) -> ThrottleController:
@@ -157,6 +157,7 @@ class ControlledRun:
             params=self.params, clock=lambda: self.gpu.now_ns,
             evidence=SimHostEvidence([self.gpu]), nvml_poll_periods=self.nvml_poll_periods,
             figure_file=figure_file, solo_turns=self.solo_turns,
+            figure_max_age_s=self.figure_max_age_s,
         )
 
     def restart_controller(self, figure_file: FigureFile | None = None) -> None:
@@ -202,11 +203,11 @@ class ControlledRun:
 async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: float = 0.5,
                          params: ControlParams | None = None, plant: PlantSpec | None = None,
                          paced: bool = False, nvml_poll_periods: int = 1,
-                         solo_turns: bool = True) -> RunResult:
+                         solo_turns: bool = True, figure_max_age_s: float = 0.0) -> RunResult:
     started = time.process_time()
     run = ControlledRun(scenario.containers, tick_s=tick_s, params=params, plant=plant,
                         paced=paced, nvml_poll_periods=nvml_poll_periods,
-                        solo_turns=solo_turns)
+                        solo_turns=solo_turns, figure_max_age_s=figure_max_age_s)
     await run.advance(scenario.duration_s)
     return RunResult(scenario, _series(run.gpu, run.procs, window_s),
                      time.process_time() - started, window_s, dict(run.controller.error_counts))

@@ -417,9 +417,13 @@ class ThrottleController:
         figure_file: FigureFile | None = None,
         solo_turns: bool = True,
         solo_turn_spare_priority: int | None = None,
+        figure_max_age_s: float = 0.0,
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
+        if not (math.isfinite(figure_max_age_s) and figure_max_age_s >= 0):
+            raise ValueError(f"a figure's longest age must be >= 0 s (0: never measured again "
+                             f"by age), got {figure_max_age_s!r}")
         max_tick_s = 4 * tick_s if max_tick_s is None else max_tick_s
         if not tick_s <= max_tick_s or not heartbeat_s > 0 or calm_ticks < 1:
             raise ValueError(
@@ -554,6 +558,8 @@ class ThrottleController:
         self.solo_turns = solo_turns
         # containers of this priority or more are never paused for a turn alone (None: none)
         self.solo_turn_spare_priority = solo_turn_spare_priority
+        # a trusted figure this old is measured afresh in a turn (0: never by age)
+        self.figure_max_age_s = figure_max_age_s
         self._turns: dict[str, SoloTurns] = {}
         self._turns_given: dict[str, int] = defaultdict(int)  # per GPU, since start
         # per GPU, what a turn measuring a doubted figure afresh dropped, to restore if it fails
@@ -1449,10 +1455,13 @@ class ThrottleController:
         # it now stands for, or long at odds with the periods, is as good as none: measured
         # afresh
         coarse, stale = split.coarse(), split.stale()
-        doubted = split.in_doubt() | coarse | stale
+        period_s = self._period_us.get(uuid, 0) / 1e6
+        aged = (split.aged(max(1, round(self.figure_max_age_s / period_s)))
+                if self.figure_max_age_s > 0 and period_s > 0 else set())
+        doubted = split.in_doubt() | coarse | stale | aged
         chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
                            split.measured() - doubted, candidates if pausable else (),
-                           self._period_us.get(uuid, 0) / 1e6,
+                           period_s,
                            {device.alloc_id for device, _, _ in steered}, priorities,
                            _spared(priorities, self.solo_turn_spare_priority),
                            uuid in self._beyond_work_logged, doubted, split.costs_apart,
@@ -1476,6 +1485,7 @@ class ThrottleController:
                  why="its figure read at a few percent, its spending since grown threefold"
                  if chosen in coarse
                  else "its figure long at odds with the costs its periods show" if chosen in stale
+                 else "its figure older than throttle_figure_max_age_seconds" if chosen in aged
                  else "its figure in doubt: its periods showed a change" if chosen in doubted
                  else "a container sharing a time-sliced GPU, never seen alone there")
 

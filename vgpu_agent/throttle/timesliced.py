@@ -146,7 +146,8 @@ class TimeSlicedSplit:
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "counts_beyond",
                  "disagreed", "disagreeing", "doubted", "left_out", "lifted", "margin",
-                 "newly_left_out", "parts", "periods", "questioned", "rates", "recounted",
+                 "measured_at", "newly_left_out", "parts", "periods", "questioned", "rates",
+                 "recounted",
                  "restarts", "solo", "solo_others", "solo_ran", "spending", "told_left_out",
                  "unseen", "watch")
 
@@ -205,6 +206,8 @@ class TimeSlicedSplit:
         self.disagreeing: tuple[str, int] = ("", 0)
         # alloc_id -> its figure when it was measured afresh for disagreeing (`stale`)
         self.questioned: dict[str, float] = {}
+        # alloc_id -> the periods seen when its trusted figure was last measured (or adopted)
+        self.measured_at: dict[str, int] = {}
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
               dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
@@ -249,6 +252,8 @@ class TimeSlicedSplit:
         self.recounted &= spent.keys()
         for gone in [a for a in self.questioned if a not in spent]:
             del self.questioned[gone]
+        for gone in [a for a in self.measured_at if a not in spent]:
+            del self.measured_at[gone]
         self._settle_doubts(spending)
         self._remember_apart(spending)
         self.left_out = set()
@@ -471,6 +476,17 @@ class TimeSlicedSplit:
             return set()
         return {heaviest}
 
+    def aged(self, periods: int) -> set[str]:
+        """The containers whose trusted figure was measured (or adopted) `periods` periods
+        ago or more: what an operator who asked for figures to be measured again by age
+        (`throttle_figure_max_age_seconds`) has measured afresh. Kernels twice lighter read
+        within the agreement's reach on the H200 plant (its periods follow the turns on the GPU
+        more than the work), and their container stays charged at its old figure, at half its
+        share (simulated, `bench_launch_holds.py --phase`): nothing else finds that."""
+        now = self.periods
+        return {a for a in self.trusted_figures()
+                if now - self.measured_at.get(a, now) >= periods}
+
     def remeasure(self, alloc_id: str) -> KeptFigure:
         """Drops a container's figure for a turn alone to measure afresh (kept as it was, a
         figure in the making would be averaged into it); what `restore` puts back should the
@@ -509,6 +525,7 @@ class TimeSlicedSplit:
         for alloc_id, (figure, rate) in figures.items():
             if figure > 0 and rate > 0 and alloc_id not in self.alone:
                 self.alone[alloc_id] = (figure, rate, ALONE_READINGS)
+                self.measured_at[alloc_id] = self.periods
 
     @property
     def uncharged(self) -> float:
@@ -575,6 +592,8 @@ class TimeSlicedSplit:
             steady, n, mean, squares = 1, 1, figure, 0.0
         alone[alloc_id] = (figure, rate, steady)
         batches[alloc_id] = (n, mean, squares)
+        if steady >= ALONE_READINGS:
+            self.measured_at[alloc_id] = self.periods
 
     def _explained(self, spent: Mapping[str, int], dt_s: float, periods: int = 1
                    ) -> tuple[float, dict[str, float], set[str]] | None:
