@@ -1265,8 +1265,9 @@ class ThrottleController:
                 log.warning("throttle_figure_left_out", uuid=uuid, alloc_id=alloc_id,
                             detail="its figure from its turn alone is far heavier than the "
                                    "others' agree on beside the periods: it is charged at "
-                                   "least at it and sets nobody else's charge (a change of "
-                                   "phase, or kernels run heavier while alone)")
+                                   "least at it, sets nobody else's charge, and is measured "
+                                   "afresh once should that last (a change of phase, or "
+                                   "kernels run heavier while alone)")
             return util, span_s, count
         # A container that spent, none of whose processes NVML listed (not placed yet, or
         # missed for several periods), was not measured: no reading, rather than a 0 the law
