@@ -27,8 +27,9 @@ at 49 % to the end of the runs (150 s). With a turn each: 28.5 % (at most 35 % o
 and 28.4 / 28.6 % (`bench_launch_holds.py --mixed`). A newcomer joining measured containers is
 covered by the scale meanwhile, until its turn (turns are 10 s or a minute apart, below). A
 figure in doubt (its container's periods showed a change since), read at a few percent
-for a container that now spends threefold (`TimeSlicedSplit.coarse`), or long at odds with
-the costs the periods show (`TimeSlicedSplit.stale`), counts as none: the caller passes
+for a container that now spends threefold (`TimeSlicedSplit.coarse`), long at odds with the
+costs the periods show (`TimeSlicedSplit.stale`), or older than the operator allows
+(`TimeSlicedSplit.aged`, `throttle_figure_max_age_seconds`) counts as none: the caller passes
 `measured` without it, and a turn measures it afresh.
 
 `most_s` stays below the shim's longest wait (`VGPU_MAX_WAIT_NS`, 2 s): a launch that has

@@ -147,9 +147,8 @@ class TimeSlicedSplit:
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "counts_beyond",
                  "disagreed", "disagreeing", "doubted", "left_out", "lifted", "margin",
                  "measured_at", "newly_left_out", "parts", "periods", "questioned", "rates",
-                 "recounted",
-                 "restarts", "solo", "solo_others", "solo_ran", "spending", "told_left_out",
-                 "unseen", "watch")
+                 "recounted", "restarts", "solo", "solo_others", "solo_ran", "spending",
+                 "told_left_out", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -1054,9 +1053,9 @@ CONFIRM_INFO = 20.0
 # and paid a pause each (their mean error in 30 s runs 1.15 -> 2.15 points).
 APART_FACTOR = 2.0
 # Periods the figures disagree with the costs (net of those they agree in) before the heaviest
-# figure over its cost is measured afresh (`stale`): 10 s at NVML's 200 ms (the H200's). The
-# costs then have CONFIRM_INFO already: a disagreement this long is not a change still being
-# learned.
+# figure over its cost is measured afresh (`stale`): 10 s at NVML's 200 ms (the H200's).
+# Counted only while the costs are informed past a change's cut (CONFIRM_INFO), so that a
+# change still being learned is not taken for a figure gone stale.
 STALE_PERIODS = 50
 _CHANCE_EPS = 1e-3
 _LOG_CHANGE_ODDS = math.log(CHANGE_ODDS)
