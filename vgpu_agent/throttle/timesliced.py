@@ -1053,10 +1053,13 @@ CONFIRM_INFO = 20.0
 # and paid a pause each (their mean error in 30 s runs 1.15 -> 2.15 points).
 APART_FACTOR = 2.0
 # Periods the figures disagree with the costs (net of those they agree in) before the heaviest
-# figure over its cost is measured afresh (`stale`): 10 s at NVML's 200 ms (the H200's).
+# figure over its cost is measured afresh (`stale`): 5 s at NVML's 200 ms (the H200's). At
+# 50 the changed container and its neighbour waited 5 s longer, and a tenant playing light ran
+# at up to 37 % of its strict 30 over 10 s (simulated, `bench_launch_holds.py --odd`); at 15,
+# noise set it off sooner and that tenant ran at up to 36 %.
 # Counted only while the costs are informed past a change's cut (CONFIRM_INFO), so that a
 # change still being learned is not taken for a figure gone stale.
-STALE_PERIODS = 50
+STALE_PERIODS = 25
 _CHANCE_EPS = 1e-3
 _LOG_CHANGE_ODDS = math.log(CHANGE_ODDS)
 _LOG_COST_RANGE = math.log(COST_RANGE)
