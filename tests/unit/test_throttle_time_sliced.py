@@ -990,21 +990,21 @@ def test_figures_agreeing_count_against_a_disagreement_and_little_known_costs_fo
     split = _measured({"a": 10.0, "b": 10.0})
     split.costs = {"a": (-1.0, 100.0), "b": (1.0, 100.0)}  # a's figure far over its cost
     stale = timesliced.STALE_PERIODS
-    split._track_disagreement(["a", "b"], stale - 5)
+    split._track_disagreement(split._scales("ab"), stale - 5)
     split.costs = {"a": (0.0, 100.0), "b": (0.0, 100.0)}  # agreeing for a while
-    split._track_disagreement(["a", "b"], stale // 2)
+    split._track_disagreement(split._scales("ab"), stale // 2)
     split.costs = {"a": (-1.0, 100.0), "b": (1.0, 100.0)}
-    split._track_disagreement(["a", "b"], stale // 2)
+    split._track_disagreement(split._scales("ab"), stale // 2)
     assert split.disagreeing == ("a", stale - 5) and split.stale() == set()
-    split._track_disagreement(["a", "b"], 5)
+    split._track_disagreement(split._scales("ab"), 5)
     assert split.stale() == {"a"}
     # costs cut by a change know little: however far apart, no evidence yet
     split = _measured({"a": 10.0, "b": 10.0})
     split.costs = {"a": (-2.0, timesliced.CONFIRM_INFO - 1), "b": (2.0, 100.0)}
-    split._track_disagreement(["a", "b"], 10 * stale)
+    split._track_disagreement(split._scales("ab"), 10 * stale)
     assert split.stale() == set()
     # nor with a container spending that has no figure (its first turn comes first)
-    split._track_disagreement([], 10 * stale)
+    split._track_disagreement({}, 10 * stale)
     assert split.disagreeing == ("", 0)
 
 

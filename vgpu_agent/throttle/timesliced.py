@@ -620,7 +620,10 @@ class TimeSlicedSplit:
         figures = {a: self._figure(a, spending) for a in measured}
         # while a figure in doubt is raised, every container measured is floored at its own
         raised = set(measured) if any(figures[a] != alone[a][0] for a in measured) else set()
-        self._track_disagreement(measured if len(measured) == len(spending) else [], periods)
+        # each figure as measured alone over its learned cost, with that cost's information:
+        # what agreement is judged on (for the scale, and for a figure gone stale)
+        scales = self._scales(measured)
+        self._track_disagreement(scales if len(measured) == len(spending) else {}, periods)
         if len(measured) == len(spending) and self._figures_agree(figures):
             weights = {a: figures[a] * spent[a] / dt_s for a in spending}
             return sum(weights.values()), weights, raised
@@ -628,9 +631,7 @@ class TimeSlicedSplit:
         # which figures count is judged on them as measured alone, against the costs learned
         # (with what chance allows them); the scale is the largest of those counted as the
         # split takes them (raised by a doubt, if so)
-        learned = {a: costs.get(a, (0.0, PRIOR_INFO)) for a in measured}
-        counted = _counted_in_scale({a: (math.log(alone[a][0]) - learned[a][0], learned[a][1])
-                                     for a in measured})
+        counted = _counted_in_scale(scales)
         scale = max(figures[a] / believed[a] for a in counted)
         weights = {a: scale * believed[a] * spent[a] / dt_s for a in spending}
         # a figure left out as far heavier is what its own container's tokens bought alone:
@@ -638,27 +639,33 @@ class TimeSlicedSplit:
         self.left_out = set(measured) - counted
         return sum(weights.values()), weights, raised | self.left_out
 
-    def _track_disagreement(self, measured: list[str], periods: int) -> None:
+    def _scales(self, measured: Iterable[str]) -> dict[str, tuple[float, float]]:
+        """Each of `measured` (with a trusted figure): the log of its figure as measured alone
+        over its learned cost, and that cost's information."""
+        costs, alone = self.costs, self.alone
+        scales = {}
+        for alloc_id in measured:
+            log_cost, info = costs.get(alloc_id, (0.0, PRIOR_INFO))
+            scales[alloc_id] = (math.log(alone[alloc_id][0]) - log_cost, info)
+        return scales
+
+    def _track_disagreement(self, scales: Mapping[str, tuple[float, float]], periods: int
+                            ) -> None:
         """Counts the `periods` of this batch for or against the heaviest figure over its cost
-        among `measured` (every container spending, each with a trusted figure; none where
-        not all have one): for, where no other figure agrees with it (within ALONE_AGREE and
-        what chance allows the two costs, as `_counted_in_scale` judges agreement), the costs
+        among `scales` (`_scales` of every container spending, each with a trusted figure;
+        none where not all have one): for, where no other figure agrees with it
+        (`_agree`, as `_counted_in_scale` judges agreement), the costs
         informed (CONFIRM_INFO) past the cut of a change (`stale`). One that another figure
         agrees with is corroborated: among three containers, two honest ones beside a tenant
         playing light while alone were both measured afresh for nothing, a pause of the
         others each (simulated, `bench_launch_holds.py --odd`)."""
         heaviest, counted = self.disagreeing
-        if len(measured) < 2:
+        if len(scales) < 2:
             self.disagreeing = ("", 0)
             return
-        costs, alone = self.costs, self.alone
-        learned = {a: costs.get(a, (0.0, PRIOR_INFO)) for a in measured}
-        apart = {a: math.log(alone[a][0]) - learned[a][0] for a in measured}
-        top = max(apart, key=apart.__getitem__)
-        top_info = learned[top][1]
-        unmatched = min(info for _, info in learned.values()) >= CONFIRM_INFO and not any(
-            apart[top] - apart[a] <= _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(
-                0.5 / top_info + 0.5 / learned[a][1]) for a in measured if a != top)
+        top = max(scales, key=lambda alloc_id: scales[alloc_id][0])
+        unmatched = min(info for _, info in scales.values()) >= CONFIRM_INFO and not any(
+            _agree(scales[top], scale) for alloc_id, scale in scales.items() if alloc_id != top)
         if unmatched:
             self.disagreeing = (top, counted + periods if top == heaviest else periods)
         else:
@@ -856,14 +863,20 @@ def _counted_in_scale(scales: Mapping[str, tuple[float, float]]) -> set[str]:
     their strict 30, and held an honest strict 40 % neighbour at 33 % (simulated), which the
     largest alone prevented."""
     ordered = sorted(scales, key=lambda alloc_id: scales[alloc_id][0])
-    median, median_info = scales[ordered[len(ordered) // 2]]
-    agreeing = [alloc_id for alloc_id, (own, info) in scales.items()
-                if abs(own - median) <= _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(
-                    0.5 / info + 0.5 / median_info)]
+    median = scales[ordered[len(ordered) // 2]]
+    agreeing = [alloc_id for alloc_id, scale in scales.items() if _agree(scale, median)]
     if 2 * len(agreeing) <= len(ordered):
         return set(scales)  # no majority agrees: none is told odd
     highest = max(scales[alloc_id][0] for alloc_id in agreeing)
     return {alloc_id for alloc_id, (own, _) in scales.items() if own <= highest}
+
+
+def _agree(one: tuple[float, float], other: tuple[float, float]) -> bool:
+    """Whether two figures over their costs (log, and the cost's information) agree: within
+    ALONE_AGREE, widened by what chance allows the two learned costs (DOUBT_SIGMAS deviations
+    of their difference, each scattering by about 1 / sqrt(2 info))."""
+    return abs(one[0] - other[0]) <= _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(
+        0.5 / one[1] + 0.5 / other[1])
 
 
 def _believed(log_cost: float, info: float) -> float:
@@ -1054,9 +1067,10 @@ CONFIRM_INFO = 20.0
 APART_FACTOR = 2.0
 # Periods the figures disagree with the costs (net of those they agree in) before the heaviest
 # figure over its cost is measured afresh (`stale`): 5 s at NVML's 200 ms (the H200's). At
-# 50 the changed container and its neighbour waited 5 s longer, and a tenant playing light ran
-# at up to 37 % of its strict 30 over 10 s (simulated, `bench_launch_holds.py --odd`); at 15,
-# noise set it off sooner and that tenant ran at up to 36 %.
+# 50 a stale figure was asked 5 s later (a changed container's neighbour's lowest 10 s 25.4
+# -> 24.5, `bench_launch_holds.py --phase`), and a tenant playing light ran at up to 37 % of
+# its strict 30 over 10 s (`--odd`); at 15, noise set it off sooner and that tenant ran at up
+# to 36 % (simulated, eight seeds each).
 # Counted only while the costs are informed past a change's cut (CONFIRM_INFO), so that a
 # change still being learned is not taken for a figure gone stale.
 STALE_PERIODS = 25
