@@ -369,3 +369,31 @@ async def test_simulated_noisy_runs_of_many_containers_are_steered_alike(attribu
         assert held([runs[0].controller, runs[1].controller]) == [], second
         assert [r.rates for r in runs[0].regions.values()] == \
             [r.rates for r in runs[1].regions.values()]
+
+
+async def test_a_worker_thread_that_lingers_holds_nothing_the_twins_compare(monkeypatch):
+    # A pool's worker drops its call's arguments a while after the result is back (when the
+    # OS schedules it again, later on a loaded machine): the twins' counts of references were
+    # then one apart now and then. Every tick hops here, and every other worker lingers.
+    import concurrent.futures.thread as pool_thread
+    import itertools
+    import time
+
+    run = pool_thread._WorkItem.run
+    calls = itertools.count()
+
+    def lingering(self, *args):  # type: ignore[no-untyped-def]
+        run(self, *args)
+        if next(calls) % 2:
+            time.sleep(0.02)  # the work item, and what it was called with, held meanwhile
+
+    monkeypatch.setattr(pool_thread._WorkItem, "run", lingering)
+    runs = [lying_pair(native, Workload(kernel_s=0.0002), 0.2) for native in (True, False)]
+    for _, _, controller in runs:
+        controller.inline_read_s = 0.0  # NVML read in a worker thread at every tick
+    for tick in range(20):
+        for gpu, _, controller in runs:
+            gpu.advance(0.1)
+            await controller.tick()
+        assert held([runs[0][2], runs[1][2]]) == [], tick
+    assert runs[0][2].hops == runs[1][2].hops == 20

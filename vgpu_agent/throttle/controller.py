@@ -767,11 +767,14 @@ class ThrottleController:
             # NVML's calls block (about 2 ms each on a real driver, longer when it is in
             # trouble): in a worker thread while they are slow, inline while they cost less
             # than the hop.
+            # (The worker is handed the GPUs' names only: it may drop its arguments a while
+            # after its result is back, and would hold the tick's readings that long.)
+            uuids = tuple(by_gpu)
             if self._inline:
-                sampled = self._sample(by_gpu)
+                sampled = self._sample(uuids)
             else:
                 self.hops += 1
-                sampled = await asyncio.to_thread(self._sample, by_gpu)
+                sampled = await asyncio.to_thread(self._sample, uuids)
         steered: dict[str, tuple[bool, bool, list[_Watch]]] = {}
         for n, (uuid, entries) in enumerate(by_gpu.items()):
             if n:
@@ -981,12 +984,13 @@ class ThrottleController:
                 self._quicken.add(device.uuid)
         return bool(woke)
 
-    def _sample(self, by_gpu: Mapping[str, _Entries]) -> dict[str, _Sampled]:
-        """Every GPU's new samples, once its regions were read (in a worker thread when slow)."""
+    def _sample(self, uuids: tuple[str, ...]) -> dict[str, _Sampled]:
+        """The new samples of every GPU in `uuids`, once their regions were read (in a worker
+        thread when slow)."""
         started = time.perf_counter()
         sampled: dict[str, _Sampled] = {}
         calls = 0
-        for uuid in by_gpu:
+        for uuid in uuids:
             self._first_read_ns.setdefault(uuid, self._now_ns)
             if self._due_ns.get(uuid, 0) > self._now_ns:
                 sampled[uuid] = []  # NVML's next period is not over: nothing new to ask for
@@ -1000,7 +1004,7 @@ class ThrottleController:
             # Cheap only if a tick that asks every GPU would be: a tick that asked one or
             # none says nothing of the next one that asks all (8 GPUs at 2 ms is 16 ms).
             per_call_s = (time.perf_counter() - started) / calls
-            self._inline = per_call_s * len(by_gpu) < self.inline_read_s
+            self._inline = per_call_s * len(uuids) < self.inline_read_s
         return sampled
 
     def _gather(self, regions: list[RegionHandle], by_gpu: dict[str, _Entries],
