@@ -16,6 +16,7 @@ from vgpu_agent.simulation.bound import (
     median_bound,
     reading_sd,
     settling_bound,
+    steady_error_bound,
 )
 from vgpu_agent.simulation.imperfections import IDEAL, REAL
 
@@ -116,6 +117,8 @@ def test_the_same_seed_gives_the_same_figures_and_another_seed_others():
     (lambda: BoundSpec(IDEAL, window_s=0.05), "BoundSpec.window_s"),
     (lambda: settling_bound([Learner(10.0)], BoundSpec(IDEAL), runs=0), "runs"),
     (lambda: settling_bound([], BoundSpec(IDEAL)), "at least one container"),
+    (lambda: steady_error_bound([([Learner(10.0)], BoundSpec(IDEAL))], runs=0), "runs"),
+    (lambda: steady_error_bound([]), "at least one segment"),
 ])
 def test_bad_input_is_refused_by_name(make, named):
     with pytest.raises(ValueError, match=named):
@@ -147,3 +150,51 @@ def test_the_bench_bounds_each_change_with_what_it_had_to_learn():
     assert bench.settling_bound(by_name["5"], s8_1hz, 0.1) > 12.0
     # both phases change at once: the second change has two workloads to learn
     assert bench.settling_bound(by_name["6"], s8_1hz, 0.1) > 1.0
+
+
+PAIR = [Learner(40.0), Learner(60.0)]  # the bench's scenario 6 after its change
+
+
+def test_exact_samples_leave_no_steady_error():
+    assert steady_error_bound([(PAIR, BoundSpec(IDEAL, 1.0, horizon_s=15.0))]) == 0.0
+
+
+def test_the_steady_error_is_that_of_the_mean_of_the_samples_so_far():
+    # additive noise of sigma 8, one sample a second, no sum: from 5 s to 15 s after the
+    # change, each container's error is the mean of n samples' (n = 4 to 14 in force), whose
+    # mean absolute value is sigma * sqrt(2 / pi / n); rounding adds 1/12 point^2 a sample
+    spec = BoundSpec(replace(noisy(8.0), nvml_noise="additive", missed_samples=0.0), 1.0,
+                     full=False, horizon_s=15.0)
+    # windows end at 5.5 ... 15.0 s; a sample acts from the tick after its period ends, so a
+    # window ending at `end` is steered by floor(end - 0.5) samples throughout
+    expected = statistics.mean(
+        math.sqrt(2 / math.pi * (64 + 1 / 12) / math.floor(end - 0.5 + 1e-9))
+        for end in [5.5 + 0.5 * w for w in range(20)])
+    assert steady_error_bound([(PAIR, spec)], runs=400) == pytest.approx(expected, rel=0.1)
+
+
+def test_a_full_gpus_sum_lowers_the_steady_error_and_known_containers_count_as_exact():
+    noisy_spec = BoundSpec(noisy(8.0), 1.0, horizon_s=15.0)
+    with_sum = steady_error_bound([(PAIR, noisy_spec)])
+    without = steady_error_bound([(PAIR, replace(noisy_spec, full=False))])
+    assert 0.5 < with_sum < 0.8 * without
+    # one of the two known: only the other is learned, and its error counts once in two
+    one_new = steady_error_bound([([Learner(40.0, known=True), Learner(60.0)],
+                                   replace(noisy_spec, full=False))])
+    assert one_new < 0.7 * without
+
+
+def test_a_window_before_the_first_sample_counts_as_wholly_wrong():
+    # steady state from 0.5 s: the first windows come before any sample acts
+    spec = BoundSpec(IDEAL, 1.0, horizon_s=3.0)
+    early = steady_error_bound([(PAIR, spec)], from_s=0.0)
+    assert early == pytest.approx(100.0 * 2 / 6)  # windows ending 0.5, 1.0 of six
+    assert steady_error_bound([(PAIR, spec)], from_s=1.5) == 0.0
+
+
+def test_the_bench_prints_the_steady_bounds_of_its_cells():
+    bench = _bench_throttle()
+    by_name = {sc.name.split()[0]: sc for sc in bench.scenarios(30.0)}
+    s8_1hz = next(p for p in bench.PLANTS if p.name == "s8/1Hz").spec
+    with_sum, alone = bench.steady_bounds(by_name["6"], s8_1hz, 0.1)
+    assert 0.5 < with_sum < alone < 3.0

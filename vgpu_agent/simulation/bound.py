@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from vgpu_agent.simulation.imperfections import Imperfections
@@ -176,20 +176,32 @@ def _within(window: Sequence[Sequence[float | None]], n: int, tolerance: float) 
     return True
 
 
+def _errors_in_force(learners: Sequence[Learner], spec: BoundSpec, rng: random.Random
+                     ) -> Iterator[list[float | None]]:
+    """One run: per tick from the change, the estimator's share errors in force during it."""
+    estimates = _Estimates(learners, spec, rng)
+    next_sample = spec.sample_period_s
+    current: list[float | None] = [None] * len(estimates.learners)
+    for tick in range(1, round(spec.horizon_s / spec.tick_s) + 1):
+        yield current
+        # samples whose period ended by the end of this tick act from the next one
+        end = tick * spec.tick_s + 1e-9
+        while next_sample <= end:
+            estimates.sample()
+            next_sample += spec.sample_period_s
+        current = estimates.errors()
+
+
 def _settling(learners: Sequence[Learner], spec: BoundSpec, rng: random.Random) -> float:
     """One run: seconds from the change to settled, `math.inf` when not within the horizon."""
-    estimates = _Estimates(learners, spec, rng)
     per_window = max(1, round(spec.window_s / spec.tick_s))
     hold = round(spec.hold_s / spec.tick_s)
-    ticks = round(spec.horizon_s / spec.tick_s)
-    n = len(estimates.learners)
+    n = sum(1 for c in learners if not c.known)
     if not n:
         return per_window * spec.tick_s
     in_force: list[list[float | None]] = []  # per tick, the errors in force during it
-    next_sample = spec.sample_period_s
-    current: list[float | None] = [None] * n
     good_from: int | None = None  # first window end of the current run of good windows
-    for tick in range(1, ticks + 1):
+    for tick, current in enumerate(_errors_in_force(learners, spec, rng), start=1):
         in_force.append(current)
         if len(in_force) >= per_window:
             good = _within(in_force[-per_window:], n, spec.tolerance)
@@ -199,13 +211,53 @@ def _settling(learners: Sequence[Learner], spec: BoundSpec, rng: random.Random) 
                 good_from = tick
             if good_from is not None and tick - good_from >= hold:
                 return good_from * spec.tick_s
-        # samples whose period ended by the end of this tick act from the next one
-        end = tick * spec.tick_s + 1e-9
-        while next_sample <= end:
-            estimates.sample()
-            next_sample += spec.sample_period_s
-        current = estimates.errors()
     return math.inf
+
+
+def _steady_error(learners: Sequence[Learner], spec: BoundSpec, rng: random.Random,
+                  from_s: float) -> tuple[float, int]:
+    """One run: the sum of |share error| over every container's windows that end `from_s` or
+    later after the change (as the bench's steady state), and how many there are. A window in
+    which an error was not yet known counts as 100 points off."""
+    per_window = max(1, round(spec.window_s / spec.tick_s))
+    first = math.ceil(from_s / spec.window_s - 1e-9)  # windows ending before from_s: not steady
+    total, windows = 0.0, 0
+    known = sum(1 for c in learners if c.known)
+    rows: list[list[float | None]] = []
+    for tick, current in enumerate(_errors_in_force(learners, spec, rng), start=1):
+        rows.append(current)
+        if tick % per_window:
+            continue
+        if tick // per_window > first:
+            for i in range(len(current)):
+                values = [row[i] for row in rows]
+                total += 100.0 if None in values else abs(
+                    sum(v for v in values if v is not None) / per_window)
+            windows += len(current) + known  # the known ones: 0 points off
+        rows = []
+    return total, windows
+
+
+def steady_error_bound(segments: Sequence[tuple[Sequence[Learner], BoundSpec]],
+                       from_s: float = 5.0, runs: int = 200, seed: int = 0) -> float:
+    """The median, over `runs` runs, of the estimator's mean absolute share error in steady
+    state (windows ending `from_s` or more after each change), over the segments between a
+    run's changes (each its containers and its spec, `horizon_s` its length): what the
+    bench's steady-state error would be for a law as good as the samples allow. A goal below
+    it asks for more than the samples hold."""
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs!r}")
+    if not segments:
+        raise ValueError("steady_error_bound needs at least one segment")
+    rng = random.Random(seed)
+    means = []
+    for _ in range(runs):
+        total, windows = 0.0, 0
+        for learners, spec in segments:
+            part, count = _steady_error(learners, spec, rng, from_s)
+            total, windows = total + part, windows + count
+        means.append(total / windows if windows else 0.0)
+    return statistics.median(means)
 
 
 def settling_bound(learners: Sequence[Learner], spec: BoundSpec, runs: int = 200,
