@@ -905,65 +905,6 @@ def test_a_disagreement_is_forgotten_once_costs_are_as_informed_as_then():
     assert split.disagreed[frozenset(figures)][0] == 80.0
 
 
-def _cut_pair(figures: dict[str, float], measured_at: int) -> TimeSlicedSplit:
-    """A pair whose costs, still of the workloads before, were cut at period 1000 (a change
-    found), their figures measured at `measured_at`."""
-    split = TimeSlicedSplit()
-    split.alone.update({a: (f, 1e9, timesliced.ALONE_READINGS) for a, f in figures.items()})
-    # a's tokens bought a little less than b's before (a little over the cut's information)
-    split.costs.update({"a": (-0.1, 6.0), "b": (0.1, 6.0)})
-    split.cut_at.update({"a": 1000, "b": 1000})
-    split.measured_at.update({a: measured_at for a in figures})
-    split.periods = 1010
-    return split
-
-
-def test_figures_measured_since_the_costs_were_cut_are_not_held_to_the_costs_before():
-    # fourfold apart (1.39 in logs), the costs 0.2 apart the other way at an information of
-    # 6 (1.59 from the figures): chance allows 1.38, so figures measured before the cut
-    # disagree...
-    figures = {"a": 4.0, "b": 1.0}
-    before = _cut_pair(figures, measured_at=900)
-    assert not before._figures_agree(figures)
-    # ... and figures measured since agree: what the costs know of the workloads of now is
-    # what they learned since the cut, next to nothing
-    since = _cut_pair(figures, measured_at=1005)
-    assert since._earned("a", 6.0) == pytest.approx(
-        6.0 - timesliced.RESTART_INFO * timesliced.FADING ** 10)  # 1.16: chance allows 2.84
-    assert since._earned("a", 4.0) == timesliced.EARNED_FLOOR
-    assert since._figures_agree(figures) and not since.disagreed
-    # a container whose cost was never cut is judged on its cost's own information
-    assert since._earned("c", 6.0) == 6.0
-
-
-def test_costs_that_learned_the_workloads_of_now_are_judged_on_what_they_learned():
-    # long after the cut the cut's weight has faded and the costs hold what they learned
-    # since: figures they contradict disagree again (one played light in its turn)
-    figures = {"a": 4.0, "b": 1.0}
-    split = _cut_pair(figures, measured_at=1005)
-    split.costs.update({"a": (-0.35, 40.0), "b": (0.35, 40.0)})
-    split.periods = 1000 + 300
-    earned = 40.0 - timesliced.RESTART_INFO * timesliced.FADING ** 300
-    assert split._earned("a", 40.0) == pytest.approx(earned)
-    assert not split._figures_agree(figures)
-    assert frozenset(figures) in split.disagreed
-
-
-def test_a_figure_seen_to_disagree_measured_afresh_unmoved_after_a_cut_is_not_believed():
-    # the tenant that plays light in every turn: its figure measured afresh after the cut is
-    # where it was when the figures disagreed, and the costs are less informed than then
-    figures = {"a": 1.0, "b": 4.0}
-    split = _cut_pair(figures, measured_at=1005)
-    split.disagreed[frozenset(figures)] = (60.0, 1000, dict(figures))
-    assert not split._figures_agree(figures)
-
-
-def test_a_cut_is_forgotten_with_its_container():
-    split = _cut_pair({"a": 4.0, "b": 1.0}, measured_at=1005)
-    split.share([["a"]], 50.0, {"a": 1000}, 0.1)  # b gone
-    assert "b" not in split.cut_at and "a" in split.cut_at
-
-
 def test_a_disagreement_is_forgotten_with_its_containers():
     split = TimeSlicedSplit()
     split.disagreed[frozenset({"a", "b"})] = (70.0, 0, {"a": 1.0, "b": 1.0})

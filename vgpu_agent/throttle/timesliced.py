@@ -145,10 +145,10 @@ class TimeSlicedSplit:
     """
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "counts_beyond",
-                 "cut_at", "disagreed", "disagreeing", "doubted", "left_out", "lifted",
-                 "margin", "measured_at", "newly_left_out", "parts", "periods", "questioned",
-                 "rates", "recounted", "restarts", "solo", "solo_others", "solo_ran",
-                 "spending", "told_left_out", "unseen", "watch")
+                 "disagreed", "disagreeing", "doubted", "left_out", "lifted", "margin",
+                 "measured_at", "newly_left_out", "parts", "periods", "questioned", "rates",
+                 "recounted", "restarts", "solo", "solo_others", "solo_ran", "spending",
+                 "told_left_out", "unseen", "watch")
 
     def __init__(self) -> None:
         # alloc_id ("" for strangers) -> (part of the periods, part of the tokens, periods)
@@ -207,9 +207,6 @@ class TimeSlicedSplit:
         self.questioned: dict[str, float] = {}
         # alloc_id -> the periods seen when its trusted figure was last measured (or adopted)
         self.measured_at: dict[str, int] = {}
-        # alloc_id -> the periods seen when its cost's information was last cut (a change the
-        # watch found): what the cost learned before is of the workload before
-        self.cut_at: dict[str, int] = {}
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
               dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
@@ -243,7 +240,6 @@ class TimeSlicedSplit:
         costs = self.costs
         for gone in [a for a in costs if a not in spent]:
             del costs[gone]
-            self.cut_at.pop(gone, None)
         for left in [k for k in self.disagreed if not k <= spent.keys()]:
             del self.disagreed[left]
         if total > 0:
@@ -376,7 +372,6 @@ class TimeSlicedSplit:
             for alloc_id in changed:
                 log_cost, info = costs[alloc_id]
                 costs[alloc_id] = (log_cost, min(info, RESTART_INFO))
-                self.cut_at[alloc_id] = self.periods
         top = _LOG_COST_RANGE
         for n, owner in enumerate(drawn):
             if n:
@@ -693,18 +688,17 @@ class TimeSlicedSplit:
         costs as informed as before, two containers changing phase fourfold were split by
         their costs, still in motion, for 12 s, their error 4.0 -> 9.5 points (simulated)."""
         costs, alone = self.costs, self.alone
-        apart, least_info, least_earned = [], math.inf, math.inf
+        apart, least_info = [], math.inf
         for alloc_id, figure in figures.items():
             log_cost, info = costs.get(alloc_id, (0.0, PRIOR_INFO))
             apart.append(math.log(figure) - log_cost)
             least_info = min(least_info, info)
-            least_earned = min(least_earned, self._earned(alloc_id, info))
         together = frozenset(figures)
         disagreed = self.disagreed
         info_then, periods_then, figures_then = disagreed.get(together, (0.0, self.periods, {}))
         info_then *= FADING ** (self.periods - periods_then)
         if max(apart) - min(apart) > _LOG_ALONE_AGREE + DOUBT_SIGMAS * math.sqrt(
-                2 / least_earned):
+                2 / least_info):
             if together not in disagreed and len(disagreed) >= DISAGREED_KEPT:
                 del disagreed[next(iter(disagreed))]
             disagreed[together] = (max(least_info, info_then), self.periods,
@@ -716,20 +710,6 @@ class TimeSlicedSplit:
             return False
         disagreed.pop(together, None)
         return True
-
-    def _earned(self, alloc_id: str, info: float) -> float:
-        """The information a cost holds of its container's workload now, where the figure it
-        is compared with was measured since the cost's last cut: that cut kept the cost's
-        value, learned from the workload before, at RESTART_INFO's weight (fading as any
-        information does), and chance alone does not tell how far that is from the workload
-        of now. Its own information otherwise. (Two containers changing phase fourfold,
-        measured afresh in turns: their fresh figures were 1.39 (log) apart, costs still of
-        the phase before 0.0-0.2 apart at an information of 6, which chance allowed 1.38 of:
-        held to those costs, they were split 49 / 50 for 4 s where 40 / 60 was due.)"""
-        cut = self.cut_at.get(alloc_id)
-        if cut is None or self.measured_at.get(alloc_id, cut - 1) < cut:
-            return info
-        return max(EARNED_FLOOR, info - RESTART_INFO * FADING ** (self.periods - cut))
 
     def _apart(self, alloc_id: str, spending: Iterable[str]) -> tuple[float, float]:
         """A container's learned log cost against the mean of the others' `spending`, and the
@@ -1026,9 +1006,6 @@ DOUBT_SIGMAS = 2.0
 CHANGE_ODDS = 3.0
 CHANGE_EVIDENCE = 6.0
 RESTART_INFO = 5.0
-# The least information a cost is said to hold of a workload it has just begun to learn
-# (`_earned`): chance then allows any two figures to agree with it
-EARNED_FLOOR = 0.25
 # A container's use per token from the batches it was alone in: trusted after this many in a
 # row at a steady spending (within ALONE_STEADY of the last), averaged over up to
 # ALONE_AVERAGED, kept until its container leaves or its periods show a change.
