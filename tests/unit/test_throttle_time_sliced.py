@@ -725,6 +725,65 @@ def test_a_figure_in_doubt_is_dropped_for_a_turn_and_restored_if_none_is_measure
     assert split.alone["a"] == (2e-9, 1e9, timesliced.ALONE_READINGS)
 
 
+def _turn(split: TimeSlicedSplit, busy_and_tokens: list[tuple[float, int]]) -> None:
+    """A turn alone for "a" (b paused and listed): batches of 0.2 s, their first TURN_QUIET
+    periods left out as the pause may not be in them yet."""
+    for _ in range(timesliced.TURN_QUIET):
+        split.share([["a"]], 50.0, {"a": 1000, "b": 0}, 0.2, solo="a")
+    for busy, tokens in busy_and_tokens:
+        split.share([["a"]], busy, {"a": tokens, "b": 0}, 0.2, solo="a")
+
+
+def test_a_turn_whose_spending_steps_after_its_figure_was_trusted_keeps_that_figure():
+    # a's figure from before a change of phase (four times heavier than now); the turn
+    # measures the new one (three steady batches: trusted), then its spending steps by a
+    # launch of ten and a figure is being made again when the turn ends
+    split = TimeSlicedSplit()
+    split.adopt({"a": (4e-3, 5000.0), "b": (1e-3, 5000.0)})
+    kept = split.remeasure("a")
+    _turn(split, [(5.0, 1000)] * timesliced.ALONE_READINGS)
+    fresh = split.alone["a"]
+    assert split.steady("a") == timesliced.ALONE_READINGS
+    assert fresh[0] == pytest.approx((5.0 + timesliced.TRUNCATED) / 5000.0)
+    split.share([["a"]], 4.0, {"a": 800, "b": 0}, 0.2, solo="a")
+    assert split.steady("a") == 1  # the new one in the making
+    split.restore("a", kept)
+    assert split.alone["a"] == fresh  # the turn's, not the one from before it
+    assert split.trusted_figures()["a"] == pytest.approx(fresh[0])
+    assert "a" not in split.remade
+
+
+def test_a_figure_remade_while_alone_is_kept_when_a_neighbour_comes_first():
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    trusted = split.alone["a"]
+    assert trusted[2] >= timesliced.ALONE_READINGS
+    # its spending grows by half (its rate raised): a figure in the making in its place...
+    _alone(split, "a", 30.0, 1500, 1, others=("b",))
+    assert split.steady("a") == 1 and "a" not in split.trusted_figures()
+    # ... and b starts before it is finished: a keeps the figure it had
+    split.share([["a"], ["b"]], 99.0, {"a": 1500, "b": 1000}, 0.1)
+    assert split.alone["a"] == trusted
+    assert split.trusted_figures()["a"] == pytest.approx(trusted[0])
+    # finished, the new one replaces it and nothing is kept for it
+    _alone(split, "a", 30.0, 1500, timesliced.ALONE_QUIET + timesliced.ALONE_READINGS,
+           others=("b",))
+    assert split.steady("a") >= timesliced.ALONE_READINGS and "a" not in split.remade
+    # a container with no trusted figure before loses its figure in the making, as before
+    _alone(split, "c", 20.0, 1000, 1, others=("a", "b"))
+    split.share([["c"], ["a"]], 99.0, {"a": 1500, "b": 0, "c": 1000}, 0.1)
+    assert "c" not in split.alone
+
+
+def test_a_figure_kept_while_remade_is_forgotten_with_its_container():
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    _alone(split, "a", 30.0, 1500, 1, others=("b",))
+    assert "a" in split.remade
+    split.share([["b"]], 50.0, {"b": 1000}, 0.1)  # a gone
+    assert "a" not in split.remade and "a" not in split.alone
+
+
 def test_trusted_figures_are_those_measured_alone_as_measured_not_as_a_doubt_raised_them():
     split = TimeSlicedSplit()
     split.adopt({"a": (2e-9, 1e9), "b": (3e-9, 1e9)})

@@ -566,6 +566,9 @@ class TimeSlicedSplit:
         for gone in [a for a in remade if a not in alone]:
             del remade[gone]
         spending = [a for a, used in spent.items() if used > 0]
+        if len(spending) > 1:
+            for alloc_id in [a for a in spending if a in remade]:
+                self._unmade(alloc_id)  # not alone: its new figure cannot be finished now
         if len(spending) != 1 or busy < 1:
             return
         alloc_id = spending[0]
