@@ -775,6 +775,17 @@ def test_a_figure_remade_while_alone_is_kept_when_a_neighbour_comes_first():
     assert "c" not in split.alone
 
 
+def test_a_figure_kept_while_remade_is_the_one_saved():
+    # the file keeps the trusted figure while a new one is made in its place (a restart
+    # then would otherwise lose it)
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    saved = split.figures()["a"]
+    _alone(split, "a", 30.0, 1500, 1, others=("b",))
+    assert split.steady("a") == 1
+    assert split.figures() == {"a": saved}
+
+
 def test_a_figure_kept_while_remade_is_forgotten_with_its_container():
     split = TimeSlicedSplit()
     _alone(split, "a", 20.0, 1000, 10, others=("b",))

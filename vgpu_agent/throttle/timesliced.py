@@ -396,22 +396,24 @@ class TimeSlicedSplit:
         """Each trusted figure as the bound takes it now (`_figure`), with the spending it was
         measured at: alloc_id -> (use per token/s, tokens/s). What `adopt` takes back, which
         takes them as exact: those whose batches scattered by more than FILE_SPREAD are left
-        out (learned again after a restart, or measured in a turn alone)."""
+        out (learned again after a restart, or measured in a turn alone). A container whose
+        figure is being made again gives the trusted one it keeps meanwhile (`remade`)."""
         spending = self.spending
-        return {a: (self._figure(a, spending) if len(spending) > 1 and a in spending
-                    else figure, rate)
-                for a, (figure, rate, steady) in self.alone.items()
-                if steady >= ALONE_READINGS and self.spread(a) <= FILE_SPREAD}
+        found = {a: (self._figure(a, spending) if len(spending) > 1 and a in spending
+                     else figure, rate)
+                 for a, (figure, rate, steady) in self.alone.items()
+                 if steady >= ALONE_READINGS and self.spread(a) <= FILE_SPREAD}
+        for a, ((figure, rate, _), batches) in self.remade.items():
+            if _spread(batches) <= FILE_SPREAD:
+                found[a] = (figure, rate)
+        return found
 
     def spread(self, alloc_id: str) -> float:
         """How far a figure may be off, relative to it: the standard error of the mean of the
         batches it rests on (ALONE_AVERAGED of them at most are averaged); 0 for one adopted.
         NVML's samples of a process alone were exact on the H200; the simulator's noisy plants
         scatter them (sigma 3 points at a use of 4 % is three quarters of it)."""
-        n, mean, squares = self.batches.get(alloc_id, (0, 0.0, 0.0))
-        if n < 2 or mean <= 0:
-            return 0.0
-        return math.sqrt(squares / (n - 1) / min(n, ALONE_AVERAGED)) / mean
+        return _spread(self.batches.get(alloc_id, (0, 0.0, 0.0)))
 
     def trusted_figures(self) -> dict[str, float]:
         """Each trusted figure as measured alone (use per token/s), not raised by a doubt."""
@@ -1109,3 +1111,11 @@ _LOG_CHANGE_ODDS = math.log(CHANGE_ODDS)
 _LOG_COST_RANGE = math.log(COST_RANGE)
 _LOG_ALONE_AGREE = math.log(ALONE_AGREE)
 _LOG_APART = math.log(APART_FACTOR)
+
+
+def _spread(batches: tuple[int, float, float]) -> float:
+    """`TimeSlicedSplit.spread` of a figure resting on `batches` (count, mean, squares)."""
+    n, mean, squares = batches
+    if n < 2 or mean <= 0:
+        return 0.0
+    return math.sqrt(squares / (n - 1) / min(n, ALONE_AVERAGED)) / mean
