@@ -786,6 +786,17 @@ def test_a_figure_kept_while_remade_is_the_one_saved():
     assert split.figures() == {"a": saved}
 
 
+def test_a_turn_for_a_figure_being_remade_keeps_the_trusted_one_to_put_back():
+    split = TimeSlicedSplit()
+    _alone(split, "a", 20.0, 1000, 10, others=("b",))
+    trusted = split.alone["a"]
+    _alone(split, "a", 30.0, 1500, 1, others=("b",))
+    kept = split.remeasure("a")
+    assert kept[0] == trusted and "a" not in split.alone and "a" not in split.remade
+    split.restore("a", kept)  # the turn measured nothing
+    assert split.alone["a"] == trusted
+
+
 def test_a_figure_kept_while_remade_is_forgotten_with_its_container():
     split = TimeSlicedSplit()
     _alone(split, "a", 20.0, 1000, 10, others=("b",))

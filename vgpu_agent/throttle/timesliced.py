@@ -501,7 +501,8 @@ class TimeSlicedSplit:
         if alloc_id in self.stale():
             self.questioned[alloc_id] = self.alone[alloc_id][0]
             self.disagreeing = ("", 0)
-        self.remade.pop(alloc_id, None)
+        if alloc_id in self.remade:
+            self._unmade(alloc_id)  # the trusted one is what the turn would put back
         return (self.alone.pop(alloc_id, None), self.batches.pop(alloc_id, None),
                 self.doubted.pop(alloc_id, None))
 
