@@ -737,7 +737,7 @@ def _turn(split: TimeSlicedSplit, busy_and_tokens: list[tuple[float, int]]) -> N
 def test_a_turn_whose_spending_steps_after_its_figure_was_trusted_keeps_that_figure():
     # a's figure from before a change of phase (four times heavier than now); the turn
     # measures the new one (three steady batches: trusted), then its spending steps by a
-    # launch of ten and a figure is being made again when the turn ends
+    # fifth and a figure is being made again when the turn ends
     split = TimeSlicedSplit()
     split.adopt({"a": (4e-3, 5000.0), "b": (1e-3, 5000.0)})
     kept = split.remeasure("a")
@@ -751,6 +751,20 @@ def test_a_turn_whose_spending_steps_after_its_figure_was_trusted_keeps_that_fig
     assert split.alone["a"] == fresh  # the turn's, not the one from before it
     assert split.trusted_figures()["a"] == pytest.approx(fresh[0])
     assert "a" not in split.remade
+
+
+def test_a_first_turn_that_trusted_a_figure_ends_with_it_though_another_was_being_made():
+    # no figure before (a first turn: nothing to restore), so the controller is told the
+    # turn is over, and then asks whether it gave a figure
+    split = TimeSlicedSplit()
+    _turn(split, [(5.0, 1000)] * timesliced.ALONE_READINGS)
+    fresh = split.alone["a"]
+    split.share([["a"]], 4.0, {"a": 800, "b": 0}, 0.2, solo="a")
+    assert "a" not in split.measured()
+    split.end_turn("a")
+    assert "a" in split.measured() and split.alone["a"] == fresh
+    split.end_turn("a")  # once is enough
+    assert split.alone["a"] == fresh
 
 
 def test_a_figure_remade_while_alone_is_kept_when_a_neighbour_comes_first():

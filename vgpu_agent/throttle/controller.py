@@ -1521,6 +1521,8 @@ class ThrottleController:
             if not device.region.closed:
                 self._apply(device, rate, burst)
         split = self._sliced.get(uuid)
+        if split is not None:
+            split.end_turn(turn.alloc_id)
         fresh = split is not None and turn.alloc_id in split.measured()
         kept = self._kept_figures.pop(uuid, None)
         if kept is not None and split is not None:

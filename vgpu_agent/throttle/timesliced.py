@@ -141,7 +141,8 @@ class TimeSlicedSplit:
     come to buy less are charged their old figure, and where that figure sets the scale (of a
     pair, the heavier over its cost does), the neighbour's charge too: where the periods show
     it long enough, the figure is measured afresh (`stale`); where they do not (kernels twice
-    lighter, on a GPU whose periods follow its turns more than the work), it stands.
+    lighter, on a GPU whose periods follow its turns more than the work), it stands, unless the
+    operator has figures measured afresh by age (`aged`).
     """
 
     __slots__ = ("alone", "apart", "batches", "beyond_work", "costs", "counts_beyond",
@@ -506,11 +507,16 @@ class TimeSlicedSplit:
         return (self.alone.pop(alloc_id, None), self.batches.pop(alloc_id, None),
                 self.doubted.pop(alloc_id, None))
 
-    def restore(self, alloc_id: str, kept: KeptFigure) -> None:
-        """Puts back what `remeasure` dropped, unless a trusted figure was measured since
-        (the last one, where a figure was being made again after it)."""
+    def end_turn(self, alloc_id: str) -> None:
+        """A turn alone is over: where a figure was being made again after one the turn
+        trusted, the trusted one stands (the turn cannot finish the other)."""
         if alloc_id in self.remade:
             self._unmade(alloc_id)
+
+    def restore(self, alloc_id: str, kept: KeptFigure) -> None:
+        """Puts back what `remeasure` dropped, unless a trusted figure was measured since
+        (the last one, where a figure was being made again after it: `end_turn`)."""
+        self.end_turn(alloc_id)
         if self.steady(alloc_id) >= ALONE_READINGS:
             return
         figure, batches, doubt = kept
@@ -615,10 +621,10 @@ class TimeSlicedSplit:
 
     def _unmade(self, alloc_id: str) -> None:
         """Drops a container's figure in the making, putting back the trusted one it was to
-        replace, if any. A turn alone whose container's spending stepped by a launch or two a
-        batch after its figure was trusted (ten launches a batch at a strict rate) ended with
-        its figure in the making: the figure from before the turn, of the phase before, was
-        put back, and the container, now four times lighter, ran at 9.5 % of its strict 40
+        replace, if any. A turn alone whose container's spending stepped by a fifth (a launch
+        or two fewer in a batch: a strict rate buys few) after its figure was trusted ended
+        with its figure in the making: the figure from before the turn, of the phase before,
+        was put back, and the container, now four times lighter, ran at 9.5 % of its strict 40
         to the end of the run (simulated)."""
         kept = self.remade.pop(alloc_id, None)
         if kept is None:
