@@ -183,7 +183,8 @@ def bound_segments(sc: Scenario, plant: PlantSpec, tick_s: float, *, use_sum: bo
     """Per stretch between the scenario's changes, what the best estimator of costs from the
     plant's NVML samples (`simulation/bound.py`) learns: each change's containers with the
     shares the scenario names (not those `attainable` scales), those whose workload went on
-    unchanged counted as known. `use_sum`: it knows a full GPU's shares add up to it."""
+    unchanged counted as known. `use_sum`: it knows a full GPU's shares add up to it (a
+    container alone is known from its first tick either way)."""
     segments = []
     edges = [0.0, *sc.changes, sc.duration_s]
     for change, end in itertools.pairwise(edges):
@@ -197,7 +198,7 @@ def bound_segments(sc: Scenario, plant: PlantSpec, tick_s: float, *, use_sum: bo
             learners.append(Learner(share, spec.processes, known))
         # A container alone ran its unthrottled first tick on the whole GPU (every workload
         # here fills it), which tells its cost exactly, as a full GPU tells its shares' sum.
-        full = use_sum and (sum(c.share for c in learners) >= 99.9 or len(learners) == 1)
+        full = len(learners) == 1 or (use_sum and sum(c.share for c in learners) >= 99.9)
         segments.append((learners, BoundSpec(plant.imperfections, plant.sample_period_s,
                                              tick_s, full=full, horizon_s=end - change)))
     return segments
