@@ -50,7 +50,7 @@ an application that changed phase twice was charged at a figure of the first pha
 change on, for as long as it ran: a strict 40 % container whose tokens came to buy a quarter of the
 time ran at 9 % of its 40 (simulated, the first re-measure having spent its second try, or a false
 alarm of the watch having spent it before the change); with them, at 30 % or more 20-30 s after the
-second change in 15 runs of 24, and still at 9-10 % in 4, where a false alarm of the watch in the
+second change in 19 runs of 24, and still at 9-10 % in 2, where a false alarm of the watch in the
 minute before the change had spent the tries (a try comes back a minute after it was spent). A
 tenant that keeps its figure in doubt on purpose costs each neighbour a pause of under 2 s a minute
 at most, over time. On a GPU seen counting itself busy beyond the work the figures explain (as the
