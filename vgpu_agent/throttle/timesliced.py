@@ -657,8 +657,14 @@ class TimeSlicedSplit:
             self.disagreeing = ("", 0)
             return None
         figures = {a: self._figure(a, spending) for a in measured}
-        # while a figure in doubt is raised, every container measured is floored at its own
-        raised = set(measured) if any(figures[a] != alone[a][0] for a in measured) else set()
+        # while a figure in doubt is raised, every container measured is floored at its own;
+        # while one is in doubt unraised, every other (`_floor_by_figures`)
+        if any(figures[a] != alone[a][0] for a in measured):
+            raised = set(measured)
+        elif any(a in self.doubted for a in spending):
+            raised = {a for a in measured if a not in self.doubted}
+        else:
+            raised = set()
         # each figure as measured alone over its learned cost, with that cost's information:
         # what agreement is judged on (for the scale, and for a figure gone stale)
         scales = self._scales(measured)
