@@ -1153,3 +1153,53 @@ def test_a_figures_age_counts_periods_since_it_was_last_measured_alone():
     assert "c" not in split.aged(0)
     split.share([["a"]], 50.0, {"a": 1000, "b": 1000}, 0.1)
     assert "c" not in split.measured_at
+
+
+def _lumpy_turn(per_launch: dict[str, float] | None, launches: list[int],
+                tokens_each: int = 262_144) -> TimeSlicedSplit:
+    """A turn alone for "a" (b paused) whose batches of 0.1 s hold `launches` launches of
+    `tokens_each` tokens (its use read at 10 % whatever the batch held: NVML's periods and
+    the ticks do not cover the same moments)."""
+    split = TimeSlicedSplit()
+    for _ in range(timesliced.TURN_QUIET):
+        split.share([["a"]], 10.0, {"a": 4 * tokens_each, "b": 0}, 0.1, solo="a",
+                    per_launch=per_launch)
+    for n in launches:
+        split.share([["a"]], 10.0, {"a": n * tokens_each, "b": 0}, 0.1, solo="a",
+                    per_launch=per_launch)
+    return split
+
+
+def test_a_spending_that_steps_by_one_launch_of_several_is_steady():
+    # a strict rate buys four or five launches of 262,144 tokens a tick, in turn: a quarter
+    # apart, never within ALONE_STEADY of the last, and the turn ended without a figure
+    alternating = [4, 5, 4, 5, 4, 5]
+    assert _lumpy_turn(None, alternating).steady("a") < timesliced.ALONE_READINGS
+    split = _lumpy_turn({"a": 262_144.0}, alternating)
+    assert split.steady("a") == len(alternating)
+    assert "a" in split.measured()
+    # the figure: the batches' use over their spending, averaged (between the batches')
+    read = 10 + timesliced.TRUNCATED
+    assert read / (5 * 2_621_440) < split.alone["a"][0] < read / (4 * 2_621_440)
+    # a real step is not one launch: from five to seven, the figure is made afresh
+    assert _lumpy_turn({"a": 262_144.0}, [5, 5, 5, 7]).steady("a") == 1
+
+
+def test_launches_too_big_for_a_batch_do_not_widen_what_counts_as_steady():
+    # one or two launches a tick: one launch is half the spending, and batches that far
+    # apart say nothing of a steady use per token
+    assert _lumpy_turn({"a": 1_048_576.0}, [1, 2, 1, 2, 1, 2],
+                       tokens_each=1_048_576).steady("a") == 1
+    # a cost per launch not known (0) widens nothing either
+    assert _lumpy_turn({"a": 0.0}, [4, 5, 4, 5]).steady("a") == 1
+
+
+@pytest.mark.parametrize(("rate", "launch_rate", "step"), [
+    (100.0, 10.0, 15.0),   # a launch within ALONE_STEADY already
+    (100.0, 20.0, 20.0),   # one launch, a fifth of the spending: allowed
+    (100.0, 25.0, 25.0),   # ... a quarter: still
+    (100.0, 30.0, 15.0),   # ... more: ALONE_STEADY alone
+    (100.0, 0.0, 15.0),
+])
+def test_steady_step(rate, launch_rate, step):
+    assert timesliced._steady_step(rate, launch_rate) == pytest.approx(step)

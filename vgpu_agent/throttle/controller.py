@@ -1256,7 +1256,8 @@ class ThrottleController:
                 # every process listed idle while containers spent: a sample NVML missed (the
                 # busy one absent), not an idle GPU; read as idle, its spending k would halve
                 return None
-            util = split.share(given, busy, spent, dt_s, untrusted, solo)
+            util = split.share(given, busy, spent, dt_s, untrusted, solo,
+                               self._per_launch(uuid, spent))
             if split.counts_beyond and split.beyond_work \
                     and uuid not in self._beyond_work_logged:
                 self._beyond_work_logged.add(uuid)
@@ -1539,6 +1540,18 @@ class ThrottleController:
         log.info("throttle_solo_turn_ended", uuid=uuid, alloc_id=turn.alloc_id, why=why,
                  seconds=round((self._now_ns - turn.started_ns) / 1e9, 3),
                  measured=split is not None and turn.alloc_id in split.measured())
+
+    def _per_launch(self, uuid: str, spent: Mapping[str, int]) -> dict[str, float] | None:
+        """The tokens one launch costs (the law's `cost_per_launch`, the largest of its
+        devices on the GPU) of the one container spending on it, which the split may be
+        measuring alone; None where more than one spend."""
+        lone = [alloc_id for alloc_id, used in spent.items() if used]
+        if len(lone) != 1:
+            return None
+        devices, states = self._devices, self._states.get(uuid, {})
+        return {lone[0]: max([state.cost_per_launch for key, state in states.items()
+                              if key in devices and devices[key].alloc_id == lone[0]],
+                             default=0.0)}
 
     def _relearn(self, measured: str, states: dict[str, LoopState],
                  figures: Mapping[str, float]) -> None:

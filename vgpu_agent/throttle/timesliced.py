@@ -214,8 +214,8 @@ class TimeSlicedSplit:
         self.measured_at: dict[str, int] = {}
 
     def share(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
-              dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = ""
-              ) -> dict[str, float]:
+              dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = "",
+              per_launch: Mapping[str, float] | None = None) -> dict[str, float]:
         """Each container's use (percent) for this batch: `owners` per period used (the
         containers its processes belong to, "" for strangers), `busy` the GPU's mean use over
         those periods, `spent` the tokens each container spent over the tick, which lasted
@@ -223,7 +223,8 @@ class TimeSlicedSplit:
         containers lately caught claiming more tokens than their bucket let through; where the
         use is bounded by what the tokens explain, what they do not explain is charged to
         them, not to nobody. `solo`: the container given a turn alone, the others paused by
-        the controller (`_calibrate`)."""
+        the controller (`_calibrate`). `per_launch`: tokens one launch costs, by container,
+        where known (how far its spending may step between batches, `_calibrate`)."""
         self.periods += len(owners)
         before = self.solo[1] if solo and solo == self.solo[0] else 0
         if not before:
@@ -249,7 +250,7 @@ class TimeSlicedSplit:
             del self.disagreed[left]
         if total > 0:
             self._learn_costs(owners, {a: used / total for a, used in spent.items() if used})
-        self._calibrate(owners, busy, spent, dt_s)
+        self._calibrate(owners, busy, spent, dt_s, per_launch or {})
         self.spending = spending = [a for a, used in spent.items() if used > 0]
         if dt_s > 0:
             self.rates = {a: used / dt_s for a, used in spent.items()}
@@ -552,7 +553,7 @@ class TimeSlicedSplit:
         return max(0.0, busy - self.margin * explained - self.lifted)
 
     def _calibrate(self, owners: list[list[str]], busy: float, spent: Mapping[str, int],
-                   dt_s: float) -> None:
+                   dt_s: float, per_launch: Mapping[str, float]) -> None:
         """Learn a container's use per token/s from a batch in which it was alone: every
         period used was given to it, no other container spent, and no other process was given
         one in the last ALONE_QUIET periods (TURN_QUIET in a turn alone, whose pause the
@@ -563,8 +564,13 @@ class TimeSlicedSplit:
         A batch's reading is taken TRUNCATED (half a percent) up: NVML truncates.
         Trusted once its spending held within
         ALONE_STEADY for ALONE_READINGS such batches in a row (the periods and the tick do not
-        cover quite the same moments). A batch read at no use at all (a sample NVML missed, or
-        one before it launched) teaches nothing. A figure is kept, however long its container
+        cover quite the same moments), or within one launch (`per_launch`) where a batch holds
+        enough of them that one is at most LAUNCH_STEADY of it: a strict rate buys a few big
+        launches a tick, and a container alternating four and five of 262,144 tokens (a
+        quarter apart) never held steady, its turns ended without a figure, and one four
+        times lighter than its figure from before ran at 10 % of its strict 40 (simulated).
+        A batch read at no use at all (a sample NVML missed, or one before it launched)
+        teaches nothing. A figure is kept, however long its container
         shares the GPU after, until the container leaves or its periods show a change (see
         the class note on why not by age)."""
         alone, batches, remade = self.alone, self.batches, self.remade
@@ -602,7 +608,8 @@ class TimeSlicedSplit:
         figure = (busy + TRUNCATED) / rate
         self.doubted.pop(alloc_id, None)  # measured afresh
         n, mean, squares = batches.get(alloc_id, (0, 0.0, 0.0))
-        if before is not None and abs(rate - before[1]) <= ALONE_STEADY * max(rate, before[1]):
+        if before is not None and abs(rate - before[1]) <= _steady_step(
+                max(rate, before[1]), per_launch.get(alloc_id, 0.0) / dt_s):
             steady = before[2] + 1
             n, delta = n + 1, figure - mean
             mean += delta / n
@@ -1066,6 +1073,8 @@ ALONE_QUIET = 5
 # ... in a turn alone: periods read since the turn's pause was written (see `_calibrate`)
 TURN_QUIET = 2
 ALONE_STEADY = 0.15
+# ... or one launch, where it is at most this part of a batch's spending (`_calibrate`)
+LAUNCH_STEADY = 0.25
 ALONE_AVERAGED = 10
 ALONE_MARGIN = 1.02
 # ... and the GPU is said to count busy beyond the work (its turns come sooner, see
@@ -1124,6 +1133,14 @@ _LOG_CHANGE_ODDS = math.log(CHANGE_ODDS)
 _LOG_COST_RANGE = math.log(COST_RANGE)
 _LOG_ALONE_AGREE = math.log(ALONE_AGREE)
 _LOG_APART = math.log(APART_FACTOR)
+
+
+def _steady_step(rate: float, launch_rate: float) -> float:
+    """How far a container's spending alone (tokens/s, the larger of two batches') may step
+    between batches and still be steady: ALONE_STEADY of it, or one launch (`launch_rate`:
+    one launch's tokens over the batch) where that is at most LAUNCH_STEADY of it."""
+    step = ALONE_STEADY * rate
+    return launch_rate if step < launch_rate <= LAUNCH_STEADY * rate else step
 
 
 def _spread(batches: tuple[int, float, float]) -> float:
