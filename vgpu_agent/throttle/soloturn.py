@@ -118,6 +118,10 @@ SOLO_TURN_REMEASURE_GAP_S = 0.5
 SOLO_TURN_TRIES = 2  # turns per container in hand at most
 # ... which come back one each this long (see the module note)
 SOLO_TURN_RETRY_S = 60.0
+# A turn for a figure in doubt that measured it again within this factor found a false alarm of
+# the watch: its try comes back, once per container in this long (see `refund`)
+FALSE_ALARM_AGREE = 1.1
+SOLO_TURN_REFUND_S = 600.0
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
 PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
 # steady batches a turn waits for, time allowing (a figure is trusted after ALONE_READINGS, and
@@ -148,15 +152,16 @@ class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
     __slots__ = ("after_ns", "calm_gap_ns", "credit", "first_gap_ns", "freed", "gap_ns",
-                 "last_end_ns", "most_ns", "most_s", "remeasure_gap_ns", "retry_ns", "tried",
-                 "tries", "turn", "waiting_ns")
+                 "last_end_ns", "most_ns", "most_s", "refund_ns", "refunded", "remeasure_gap_ns",
+                 "retry_ns", "spent_try", "tried", "tries", "turn", "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
                  calm_gap_s: float = SOLO_TURN_CALM_GAP_S,
                  first_gap_s: float = SOLO_TURN_FIRST_GAP_S,
                  remeasure_gap_s: float = SOLO_TURN_REMEASURE_GAP_S,
-                 retry_s: float = SOLO_TURN_RETRY_S) -> None:
+                 retry_s: float = SOLO_TURN_RETRY_S,
+                 refund_s: float = SOLO_TURN_REFUND_S) -> None:
         if not 0 < most_s < LONGEST_WAIT_S:
             raise ValueError(f"a solo turn must last more than 0 s and less than the shim's "
                              f"longest wait ({LONGEST_WAIT_S:g} s), got {most_s!r}")
@@ -168,6 +173,9 @@ class SoloTurns:
         if not retry_s > 0:
             raise ValueError(f"need retry_s > 0 (inf: no turn once the tries are spent), got "
                              f"{retry_s!r}")
+        if not refund_s > 0:
+            raise ValueError(f"need refund_s > 0 (inf: no try comes back for a false alarm), "
+                             f"got {refund_s!r}")
         self.most_s = most_s
         self.most_ns, self.after_ns = int(most_s * 1e9), int(after_s * 1e9)
         self.gap_ns, self.tries = int(gap_s * 1e9), tries
@@ -182,6 +190,9 @@ class SoloTurns:
         self.credit: dict[str, tuple[float, int]] = {}
         self.retry_ns = int(retry_s * 1e9) if math.isfinite(retry_s) else None
         self.freed: set[str] = set()  # those given their one turn that spent no try (`due`)
+        self.spent_try: dict[str, bool] = {}  # whether its last turn spent a try (`refund`)
+        self.refunded: dict[str, int] = {}  # when its last try came back for a false alarm
+        self.refund_ns = int(refund_s * 1e9) if math.isfinite(refund_s) else None
 
     def due(self, now_ns: int, spending: Sequence[str], measured: Collection[str],
             candidates: Collection[str], period_s: float, present: Collection[str],
@@ -219,6 +230,8 @@ class SoloTurns:
             del self.tried[gone]
             self.credit.pop(gone, None)
             self.freed.discard(gone)
+            self.spent_try.pop(gone, None)
+            self.refunded.pop(gone, None)
         if (self.turn is not None or len(spending) < 2
                 or all(a in measured for a in spending)
                 or not 0 < period_s * PERIODS_NEEDED <= self.most_s):
@@ -251,6 +264,7 @@ class SoloTurns:
             self.freed.add(chosen)
         else:
             self.credit[chosen] = (self._credit(chosen, now_ns) - 1, now_ns)
+        self.spent_try[chosen] = chosen not in unspent
         self.waiting_ns = None
         return chosen
 
@@ -261,6 +275,23 @@ class SoloTurns:
         if self.retry_ns is not None:
             left = min(float(self.tries), left + (now_ns - since_ns) / self.retry_ns)
         return left
+
+    def refund(self, alloc_id: str, now_ns: int) -> bool:
+        """Gives back the try a container's last turn spent, where that turn measured its
+        figure in doubt again as it was (the caller judges, within FALSE_ALARM_AGREE): the
+        watch's false alarm spent it, not a change. At most once per `refund_s` per
+        container, so that a tenant that makes its periods look changed and then runs as
+        before while alone costs its neighbours one pause more in that time, not one each
+        time. Whether it did."""
+        if not self.spent_try.pop(alloc_id, False) or self.refund_ns is None:
+            return False
+        last = self.refunded.get(alloc_id)
+        if last is not None and now_ns - last < self.refund_ns:
+            return False
+        self.credit[alloc_id] = (min(float(self.tries), self._credit(alloc_id, now_ns) + 1),
+                                 now_ns)
+        self.refunded[alloc_id] = now_ns
+        return True
 
     def _may_try(self, alloc_id: str, now_ns: int) -> bool:
         return self._credit(alloc_id, now_ns) >= 1 - 1e-9
