@@ -206,7 +206,7 @@ async def test_a_change_of_phase_is_followed(seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 3, 8])
+@pytest.mark.parametrize("seed", [0, 3, 8, 13, 21])
 async def test_a_second_change_of_phase_is_measured_too(seed):
     # The strict pair changes phase at 30 s and back at 90 s. The first change's re-measures
     # spent each container's second try; without tries coming back, the one whose tokens came
@@ -216,12 +216,33 @@ async def test_a_second_change_of_phase_is_measured_too(seed):
     # re-learned after turns): there a false alarm of the watch in the minute before the
     # change had spent the tries (which seeds it hits moves with any change to the dynamics),
     # or (seed 3) its turn measured the new figure, the last batch's spending stepped by a
-    # launch, and the figure from before the turn was put back. Now 19 and 2.
+    # launch, and the figure from before the turn was put back. Then 19 and 2. Seed 13: its
+    # re-measure spent four and five launches a tick in turn, never steady, and gave no
+    # figure; seed 21: a false alarm had spent its try. Now 23 at 30 % or more and none
+    # starved; seed 0 at 27.4 (39.8 before): right after both turns the watch took the costs
+    # still catching up for a change of both, both figures were raised and both containers
+    # held under their limits to the end.
     run = _changing_pair(seed, "strict", back_at_s=90.0)
     await run.advance(120.0)
     assert run.controller.error_counts == {}
     costlier = sum(run.gpu.shares(p, 10)[-1][1] for p in run.procs["costlier"])
-    assert costlier >= 30
+    assert costlier >= 25  # starved, it ran at 9-10 %
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [7, 18])
+async def test_a_neighbours_stale_figure_does_not_let_a_strict_container_run_over(seed):
+    # At the change back the cheaper container's tokens come to buy four times more, and it
+    # runs over its strict 60 until its periods show the change and its turn measures it
+    # (2-4 s). Its neighbour's figure, four times too heavy now, stood in doubt while that
+    # one waited for a try, and shared by the figures the cheaper one was charged 57 for
+    # the 75-84 it did: 81-87 % over its worst 10 s in 8 seeds of 24. Now at most 73.
+    run = _changing_pair(seed, "strict", back_at_s=90.0)
+    await run.advance(120.0)
+    cheaper = [sum(values) for values in zip(*(
+        [share for end_s, share in run.gpu.shares(p, 10) if end_s >= 90.0]
+        for p in run.procs["cheaper"]), strict=True)]
+    assert max(cheaper) <= 70
 
 
 async def test_a_gpu_whose_samples_are_per_process_is_not_read_as_time_sliced():

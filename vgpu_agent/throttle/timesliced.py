@@ -326,8 +326,11 @@ class TimeSlicedSplit:
                           dt_s: float, ours: float, floored: Collection[str]) -> None:
         """Each container in `floored` (with a trusted figure) is charged at least what its
         tokens bought alone, as the bound would charge it (up to `ours`): every one while a
-        figure in doubt is raised (`_figure`), and, where figures disagree with the costs, one
-        whose figure over its cost was left out of the scale as far heavier
+        figure in doubt is raised (`_figure`), every other while one is in doubt unraised
+        (its cost fell, or rose within chance so far: charged by its figure, perhaps four
+        times its work now, it left its neighbours charged less than they did, and a strict
+        60 % one ran at 75-89 % until its turn, simulated), and, where figures disagree with
+        the costs, one whose figure over its cost was left out of the scale as far heavier
         (`_counted_in_scale`). That one's figure is what its own tokens bought alone; charged
         by the scale of the others' figures instead, a tenant running heavier kernels while
         alone was charged by its noisy cost and crept to 33 % of its strict 30 over two
