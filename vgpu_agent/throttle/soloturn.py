@@ -44,18 +44,22 @@ What a turn costs the others: at most `most_s` without a launch, once per `gap_s
 container `tries` turns (one whose spending was not steady enough for a figure is tried again
 once), which come back one each `retry_s` (a minute), never more than `tries` in hand, while it
 stays on the GPU; and once per container a turn for a figure read too coarsely, which spends no try
-(the first measurement's end, see `due`). The tries bound how often pauses come; the gap only
+(the first measurement's end, see `due`). A turn that measured a figure the watch put in doubt
+again within FALSE_ALARM_AGREE (10 %) gives its try back, once per container in `refund_s` (ten
+minutes: `refund`), as a false alarm spent it. The tries bound how often pauses come; the gap only
 spaces them, and a long one leaves a wrong figure believed for as long. Without tries coming back
 an application that changed phase twice was charged at a figure of the first phase from the second
 change on, for as long as it ran: a strict 40 % container whose tokens came to buy a quarter of the
 time ran at 9 % of its 40 (simulated, the first re-measure having spent its second try, or a false
 alarm of the watch having spent it before the change); with them, at 30 % or more 20-30 s after the
 second change in 19 runs of 24, and still at 9-10 % in 2, where a false alarm of the watch in the
-minute before the change had spent the tries (a try comes back a minute after it was spent). A
-tenant that keeps its figure in doubt on purpose costs each neighbour a pause of under 2 s a minute
-at most, over time. On a GPU seen counting itself busy beyond the work the figures explain (as the
-H200 does while processes take turns, or where a figure came out light) the shares rest on figures:
-the first one sets the scale for the others until their own turns, and one taken light (a tenant
+minute before the change had spent the tries (a try comes back a minute after it was spent); with
+a false alarm's try given back (and turns at lumpy spending giving figures, `timesliced`), in 23
+and none. A tenant that keeps its figure in doubt on purpose costs each neighbour a pause of under
+2 s a minute at most, over time, and one more each ten minutes where its turns find its figure as
+it was. On a GPU seen counting itself busy beyond the work the figures explain (as the H200 does
+while processes take turns, or where a figure came out light) the shares rest on figures: the first
+one sets the scale for the others until their own turns, and one taken light (a tenant
 running lighter kernels while it finds itself alone, or a change of phase) let both of a strict
 30/30 pair run at 48-50 % of their 30 for the minute a gap of 60 s left (`bench_launch_holds.py
 --gamer`, simulated); a figure put in doubt by a change of phase waited out the minute after the
