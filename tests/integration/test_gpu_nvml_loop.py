@@ -179,6 +179,9 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
     assert sum(len(t["samples"]) for t in reads) > 20
     assert len(splits) > 20 and all(sum(t["shares"].values()) <= t["busy"] + 1e-6
                                     for t in splits)
+    # ... with what a launch costs where one container spent alone (a replay needs it)
+    assert all("per_launch" in t for t in splits)
+    assert any(cost > 0 for t in splits for cost in t["per_launch"].values())
     rows = [json.loads(ln) for ln in (out / "loop_strict20.jsonl").read_text().splitlines()]
     # each measured in turn while the other was paused, then both spending again
     paused = {c: [r["t"] for r in rows if r["container"] == c and r["paused"]] for c in (0, 1)}

@@ -69,3 +69,22 @@ def test_it_prints_then_and_now_every_so_often(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4  # 1.x, 3.x, 5.x, 7.x s
     assert all(" then " in ln and " now " in ln and "figures 20.5@5e+03" in ln for ln in lines)
+
+
+def test_what_a_launch_costs_is_replayed_where_traced(tmp_path):
+    # a's turn at four and five launches of 262,144 tokens a tick in turn: steady only by
+    # what one launch costs, which the trace carries; a trace written before it did replays
+    # as the split then ran (no figure from such a turn)
+    rows = []
+    for n in range(8):
+        tokens = (4 + n % 2) * 262_144
+        rows.append({"t": 100.0 + n * 0.1, "owners": [["a"]], "busy": 10.0,
+                     "spent": {"a": tokens, "b": 0}, "dt_s": 0.1, "untrusted": [], "solo": "a",
+                     "per_launch": {"a": 262_144.0}, "shares": {}, "beyond_work": [],
+                     "margin": 1.02})
+    split = list(_script().replayed(rows))[-1][3]
+    assert "a" in split.measured()
+    for row in rows:
+        del row["per_launch"]
+    split = list(_script().replayed(rows))[-1][3]
+    assert "a" not in split.measured()

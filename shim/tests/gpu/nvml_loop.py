@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -459,10 +459,12 @@ def traced(backend: NvmlBackend, rows: list[dict] | None) -> Iterator[None]:
         return samples
 
     def sharing(split: TimeSlicedSplit, owners: list[list[str]], busy: float, spent: dict,
-                dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = "") -> dict:
-        shares = share(split, owners, busy, spent, dt_s, untrusted, solo)
+                dt_s: float = 0.0, untrusted: Collection[str] = (), solo: str = "",
+                per_launch: Mapping[str, float] | None = None) -> dict:
+        shares = share(split, owners, busy, spent, dt_s, untrusted, solo, per_launch)
         rows.append({"t": time.monotonic(), "owners": owners, "busy": busy, "spent": spent,
                      "dt_s": dt_s, "untrusted": sorted(untrusted), "solo": solo,
+                     "per_launch": dict(per_launch or {}),
                      "shares": shares, "beyond_work": list(split.beyond_work),
                      "margin": split.margin})
         return shares

@@ -35,8 +35,9 @@ def replayed(rows: Sequence[dict]) -> Iterator[tuple[float, dict, dict, TimeSlic
     for row in rows:
         if "owners" not in row:
             continue  # an NVML read: the split's owners and use already stand for it
+        # (traces written before launches were traced have no "per_launch")
         now = split.share(row["owners"], row["busy"], row["spent"], row["dt_s"],
-                          row["untrusted"], row["solo"])
+                          row["untrusted"], row["solo"], row.get("per_launch"))
         yield row["t"] - start, row["shares"], now, split
 
 
