@@ -329,19 +329,19 @@ class TimeSlicedSplit:
         figure in doubt is raised (`_figure`), every other while one is in doubt unraised
         (its cost fell, or rose within chance so far: charged by its figure, perhaps four
         times its work now, it left its neighbours charged less than they did, and a strict
-        60 % one ran at 75-89 % until its turn, simulated), and, where figures disagree with
-        the costs, one whose figure over its cost was left out of the scale as far heavier
-        (`_counted_in_scale`). That one's figure is what its own tokens bought alone; charged
-        by the scale of the others' figures instead, a tenant running heavier kernels while
-        alone was charged by its noisy cost and crept to 33 % of its strict 30 over two
-        minutes, 38 % over one 10 s (simulated, the trio of `bench_launch_holds.py --odd`, one
-        seed of eight; held at its heavy figure, 7 %, its own choice). The raise takes the
-        periods at their word that the doubted container's tokens came to buy more, while they
-        may as well show the others' buying less, or (on a GPU counted busy beyond the work,
-        where periods follow turns on the GPU) the time slices going to it beyond its work:
-        where the raise made the weights
-        explain more than the GPU's use, the whole use was shared by them, and a strict 30 %
-        container, charged 30-37, did 38-45 (simulated, its neighbour's figure raised e^1.6).
+        60 % one ran at 75-89 % for 18 s, until the doubt ended, simulated), and, where figures
+        disagree with the costs, one whose figure over its cost was left out of the scale as
+        far heavier (`_counted_in_scale`). That one's figure is what its own tokens bought
+        alone; charged by the scale of the others' figures instead, a tenant running heavier
+        kernels while alone was charged by its noisy cost and crept to 33 % of its strict 30
+        over two minutes, 38 % over one 10 s (simulated, the trio of `bench_launch_holds.py
+        --odd`, one seed of eight; held at its heavy figure, 7 %, its own choice). The raise
+        takes the periods at their word that the doubted container's tokens came to buy more,
+        while they may as well show the others' buying less, or (on a GPU counted busy beyond
+        the work, where periods follow turns on the GPU) the time slices going to it beyond its
+        work: where the raise made the weights explain more than the GPU's use, the whole use
+        was shared by them, and a strict 30 % container, charged 30-37, did 38-45 (simulated,
+        its neighbour's figure raised e^1.6).
         The safe side for each container's limit, at a cost where the others' tokens did come
         to buy less: two containers changing phase the opposite ways at once (four times
         more, a quarter) are held further from their shares until measured again (simulated,
