@@ -541,7 +541,7 @@ def test_a_neighbours_figure_in_doubt_unraised_never_charges_a_container_below_i
     # changed, and a, put in doubt too, is measured afresh in a turn alone (as the controller
     # gives one); b's figure stays in doubt, not raised (its cost fell). Shared by the
     # figures as measured, a was charged 10-15 for its 20 until b was measured again (a
-    # strict 60 % neighbour ran at 75-89 % for 18 s, simulated)
+    # strict 60 % neighbour ran at 66-89 % for 18 s, simulated)
     rng, split = random.Random(seed), TimeSlicedSplit()
     _alone(split, "a", 20.0, 1000, 10, others=("b",))
     _alone(split, "b", 40.0, 1000, 10, others=("a",))

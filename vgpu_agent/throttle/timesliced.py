@@ -329,7 +329,7 @@ class TimeSlicedSplit:
         figure in doubt is raised (`_figure`), every other while one is in doubt unraised
         (its cost fell, or rose within chance so far: charged by its figure, perhaps four
         times its work now, it left its neighbours charged less than they did, and a strict
-        60 % one ran at 75-89 % for 18 s, until the doubt ended, simulated), and, where figures
+        60 % one ran at 66-89 % for 18 s, until the doubt ended, simulated), and, where figures
         disagree with the costs, one whose figure over its cost was left out of the scale as
         far heavier (`_counted_in_scale`). That one's figure is what its own tokens bought
         alone; charged by the scale of the others' figures instead, a tenant running heavier
@@ -573,9 +573,9 @@ class TimeSlicedSplit:
         quarter apart) never held steady, its turns ended without a figure, and one four
         times lighter than its figure from before ran at 10 % of its strict 40 (simulated).
         A batch read at no use at all (a sample NVML missed, or one before it launched)
-        teaches nothing. A figure is kept, however long its container
-        shares the GPU after, until the container leaves or its periods show a change (see
-        the class note on why not by age)."""
+        teaches nothing. A figure is kept, however long its container shares the GPU after,
+        until the container leaves or its periods show a change (see the class note on why not
+        by age)."""
         alone, batches, remade = self.alone, self.batches, self.remade
         for gone in [a for a in alone if a not in spent]:
             del alone[gone]
@@ -670,18 +670,18 @@ class TimeSlicedSplit:
         # while a figure in doubt is raised, every container measured is floored at its own;
         # while one is in doubt unraised, every other (`_floor_by_figures`)
         if any(figures[a] != alone[a][0] for a in measured):
-            raised = set(measured)
+            floored = set(measured)
         elif any(a in self.doubted for a in spending):
-            raised = {a for a in measured if a not in self.doubted}
+            floored = {a for a in measured if a not in self.doubted}
         else:
-            raised = set()
+            floored = set()
         # each figure as measured alone over its learned cost, with that cost's information:
         # what agreement is judged on (for the scale, and for a figure gone stale)
         scales = self._scales(measured)
         self._track_disagreement(scales if len(measured) == len(spending) else {}, periods)
         if len(measured) == len(spending) and self._figures_agree(figures):
             weights = {a: figures[a] * spent[a] / dt_s for a in spending}
-            return sum(weights.values()), weights, raised
+            return sum(weights.values()), weights, floored
         believed = {a: _believed(*costs.get(a, (0.0, PRIOR_INFO))) for a in spending}
         # which figures count is judged on them as measured alone, against the costs learned
         # (with what chance allows them); the scale is the largest of those counted as the
@@ -692,7 +692,7 @@ class TimeSlicedSplit:
         # a figure left out as far heavier is what its own container's tokens bought alone:
         # the safe side for its limit is to charge it at least that
         self.left_out = set(measured) - counted
-        return sum(weights.values()), weights, raised | self.left_out
+        return sum(weights.values()), weights, floored | self.left_out
 
     def _scales(self, measured: Iterable[str]) -> dict[str, tuple[float, float]]:
         """Each of `measured` (with a trusted figure): the log of its figure as measured alone
