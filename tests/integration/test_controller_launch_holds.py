@@ -592,3 +592,25 @@ async def test_a_container_measured_in_its_turn_is_held_to_its_limit_from_there(
         spells = [statistics.fmean(got[a:a + 20]) for a in range(100, len(got) - 19, 20)]
         assert max(spells) <= limit + 1.5, (name, [round(s, 1) for s in spells])
         assert statistics.fmean(got[150:]) >= limit - 3, name
+
+
+@pytest.mark.slow
+async def test_where_no_turn_fits_the_operator_is_told_once_and_none_is_given():
+    # NVML sampling the GPU once a second: six periods take 6 s, past the 1.9 s a turn may last
+    sc, _ = scenario((30, 30), 20e-6, alone=0, together_s=20)
+    slow = ControlledRun(sc.containers, plant=PlantSpec(H200_TIME_SLICED, 1.0), paced=True)
+    with capture_logs() as logs:
+        await slow.advance(20)
+    said = [e for e in logs if e["event"] == "throttle_solo_turns_impossible"]
+    assert len(said) == 1, said
+    assert said[0]["sample_period_s"] == pytest.approx(1.0)
+    assert said[0]["periods_needed"] * said[0]["sample_period_s"] > said[0]["turn_most_s"]
+    assert not [e for e in logs if e["event"] == "throttle_solo_turn_started"]
+    assert slow.controller.nvml_sample_periods == {slow.gpu.uuid: pytest.approx(1.0)}
+    # at the H200's 0.2 s a turn fits: nothing said, turns given
+    fast, _ = _pair_together(together_s=20)
+    with capture_logs() as logs:
+        await fast.advance(20)
+    assert not [e for e in logs if e["event"] == "throttle_solo_turns_impossible"]
+    assert [e for e in logs if e["event"] == "throttle_solo_turn_started"]
+    assert fast.controller.nvml_sample_periods == {fast.gpu.uuid: pytest.approx(0.2)}

@@ -443,3 +443,12 @@ async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(no
     assert "vgpu_gpu_throttle_phase_changes_total" not in names(bare)
     assert "vgpu_gpu_throttle_uncharged_use_percent" not in names(bare)
     assert "vgpu_gpu_throttle_solo_turns_total" not in names(bare)
+
+
+async def test_the_nvml_sample_period_is_a_series_of_each_gpu_read(node: Node) -> None:
+    text = await node.scrape(sample_periods=lambda: {G0: 1 / 6, G1: 1.0})
+    assert value(text, "vgpu_gpu_nvml_sample_period_seconds", gpu_uuid=G0) == pytest.approx(1 / 6)
+    assert value(text, "vgpu_gpu_nvml_sample_period_seconds", gpu_uuid=G1) == 1.0
+    # a GPU not read yet has no period to tell: no series, not 0
+    assert value(text, "vgpu_gpu_nvml_sample_period_seconds", gpu_uuid=G2) is None
+    assert "vgpu_gpu_nvml_sample_period_seconds" not in names(await node.scrape())

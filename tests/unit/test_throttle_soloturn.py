@@ -21,6 +21,7 @@ from vgpu_agent.throttle.soloturn import (
     SOLO_TURN_RETRY_S,
     TURN_READINGS,
     SoloTurns,
+    turn_fits,
 )
 from vgpu_agent.throttle.timesliced import ALONE_READINGS
 
@@ -71,6 +72,10 @@ def test_no_turn_where_nvml_periods_are_too_long_for_one():
     longest = SOLO_TURN_MOST_S / PERIODS_NEEDED
     assert _due(turns, 0.0, period_s=longest * 1.01) is None
     assert _due(turns, 0.0, period_s=longest) == "a"
+    # what the controller asks to tell the operator, with the same answer
+    assert [turn_fits(p) for p in (0.0, 1 / 6, longest, longest * 1.01, 1.0)] \
+        == [False, True, True, False, False]
+    assert not turn_fits(0.5, most_s=1.0) and turn_fits(0.15, most_s=1.0)
 
 
 def test_the_wait_starts_over_when_the_containers_stop_sharing():

@@ -35,6 +35,7 @@ from vgpu_agent.gpu.model import GpuInfo
 from vgpu_agent.metrics.exposition import Family, Labels, LabelSets, encode
 from vgpu_agent.metrics.poller import GpuSample, RegionSample
 from vgpu_agent.metrics.sources import Identity, MetricsSources, ThrottleStatus
+from vgpu_agent.throttle.soloturn import PERIODS_NEEDED, SOLO_TURN_MOST_S
 
 GPU_LABELS = ("node", "gpu_uuid", "gpu_index", "model")
 CONTAINER_LABELS = ("namespace", "pod", "container", "gpu_uuid", "gpu_index")
@@ -110,6 +111,7 @@ class Snapshot:
     phase_changes: Mapping[str, int] | None = None
     uncharged: Mapping[str, float] | None = None  # use charged to nobody, per time-sliced GPU
     solo_turns: Mapping[str, int] | None = None  # turns alone given, per GPU
+    sample_periods: Mapping[str, float] | None = None  # NVML's sample period, s, per GPU read
 
 
 # The rate the throttle controller writes for devices it does not limit; not worth a series.
@@ -298,6 +300,7 @@ def gather_snapshot(
         uncharged=(dict(sources.use_charged_to_nobody()) if sources.use_charged_to_nobody
                    else None),
         solo_turns=dict(sources.solo_turns()) if sources.solo_turns else None,
+        sample_periods=dict(sources.sample_periods()) if sources.sample_periods else None,
     )
     return PendingSnapshot(snapshot, picked, throttle)
 
@@ -402,6 +405,15 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "so that one never seen alone could be measured (throttle_solo_turns).",
         GPU_LABELS,
     )
+    sample_period = _gauge(
+        "vgpu_gpu_nvml_sample_period_seconds",
+        "NVML's sample period on the GPU as the throttle reads it from the samples' stamps: the "
+        f"time one reading describes. On a time-sliced GPU a turn alone needs {PERIODS_NEEDED} "
+        f"periods within {SOLO_TURN_MOST_S:g} s ({SOLO_TURN_MOST_S / PERIODS_NEEDED:.3f} s or "
+        "less); above that none is given and the shares rest on the periods alone "
+        "(throttle_solo_turns_impossible in the log).",
+        GPU_LABELS,
+    )
     for gpu in snap.gpus:
         labels = _gpu_labels(sets, snap, gpu)
         _put(mem_total, labels, gpu.memory_total)
@@ -413,6 +425,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(phase_changes, labels, snap.phase_changes.get(gpu.uuid, 0))
         if snap.solo_turns is not None:
             _put(solo_turns, labels, snap.solo_turns.get(gpu.uuid, 0))
+        if snap.sample_periods is not None and gpu.uuid in snap.sample_periods:
+            _put(sample_period, labels, snap.sample_periods[gpu.uuid])
         if snap.uncharged is not None and gpu.uuid in snap.uncharged:
             _put(uncharged, labels, snap.uncharged[gpu.uuid])
         if snap.healthy is not None and gpu.uuid in snap.healthy:
@@ -436,7 +450,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         if r.power_w is not None:
             _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
-    yield from (slices_total, slices_alloc, time_sliced, phase_changes, uncharged, solo_turns)
+    yield from (slices_total, slices_alloc, time_sliced, sample_period, phase_changes, uncharged,
+                solo_turns)
 
 
 _KIND_LABELS = (*CONTAINER_LABELS, "kind")

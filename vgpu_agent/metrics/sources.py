@@ -115,6 +115,9 @@ class MetricsSources:
     use_charged_to_nobody: Callable[[], Mapping[str, float]] | None = None
     # per GPU, the turns alone the controller gave (`ThrottleController.solo_turns_given`)
     solo_turns: Callable[[], Mapping[str, int]] | None = None
+    # per GPU read so far, NVML's sample period in seconds (`ThrottleController.
+    # nvml_sample_periods`)
+    sample_periods: Callable[[], Mapping[str, float]] | None = None
     registration: Callable[[], RegistrationView | None] | None = None
     nvml_errors: Callable[[], Mapping[str, int]] = _empty
     region_events: Callable[[], Mapping[str, int]] = _empty  # created/adopted/removed/corrupt

@@ -148,7 +148,9 @@ from vgpu_agent.throttle.soloturn import (
     FALSE_ALARM_AGREE,
     PAUSED_BURST,
     PAUSED_RATE,
+    PERIODS_NEEDED,
     SoloTurns,
+    turn_fits,
 )
 from vgpu_agent.throttle.timesliced import (
     PER_PROCESS_HOLD_S,
@@ -502,6 +504,9 @@ class ThrottleController:
         # GPUs said to count busy beyond the work (for good: how the GPU counts, or a figure
         # taken light); turns alone come sooner there
         self._beyond_work_logged: set[str] = set()
+        # GPUs whose sample period was found too long for a turn alone to give a figure
+        # (told once: `_tell_turnless`)
+        self._turnless_logged: set[str] = set()
         self._phase_changes_before: dict[str, int] = {}  # found by splits since dropped
         self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
         self._now_ns = 0
@@ -628,6 +633,13 @@ class ThrottleController:
         containers' tokens did not explain (at what each one's bought alone) and that nobody
         was charged (`TimeSlicedSplit`); 0 where all of it was charged."""
         return {uuid: split.uncharged for uuid, split in self._sliced.items()}
+
+    @property
+    def nvml_sample_periods(self) -> Mapping[str, float]:
+        """Per GPU read so far, NVML's sample period in seconds as its stamps show it (the
+        evidence a reading stands for; on a time-sliced GPU, whether a turn alone fits:
+        `soloturn.turn_fits`)."""
+        return {uuid: period / 1e6 for uuid, period in self._period_us.items() if period}
 
     @property
     def solo_turns_given(self) -> Mapping[str, int]:
@@ -1470,6 +1482,9 @@ class ThrottleController:
         aged = (split.aged(max(1, round(self.figure_max_age_s / period_s)))
                 if self.figure_max_age_s > 0 and period_s > 0 else set())
         doubted = split.in_doubt() | coarse | stale | aged
+        if period_s > 0 and not turn_fits(period_s, turns.most_s):
+            self._tell_turnless(uuid, period_s, turns.most_s, spent_by,
+                                split.measured() - doubted)
         chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
                            split.measured() - doubted, candidates if pausable else (),
                            period_s,
@@ -1499,6 +1514,27 @@ class ThrottleController:
                  else "its figure older than throttle_figure_max_age_seconds" if chosen in aged
                  else "its figure in doubt: its periods showed a change" if chosen in doubted
                  else "a container sharing a time-sliced GPU, never seen alone there")
+
+    def _tell_turnless(self, uuid: str, period_s: float, most_s: float,
+                       spent_by: Mapping[str, int], measured: Collection[str]) -> None:
+        """Tells the operator, once per GPU, that a turn alone is wanted there (two containers
+        or more spending, one without a figure it can be charged by) and cannot be given: NVML
+        samples the GPU too seldom for PERIODS_NEEDED periods to fit in a turn."""
+        if uuid in self._turnless_logged:
+            return
+        spending = [a for a, used in spent_by.items() if used]
+        if len(spending) < 2 or all(a in measured for a in spending):
+            return
+        self._turnless_logged.add(uuid)
+        log.warning("throttle_solo_turns_impossible", uuid=uuid,
+                    sample_period_s=round(period_s, 3), periods_needed=PERIODS_NEEDED,
+                    turn_most_s=most_s,
+                    detail="NVML samples this time-sliced GPU too seldom for a turn alone to "
+                           "measure a container within the shim's longest wait: its shares "
+                           "rest on the sample periods alone, which cannot tell the GPU "
+                           "counting busy beyond the work from work and follow a change of "
+                           "phase only over tens of seconds; per-process samples (MPS) avoid "
+                           "it")
 
     def _go_on_turn(self, uuid: str, turns: SoloTurns, solo: str,
                     spent_by: Mapping[str, int]) -> None:

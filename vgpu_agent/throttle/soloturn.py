@@ -128,6 +128,16 @@ FALSE_ALARM_AGREE = 1.1
 SOLO_TURN_REFUND_S = 600.0
 # periods a turn needs at least: the others' last work out of the samples, then steady batches
 PERIODS_NEEDED = TURN_QUIET + ALONE_READINGS + 1
+
+
+def turn_fits(period_s: float, most_s: float = SOLO_TURN_MOST_S) -> bool:
+    """Whether a turn of at most `most_s` can give a figure on a GPU whose NVML sample period
+    is `period_s` (PERIODS_NEEDED of them; 0: not known yet, and nothing is given until it
+    is). Where it cannot, no turn is given and the shares rest on the periods alone: the
+    controller tells the operator (`throttle_solo_turns_impossible`)."""
+    return 0 < period_s * PERIODS_NEEDED <= most_s
+
+
 # steady batches a turn waits for, time allowing (a figure is trusted after ALONE_READINGS, and
 # averaged over those that follow: three noisy samples made a figure 18 % low, simulated)
 TURN_READINGS = 6
@@ -238,7 +248,7 @@ class SoloTurns:
             self.refunded.pop(gone, None)
         if (self.turn is not None or len(spending) < 2
                 or all(a in measured for a in spending)
-                or not 0 < period_s * PERIODS_NEEDED <= self.most_s):
+                or not turn_fits(period_s, self.most_s)):
             self.waiting_ns = None
             return None
         if self.waiting_ns is None:
