@@ -2,8 +2,9 @@
 
 `import kubernetes_asyncio` imports every API group and every model class the generator wrote
 (some 840 modules): about 30 MB of the agent's memory and a third of a second of CPU, for a
-client of which the agent uses the configuration loaders, `ApiClient`, two or three `*Api`
-classes and, in DRA mode, a model or two (its calls read plain JSON, see `apiclient.call_json`).
+client of which the agent uses the configuration loaders, `ApiClient`, in DRA mode one or two
+`*Api` classes and a model or two (its calls read plain JSON, see `apiclient.call_json`; the
+core API's few calls it makes itself, `coreapi.CoreApi`).
 
 `install()` registers the package, `kubernetes_asyncio.client`, its `api` and its `models` as
 empty packages whose attributes are imported on first use: `client.CoreV1Api` imports
@@ -48,7 +49,6 @@ REQUIRED = (
     f"{CLIENT}.configuration",
     f"{CLIENT}.exceptions",
     f"{CLIENT}.rest",
-    f"{CLIENT}.api.core_v1_api",
     f"{CLIENT}.models.v1_delete_options",
     f"{PACKAGE}.config",
     f"{PACKAGE}.config.incluster_config",

@@ -31,6 +31,7 @@ from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
 from vgpu_agent.gpu.model import GpuInfo
 from vgpu_agent.kube.backoff import Backoff, TokenBucket
+from vgpu_agent.kube.coreapi import CoreApi
 from vgpu_agent.kube.events import (
     REASON_BACKSTOP,
     REASON_EVICTED,
@@ -124,7 +125,7 @@ class NodeIntegration:
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api_client: client.ApiClient | None = None
-        self._api: client.CoreV1Api | None = None
+        self._api: CoreApi | None = None
         self._node_ref: NodeRef | None = None
 
         self._desired: dict[str, str] | None = None
@@ -190,7 +191,7 @@ class NodeIntegration:
             self._configured.set()
             return
         self._api_client = client.ApiClient(configuration=configuration)
-        self._api = client.CoreV1Api(self._api_client)
+        self._api = CoreApi(self._api_client)
         self.enabled = True
         self._configuration = configuration
         self._configured.set()

@@ -37,6 +37,7 @@ from typing import Any
 import structlog
 
 from vgpu_agent.kube.backoff import Backoff, TokenBucket
+from vgpu_agent.kube.coreapi import CoreApi
 from vgpu_agent.kube.events import (
     REASON_ANNOTATION_REFUSED,
     REASON_MEMORY_SPILLED,
@@ -211,7 +212,7 @@ class NodePods:
         # A client of its own: a watch stays open for minutes, and a shared client closed by
         # its owner would leave the watch hanging rather than failing.
         api_client = client.ApiClient(configuration=configuration)
-        self._api = client.CoreV1Api(api_client)
+        self._api = CoreApi(api_client)
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._sync_loop(), name="kube-pods-watch")

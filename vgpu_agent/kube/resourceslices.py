@@ -75,6 +75,7 @@ from vgpu_agent.kube.apiclient import (
     load_configuration,
     status_of,
 )
+from vgpu_agent.kube.coreapi import CoreApi
 
 log = structlog.get_logger(__name__)
 
@@ -156,7 +157,7 @@ class ResourceSlicePublisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api_client: client.ApiClient | None = None
         self._api: client.ResourceV1Api | None = None
-        self._core_api: client.CoreV1Api | None = None
+        self._core_api: CoreApi | None = None
         self._node_uid: str | None = None
         self._generation = 0  # the highest pool generation seen or written
         self._written: set[str] = set()  # resourceVersions of our own writes
@@ -204,7 +205,7 @@ class ResourceSlicePublisher:
         )
         self._api_client = client.ApiClient(configuration=configuration)
         self._api = client.ResourceV1Api(self._api_client)
-        self._core_api = client.CoreV1Api(self._api_client)
+        self._core_api = CoreApi(self._api_client)
         log.info(
             "resourceslice_publisher_started",
             node=self.node_name,
