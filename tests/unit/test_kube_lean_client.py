@@ -78,3 +78,39 @@ def test_a_library_laid_out_differently_is_imported_whole():
         " 'pod': client.V1Pod.__name__}))\n"
     )
     assert result == {"installed": False, "lean": False, "pod": "V1Pod"}
+
+
+def test_the_in_cluster_loader_comes_without_the_kubeconfig_loader_until_that_is_used():
+    # an agent in a cluster loads incluster_config only; the package's own __init__ (the
+    # kubeconfig loader, yaml) runs into the same module on the first use of another name
+    result = run(
+        "import json, sys\n"
+        "import vgpu_agent.kube.node, vgpu_agent.kube.pods, vgpu_agent.kube.resourceslices\n"
+        "from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader\n"
+        "from kubernetes_asyncio import config\n"
+        "watched = ('yaml', 'kubernetes_asyncio.config.kube_config')\n"
+        "before = [m for m in watched if m in sys.modules]\n"
+        "names = [config.load_kube_config, config.load_config, config.load_incluster_config,"
+        " config.ConfigException, config.new_client_from_config]\n"
+        "after = [m for m in watched if m in sys.modules]\n"
+        "try:\n"
+        "    config.no_such_name\n"
+        "    missing = 'resolved'\n"
+        "except AttributeError as err:\n"
+        "    missing = str(err)\n"
+        "print(json.dumps({'before': before, 'after': after, 'location':"
+        " config.KUBE_CONFIG_DEFAULT_LOCATION, 'loader': InClusterConfigLoader.__name__,"
+        " 'names': [n.__module__ + '.' + n.__name__ for n in names], 'missing': missing}))\n"
+    )
+    assert result["before"] == []
+    assert result["after"] == ["yaml", "kubernetes_asyncio.config.kube_config"]
+    assert result["loader"] == "InClusterConfigLoader"
+    assert str(result["location"]).endswith(".kube/config")
+    assert result["names"] == [
+        "kubernetes_asyncio.config.kube_config.load_kube_config",
+        "kubernetes_asyncio.config.load_config",
+        "kubernetes_asyncio.config.incluster_config.load_incluster_config",
+        "kubernetes_asyncio.config.config_exception.ConfigException",
+        "kubernetes_asyncio.config.kube_config.new_client_from_config",
+    ]
+    assert "no_such_name" in str(result["missing"])

@@ -10,8 +10,12 @@ core API's few calls it makes itself, `coreapi.CoreApi`).
 empty packages whose attributes are imported on first use: `client.CoreV1Api` imports
 `client/api/core_v1_api.py`, `client.V1DeleteOptions` (or `models.V1DeleteOptions`, as the
 client's own deserializer asks) imports `client/models/v1_delete_options.py`, and
-`kubernetes_asyncio.config`, `.watch` and the rest are imported as the submodules they are.
-Everything else of the library is its own code, unchanged.
+`kubernetes_asyncio.watch` and the rest are imported as the submodules they are.
+`kubernetes_asyncio.config` is registered bare too: its `incluster_config` is imported alone
+(all an agent in a cluster loads), and the package's own `__init__` (which imports the
+kubeconfig loader, with yaml, dateutil and a process pool: 1.6 MB) runs, into the same module,
+on the first use of any other of its names (`config.load_kube_config`). Everything else of the
+library is its own code, unchanged.
 
 It is installed only when nothing has imported kubernetes_asyncio yet and every module it
 relies on is where this version of the library keeps it; otherwise the library is imported
@@ -31,6 +35,7 @@ from typing import Any
 
 PACKAGE = "kubernetes_asyncio"
 CLIENT = f"{PACKAGE}.client"
+CONFIG = f"{PACKAGE}.config"
 # what `client.<name>` is, for the names that are neither an `*Api` class nor a model
 _CLIENT_MODULES = {
     "ApiClient": "api_client",
@@ -52,6 +57,7 @@ REQUIRED = (
     f"{CLIENT}.models.v1_delete_options",
     f"{PACKAGE}.config",
     f"{PACKAGE}.config.incluster_config",
+    f"{PACKAGE}.config.kube_config",
 )
 
 
@@ -68,7 +74,7 @@ def install() -> bool:
     if PACKAGE in sys.modules:
         return False
     bare: dict[str, types.ModuleType] = {}
-    for name in (PACKAGE, CLIENT, f"{CLIENT}.api", f"{CLIENT}.models"):
+    for name in (PACKAGE, CLIENT, f"{CLIENT}.api", f"{CLIENT}.models", CONFIG):
         parent = name.rpartition(".")[0]
         module = _bare_package(name, bare[parent].__path__ if parent else None)
         if module is None:
@@ -85,6 +91,7 @@ def install() -> bool:
     top.__getattr__ = _submodule_getter(PACKAGE)  # type: ignore[method-assign]
     client.__getattr__ = _client_getter(client)  # type: ignore[method-assign]
     models.__getattr__ = _model_getter(models)  # type: ignore[method-assign]
+    bare[CONFIG].__getattr__ = _init_on_use(bare[CONFIG])  # type: ignore[method-assign]
     return True
 
 
@@ -151,6 +158,28 @@ def _client_getter(client: types.ModuleType) -> Any:
             value = getattr(sys.modules[f"{CLIENT}.models"], name)
         setattr(client, name, value)
         return value
+
+    return getter
+
+
+def _init_on_use(package: types.ModuleType) -> Any:
+    """A bare package's `__getattr__` that runs the package's own `__init__` into it on the first
+    name it lacks (once), and then answers from what that defined."""
+    ran = False
+
+    def getter(name: str) -> Any:
+        nonlocal ran
+        if name.startswith("__") or ran:
+            raise AttributeError(f"module {package.__name__!r} has no attribute {name!r}")
+        ran = True
+        spec = package.__spec__
+        assert spec is not None and spec.loader is not None
+        spec.loader.exec_module(package)
+        try:
+            return vars(package)[name]
+        except KeyError:
+            raise AttributeError(
+                f"module {package.__name__!r} has no attribute {name!r}") from None
 
     return getter
 
