@@ -150,6 +150,31 @@ def test_a_phase_change_is_found_and_followed_within_seconds(seed, monkeypatch):
     assert sum(blind[660:720]) / 60 > 15  # 19.8-23.5
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_watch_waits_for_costs_informed_again_after_a_change(seed):
+    # the costs swap at period 600 and back at 640, while they are still being re-learned
+    # after the first was found: nothing more is found until every cost is informed again
+    # (CONFIRM_INFO), and the costs, learning fast from little, follow the swap back
+    # themselves (a figure that went stale with it is asked afresh: `stale`)
+    def swap(n):
+        return {"a": 1.0, "b": 4.0} if n < 600 or n >= 640 else {"a": 4.0, "b": 1.0}
+
+    rng, split = random.Random(seed), TimeSlicedSplit()
+    found, errors = [], []
+    for n in range(1100):
+        spent = {"a": rng.randint(200, 400), "b": rng.randint(50, 150)}
+        owner, truth = _drawn(rng, spent, swap(n))
+        informed = min(info for _, info in split.costs.values()) if split.costs else 0.0
+        restarts = split.restarts
+        errors.append(abs(split.share([[owner]], 100.0, spent)["a"] - truth["a"]))
+        if split.restarts > restarts:
+            found.append((n, informed))
+    assert 600 <= found[0][0] < 640, found
+    # every change found was found on costs informed past the re-learning of the last
+    assert all(informed >= timesliced.CONFIRM_INFO for _, informed in found), found
+    assert sum(errors[1000:]) / 100 < 7, found  # the swap back followed
+
+
 def test_the_watch_needs_two_containers_and_periods_it_can_predict():
     watch = ChangeWatch()
     assert not watch.changed({"a": 1.0}, ["a"] * 1000)  # alone: every period is its own
