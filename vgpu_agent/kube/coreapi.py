@@ -1,8 +1,9 @@
 """The calls of the Kubernetes core API the agent makes, without the generated `CoreV1Api`.
 
-kubernetes_asyncio's `CoreV1Api` is one generated module of some 38,000 lines: about 2.7 MB of
-the agent's memory for the five endpoints it calls (a node read and patched, events created,
-a pod evicted, pods listed and watched). Each method here builds the request the generated one
+kubernetes_asyncio's `CoreV1Api` is one generated module of some 38,000 lines (2.7 MB imported
+alone; the idle agent 1.2 MB lighter without it, measured side by side) for the five endpoints
+the agent calls (a node read and patched, events created, a pod evicted, pods listed and
+watched). Each method here builds the request the generated one
 builds for the arguments the agent passes (path, query names, `Accept`, for a patch the
 `Content-Type` `ApiClient.select_header_content_type` picks; for a create none, so that the
 client sends JSON; bearer-token auth) and hands it to the same
