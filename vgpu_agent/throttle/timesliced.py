@@ -115,7 +115,8 @@ class TimeSlicedSplit:
     5-10 s after the first (a strict pair changing phase at 30 s and back at 90 s, simulated),
     cut the costs again and put both figures in doubt: in one run of 24, one of the pair was
     then held at 27 % of its 40 to the end. A change in that time is still followed by the
-    costs; a figure it left stale is asked afresh once the costs are informed (`stale`).
+    costs; a figure it left stale is meant to be asked afresh by `stale` once the costs are
+    informed (not traced: no run here changed phase twice within that time).
 
     The GPU's use is not all work: measured on an H200, two processes taking turns with
     sparse launches kept it counted 99 % busy while they did 40 % of the work (66 % with
