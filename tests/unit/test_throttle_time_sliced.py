@@ -175,6 +175,42 @@ def test_the_watch_waits_for_costs_informed_again_after_a_change(seed):
     assert sum(errors[1000:]) / 100 < 7, found  # the swap back followed
 
 
+@pytest.mark.parametrize("seed", [2, 4, 7])
+def test_a_container_forever_changing_phase_does_not_blind_the_watch_to_its_neighbours(seed):
+    # x's tokens buy six times more, then less again, every 80 periods: its cost is nearly
+    # always being re-learned. b's buy four times more from period 1240: while x re-learns, the
+    # watch judges a's and b's periods between themselves, and finds b's change (the tree
+    # that did not ask the watch while any cost re-learned: after 396 periods, or never)
+    rng, split = random.Random(seed), TimeSlicedSplit()
+    found, x_relearning = None, 0
+    for n in range(1800):
+        cost = {"a": 1.0, "b": 1.0 if n < 1240 else 4.0, "x": 1.0 if (n // 80) % 2 == 0 else 6.0}
+        spent = {alloc_id: rng.randint(80, 120) for alloc_id in cost}
+        owner, _ = _drawn(rng, spent, cost)
+        restarts = split.restarts
+        split.share([[owner]], 100.0, spent)
+        if n >= 1240:
+            x_relearning += "x" in split.relearning
+            if found is None and split.restarts > restarts and "b" in split.relearning:
+                found = n - 1240
+    assert x_relearning > 140  # 146-325 of 560: x was re-learning much of the time
+    assert found is not None and found < 300, found  # 70-267
+
+
+def test_the_watch_judges_the_standing_costs_among_themselves():
+    chances = {"a": 0.2, "b": 0.3, "x": 0.5}
+    # nothing re-learning, or none of those spending: judged as they are
+    assert timesliced._standing(chances, ["a", "x"], set()) == (chances, ["a", "x"])
+    assert timesliced._standing(chances, ["a", "x"], {"gone"}) == (chances, ["a", "x"])
+    # x re-learning: a's and b's chances given that one of them was given the period, and
+    # x's periods left out
+    expected, drawn = timesliced._standing(chances, ["a", "x", "b", "x"], {"x"})
+    assert expected == pytest.approx({"a": 0.4, "b": 0.6})
+    assert drawn == ["a", "b"]
+    # all re-learning: nothing to judge
+    assert timesliced._standing(chances, ["a"], {"a", "b", "x"}) == ({}, [])
+
+
 def test_the_watch_needs_two_containers_and_periods_it_can_predict():
     watch = ChangeWatch()
     assert not watch.changed({"a": 1.0}, ["a"] * 1000)  # alone: every period is its own
