@@ -152,6 +152,19 @@ def test_the_bench_bounds_each_change_with_what_it_had_to_learn():
     assert bench.settling_bound(by_name["6"], s8_1hz, 0.1) > 1.0
 
 
+def test_where_no_turn_fits_the_bench_bounds_time_sliced_cells_by_the_periods():
+    bench = _bench_throttle()
+    by_name = {sc.name.split()[0]: sc for sc in bench.scenarios(30.0)}
+    plants = {p.name: p.spec for p in bench.PLANTS}
+    # turns fit samples every 1/6 s: a figure measured alone tells more, nothing is bounded
+    assert bench.periods_bound(by_name["6"], plants["s8/6Hz"], 0.1, runs=5) is None
+    # one sample a second: the pair whose costs swap fourfold learns them from about one
+    # period a second, no better than the peer model's 9.87 (far above half of it)
+    assert bench.periods_bound(by_name["6"], plants["s8/1Hz"], 0.1, runs=30) > 7.0
+    # a container alone is known from its first tick, periods or not
+    assert bench.periods_bound(by_name["2"], plants["s8/1Hz"], 0.1, runs=5) == 0.0
+
+
 PAIR = [Learner(40.0), Learner(60.0)]  # the bench's scenario 6 after its change
 
 
