@@ -2,7 +2,7 @@
 
     python tests/bench/bench_launch_holds.py [--seeds 8] [--together 45] [--long 1800] [--mixed 150]
                                       [--gamer 240] [--crowd 600] [--unequal 40] [--odd 150]
-                                      [--phase 150]
+                                      [--phase 150] [--flipper 150]
 
 `imperfections.H200_TIME_SLICED`: NVML gives each 200 ms period whole to one process with the
 GPU's busy time as its value (read after several periods, one sample per process for all of
@@ -53,6 +53,15 @@ alone given after the change, for ours and with no figure measured afresh for be
 odds with the periods (`TimeSlicedSplit.stale` empty, as before it); for kernels twice lighter
 also with figures measured again a minute old (`throttle_figure_max_age_seconds: 60`).
 
+With `--flipper S`, instead: strict 30 % containers of 20 us kernels together from the start for
+S seconds, three, the first a tenant changing phase over and over: from FLIP_FROM_S on its
+kernels are 80 us and 5 us in turn (the same grid: its tokens buying four times the SM time
+they did, then a quarter), FLIP_EVERY_S each; the third's kernels become 80 us at FLIP_CHANGE_AT_S, a
+real change of phase of an honest neighbour. Per variant, each container's mean share and
+its lowest and highest 10 s from FLIP_FROM_S on, median (lowest-highest) over seeds, and how long after the third's change the split's watch first
+named it; ours and with the watch not asked while any cost spending re-learns (before
+`timesliced._standing`).
+
 With `--crowd S`, instead: ten strict 10 % containers together from the start for S seconds,
 kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
 before); per minute, the lowest and highest container's mean share (over the seeds), and when
@@ -81,7 +90,7 @@ import platform
 import statistics
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -516,6 +525,109 @@ def phase(seconds: float, seeds: int) -> None:
                 print(f"  turns after the change {'/'.join(str(g[2]) for g in got)}")
 
 
+H200_PERIOD_S = 0.2  # `H200_TIME_SLICED`'s NVML sample period, as the runs here set it
+FLIP_FROM_S = 30.0  # by then each container of three has had its first turn
+# the flipper's kernels change this often: flips every 5 s (80 and 20 us) were not found by
+# the watch at all (the periods' odds moved too little for too short), and these were once
+# in about 40 s
+FLIP_EVERY_S = 15.0
+FLIP_CHANGE_AT_S = 82.5  # the honest third's change of phase, mid-way through a flip
+
+
+def flipping_spec(name: str, seconds: float):  # type: ignore[no-untyped-def]
+    """A strict 30 % container whose kernels go 80 us and 5 us in turn, FLIP_EVERY_S each,
+    from FLIP_FROM_S to `seconds` (one process per stretch, as `ContainerSpec.phases` runs a
+    change of phase)."""
+    from vgpu_agent.simulation.runner import ContainerSpec
+
+    @dataclass(frozen=True)
+    class Flipping(ContainerSpec):
+        def phases(self):  # type: ignore[no-untyped-def]
+            stretches = [("", check_kernels(20e-6, ((0.0, FLIP_FROM_S),)))]
+            start, n = FLIP_FROM_S, 0
+            while start < seconds:
+                end = min(seconds, start + FLIP_EVERY_S)
+                kernel_s = 80e-6 if n % 2 == 0 else 5e-6
+                stretches.append((f"-f{n}", check_kernels(kernel_s, ((start, end),))))
+                start, n = end, n + 1
+            return stretches
+
+    return Flipping(name, 30, check_kernels(20e-6), policy="strict")
+
+
+async def flipper_run(seconds: float, seed: int
+                      ) -> tuple[list[float], list[float], list[float], float | None]:
+    """Three strict 30 % containers, the first flipping (`flipping_spec`), the third's kernels
+    80 us from FLIP_CHANGE_AT_S: (each one's mean share from FLIP_FROM_S on; its lowest and
+    highest 10 s from then; how long after its change the split's watch first named the third,
+    None: never). Time is told by the periods the split has seen (every one of the H200's is
+    delivered), from the start."""
+    from vgpu_agent.simulation.imperfections import H200_TIME_SLICED
+    from vgpu_agent.simulation.runner import ContainerSpec, PlantSpec, Scenario, run_controlled
+    from vgpu_agent.throttle import timesliced
+
+    specs = (flipping_spec("c0", seconds),
+             ContainerSpec("c1", 30, check_kernels(20e-6), policy="strict"),
+             ContainerSpec("c2", 30, check_kernels(20e-6), policy="strict",
+                           switch_to=check_kernels(80e-6), switch_at_s=FLIP_CHANGE_AT_S))
+    learn = timesliced.TimeSlicedSplit._learn_costs
+    found: list[float] = []  # seconds after c2's change at which the watch named it
+    change = FLIP_CHANGE_AT_S / H200_PERIOD_S  # the periods before it
+
+    def watched(self, owners, tokens):  # type: ignore[no-untyped-def]
+        before = set(self.relearning)
+        learn(self, owners, tokens)
+        if self.periods >= change and "c2" in self.relearning - before:
+            found.append((self.periods - change) * H200_PERIOD_S)
+
+    timesliced.TimeSlicedSplit._learn_costs = watched  # type: ignore[method-assign]
+    try:
+        run = await run_controlled(Scenario("flipper", specs, lambda name, t: 30.0, seconds),
+                                   plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
+    finally:
+        timesliced.TimeSlicedSplit._learn_costs = learn  # type: ignore[method-assign]
+    assert not run.errors, run.errors
+    means, lowest, highest = [], [], []
+    for spec in specs:
+        series = run.series[spec.name]
+        means.append(statistics.fmean(v for t, v in series if t >= FLIP_FROM_S))
+        tens = [statistics.fmean(v for t, v in series if a <= t < a + 10)
+                for a in range(int(FLIP_FROM_S), int(seconds) - 9, 5)]
+        lowest.append(min(tens))
+        highest.append(max(tens))
+    return means, lowest, highest, (found[0] if found else None)
+
+
+def flipper(seconds: float, seeds: int) -> None:
+    from vgpu_agent.throttle import timesliced
+
+    print(f"three strict 30 % containers of 20 us kernels together from the start; c0's "
+          f"kernels 80 and 5 us in turn, {FLIP_EVERY_S:g} s each, from {FLIP_FROM_S:g} s on; "
+          f"c2's 80 us from {FLIP_CHANGE_AT_S:g} s on; each one's mean share, lowest and "
+          f"highest 10 s from {FLIP_FROM_S:g} s on, median (lowest-highest) over seeds; when the watch named c2 after its change, per "
+          "seed; ours and with the watch not asked while any cost re-learns (before)")
+    standing = timesliced._standing
+
+    def blind(chances, drawn, relearning):  # type: ignore[no-untyped-def]
+        if any(a in chances for a in relearning):
+            return {}, []
+        return chances, drawn
+
+    for label, rule in (("ours", standing), ("not asked while any re-learns (before)", blind)):
+        timesliced._standing = rule
+        try:
+            got = [asyncio.run(flipper_run(seconds, seed)) for seed in range(seeds)]
+        finally:
+            timesliced._standing = standing
+        print(f"\n{label}")
+        for n in range(3):
+            print(f"  c{n}: mean {_summary([[g[0][n]] for g in got])} | lowest 10 s "
+                  f"{_summary([[g[1][n]] for g in got])} | highest "
+                  f"{_summary([[g[2][n]] for g in got])}")
+        print("  c2's change found after (s) "
+              + "/".join("never" if g[3] is None else f"{g[3]:.1f}" for g in got))
+
+
 def main() -> int:
     import structlog
 
@@ -543,12 +655,16 @@ def main() -> int:
     parser.add_argument("--phase", type=float, default=0.0,
                         help="seconds of the pair and the trio whose first container's kernels "
                              "become lighter (0: the cases)")
+    parser.add_argument("--flipper", type=float, default=0.0,
+                        help="seconds of the trio whose first container changes phase over and "
+                             "over, and whose third changes once (0: the cases)")
     parser.add_argument("--unequal", type=float, default=0.0,
                         help="seconds of the strict 30/50 pair of 20 us beside 200 us kernels "
                              "(0: the cases)")
     args = parser.parse_args()
     runs = (("crowd", 60.0, crowd), ("gamer", 90.0, gamer), ("mixed", 90.0, mixed),
             ("odd", 60.0, odd), ("phase", PHASE_AT_S + 40, phase),
+            ("flipper", FLIP_CHANGE_AT_S + 30, flipper),
             ("unequal", 20.0, unequal))
     for name, least, run in runs:
         seconds = getattr(args, name)
