@@ -422,12 +422,19 @@ async def odd_run(seconds: float, seed: int, alone_kernel_s: float | tuple[float
     run = await run_controlled(Scenario("odd", specs, lambda name, t: 30.0, seconds),
                                plant=PlantSpec(H200_TIME_SLICED, 0.2, seed=seed), paced=True)
     assert not run.errors, run.errors
+    return spread_from(run.series, [spec.name for spec in specs], ODD_FROM_S, seconds)
+
+
+def spread_from(series: dict[str, list[tuple[float, float]]], names: list[str], from_s: float,
+                seconds: float) -> tuple[list[float], list[float], list[float]]:
+    """Each container's mean share from `from_s` on, and its lowest and highest over 10 s
+    (windows 5 s apart)."""
     means, lowest, highest = [], [], []
-    for spec in specs:
-        series = run.series[spec.name]
-        means.append(statistics.fmean(v for t, v in series if t >= ODD_FROM_S))
-        tens = [statistics.fmean(v for t, v in series if a <= t < a + 10)
-                for a in range(int(ODD_FROM_S), int(seconds) - 9, 5)]
+    for name in names:
+        shares = series[name]
+        means.append(statistics.fmean(v for t, v in shares if t >= from_s))
+        tens = [statistics.fmean(v for t, v in shares if a <= t < a + 10)
+                for a in range(int(from_s), int(seconds) - 9, 5)]
         lowest.append(min(tens))
         highest.append(max(tens))
     return means, lowest, highest
@@ -587,14 +594,8 @@ async def flipper_run(seconds: float, seed: int
     finally:
         timesliced.TimeSlicedSplit._learn_costs = learn  # type: ignore[method-assign]
     assert not run.errors, run.errors
-    means, lowest, highest = [], [], []
-    for spec in specs:
-        series = run.series[spec.name]
-        means.append(statistics.fmean(v for t, v in series if t >= FLIP_FROM_S))
-        tens = [statistics.fmean(v for t, v in series if a <= t < a + 10)
-                for a in range(int(FLIP_FROM_S), int(seconds) - 9, 5)]
-        lowest.append(min(tens))
-        highest.append(max(tens))
+    means, lowest, highest = spread_from(run.series, [spec.name for spec in specs], FLIP_FROM_S,
+                                         seconds)
     return means, lowest, highest, (found[0] if found else None)
 
 
