@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 
 from tests.bench.bench_launch_holds import (
     check_kernels,
+    flipper_run,
     gamer_run,
     held,
     last_shares,
@@ -160,6 +161,20 @@ async def test_a_figure_in_doubt_after_a_change_of_phase_is_measured_afresh(seed
     assert ended == [("measured", True)] * len(started)
     for share in last_shares(run.series, 60):
         assert 30 / timesliced.ALONE_MARGIN - 3 <= share <= 30 + 1.5, share
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [3, 6])
+async def test_a_tenant_changing_phase_over_and_over_blinds_no_neighbour(seed):
+    # c0's kernels go 80 and 5 us in turn, 15 s each, from 30 s on: its cost is re-learned
+    # much of the time. c2's kernels become 80 us at 82.5 s: the watch judges c1's and c2's
+    # periods between themselves meanwhile and finds it (8.3 and 4.1 s after); the honest c1
+    # keeps most of its 30. Not asked at all while a cost re-learned: never found, c1 at
+    # 21.4 / 18.5 % from 30 s on, 6.4 / 8.3 % over its worst 10 s.
+    means, lowest, _, found = await flipper_run(150.0, seed)
+    assert found is not None and found < 15.0, found
+    assert means[1] > 24.0, means  # 27.2, 24.8
+    assert lowest[1] > 10.0, lowest  # 22.0, 12.1
 
 
 @pytest.mark.slow
