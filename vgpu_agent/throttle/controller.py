@@ -151,6 +151,7 @@ from vgpu_agent.throttle.soloturn import (
     PERIODS_NEEDED,
     SoloTurns,
     turn_fits,
+    turn_wanted,
 )
 from vgpu_agent.throttle.timesliced import (
     PER_PROCESS_HOLD_S,
@@ -1522,8 +1523,7 @@ class ThrottleController:
         samples the GPU too seldom for PERIODS_NEEDED periods to fit in a turn."""
         if uuid in self._turnless_logged:
             return
-        spending = [a for a, used in spent_by.items() if used]
-        if len(spending) < 2 or all(a in measured for a in spending):
+        if not turn_wanted([a for a, used in spent_by.items() if used], measured):
             return
         self._turnless_logged.add(uuid)
         log.warning("throttle_solo_turns_impossible", uuid=uuid,

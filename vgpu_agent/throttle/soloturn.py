@@ -138,6 +138,12 @@ def turn_fits(period_s: float, most_s: float = SOLO_TURN_MOST_S) -> bool:
     return 0 < period_s * PERIODS_NEEDED <= most_s
 
 
+def turn_wanted(spending: Collection[str], measured: Collection[str]) -> bool:
+    """Whether a turn alone is wanted on a GPU: two containers or more spending, one of them
+    without a trusted figure (`measured`) it can be charged by."""
+    return len(spending) >= 2 and not all(a in measured for a in spending)
+
+
 # steady batches a turn waits for, time allowing (a figure is trusted after ALONE_READINGS, and
 # averaged over those that follow: three noisy samples made a figure 18 % low, simulated)
 TURN_READINGS = 6
@@ -246,8 +252,7 @@ class SoloTurns:
             self.freed.discard(gone)
             self.spent_try.pop(gone, None)
             self.refunded.pop(gone, None)
-        if (self.turn is not None or len(spending) < 2
-                or all(a in measured for a in spending)
+        if (self.turn is not None or not turn_wanted(spending, measured)
                 or not turn_fits(period_s, self.most_s)):
             self.waiting_ns = None
             return None
