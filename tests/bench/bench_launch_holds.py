@@ -534,9 +534,9 @@ def phase(seconds: float, seeds: int) -> None:
 
 H200_PERIOD_S = 0.2  # `H200_TIME_SLICED`'s NVML sample period, as the runs here set it
 FLIP_FROM_S = 30.0  # by then each container of three has had its first turn
-# the flipper's kernels change this often: flips every 5 s (80 and 20 us) were not found by
-# the watch at all (the periods' odds moved too little for too short), and these were once
-# in about 40 s
+# the flipper's kernels change this often: of flips every 5 s (80 and 20 us) the watch found
+# one in 18 (the periods' odds moved too little for too short), of these one in about 40 s
+# (one seed each)
 FLIP_EVERY_S = 15.0
 FLIP_CHANGE_AT_S = 82.5  # the honest third's change of phase, mid-way through a flip
 
