@@ -226,7 +226,7 @@ def periods_bound(sc: Scenario, plant: PlantSpec, tick_s: float, runs: int = 200
     """On a time-sliced GPU where no turn alone fits the samples, the median steady error of
     an estimator learning costs from the periods as well as they allow; None where turns fit
     (a figure measured alone tells more than the periods, and the law may beat this)."""
-    if not math.isfinite(plant.sample_period_s) or turn_fits(plant.sample_period_s):
+    if turn_fits(plant.sample_period_s):
         return None
     sliced = replace(plant, imperfections=replace(plant.imperfections,
                                                   nvml_attribution="time-sliced"))
