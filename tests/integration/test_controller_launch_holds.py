@@ -543,8 +543,9 @@ async def test_the_turn_goes_to_the_container_of_highest_priority():
 @pytest.mark.slow
 async def test_two_containers_spared_by_the_operator_are_never_paused():
     # both of priority 60, containers of 50 or more spared: no turn (they starve as without
-    # turns, which the operator chose); spared from 70 up, the usual turns (each its first,
-    # SOLO_TURN_FIRST_GAP_S apart)
+    # turns, which the operator chose); spared from 70 up, the usual turns (each its first, the
+    # second right after the first; then the first's figure, read at a few percent while the
+    # rates were cut, measured again)
     from dataclasses import replace
 
     sc, _ = scenario((30, 30), 20e-6, alone=0, together_s=10)
@@ -554,7 +555,9 @@ async def test_two_containers_spared_by_the_operator_are_never_paused():
         run.controller.solo_turn_spare_priority = at_least
         with capture_logs() as logs:
             await run.advance(8)
-        assert len([e for e in logs if e["event"] == "throttle_solo_turn_started"]) == turns
+        first = [e["alloc_id"] for e in logs if e["event"] == "throttle_solo_turn_started"
+                 and "never seen alone" in e["why"]]
+        assert first == ["c0", "c1"][:turns]
         if not turns:
             assert not any(s.paused for s in run.controller.status.values())
 
@@ -584,9 +587,11 @@ async def test_a_container_never_measured_gets_its_turn_soon_after_the_first(see
     # The H200's pair: a strict 50 % container of 200 us kernels beside a strict 30 % one of
     # 20 us. After the 30 % one's turn, the other is charged at its figure times a cost the
     # periods understate; with first turns 10 s apart it ran at 66-71 % of its work from 10 to
-    # 15 s (at 64 % on the H200). Its own turn 3 s after the first holds it from there.
+    # 15 s (at 64 % on the H200). Its own turn right after the first (whose container it pauses
+    # has just run alone: 3 s after it, the highest 5 s were 50-74 % over 11 seeds; now 49-65)
+    # holds it from there.
     shares, turns = await unequal_run(20.0, seed)
-    assert turns[1] - turns[0] < 5, turns
+    assert turns[1] - turns[0] < 2.5, turns
     assert statistics.fmean(shares["c1"][100:150]) <= 50 + 1.5
     before, turns = await unequal_run(20.0, seed, first_gap_s=10.0)
     assert turns[1] - turns[0] > 10, turns

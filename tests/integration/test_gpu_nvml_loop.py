@@ -193,19 +193,22 @@ def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml
     # a turn alone lasts a second or two (seen through 0.5 s windows) ...
     for container in (0, 1):
         assert not paused[container] or max(paused[container]) - min(paused[container]) <= 3
-    # ... and both spend again after the first, up to the second if one came (7.5-12 s in
-    # over eleven runs here, once near the end on a busy machine: evidence of the GPU counting
-    # beyond the work that the fake's noise gives sooner or later)
-    first_done = max(paused[1]) + 1
-    second = min(paused[0]) if turns == 2 else float("inf")
-    for container in (0, 1):
-        between = [r["share"] for r in rows
-                   if r["container"] == container and first_done < r["t"] < second]
-        assert between and sum(between) / len(between) > 5, rows
-    # the second's container spends again after it, where the run went on long enough to see it
-    if turns == 2 and max(paused[0]) + 2 < max(r["t"] for r in rows):
-        after = [r["share"] for r in rows if r["container"] == 0 and r["t"] > max(paused[0]) + 1]
-        assert sum(after) / len(after) > 5, rows
+    # ... and both spend again after each, where the run leaves a second or more to see it:
+    # between the turns, and after the second if one came. That came 7.5-12 s in over eleven
+    # runs here (once near the end on a busy machine), after evidence of the GPU counting busy
+    # beyond the work that the fake's noise gives sooner or later; where that evidence comes
+    # before the first turn, the second follows it at once (a pair's second).
+    windows = [(max(paused[1]) + 1, min(paused[0]) if turns == 2 else float("inf"))]
+    if turns == 2:
+        windows.append((max(paused[0]) + 1, float("inf")))
+    seen = 0
+    for low, high in windows:
+        for container in (0, 1):
+            got = [r["share"] for r in rows if r["container"] == container and low < r["t"] < high]
+            if len(got) >= 2:
+                assert sum(got) / len(got) > 5, rows
+                seen += 1
+    assert seen >= 2, rows
 
 
 @pytest.mark.parametrize(("rate", "seconds"), [(10_000_000, 0.5), (45, 1.0)])

@@ -80,9 +80,18 @@ one of 200 us). There a strict-50 container of 200 us kernels beside a measured 
 us ran at 64 % of its work for the 10 s gap, its charge rising from 7 to 32 % as the periods came;
 simulated, at 54-88 % for 8-12 s (three seeds, `bench_launch_holds.py --unequal`). With the first
 gap, about 4 s of that, and ten containers starting together are all measured within 43-80 s
-instead of 106-135 s (`--crowd`). A container whose figure is in doubt (or too coarse) is measured
-afresh sooner still, on any GPU: `remeasure_gap_s` (0.5 s) after the last turn, and without
-`after_s` (it has spent all along). Its charge stands for work it no longer does: a pair whose
+instead of 106-135 s (`--crowd`). A pair's second first turn there comes `remeasure_gap_s` after the
+first, without `after_s`: the one container it pauses has just run alone, so nobody is paused twice
+in a row, and the pair spent `after_s` together before the first. Waiting, the second was charged at
+the first's figure times a cost its periods had not yet learned: a strict 50 % container of 200 us
+kernels beside a 30 % one of 20 us ran at 50-74 % over its highest 5 s (median 65, 11 seeds,
+`--unequal`), now 49-65 (55); the time-sliced bench's scenario 6 at sigma 8 and 6 Hz, 6.62 -> 5.84
+points (12 seeds). Not where the use is all work: there the periods share the use out between the
+turns, and a sooner second turn only moved which noisy figures the pair got (the strict 50 % beside
+the 30 %, its highest 5 s from 15 s on 48.5-54.8 over 16 seeds, against 48.7-52.9). A container
+whose figure is in doubt (or too coarse) is measured afresh sooner still, on any GPU:
+`remeasure_gap_s` (0.5 s) after the last turn, and without `after_s` (it has spent all along). Its
+charge stands for work it no longer does: a pair whose
 phases changed together (tokens then buying four times and a quarter of what they did) ran at 44-62
 % and 20-30 % of their 40 and 60 for 5-10 s after the change while each re-measure waited 3 s,
 after the doubt and then after the other's turn; now 35-57 % for the second (simulated, six seeds).
@@ -172,8 +181,9 @@ class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
     __slots__ = ("after_ns", "calm_gap_ns", "credit", "first_gap_ns", "freed", "gap_ns",
-                 "last_end_ns", "most_ns", "most_s", "refund_ns", "refunded", "remeasure_gap_ns",
-                 "retry_ns", "spent_try", "tried", "tries", "turn", "waiting_ns")
+                 "last_end_ns", "last_owner", "most_ns", "most_s", "refund_ns", "refunded",
+                 "remeasure_gap_ns", "retry_ns", "spent_try", "tried", "tries", "turn",
+                 "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
@@ -205,6 +215,7 @@ class SoloTurns:
         self.turn: SoloTurn | None = None
         self.waiting_ns: int | None = None  # since when a turn has been wanted
         self.last_end_ns: int | None = None
+        self.last_owner: str | None = None  # whose the last turn was (none of its pauses)
         self.tried: dict[str, int] = {}  # alloc_id -> turns it had
         # alloc_id -> (turns left to it, when): `tries` at first, one back each `retry_s`
         self.credit: dict[str, tuple[float, int]] = {}
@@ -231,9 +242,10 @@ class SoloTurns:
         operator's choice): one of them can only be given the turn itself, and with two or
         more on the GPU none is given; `beyond_work`: whether the GPU has been seen counting
         itself busy beyond the work the figures explain (turns `gap_s` apart, `first_gap_s`
-        where one eligible was never tried or has its figure in `doubted`; `calm_gap_s` where
-        not); `doubted`: those whose figure is in doubt or too coarse (left out of
-        `measured`; the turn given to one of them comes `remeasure_gap_s` after the last, on
+        where one eligible was never tried or has its figure in `doubted`, `remeasure_gap_s`
+        without `after_s` for a pair's second first turn; `calm_gap_s` where not);
+        `doubted`: those whose figure is in doubt or too coarse (left out of `measured`; the
+        turn given to one of them comes `remeasure_gap_s` after the last, on
         any GPU, without `after_s`); `apart`: whether the costs of containers spending differ far
         (`TimeSlicedSplit.costs_apart`; called only where it decides the gap, as it may compare
         every pair spending): first turns `first_gap_s` apart on any GPU then; `free`: those of
@@ -275,6 +287,11 @@ class SoloTurns:
         elif (beyond_work and any(a not in self.tried or a in doubted for a in eligible)) or (
                 any(a not in self.tried for a in eligible) and apart()):
             gap_ns = min(gap_ns, self.first_gap_ns)
+            if (beyond_work and chosen not in self.tried
+                    and set(present) - {chosen} <= {self.last_owner}):
+                # a pair's second: the only one it pauses has just run alone, and the pair
+                # spent together for `after_s` before the first (see the module note)
+                after_ns, gap_ns = 0, min(gap_ns, self.remeasure_gap_ns)
         if now_ns - self.waiting_ns < after_ns or (
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
             return None
@@ -348,5 +365,5 @@ class SoloTurns:
         """Ends the turn under way; what it paused (to write back)."""
         turn, self.turn = self.turn, None
         if turn is not None:
-            self.last_end_ns = now_ns
+            self.last_end_ns, self.last_owner = now_ns, turn.alloc_id
         return turn
