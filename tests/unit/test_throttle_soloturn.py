@@ -157,6 +157,19 @@ def test_a_pairs_second_first_turn_follows_the_first():
                     apart=apart) is None
         assert _due(turns, end + wait + SOLO_TURN_AFTER_S, beyond_work=False,
                     apart=apart) == "b"
+    # a newcomer beside the last turn's container (its neighbour gone) was not paused by that
+    # turn: it waits `after_s` and the first gap like any first turn, not a brief spending
+    turns = SoloTurns()
+    assert _due(turns, 0.0) is None
+    assert _due(turns, SOLO_TURN_AFTER_S) == "a"
+    turns.start("a", int(SOLO_TURN_AFTER_S * S), {"b/0": (100, 10)})
+    turns.end(int(end * S))
+    late = end + 2 * SOLO_TURN_GAP_S  # b left; c arrives and spends beside a
+    assert _due(turns, late, spending=("a", "c"), candidates=("a", "c")) is None
+    assert _due(turns, late + SOLO_TURN_AFTER_S - 0.1, spending=("a", "c"),
+                candidates=("a", "c")) is None
+    assert _due(turns, late + SOLO_TURN_AFTER_S, spending=("a", "c"),
+                candidates=("a", "c")) == "c"
     # and a second try of the first (tried already) waits the whole gap, so that a pair's
     # pauses do not alternate
     turns = SoloTurns(after_s=0.0)

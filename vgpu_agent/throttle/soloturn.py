@@ -181,9 +181,9 @@ class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
     __slots__ = ("after_ns", "calm_gap_ns", "credit", "first_gap_ns", "freed", "gap_ns",
-                 "last_end_ns", "last_owner", "most_ns", "most_s", "refund_ns", "refunded",
-                 "remeasure_gap_ns", "retry_ns", "spent_try", "tried", "tries", "turn",
-                 "waiting_ns")
+                 "last_end_ns", "last_owner", "last_paused", "most_ns", "most_s", "pausing",
+                 "refund_ns", "refunded", "remeasure_gap_ns", "retry_ns", "spent_try", "tried",
+                 "tries", "turn", "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
@@ -215,7 +215,10 @@ class SoloTurns:
         self.turn: SoloTurn | None = None
         self.waiting_ns: int | None = None  # since when a turn has been wanted
         self.last_end_ns: int | None = None
-        self.last_owner: str | None = None  # whose the last turn was (none of its pauses)
+        # whose the last turn was, and those it paused (the others on the GPU when it came)
+        self.last_owner: str | None = None
+        self.last_paused: frozenset[str] = frozenset()
+        self.pausing: frozenset[str] = frozenset()  # ... of the turn chosen last
         self.tried: dict[str, int] = {}  # alloc_id -> turns it had
         # alloc_id -> (turns left to it, when): `tries` at first, one back each `retry_s`
         self.credit: dict[str, tuple[float, int]] = {}
@@ -287,10 +290,10 @@ class SoloTurns:
         elif (beyond_work and any(a not in self.tried or a in doubted for a in eligible)) or (
                 any(a not in self.tried for a in eligible) and apart()):
             gap_ns = min(gap_ns, self.first_gap_ns)
-            if (beyond_work and chosen not in self.tried
+            if (beyond_work and chosen not in self.tried and chosen in self.last_paused
                     and set(present) - {chosen} <= {self.last_owner}):
-                # a pair's second: the only one it pauses has just run alone, and the pair
-                # spent together for `after_s` before the first (see the module note)
+                # a pair's second: the only one it pauses has just run alone, and it spent
+                # beside that one for `after_s` before the first (paused by it; module note)
                 after_ns, gap_ns = 0, min(gap_ns, self.remeasure_gap_ns)
         if now_ns - self.waiting_ns < after_ns or (
                 self.last_end_ns is not None and now_ns - self.last_end_ns < gap_ns):
@@ -302,6 +305,7 @@ class SoloTurns:
             self.credit[chosen] = (self._credit(chosen, now_ns) - 1, now_ns)
         self.spent_try[chosen] = chosen not in unspent
         self.waiting_ns = None
+        self.pausing = frozenset(present) - {chosen}
         return chosen
 
     def _credit(self, alloc_id: str, now_ns: int) -> float:
@@ -366,4 +370,5 @@ class SoloTurns:
         turn, self.turn = self.turn, None
         if turn is not None:
             self.last_end_ns, self.last_owner = now_ns, turn.alloc_id
+            self.last_paused = self.pausing
         return turn
