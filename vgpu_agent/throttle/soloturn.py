@@ -91,10 +91,10 @@ turns, and a sooner second turn only moved which noisy figures the pair got (the
 the 30 %, its highest 5 s from 15 s on 48.5-54.8 over 16 seeds, against 48.7-52.9). A container
 whose figure is in doubt (or too coarse) is measured afresh sooner still, on any GPU:
 `remeasure_gap_s` (0.5 s) after the last turn, and without `after_s` (it has spent all along). Its
-charge stands for work it no longer does: a pair whose
-phases changed together (tokens then buying four times and a quarter of what they did) ran at 44-62
-% and 20-30 % of their 40 and 60 for 5-10 s after the change while each re-measure waited 3 s,
-after the doubt and then after the other's turn; now 35-57 % for the second (simulated, six seeds).
+charge stands for work it no longer does: a pair whose phases changed together (tokens then buying
+four times and a quarter of what they did) ran at 44-62 % and 20-30 % of their 40 and 60 for 5-10
+s after the change while each re-measure waited 3 s, after the doubt and then after the other's
+turn; now 35-57 % for the second (simulated, six seeds).
 Waiting the whole 10 s gap after a neighbour's turn, a doubted figure, raised by its cost's rise
 only where that rise is beyond chance, went 2.3-fold up and back with a cost at chance's edge, and
 its strict 30 % neighbour ran at 34-38 % for 6 s (simulated, `--unequal`, seed 1 of eleven). A
@@ -181,9 +181,9 @@ class SoloTurns:
     """One GPU's turns alone: when one is due, and when the one under way is over."""
 
     __slots__ = ("after_ns", "calm_gap_ns", "credit", "first_gap_ns", "freed", "gap_ns",
-                 "last_end_ns", "last_owner", "last_paused", "most_ns", "most_s", "pausing",
-                 "refund_ns", "refunded", "remeasure_gap_ns", "retry_ns", "spent_try", "tried",
-                 "tries", "turn", "waiting_ns")
+                 "last_end_ns", "last_owner", "last_paused", "most_ns", "most_s", "refund_ns",
+                 "refunded", "remeasure_gap_ns", "retry_ns", "spent_try", "tried", "tries", "turn",
+                 "waiting_ns")
 
     def __init__(self, most_s: float = SOLO_TURN_MOST_S, after_s: float = SOLO_TURN_AFTER_S,
                  gap_s: float = SOLO_TURN_GAP_S, tries: int = SOLO_TURN_TRIES,
@@ -218,7 +218,6 @@ class SoloTurns:
         # whose the last turn was, and those it paused (the others on the GPU when it came)
         self.last_owner: str | None = None
         self.last_paused: frozenset[str] = frozenset()
-        self.pausing: frozenset[str] = frozenset()  # ... of the turn chosen last
         self.tried: dict[str, int] = {}  # alloc_id -> turns it had
         # alloc_id -> (turns left to it, when): `tries` at first, one back each `retry_s`
         self.credit: dict[str, tuple[float, int]] = {}
@@ -305,7 +304,7 @@ class SoloTurns:
             self.credit[chosen] = (self._credit(chosen, now_ns) - 1, now_ns)
         self.spent_try[chosen] = chosen not in unspent
         self.waiting_ns = None
-        self.pausing = frozenset(present) - {chosen}
+        self.last_owner, self.last_paused = chosen, frozenset(present) - {chosen}
         return chosen
 
     def _credit(self, alloc_id: str, now_ns: int) -> float:
@@ -369,6 +368,5 @@ class SoloTurns:
         """Ends the turn under way; what it paused (to write back)."""
         turn, self.turn = self.turn, None
         if turn is not None:
-            self.last_end_ns, self.last_owner = now_ns, turn.alloc_id
-            self.last_paused = self.pausing
+            self.last_end_ns = now_ns
         return turn
