@@ -53,14 +53,14 @@ alone given after the change, for ours and with no figure measured afresh for be
 odds with the periods (`TimeSlicedSplit.stale` empty, as before it); for kernels twice lighter
 also with figures measured again a minute old (`throttle_figure_max_age_seconds: 60`).
 
-With `--flipper S`, instead: strict 30 % containers of 20 us kernels together from the start for
-S seconds, three, the first a tenant changing phase over and over: from FLIP_FROM_S on its
-kernels are 80 us and 5 us in turn (the same grid: its tokens buying four times the SM time
-they did, then a quarter), FLIP_EVERY_S each; the third's kernels become 80 us at FLIP_CHANGE_AT_S, a
-real change of phase of an honest neighbour. Per variant, each container's mean share and
-its lowest and highest 10 s from FLIP_FROM_S on, median (lowest-highest) over seeds, and how long after the third's change the split's watch first
-named it; ours and with the watch not asked while any cost spending re-learns (before
-`timesliced._standing`).
+With `--flipper S`, instead: strict 30 % containers of 20 us kernels together from the start for S
+seconds, three, the first a tenant changing phase over and over: from FLIP_FROM_S on its kernels
+are 80 us and 5 us in turn (the same grid: its tokens buying four times the SM time they did, then
+a quarter), FLIP_EVERY_S each; the third's kernels become 80 us at FLIP_CHANGE_AT_S, a real change
+of phase of an honest neighbour. Per variant, each container's mean share and its lowest and
+highest 10 s from FLIP_FROM_S on, median (lowest-highest) over seeds, and how long after the
+third's change the split's watch first named it; ours and with the watch not asked while any cost
+spending re-learns (before `timesliced._standing`).
 
 With `--crowd S`, instead: ten strict 10 % containers together from the start for S seconds,
 kernels of 10 and 20 us in turn or all of 20 us, ours and with turns a minute apart (as
@@ -605,8 +605,9 @@ def flipper(seconds: float, seeds: int) -> None:
     print(f"three strict 30 % containers of 20 us kernels together from the start; c0's "
           f"kernels 80 and 5 us in turn, {FLIP_EVERY_S:g} s each, from {FLIP_FROM_S:g} s on; "
           f"c2's 80 us from {FLIP_CHANGE_AT_S:g} s on; each one's mean share, lowest and "
-          f"highest 10 s from {FLIP_FROM_S:g} s on, median (lowest-highest) over seeds; when the watch named c2 after its change, per "
-          "seed; ours and with the watch not asked while any cost re-learns (before)")
+          f"highest 10 s from {FLIP_FROM_S:g} s on, median (lowest-highest) over seeds; when "
+          "the watch named c2 after its change, per seed; ours and with the watch not asked "
+          "while any cost re-learns (before)")
     standing = timesliced._standing
 
     def blind(chances, drawn, relearning):  # type: ignore[no-untyped-def]
