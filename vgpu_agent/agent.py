@@ -54,10 +54,10 @@ from vgpu_agent.shm.regions import Region, RegionStore
 from vgpu_agent.shm.spill import SpillNotice, SpillReports
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.backstop import Breach
-from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
+from vgpu_agent.throttle.controller import ThrottleController
 from vgpu_agent.throttle.figurefile import FILE_NAME as FIGURE_FILE_NAME
 from vgpu_agent.throttle.figurefile import FigureFile
-from vgpu_agent.throttle.identity import Attributor, ProcEvidence
+from vgpu_agent.throttle.identity import Attributor, NamespacePidResolver, ProcEvidence
 from vgpu_agent.throttle.podpolicy import PodPolicyRules
 from vgpu_agent.throttle.regionpolicy import PodLookup, RegionPolicies
 from vgpu_agent.throttle.watch import BackstopWatch

@@ -13,8 +13,7 @@ from tests.fakes.hostproc import FakeHostProc
 from tests.fakes.shimstate import DeviceSpec, ShimWriter, make_region
 from vgpu_agent.shm.regions import Region, format_alloc_id
 from vgpu_agent.throttle.backstop import BackstopParams, Breach
-from vgpu_agent.throttle.controller import NamespacePidResolver
-from vgpu_agent.throttle.identity import Attributor, ProcEvidence
+from vgpu_agent.throttle.identity import Attributor, NamespacePidResolver, ProcEvidence
 from vgpu_agent.throttle.watch import BackstopWatch
 
 GIB = 1 << 30

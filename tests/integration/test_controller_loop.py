@@ -14,7 +14,8 @@ from vgpu_agent.simulation.imperfections import IDEAL
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID, ContainerSpec, ControlledRun
 from vgpu_agent.throttle.control import UNLIMITED_RATE
-from vgpu_agent.throttle.controller import CgroupPidResolver, ThrottleController
+from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.identity import CgroupPidResolver
 
 BUSY = Workload(kernel_s=0.002)
 

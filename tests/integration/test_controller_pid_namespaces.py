@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm.api import ProcessUsage, RegionUsage
-from vgpu_agent.throttle.controller import NamespacePidResolver, ThrottleController
+from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.identity import NamespacePidResolver
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 REGION_DEV = 0xFE01

@@ -4,7 +4,9 @@
 unlike `/proc/<pid>/root`, which needs ptrace access). The kernel writes that table; a
 container cannot change what it says about the mounts the runtime made for it.
 `Attributor` joins the evidence with the regions' claims once per GPU and tick, keeps the
-per-region count of rejected claims, and logs each rejection once.
+per-region count of rejected claims, and logs each rejection once. Where a process's mount table
+proves nothing, `NamespacePidResolver` matches its pid inside its namespace and start time with
+a shim slot, and `CgroupPidResolver` places it beside a proven process of the same cgroup.
 """
 
 from __future__ import annotations
@@ -213,3 +215,83 @@ class Attributor:
         self._reported = {(a, p) for a, p in self._reported if p in keep and a in present}
         if any(a not in present for a in self.rejected):
             self.rejected = {a: n for a, n in self.rejected.items() if a in present}
+
+
+class PidResolver(Protocol):
+    def __call__(self, pid: int, known: Mapping[int, str]) -> str | None:
+        """The alloc_id of host `pid`, given the host PIDs already known per allocation."""
+
+
+class CgroupPidResolver:
+    """Assigns an unknown host PID to the allocation whose known processes share its cgroup.
+
+    The shim cannot always learn its host PID (no access to the host's PID namespace); a sibling
+    process that did tells us which container cgroup is the allocation's.
+    """
+
+    def __init__(self, proc_root: str = "/proc"):
+        self.proc_root = proc_root
+
+    def cgroup_of(self, pid: int) -> str | None:
+        try:
+            with open(os.path.join(self.proc_root, str(pid), "cgroup"), encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError):
+            return None
+        # cgroup v2 has one "0::<path>" line; with v1, any controller's path names the container.
+        paths = sorted(line.split(":", 2)[2] for line in lines if line.count(":") >= 2)
+        paths = [p for p in paths if p not in ("", "/")]
+        return "\n".join(paths) or None
+
+    def __call__(self, pid: int, known: Mapping[int, str]) -> str | None:
+        wanted = self.cgroup_of(pid)
+        if wanted is None:
+            return None
+        for other, alloc_id in known.items():
+            if self.cgroup_of(other) == wanted:
+                return alloc_id
+        return None
+
+
+class NamespacePidResolver:
+    """Maps a host PID to the allocation whose shim slot holds the same process.
+
+    Inside a container the shim sees only its own pid namespace, so its slots carry the
+    in-container pid and the process start time, rarely the host pid. The host's /proc tells,
+    for a host pid, the pid in its innermost namespace (last `NSpid` field) and the same start
+    time (`stat` field 22): the pair names the slot. Needs the host's /proc (hostPID, or the
+    host's /proc mounted and `proc_root` pointing at it).
+    """
+
+    def __init__(self, proc_root: str = "/proc"):
+        self.proc_root = proc_root
+        self._seen: dict[int, tuple[int, int] | None] = {}
+
+    def identity(self, host_pid: int) -> tuple[int, int] | None:
+        """(pid in its innermost namespace, start time) of a host pid, None if unreadable."""
+        if host_pid in self._seen:
+            return self._seen[host_pid]
+        found: tuple[int, int] | None = None
+        base = os.path.join(self.proc_root, str(host_pid))
+        try:
+            with open(os.path.join(base, "status"), encoding="utf-8") as f:
+                nspid = next((ln for ln in f if ln.startswith("NSpid:")), "")
+            with open(os.path.join(base, "stat"), encoding="utf-8") as f:
+                stat = f.read()
+            inner = int(nspid.split()[-1])
+            # the command name (field 2) may hold spaces: count fields after its ')'
+            start = int(stat.rsplit(")", 1)[1].split()[19])
+            found = (inner, start)
+        except (OSError, ValueError, IndexError, StopIteration, UnicodeDecodeError):
+            found = None
+        self._seen[host_pid] = found
+        return found
+
+    def forget_except(self, live: Iterable[int]) -> None:
+        """Drop cached pids that stopped appearing in samples (their numbers may be reused)."""
+        keep = set(live)
+        self._seen = {pid: v for pid, v in self._seen.items() if pid in keep}
+
+    def resolve(self, host_pid: int, slots: Mapping[tuple[int, int], str]) -> str | None:
+        ident = self.identity(host_pid)
+        return slots.get(ident) if ident is not None else None
