@@ -13,7 +13,12 @@
   NVML lists now bound its use, and its rate rises to what that says: back 4-14 s after the
   change for these seeds.
 - Launches dearer than the shim's longest wait (2 s) of refill: it runs each in debt, and the
-  audit forgives that debt rather than taking it for a lie."""
+  audit forgives that debt rather than taking it for a lie. With three processes, each runs
+  one such launch after its own longest wait, three within 2 s, sometimes in one tick: the
+  audit forgives one debt per process; before, the second was taken for a lie and the
+  container capped near 0 %. And zeros read while the estimate is too loose to learn from
+  them go on raising `k`: before, after the first raise, they were set aside, and the
+  container stayed at 0.3 % of its 40."""
 
 from __future__ import annotations
 
@@ -26,13 +31,13 @@ from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.runner import ContainerSpec, ControlledRun, PlantSpec
 
 
-def beside_a_neighbour(grown: Workload, seed: int = 0) -> ControlledRun:
-    """A strict 40 % container moving to `grown` at 10 s beside a strict 60 % one, with NVML
-    samples every second (sigma 8)."""
+def beside_a_neighbour(grown: Workload, seed: int = 0, processes: int = 1) -> ControlledRun:
+    """A strict 40 % container (of `processes`) moving to `grown` at 10 s beside a strict
+    60 % one, with NVML samples every second (sigma 8)."""
     plant = PlantSpec(imperfections=replace(REAL, nvml_sigma=8.0), sample_period_s=1.0, seed=seed)
     return ControlledRun((
         ContainerSpec("a", 60.0, Workload(kernel_s=0.0002), policy="strict"),
-        ContainerSpec("b", 40.0, Workload(kernel_s=0.002), policy="strict",
+        ContainerSpec("b", 40.0, Workload(kernel_s=0.002), policy="strict", processes=processes,
                       switch_to=grown, switch_at_s=10.0),
     ), plant=plant, paced=True)
 
@@ -59,3 +64,14 @@ async def test_tokens_that_buy_far_less_get_their_share_back(grown, at_s, seed):
     # its processes after the switch, over the last 5 s
     assert run.gpu.shares(run.procs["b"][1], 5.0)[-1][1] == pytest.approx(40, abs=3)
     assert run.gpu.shares(run.procs["a"][0], 5.0)[-1][1] <= 64  # its neighbour held as before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_three_processes_of_launches_dearer_than_the_longest_wait_get_their_share(seed):
+    run = beside_a_neighbour(Workload(kernel_s=0.0002, blocks=1024 * 500), seed, processes=3)
+    await run.advance(38.0)
+    assert "tokens_overclaimed" not in run.controller.error_counts  # it is honest
+    after = run.procs["b"][3:]  # its three processes after the switch, over the last 5 s
+    assert sum(run.gpu.shares(p, 5.0)[-1][1] for p in after) == pytest.approx(40, abs=3)
+    assert run.gpu.shares(run.procs["a"][0], 5.0)[-1][1] <= 64

@@ -53,6 +53,28 @@ def test_two_zeros_in_a_row_raise_k_to_what_they_bound(law):
 
 
 @pytest.mark.parametrize("law", LAWS)
+def test_zeros_go_on_raising_k_while_the_estimate_is_too_loose_to_learn_from_them(law):
+    # Its tokens came to buy next to nothing (a launch now 2.5 s of refill, its processes
+    # running one each after their longest wait, so it spends about its rate whatever it is):
+    # a raise bounds k by the spending it saw, which says little, and leaves the estimate
+    # loose. Before, every zero after that was set aside (noise reaches a zero from a loose
+    # estimate) and k stayed a thousand times low; now zeros in pairs raise it again.
+    state, rate, burst = settled(law)
+    k0 = state.tokens_per_pct
+    raises = 0
+    for _ in range(6):
+        spent = max(1, rate // 10)  # a tick's refill: what it spends, at any rate
+        for util in (0.0, 0.0):
+            obs = Observation("x", 40.0, "strict", spent=spent, launches=1, util=util,
+                              rate=rate, burst=burst)
+            d = law([obs], {"x": state}, 0.1, ControlParams())["x"]
+            raises += d.state.tokens_per_pct > state.tokens_per_pct
+            state, rate, burst = d.state, d.rate, d.burst
+    assert raises >= 5  # a raise for every pair of zeros but the first's first
+    assert state.tokens_per_pct > 1000 * k0
+
+
+@pytest.mark.parametrize("law", LAWS)
 def test_zeros_apart_teach_nothing_new(law):
     state, rate, burst = settled(law)
     k = state.tokens_per_pct

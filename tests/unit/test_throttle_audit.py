@@ -9,7 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vgpu_agent.shm import layout
-from vgpu_agent.throttle.audit import JITTER_S, believed_spend, one_dear_launch
+from vgpu_agent.throttle.audit import (
+    JITTER_S,
+    LAUNCH_DEBT_GRACE_S,
+    LaunchDebt,
+    believed_spend,
+    dear_launches,
+)
 
 STEP_NS = 500_000  # the honest shim below launches as often as its tokens allow, every 0.5 ms
 
@@ -98,13 +104,71 @@ def test_nothing_claimed_is_nothing_believed_and_the_bucket_fills_to_its_burst()
 
 def test_one_launch_dearer_than_the_bucket_explains_a_claim_past_the_allowance_by_one_launch():
     # one launch of 5,000 tokens, a bucket of 1,000: what was let through, plus up to that launch
-    assert one_dear_launch(5_000, believed=2_000, launches=1, burst=1_000, usual_cost=100) == 5_000
-    assert not one_dear_launch(5_000, believed=-1, launches=1, burst=1_000, usual_cost=100)
+    assert dear_launches(5_000, believed=2_000, launches=1, burst=1_000,
+                         usual_cost=100) == (5_000, 1)
+    assert dear_launches(5_000, believed=-1, launches=1, burst=1_000, usual_cost=100) == (0, 0)
     # ten launches, nine at the usual 100 tokens: the tenth cost 4,100, past the bucket (the
     # first dear launch may share its tick with cheap ones)
-    assert one_dear_launch(5_000, believed=900, launches=10, burst=1_000, usual_cost=100) == 4_100
-    assert not one_dear_launch(5_000, believed=899, launches=10, burst=1_000, usual_cost=100)
+    assert dear_launches(5_000, believed=900, launches=10, burst=1_000,
+                         usual_cost=100) == (4_100, 1)
+    assert dear_launches(5_000, believed=899, launches=10, burst=1_000, usual_cost=100) == (0, 0)
     # ten launches at their usual cost, each within the bucket: no debt explains the claim
-    assert not one_dear_launch(5_000, believed=4_000, launches=10, burst=1_000, usual_cost=500)
+    assert dear_launches(5_000, believed=4_000, launches=10, burst=1_000,
+                         usual_cost=500) == (0, 0)
     # no launch counted: nothing explains it
-    assert not one_dear_launch(5_000, believed=4_000, launches=0, burst=1_000, usual_cost=0.0)
+    assert dear_launches(5_000, believed=4_000, launches=0, burst=1_000, usual_cost=0.0) == (0, 0)
+
+
+def test_each_process_may_run_one_dear_launch_in_a_tick():
+    # three launches of 5,000 tokens in one tick, a bucket of 1,000: one process explains one
+    # of them, three processes (their waits ending together) all three
+    assert dear_launches(15_000, believed=2_000, launches=3, burst=1_000,
+                         usual_cost=5_000) == (0, 0)
+    assert dear_launches(15_000, believed=2_000, launches=3, burst=1_000, usual_cost=5_000,
+                         most=3) == (15_000, 3)
+    # more processes than launches: the launches counted are all there is to explain it
+    assert dear_launches(15_000, believed=2_000, launches=3, burst=1_000, usual_cost=5_000,
+                         most=8) == (15_000, 3)
+    # three launches whose cost together is no more than three bursts are not dear
+    assert dear_launches(3_000, believed=0, launches=3, burst=1_000, usual_cost=1_000,
+                         most=3) == (0, 0)
+
+
+MAX_WAIT_NS = 2_000_000_000
+S = 1_000_000_000
+
+
+def test_one_debt_per_process_is_forgiven_within_the_longest_wait():
+    debt = LaunchDebt(MAX_WAIT_NS)
+    # a container of three processes: each may run one launch in debt after its longest wait
+    assert debt.forgive(5_000, 1_000, 10 * S, 10 * S - S // 10, processes=3)
+    assert debt.forgive(5_000, 1_000, 10 * S + S // 10, 10 * S, processes=3)
+    assert debt.forgive(5_000, 1_000, 10 * S + S // 5, 10 * S + S // 10, processes=3)
+    # a fourth within the same wait is more than three processes can have run
+    assert not debt.forgive(5_000, 1_000, 10 * S + S // 2, 10 * S + S * 4 // 10, processes=3)
+    # once the first is past the longest wait, its process may have launched again
+    assert debt.forgive(5_000, 1_000, 12 * S, 12 * S - S // 10, processes=3)
+
+
+def test_one_process_is_forgiven_one_debt_a_wait_unless_the_refill_repaid_it():
+    debt = LaunchDebt(MAX_WAIT_NS)
+    assert debt.forgive(5_000, 1_000, 10 * S, 10 * S, processes=1)
+    assert not debt.forgive(5_000, 1_000, 10 * S + S // 2, 10 * S + S // 2)
+    # repaid (5,000 - 2 bursts of loan = 3,000 tokens, at 3,000 a second), and a second on
+    debt.repay(3_000, 1.0)
+    assert not debt.forgive(5_000, 1_000, 10 * S + S * 9 // 10, 10 * S + S * 8 // 10)
+    assert debt.forgive(5_000, 1_000, 10 * S + int(LAUNCH_DEBT_GRACE_S * S),
+                        10 * S + S * 9 // 10)
+
+
+def test_dear_launches_of_several_processes_in_one_tick_take_as_many_debts():
+    debt = LaunchDebt(MAX_WAIT_NS)
+    assert debt.forgive(15_000, 1_000, 10 * S, 10 * S - S // 10, processes=3, launches=3)
+    # all three processes ran theirs: the next within the wait is caught
+    assert not debt.forgive(5_000, 1_000, 10 * S + S, 10 * S + S * 9 // 10, processes=3)
+    # more launches than processes in one tick are not forgiven at all
+    assert not LaunchDebt(MAX_WAIT_NS).forgive(20_000, 1_000, 10 * S, 10 * S, processes=3,
+                                               launches=4)
+    # the debts add up: 15,000 less two bursts of loan
+    assert debt.left == 13_000
+    assert not LaunchDebt(MAX_WAIT_NS).forgive(0.0, 1_000, 10 * S, 10 * S)

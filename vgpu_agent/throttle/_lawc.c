@@ -765,9 +765,12 @@ static PyObject *step(PyObject *module, PyObject *args)
                                                                            p.noise_tail),
                                                        p.floor),
                                             (double)c->samples);
-                    /* further off than noise reaches (control.py's _zero_is_far) */
-                    if (expected * expected
-                        > p.surprise2 * (expected * expected * spread + scatter)) {
+                    /* further off than noise reaches (control.py's _zero_is_far), or read
+                       while the estimate is too loose to learn from it and further off than
+                       the noise alone reaches from it (control.py) */
+                    if (expected * expected > p.surprise2 * (expected * expected * spread + scatter)
+                        || (spread * p.surprise2 * ZERO_SPREAD > 1
+                            && expected * expected > p.surprise2 * scatter)) {
                         if (c->learned && c->surprise < 0) {
                             k = py_max(k, x / p.resolution);
                             k_floor = 0.0;
@@ -777,10 +780,6 @@ static PyObject *step(PyObject *module, PyObject *args)
                         } else {
                             c->surprise = -x / k;
                         }
-                        x = 0.0;
-                    } else if (spread * p.surprise2 * ZERO_SPREAD > 1) {
-                        /* noise reaches it, but the estimate is too loose for one reading to
-                           move it safely: set aside (control.py) */
                         x = 0.0;
                     }
                 }

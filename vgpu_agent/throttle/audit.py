@@ -82,23 +82,27 @@ def believed_spend(claimed: int, bucket: Bucket | None, rate: int, burst: int, d
         (left if left < burst else float(burst)) if left > -lent else -lent, rate)
 
 
-def one_dear_launch(claimed: int, believed: int, launches: int, burst: int,
-                    usual_cost: float) -> float:
-    """The cost of the one launch dearer than the bucket that explains a claim past what the
-    bucket let through, 0.0 when none does. The shim admits such a launch once its balance
-    reaches the burst and takes its whole cost: a debt the loan above may not cover (the law
-    deepens the bucket only for launches it has seen, and never past a second of refill,
-    `throttle/control.py`). The tick's other launches are taken to cost `usual_cost` (what the
-    law learned a launch costs: the first dear launch may share its tick with cheap ones).
+def dear_launches(claimed: int, believed: int, launches: int, burst: int,
+                  usual_cost: float, most: int = 1) -> tuple[float, int]:
+    """(the cost, how many) of the launches dearer than the bucket that explain a claim past
+    what the bucket let through, at most `most` of them (the container's processes: each waits
+    for its own launch); (0.0, 0) when none do. The shim admits such a launch once its
+    balance reaches the burst, or once the process waited its longest, and takes its whole
+    cost: a debt the loan above may not cover (the law deepens the bucket only for launches it
+    has seen, and never past a second of refill, `throttle/control.py`). The tick's other
+    launches are taken to cost `usual_cost` (what the law learned a launch costs: the first
+    dear launch may share its tick with cheap ones).
 
     Seen on the simulated GPU: an honest container whose launches came to cost 50 times more
     was caught at its first and its rate capped for seconds; at 500 times (2.5 s of refill
-    each) it was caught at every launch and held at 0 %. `LaunchDebt` says which such debts are
+    each) it was caught at every launch and held at 0 %. Three processes of such launches,
+    their waits ending together, ran three in one tick. `LaunchDebt` says which such debts are
     forgiven. The claim is still held to the allowance."""
-    if launches < 1:
-        return 0.0
-    dear = claimed - (launches - 1) * usual_cost
-    return dear if dear > burst and claimed - believed <= dear else 0.0
+    count = min(launches, max(1, most))
+    if count < 1:
+        return 0.0, 0
+    dear = claimed - (launches - count) * usual_cost
+    return (dear, count) if dear > count * burst and claimed - believed <= dear else (0.0, 0)
 
 
 LAUNCH_DEBT_GRACE_S = 1.0  # the least time between two launch debts forgiven
@@ -106,34 +110,50 @@ _LAUNCH_DEBT_GRACE_NS = int(LAUNCH_DEBT_GRACE_S * 1e9)
 
 
 class LaunchDebt:
-    """One device's launch debts forgiven (`one_dear_launch`): the next is forgiven once the
-    refill has repaid the last (LAUNCH_DEBT_GRACE_S apart at least), or once the shim would
-    have run its next launch in debt anyway (it waits `max_wait_ns` at most): an honest shim
-    cannot launch again before. A container that claims such launches every tick is caught in
-    all the others."""
+    """One device's launch debts forgiven (`dear_launches`). The shim's wait is bounded per
+    process: each of the container's processes waits `max_wait_ns` at most and then runs its
+    launch in debt, so an honest container of n processes may run n such launches within
+    `max_wait_ns`, and no more (an honest process cannot launch again before). One more is
+    forgiven once the refill has repaid those before it (LAUNCH_DEBT_GRACE_S after the last
+    at least). A container that claims such launches every tick is caught in all the others.
 
-    __slots__ = ("forgiven_ns", "left", "max_wait_ns")
+    Seen on the simulated GPU: a strict 40 % container of three processes whose launches came
+    to cost 2.5 s of refill each, with one debt forgiven per `max_wait_ns` for the device, was
+    caught at the second process's launch, capped, and held at 0-0.3 % in two seeds of three."""
+
+    __slots__ = ("forgiven", "left", "max_wait_ns")
 
     def __init__(self, max_wait_ns: int) -> None:
         self.max_wait_ns = max_wait_ns
-        self.forgiven_ns: int | None = None  # the earliest the last forgiven launch can have been
-        self.left = 0.0  # tokens of its debt the refill has not repaid yet
+        # the earliest each debt forgiven within `max_wait_ns` can have been launched, oldest
+        # first
+        self.forgiven: list[int] = []
+        self.left = 0.0  # tokens of their debt the refill has not repaid yet
 
     def repay(self, rate: int, dt_s: float) -> None:
         """A tick's refill at the rate in force, `dt_s` long."""
         if self.left > 0:
             self.left -= rate * dt_s
 
-    def forgive(self, dear: float, burst: int, now_ns: int, earliest_ns: int) -> bool:
-        """Whether a debt of one launch of `dear` tokens (0: none explains the claim) is
-        forgiven, seen `now_ns`, launched `earliest_ns` at the earliest (the read before)."""
-        if not dear:
+    def forgive(self, dear: float, burst: int, now_ns: int, earliest_ns: int,
+                processes: int = 1, launches: int = 1) -> bool:
+        """Whether the debt of `launches` dear launches costing `dear` tokens in all (0: none
+        explains the claim, `dear_launches`) is forgiven, seen `now_ns`, launched
+        `earliest_ns` at the earliest (the read before), for a container with `processes` on
+        the GPU (at least one; the host's count, not its word)."""
+        if not dear or launches < 1:
             return False
-        since = None if self.forgiven_ns is None else now_ns - self.forgiven_ns
-        if since is None or since >= self.max_wait_ns or (
-                self.left <= 0 and since >= _LAUNCH_DEBT_GRACE_NS):
-            self.forgiven_ns, self.left = earliest_ns, dear - 2.0 * burst
+        most = max(1, processes)
+        recent = [t for t in self.forgiven if now_ns - t < self.max_wait_ns]
+        if len(recent) + launches <= most or (
+                launches <= most and self.left <= 0
+                and now_ns - recent[-1] >= _LAUNCH_DEBT_GRACE_NS):
+            # debts still being repaid add up; one alone starts afresh
+            owed = self.left if recent and self.left > 0 else 0.0
+            self.forgiven = [*recent, *[earliest_ns] * launches][-most:]
+            self.left = owed + dear - 2.0 * burst
             return True
+        self.forgiven = recent
         return False
 
 

@@ -85,10 +85,15 @@ Kalman filter over the model `util = b * spend`:
   re-learns it. A reading after no spending for as long as the history holds clears a
   surprise: the zero of a container going idle and the one as it wakes, seconds later, are no
   pair. Without the bound, such a container read 0 % with its rate unchanged for as long as it
-  ran (simulated: launches 50 times dearer for the same SM time, its share 40 %). The
-  controller gives no reading (`None`, not 0) for a container that spent but none of whose
-  processes NVML listed (not yet placed, or missed for several periods), so that only a
-  process seen at 0 % counts here.
+  ran (simulated: launches 50 times dearer for the same SM time, its share 40 %). A zero
+  read while the estimate is too loose to learn from it (as after such a raise), yet further
+  off than NVML's noise alone reaches from the use `k` expects, counts towards that pair too:
+  a raise bounds `k` by the spending it saw, and where that spending was the floor the shim's
+  bounded waits leave (launches of 2.5 s of refill, three processes), one raise left `k` a
+  thousand times low, and every zero after it was set aside (its share 0.3 % of 40,
+  simulated). The controller gives no reading (`None`, not 0) for a container that spent but
+  none of whose processes NVML listed (not yet placed, or missed for several periods), so
+  that only a process seen at 0 % counts here.
 - Between measurements `b` may drift (`drift_per_s`, relative, 0.3 %/s): the filter never
   stops listening, and a workload that changes slowly is followed; a lower drift keeps the
   steady estimate averaging more samples (NVML's noise at 1 sample/s and sigma 8 needs dozens).
@@ -573,22 +578,28 @@ def _observe(
         if x > 0 and util < params.resolution and x / k > params.missing_above:
             # Nothing seen of a container that spent for several percent: NVML missed its
             # processes (a reading of no use at all is not noise around such a share) ...
-            if not _zero_is_far(x, k, spread, noise, obs.util_samples, params):
+            far = _zero_is_far(x, k, spread, noise, obs.util_samples, params)
+            if not (far or (spread * params.surprise_sigmas**2 * _ZERO_SPREAD > 1
+                            and _zero_beyond_noise(x, k, noise, obs.util_samples, params))):
                 # Noise reaches it: a reading like any other, once the estimate is close
                 # enough that one reading moves k by a third at most (`_ZERO_SPREAD`; a
                 # looser one, at cold start or re-learning, would be thrown far by it). A
                 # small share read coarsely reads 0 often (three processes at 1.3 % each,
                 # sigma 8: one sample in six); dropping those zeros read the container busier
                 # than it was, its k too low and its rate with it (see the module note).
-                if spread * params.surprise_sigmas**2 * _ZERO_SPREAD > 1:
-                    x = 0.0
+                pass
             elif learned and surprise < 0:
                 # ... once. Twice in a row (the first kept as a surprise, as a far reading is),
-                # from a container measured before, and further off than noise reaches: its
-                # tokens came to buy next to nothing (grids far larger for the same work). Its
-                # use is at most the resolution, so k is at least what that says, and so
-                # uncertain that the next reading re-learns it. (A container waking from idle
-                # reads 0 once, for the period before it woke, and then its use.)
+                # from a container measured before, further off than noise reaches or read
+                # while the estimate is too loose to learn from them: its tokens came to buy
+                # next to nothing (grids far larger for the same work). Its use is at most
+                # the resolution, so k is at least what that says, and so uncertain that the
+                # next reading re-learns it; zeros after that raise it again. (A container
+                # waking from idle reads 0 once, for the period before it woke, and then its
+                # use.) Zeros set aside while the estimate was loose, and nothing more, held
+                # a container of three processes whose launches came to cost 2.5 s of refill
+                # at 0.3 % of its 40 for good: one raise left its k a thousand times low and
+                # its estimate loose, and every zero after was set aside (simulated).
                 k, k_floor, surprise = max(k, x / params.resolution), 0.0, 0.0
                 spread = max(spread, params.initial_spread**2)
                 learned += 1
@@ -685,6 +696,15 @@ def _zero_is_far(x: float, k: float, spread: float, noise: float, samples: int,
     r = max(noise * _noise_shape(expected, params.noise_tail), params.resolution**2 / 12)
     return expected * expected > params.surprise_sigmas**2 * (expected * expected * spread
                                                               + r / samples)
+
+
+def _zero_beyond_noise(x: float, k: float, noise: float, samples: int,
+                       params: ControlParams) -> bool:
+    """Whether a reading of 0 at spending `x` is further off than NVML's noise alone reaches
+    from the use `k` expects (`_zero_is_far` without the estimate's own spread)."""
+    expected = x / k
+    r = max(noise * _noise_shape(expected, params.noise_tail), params.resolution**2 / 12)
+    return expected * expected > params.surprise_sigmas**2 * (r / samples)
 
 
 def _noise_shape(share: float, tail: float) -> float:

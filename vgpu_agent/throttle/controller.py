@@ -129,7 +129,7 @@ from vgpu_agent.throttle.audit import (
     LiarCap,
     OveruseWatch,
     believed_spend,
-    one_dear_launch,
+    dear_launches,
 )
 from vgpu_agent.throttle.control import (
     FULL_SHARE,
@@ -1640,12 +1640,15 @@ class ThrottleController:
                     device.bucket = (float(burst), rate)
                 elif spent < claimed and not device.paused:
                     state = states.get(device.key)
-                    dear = one_dear_launch(claimed, spent, launches, burst,
-                                           state.cost_per_launch if state else 0.0)
-                    # a launch's debt, not a lie (`audit.LaunchDebt`): launched after the
+                    processes = self._processes_on(device)
+                    dear, count = dear_launches(claimed, spent, launches, burst,
+                                                state.cost_per_launch if state else 0.0,
+                                                processes)
+                    # launches' debts, not a lie (`audit.LaunchDebt`): launched after the
                     # last read at the earliest
                     if not device.launch_debt.forgive(dear, burst, self._now_ns,
-                                                      previous_ns or self._now_ns):
+                                                      previous_ns or self._now_ns,
+                                                      processes, count):
                         self._overclaimed(device, claimed, spent, rate, burst, read_dt_s)
                         liars.add(device.key)
             else:
@@ -1661,6 +1664,14 @@ class ThrottleController:
         fields.append([device.key, limit, policy, priority, spent, launches, wait / 1e9,
                        None, rate, burst, 0.0, 1])
         steered.append((device, written_rate, written_burst))
+
+    def _processes_on(self, device: _Device) -> int:
+        """How many of its container's processes the host has placed on the device's GPU
+        lately (NVML's pids, placed on host evidence: not the container's word), at least one.
+        """
+        placed = self._recent.get(device.uuid, {})
+        return max(1, sum([1 for alloc_id, _, _ in placed.values()
+                           if alloc_id == device.alloc_id]))
 
     def _settle(self, uuid: str, liars: set[str], sliced: bool, split: bool, open_loop: bool,
                 obs: Observation, entry: tuple[_Device, int, int], decision: Decision,

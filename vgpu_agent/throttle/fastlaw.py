@@ -244,14 +244,13 @@ def control_step_gpu(
                 if x > 0 and util < resolution and x / k > missing_above:
                     # NVML missed its processes, once; twice in a row, a bound (control.py)
                     expected = x / k
-                    if not expected * expected > surprise2 * (
-                            expected * expected * spread
-                            + max(noise * _noise_shape(expected, noise_tail), floor)
-                            / o.util_samples):
-                        # noise reaches it: a reading like any other, unless the estimate is
-                        # too loose for one reading to move it safely (control.py)
-                        if spread * surprise2 * _ZERO_SPREAD > 1:
-                            x = 0.0
+                    scatter = max(noise * _noise_shape(expected, noise_tail), floor) \
+                        / o.util_samples
+                    if not (expected * expected > surprise2 * (
+                                expected * expected * spread + scatter)
+                            or (spread * surprise2 * _ZERO_SPREAD > 1
+                                and expected * expected > surprise2 * scatter)):
+                        pass  # noise reaches it, and the estimate may learn from it (control.py)
                     elif learned and surprise < 0:
                         k, k_floor, surprise = max(k, x / resolution), 0.0, 0.0
                         spread = max(spread, initial_var)
