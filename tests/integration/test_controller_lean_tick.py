@@ -14,7 +14,7 @@ from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import RegionUsage
 from vgpu_agent.shm.regions import Region, format_alloc_id
-from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
+from vgpu_agent.simulation.gpu import NoShim, SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID
 from vgpu_agent.throttle.controller import UNLENT_TICK_S, ThrottleController
@@ -141,11 +141,6 @@ class SlotCounting(SimRegion):
         return super().usage()
 
 
-class Stranger:
-    def admit(self, now_ns: int, want: int) -> int:
-        return want
-
-
 async def test_slots_are_read_to_place_new_processes_not_every_tick():
     gpu = SimGpu(SIM_UUID)
     region = SlotCounting("a", (SIM_UUID,), (40.0,), ("strict",))
@@ -160,7 +155,7 @@ async def test_slots_are_read_to_place_new_processes_not_every_tick():
 
     # A process on the GPU in no container: looked for at most once a second, then left
     # alone for a while; it never counts for the container.
-    gpu.add_process("stranger", BUSY, Stranger())
+    gpu.add_process("stranger", BUSY, NoShim())
     reads = region.slot_reads
     for _ in range(30):
         gpu.advance(0.1)

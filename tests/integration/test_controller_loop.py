@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
-from vgpu_agent.simulation.gpu import SimGpu, Workload
+from vgpu_agent.simulation.gpu import NoShim, SimGpu, Workload
 from vgpu_agent.simulation.imperfections import IDEAL
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID, ContainerSpec, ControlledRun
@@ -175,7 +175,7 @@ async def test_a_process_the_host_cannot_show_is_found_through_a_proven_siblings
     hidden = gpu.shim_process("hidden", Workload(kernel_s=0.001), region, pid=4002,
                               report_host_pid=False)
     stranger = gpu.add_process("stranger", Workload(kernel_s=0.001),
-                               _Unlimited(), pid=4003)
+                               NoShim(), pid=4003)
     write_cgroup(tmp_path, known.pid, pod)
     write_cgroup(tmp_path, hidden.pid, pod)
     write_cgroup(tmp_path, stranger.pid, "0::/kubepods/besteffort/pod9/cri-containerd-zzz\n")
@@ -197,11 +197,6 @@ async def test_a_process_the_host_cannot_show_is_found_through_a_proven_siblings
     # Three processes time-share the GPU; the region owns two of them: about 67%, not 33%
     # (hidden ignored) and not 100% (stranger counted).
     assert controller.status[("r", 0)].measured_util == pytest.approx(67, abs=3)
-
-
-class _Unlimited:
-    def admit(self, now_ns: int, want: int) -> int:
-        return want
 
 
 def test_cgroup_resolver_reads_v1_and_v2_and_survives_missing_processes(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from tests.bench.bench_launch_holds import check_kernels
 from tests.bench.bench_throttle import COSTLY, LONG
 from vgpu_agent.shm.api import CorePolicy
-from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
+from vgpu_agent.simulation.gpu import NoShim, SimBackend, SimGpu, SimHostEvidence, Workload
 from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import (
@@ -142,13 +142,6 @@ async def test_a_container_claiming_no_tokens_does_not_starve_its_neighbour():
     assert controller.status[("liar", 0)].measured_util > 50  # limit 40 + the backstop's 10
 
 
-class _NoShim:
-    """A process's launches held by no bucket: its container runs without the shim."""
-
-    def admit(self, now_ns: int, want: int) -> int:
-        return want
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("every", [1, 25])
 async def test_a_tenant_bypassing_the_shim_and_writing_a_token_now_and_then_does_not_starve(
@@ -160,7 +153,7 @@ async def test_a_tenant_bypassing_the_shim_and_writing_a_token_now_and_then_does
     # token, it was charged nothing in those ticks and its use fell on its neighbour: held
     # at 0.2-1.4 % of its 40 (`BENCHMARKS.md`).
     gpu, (honest, liar), slot, controller = liar_and_honest()
-    liar.gate = _NoShim()
+    liar.gate = NoShim()
     told = 0
     for tick in range(400):
         gpu.advance(0.1)

@@ -104,6 +104,14 @@ class LaunchGate(Protocol):
         """How many of `want` launches run now (the rest wait)."""
 
 
+class NoShim:
+    """A process launching without the shim (a stranger, or a tenant that bypasses it): every
+    launch it wants runs at once."""
+
+    def admit(self, now_ns: int, want: int) -> int:
+        return want
+
+
 class ShimGate:
     """The shim's token rule on one device of a region: refill, admit, spend, bounded waits."""
 

@@ -765,7 +765,7 @@ static PyObject *step(PyObject *module, PyObject *args)
                                                                            p.noise_tail),
                                                        p.floor),
                                             (double)c->samples);
-                    /* further off than noise reaches (control.py's _zero_is_far), or read
+                    /* further off than noise reaches (control.py's _zero_off), or read
                        while the estimate is too loose to learn from it and further off than
                        the noise alone reaches from it (control.py) */
                     if (expected * expected > p.surprise2 * (expected * expected * spread + scatter)

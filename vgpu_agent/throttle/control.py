@@ -578,9 +578,9 @@ def _observe(
         if x > 0 and util < params.resolution and x / k > params.missing_above:
             # Nothing seen of a container that spent for several percent: NVML missed its
             # processes (a reading of no use at all is not noise around such a share) ...
-            far = _zero_is_far(x, k, spread, noise, obs.util_samples, params)
+            far, beyond_noise = _zero_off(x, k, spread, noise, obs.util_samples, params)
             if not (far or (spread * params.surprise_sigmas**2 * _ZERO_SPREAD > 1
-                            and _zero_beyond_noise(x, k, noise, obs.util_samples, params))):
+                            and beyond_noise)):
                 # Noise reaches it: a reading like any other, once the estimate is close
                 # enough that one reading moves k by a third at most (`_ZERO_SPREAD`; a
                 # looser one, at cold start or re-learning, would be thrown far by it). A
@@ -687,24 +687,18 @@ def _observe(
     return learned_now, hungry, demand
 
 
-def _zero_is_far(x: float, k: float, spread: float, noise: float, samples: int,
-                 params: ControlParams) -> bool:
+def _zero_off(x: float, k: float, spread: float, noise: float, samples: int,
+              params: ControlParams) -> tuple[bool, bool]:
     """Whether a reading of 0 at spending `x` is further off than the filter's outlier bound
-    (`surprise_sigmas` of its expected scatter): with ten containers at 10 % and sigma 8, noise
-    alone reads 0 twice in a row now and then."""
+    (`surprise_sigmas` of its expected scatter: with ten containers at 10 % and sigma 8, noise
+    alone reads 0 twice in a row now and then), and whether it is further off than NVML's
+    noise alone reaches from the use `k` expects (the bound without the estimate's spread)."""
     expected = x / k
     r = max(noise * _noise_shape(expected, params.noise_tail), params.resolution**2 / 12)
-    return expected * expected > params.surprise_sigmas**2 * (expected * expected * spread
-                                                              + r / samples)
-
-
-def _zero_beyond_noise(x: float, k: float, noise: float, samples: int,
-                       params: ControlParams) -> bool:
-    """Whether a reading of 0 at spending `x` is further off than NVML's noise alone reaches
-    from the use `k` expects (`_zero_is_far` without the estimate's own spread)."""
-    expected = x / k
-    r = max(noise * _noise_shape(expected, params.noise_tail), params.resolution**2 / 12)
-    return expected * expected > params.surprise_sigmas**2 * (r / samples)
+    scatter = r / samples
+    reach = params.surprise_sigmas**2
+    return (expected * expected > reach * (expected * expected * spread + scatter),
+            expected * expected > reach * scatter)
 
 
 def _noise_shape(share: float, tail: float) -> float:
