@@ -152,6 +152,23 @@ def test_the_bench_bounds_each_change_with_what_it_had_to_learn():
     assert bench.settling_bound(by_name["6"], s8_1hz, 0.1) > 1.0
 
 
+def test_without_a_full_gpus_sum_the_bench_bounds_settling_later_where_the_sum_tells_most():
+    bench = _bench_throttle()
+    by_name = {sc.name.split()[0]: sc for sc in bench.scenarios(30.0)}
+    plants = {p.name: p.spec for p in bench.PLANTS}
+    # a pair on a full GPU: the sum makes one share known from the other, about thrice as soon
+    for plant in ("s8/6Hz", "s8/1Hz"):
+        with_sum = bench.settling_bound(by_name["4"], plants[plant], 0.1)
+        without = bench.settling_bound(by_name["4"], plants[plant], 0.1, use_sum=False)
+        assert without > 2.5 * with_sum
+    # the settling goals of those cells (4 s, 6 s) lie between the two
+    assert bench.settling_bound(by_name["4"], plants["s8/6Hz"], 0.1) < 4.0 < \
+        bench.settling_bound(by_name["4"], plants["s8/6Hz"], 0.1, use_sum=False)
+    # a container alone on the GPU is known from its first tick either way
+    assert bench.settling_bound(by_name["2"], plants["s8/1Hz"], 0.1, use_sum=False) == \
+        pytest.approx(0.6)
+
+
 def test_where_no_turn_fits_the_bench_bounds_time_sliced_cells_by_the_periods():
     bench = _bench_throttle()
     by_name = {sc.name.split()[0]: sc for sc in bench.scenarios(30.0)}
