@@ -79,7 +79,9 @@ LAWS = [
        st.sampled_from([None, ControlParams(cold_samples=0), ControlParams(demand_ticks=1),
                         ControlParams(history_s=0.3, rate_deadband=0.0),
                         ControlParams(cold_sigmas=0.0, surprise_sigmas=0.5),
-                        ControlParams(surprise_sigmas=0.5, confirm_surprises=False)]))
+                        ControlParams(surprise_sigmas=0.5, confirm_surprises=False),
+                        ControlParams(saturation_sigmas=0.0),
+                        ControlParams(saturation_sigmas=10.0, saturation_margin=0.0)]))
 def test_random_ticks_give_identical_decisions(law, containers, steps, params):
     states: dict[str, LoopState] = {}
     rates = {

@@ -134,11 +134,11 @@ def test_a_c_law_built_for_another_count_of_tuning_values_is_refused(monkeypatch
     # A build that reads the tuning as fewer values than `_packed` sends would leave every
     # step to the Python law without a word: `bind` refuses it instead, naming both counts.
     sent = len(nativelaw._packed(control.ControlParams()))
-    assert sent == 29
+    assert sent == 30
     monkeypatch.setattr(nativelaw, "_packed", lambda p: (0.0,) * 26)
     reason = nativelaw.bind(nativelaw._lawc)
     assert reason is not None and "the tuning comes as 26 values" in reason
-    assert "built for 29" in reason
+    assert "built for 30" in reason
     monkeypatch.undo()
     assert nativelaw.bind(nativelaw._lawc) is None
 

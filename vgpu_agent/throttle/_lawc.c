@@ -197,12 +197,12 @@ typedef struct {
         boot_widening, resolution, initial_var, drift2, noise_prior, noise_memory,
         held_tolerance, floor, surprise2, noise_tail, missing_above, partial,
         saturation_margin, cold_sigmas, rate_deadband, burst_s, burst_launches,
-        relearn_weight, relearn_span, floor_trust2;
+        relearn_weight, relearn_span, floor_trust2, saturation_sigmas;
     int64_t demand_ticks, cold_samples, min_rate, confirm;
 } Params;
 
 /* how many values nativelaw packs the tuning into (`bind` checks it) */
-#define PARAMS 29
+#define PARAMS 30
 
 static int read_params(PyObject *t, Params *p)
 {
@@ -223,7 +223,8 @@ static int read_params(PyObject *t, Params *p)
         && as_int(PyTuple_GET_ITEM(t, 25), &p->confirm)
         && as_double(PyTuple_GET_ITEM(t, 26), &p->relearn_weight)
         && as_double(PyTuple_GET_ITEM(t, 27), &p->relearn_span)
-        && as_double(PyTuple_GET_ITEM(t, 28), &p->floor_trust2);
+        && as_double(PyTuple_GET_ITEM(t, 28), &p->floor_trust2)
+        && as_double(PyTuple_GET_ITEM(t, 29), &p->saturation_sigmas);
 }
 
 /* ----------------------------------------------------------------------- one container */
@@ -617,7 +618,7 @@ static PyObject *step(PyObject *module, PyObject *args)
     /* one allocation for every array of the step */
     size_t doubles = (size_t)n * (size_t)hl          /* histories */
                    + 3 * (size_t)hl + 2 * (size_t)hl /* window lengths, weights, scratch */
-                   + 13 * (size_t)n; /* the allocation's, and the uses summed */
+                   + 14 * (size_t)n; /* the allocation's, the uses and their doubts */
     Ctr *ctrs = PyMem_Calloc((size_t)n, sizeof(Ctr));
     double *dbuf = PyMem_Malloc(doubles * sizeof(double));
     Py_ssize_t *ibuf = PyMem_Malloc((size_t)n * (4 * sizeof(Py_ssize_t) + sizeof(Ctr *)));
@@ -628,7 +629,7 @@ static PyObject *step(PyObject *module, PyObject *args)
     }
     double *histories = dbuf, *wlengths = dbuf + (size_t)n * hl, *weights = wlengths + hl,
            *scratch = weights + hl, *alloc_buf = scratch + 3 * hl, *off_uses = alloc_buf + 11 * n,
-           *uses = off_uses + n;
+           *uses = off_uses + n, *doubts = uses + n;
 
     double wait_fraction = p.wait_fraction * dt, drift = p.drift2 * dt;
     Py_ssize_t off_count = 0; /* what `off` containers use, summed as `sum` does */
@@ -924,11 +925,17 @@ static PyObject *step(PyObject *module, PyObject *args)
     Py_ssize_t using = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Ctr *c = &ctrs[i];
-        if (c->k > 0 && c->hist_len)
-            uses[using++] = c->hist[c->hist_len - 1] / c->k;
+        if (c->k > 0 && c->hist_len) {
+            double use = c->hist[c->hist_len - 1] / c->k;
+            doubts[using] = use * use * c->spread;
+            uses[using++] = use;
+        }
     }
-    double in_use = py_sum(uses, using);
-    int full = in_use >= FULL_SHARE - p.saturation_margin;
+    double in_use = py_sum(uses, using), doubt2 = py_sum(doubts, using);
+    if (doubt2 < 0) /* ValueError from math.sqrt in Python (a state with a negative spread) */
+        goto bail;
+    double doubt = sqrt(doubt2);
+    int full = in_use + p.saturation_sigmas * doubt >= FULL_SHARE - p.saturation_margin;
     for (Py_ssize_t i = 0; i < n; i++) {
         Ctr *c = &ctrs[i];
         c->claim_hungry = c->hungry || (full && c->hist_len && c->hist[c->hist_len - 1] > 0);

@@ -19,9 +19,15 @@ container, in percent of the GPU's SM time:
 "Waiting for tokens" (hungry) means it waited, or spent most of its rate over the last few
 ticks; once hungry it stays so until it spends clearly less (`hungry_hysteresis`), so that a
 container using just about its rate does not flip every tick. A GPU in use to within
-`saturation_margin` of 100 % (judged by spending / k, which NVML's noise does not shake) has
-nothing to lend: every container spending there counts as waiting, since the GPU, not its
-bucket, holds it back.
+`saturation_margin` of 100 % has nothing to lend: every container spending there counts as
+waiting, since the GPU, not its bucket, holds it back. Use is judged by spending / k, which
+NVML's noise does not shake from tick to tick, but `k` learned from a few noisy samples may
+be off by a sixth; so the GPU counts as full unless it has room beyond `saturation_sigmas`
+deviations of those estimates. Lending on a GPU that only looked to have room oversubscribes
+it, and the lender, squeezed, spends less than its rate, which confirms that it was not using
+its share: three work-conserving containers of one workload, whose `k` the law had a sixth and
+a quarter high, read 88 % in use, and the 50 % one was held at 39 % for 20 s (simulated, sigma
+8, one sample a second; 1 s with the deviations counted).
 
 *Rates.* The shim charges whatever a launch costs (grid blocks x threads), so the law never
 assumes a token unit. It learns, per container, `k` = tokens per second that buy one percent of
@@ -191,6 +197,7 @@ class ControlParams:
     boot_widening: float = 1.25  # margin on the first sample, so the first rate stays below
     demand_margin: float = 3.0  # headroom kept for a container that is not rate-limited
     saturation_margin: float = 5.0  # a GPU this close to 100% in use lends nothing
+    saturation_sigmas: float = 3.0  # ... counting its use this many deviations of k higher
     demand_ticks: int = 3  # demand is the peak spending of this many recent ticks
     burst_s: float = 0.02  # bucket depth in seconds of refill
     burst_launches: float = 2.0  # and never less than this many of the largest launches
@@ -236,6 +243,9 @@ class ControlParams:
             raise ValueError("ControlParams.floor_trust must be >= 0 (0: the cold-start bound "
                              f"holds k until a changed workload is found), got "
                              f"{self.floor_trust!r}")
+        if self.saturation_sigmas < 0:
+            raise ValueError("ControlParams.saturation_sigmas must be >= 0 (0: use as the "
+                             f"estimates have it), got {self.saturation_sigmas!r}")
         if self.drift_per_s < 0 or self.cold_sigmas < 0 or self.cold_samples < 0:
             raise ValueError("ControlParams.drift_per_s, cold_sigmas and cold_samples must be "
                              f">= 0, got {self.drift_per_s!r}, {self.cold_sigmas!r}, "
@@ -770,13 +780,13 @@ def control_step(
     )
     # A full GPU has nothing to lend: whoever spends there takes part as if rate-limited (the
     # GPU, not its bucket, is what holds it back), so nobody is lent a neighbour's share. Use
-    # is judged by spending / k, which NVML's noise does not shake.
-    in_use = sum(
-        learned[2][-1] / learned[0]
-        for o, (learned, _, _) in zip(observations, updated, strict=True)
-        if learned[0] > 0 and learned[2]
-    )
-    full = in_use >= FULL_SHARE - params.saturation_margin
+    # is judged by spending / k, and counted full unless the estimates show room beyond their
+    # own deviations (`saturation_sigmas`; see the module note).
+    loads = [(learned[2][-1] / learned[0], learned[5]) for learned, _, _ in updated
+             if learned[0] > 0 and learned[2]]
+    in_use = sum([use for use, _ in loads])
+    doubt = math.sqrt(sum([use * use * spread for use, spread in loads]))
+    full = in_use + params.saturation_sigmas * doubt >= FULL_SHARE - params.saturation_margin
     claims = [
         Claim(o.key, o.limit, o.policy, o.priority,
               hungry or (full and bool(learned[2]) and learned[2][-1] > 0), demand)

@@ -307,8 +307,10 @@ def control_step_gpu(
             off_uses.append(last_util or 0.0)
 
     guess_newcomers(observations, previous, learned_all, demands, p)
-    in_use = sum([lrn[2][-1] / lrn[0] for lrn in learned_all if lrn[0] > 0 and lrn[2]])
-    full = in_use >= FULL_SHARE - p.saturation_margin
+    loads = [(lrn[2][-1] / lrn[0], lrn[5]) for lrn in learned_all if lrn[0] > 0 and lrn[2]]
+    in_use = sum([use for use, _ in loads])
+    doubt = math.sqrt(sum([use * use * spread for use, spread in loads]))
+    full = in_use + p.saturation_sigmas * doubt >= FULL_SHARE - p.saturation_margin
     claims = [
         Claim(o.key, o.limit, o.policy, o.priority,
               hungry or (full and bool(lrn[2]) and lrn[2][-1] > 0), demand)

@@ -43,7 +43,7 @@ def _packed(p: ControlParams) -> tuple[float | int, ...]:
             p.missing_above, p.partial_window, p.saturation_margin, p.cold_sigmas,
             p.rate_deadband, p.burst_s, p.burst_launches, p.demand_ticks, p.cold_samples,
             p.min_rate, int(p.confirm_surprises), p.relearn_weight, p.relearn_span_s,
-            p.floor_trust**2,
+            p.floor_trust**2, p.saturation_sigmas,
         )
     return known
 
