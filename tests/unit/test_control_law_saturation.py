@@ -74,6 +74,7 @@ def test_a_gpu_full_by_its_estimates_lends_nothing_however_sure(law):
 
 
 def test_a_negative_deviation_count_is_refused_by_name():
-    with pytest.raises(ValueError, match="saturation_sigmas"):
-        ControlParams(saturation_sigmas=-1.0)
+    for bad in (-1.0, math.nan):
+        with pytest.raises(ValueError, match="saturation_sigmas"):
+            ControlParams(saturation_sigmas=bad)
     assert math.isfinite(ControlParams().saturation_sigmas)

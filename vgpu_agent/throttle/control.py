@@ -243,7 +243,7 @@ class ControlParams:
             raise ValueError("ControlParams.floor_trust must be >= 0 (0: the cold-start bound "
                              f"holds k until a changed workload is found), got "
                              f"{self.floor_trust!r}")
-        if self.saturation_sigmas < 0:
+        if not self.saturation_sigmas >= 0:
             raise ValueError("ControlParams.saturation_sigmas must be >= 0 (0: use as the "
                              f"estimates have it), got {self.saturation_sigmas!r}")
         if self.drift_per_s < 0 or self.cold_sigmas < 0 or self.cold_samples < 0:
@@ -589,33 +589,32 @@ def _observe(
             # Nothing seen of a container that spent for several percent: NVML missed its
             # processes (a reading of no use at all is not noise around such a share) ...
             far, beyond_noise = _zero_off(x, k, spread, noise, obs.util_samples, params)
-            if not (far or (spread * params.surprise_sigmas**2 * _ZERO_SPREAD > 1
-                            and beyond_noise)):
-                # Noise reaches it: a reading like any other, once the estimate is close
-                # enough that one reading moves k by a third at most (`_ZERO_SPREAD`; a
-                # looser one, at cold start or re-learning, would be thrown far by it). A
-                # small share read coarsely reads 0 often (three processes at 1.3 % each,
-                # sigma 8: one sample in six); dropping those zeros read the container busier
-                # than it was, its k too low and its rate with it (see the module note).
-                pass
-            elif learned and surprise < 0:
-                # ... once. Twice in a row (the first kept as a surprise, as a far reading is),
-                # from a container measured before, further off than noise reaches or read
-                # while the estimate is too loose to learn from them: its tokens came to buy
-                # next to nothing (grids far larger for the same work). Its use is at most
-                # the resolution, so k is at least what that says, and so uncertain that the
-                # next reading re-learns it; zeros after that raise it again. (A container
-                # waking from idle reads 0 once, for the period before it woke, and then its
-                # use.) Zeros set aside while the estimate was loose, and nothing more, held
-                # a container of three processes whose launches came to cost 2.5 s of refill
-                # at 0.3 % of its 40 for good: one raise left its k a thousand times low and
-                # its estimate loose, and every zero after was set aside (simulated).
-                k, k_floor, surprise = max(k, x / params.resolution), 0.0, 0.0
-                spread = max(spread, params.initial_spread**2)
-                learned += 1
-                x = 0.0
-            else:
-                surprise = -x / k  # confirmed or dismissed by the next reading
+            loose = spread * params.surprise_sigmas**2 * _ZERO_SPREAD > 1
+            # Where noise reaches it, it is a reading like any other, once the estimate is close
+            # enough that one reading moves k by a third at most (`_ZERO_SPREAD`; a looser one,
+            # at cold start or re-learning, would be thrown far by it). A small share read
+            # coarsely reads 0 often (three processes at 1.3 % each, sigma 8: one sample in
+            # six); dropping those zeros read the container busier than it was, its k too low
+            # and its rate with it (see the module note).
+            if far or (loose and beyond_noise):
+                if learned and surprise < 0:
+                    # ... once. Twice in a row (the first kept as a surprise, as a far reading
+                    # is), from a container measured before, further off than noise reaches or
+                    # read while the estimate is too loose to learn from them: its tokens came
+                    # to buy next to nothing (grids far larger for the same work). Its use is
+                    # at most the resolution, so k is at least what that says, and so uncertain
+                    # that the next reading re-learns it; zeros after that raise it again. (A
+                    # container waking from idle reads 0 once, for the period before it woke,
+                    # and then its use.) Zeros set aside while the estimate was loose, and
+                    # nothing more, held a container of three processes whose launches came to
+                    # cost 2.5 s of refill at 0.3 % of its 40 for good: one raise left its k a
+                    # thousand times low and its estimate loose, and every zero after was set
+                    # aside (simulated).
+                    k, k_floor, surprise = max(k, x / params.resolution), 0.0, 0.0
+                    spread = max(spread, params.initial_spread**2)
+                    learned += 1
+                else:
+                    surprise = -x / k  # confirmed or dismissed by the next reading
                 x = 0.0
         if x > 0:
             floor = params.resolution**2 / 12

@@ -246,18 +246,17 @@ def control_step_gpu(
                     expected = x / k
                     scatter = max(noise * _noise_shape(expected, noise_tail), floor) \
                         / o.util_samples
-                    if not (expected * expected > surprise2 * (
-                                expected * expected * spread + scatter)
+                    # beyond what noise reaches, or beyond the noise alone while the estimate
+                    # is too loose to learn from it; otherwise a reading like any other
+                    if (expected * expected > surprise2 * (expected * expected * spread + scatter)
                             or (spread * surprise2 * _ZERO_SPREAD > 1
                                 and expected * expected > surprise2 * scatter)):
-                        pass  # noise reaches it, and the estimate may learn from it (control.py)
-                    elif learned and surprise < 0:
-                        k, k_floor, surprise = max(k, x / resolution), 0.0, 0.0
-                        spread = max(spread, initial_var)
-                        learned += 1
-                        x = 0.0
-                    else:
-                        surprise = -x / k
+                        if learned and surprise < 0:
+                            k, k_floor, surprise = max(k, x / resolution), 0.0, 0.0
+                            spread = max(spread, initial_var)
+                            learned += 1
+                        else:
+                            surprise = -x / k
                         x = 0.0
                 if x > 0:
                     b = 1 / k
