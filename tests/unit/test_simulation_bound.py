@@ -228,3 +228,23 @@ def test_the_bench_prints_the_steady_bounds_of_its_cells():
     s8_1hz = next(p for p in bench.PLANTS if p.name == "s8/1Hz").spec
     with_sum, alone = bench.steady_bounds(by_name["6"], s8_1hz, 0.1)
     assert 0.5 < with_sum < alone < 3.0
+
+
+def test_the_bench_measures_the_laws_settling_with_exact_readings_on_the_same_plant():
+    import asyncio
+    from argparse import Namespace
+    from dataclasses import replace
+
+    from vgpu_agent.simulation.runner import evaluate, run_controlled
+
+    bench = _bench_throttle()
+    ten = next(sc for sc in bench.scenarios(15.0) if sc.name.startswith("5"))
+    plant = replace(next(p for p in bench.PLANTS if p.name == "s8/1Hz").spec, seed=0)
+    args = Namespace(paced=True, tick=0.1, nvml_poll_periods=1)
+    exact = bench.exact_settling(ten, plant, range(1), args)
+    # the same run with the plant's noise: ten containers at sigma 8 do not settle in 15 s
+    noisy = evaluate(asyncio.run(run_controlled(bench.attainable(ten, plant), plant=plant,
+                                                paced=True)))
+    assert noisy.worst_settling_s > 10.0
+    # noise off, the plant's rounding, queues and lumpy spending kept: seconds, not never
+    assert 1.0 < exact < 5.0
