@@ -1,9 +1,10 @@
 """Lending on the simulated GPU, closed around the real controller: a share is lent only where
 the GPU's room shows beyond the doubt in the estimates of `k` (`ControlParams.saturation_sigmas`).
 
-Both runs are ones where the rule before it, room judged from the estimates at their word,
-squeezed a container for good: the law's `k` a sixth high read a full GPU as having room, the
-loan oversubscribed it, and the lender, squeezed below its rate, read as not using its share.
+The first two runs are ones where the rule before it, room judged from the estimates at their
+word, squeezed a container for good: the law's `k` a sixth high read a full GPU as having room,
+the loan oversubscribed it, and the lender, squeezed below its rate, read as not using its
+share. The last is a tenant using that doubt against its neighbours: it does not cut their loans.
 """
 
 from __future__ import annotations
@@ -56,3 +57,52 @@ async def test_ten_containers_on_a_time_sliced_gpu_sampled_once_a_second_all_get
     for name in run.procs:
         assert _lowest_share(run, name, 20.0, 40.0) >= 5.0, name
     assert "tokens_overclaimed" not in run.controller.error_counts
+
+
+def _mean_share(run: ControlledRun, name: str, after_s: float) -> float:
+    """The container's mean share (all its processes) over 0.5 s windows ending after
+    `after_s`."""
+    per_process = [run.gpu.shares(p, 0.5) for p in run.procs[name]]
+    shares = [sum(series[i][1] for series in per_process)
+              for i, (t, _) in enumerate(per_process[0]) if t > after_s]
+    return sum(shares) / len(shares)
+
+
+async def _beside_a_light_owner(flipping: bool, seed: int) -> ControlledRun:
+    """A borrower (30 %, saturating) beside an owner using part of its 40 % (busy 30 ms of
+    every 100 ms) and a third container of 30 %, saturating, which with `flipping` changes
+    phase every 2 s: its tokens buy four times the SM time, then a quarter, so that its `k`
+    never settles and its doubt enters the GPU's room (sigma 3, six samples a second)."""
+    costly = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
+    turns = [(t, t + 2.0) for t in range(0, 30, 4)]
+    owner = replace(LONG, queue_s=0.002,
+                    busy=tuple((i / 10, i / 10 + 0.03) for i in range(300)))
+    first = replace(LONG, busy=tuple(turns)) if flipping else LONG
+    plant = PlantSpec(replace(REAL, nvml_sigma=3.0), 1 / 6, seed=seed)
+    run = ControlledRun((ContainerSpec("flipper", 30.0, first),
+                         ContainerSpec("owner", 40.0, owner),
+                         ContainerSpec("borrower", 30.0, LONG)), plant=plant, paced=True)
+    if flipping:
+        run.procs["flipper"].append(run.gpu.shim_process(
+            "flipper-b", replace(costly, busy=tuple((a + 2.0, b + 2.0) for a, b in turns)),
+            run.regions["flipper"]))
+    await run.advance(30.0)
+    return run
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_a_tenant_keeping_its_k_uncertain_does_not_cut_its_neighbours_loan(seed):
+    # The GPU's room counts each container's use with the doubt in its `k`, so a tenant that
+    # changes phase over and over adds doubt. Measured over 30 s, seeds 0-3, the borrower keeps
+    # the loan it gets beside an honest neighbour (35.9-36.3 % beside it, 35.8-36.4 % beside
+    # the flipper): the doubt costs the flipper its own loan (35.3-36.1 -> 32.3-33.5 %), not
+    # its neighbours'.
+    honest = await _beside_a_light_owner(False, seed)
+    hostile = await _beside_a_light_owner(True, seed)
+    beside_honest = _mean_share(honest, "borrower", 10.0)
+    beside_flipper = _mean_share(hostile, "borrower", 10.0)
+    assert beside_honest > 33.0  # above its 30: the owner's unused share is lent
+    assert beside_flipper >= beside_honest - 1.0
+    assert _mean_share(hostile, "flipper", 10.0) <= beside_flipper + 1.0
+    for run in (honest, hostile):
+        assert "tokens_overclaimed" not in run.controller.error_counts
