@@ -6,7 +6,13 @@ the shim's token rule on a region (`ShimGate`) or the peer model (`peer.PeerGate
 different processes time-share the GPU: every step the busy processes split the step equally
 (what the driver's time-slicing does between contexts), and a process with less queued work than
 its slice leaves the rest to the others. A process's SM time is the GPU time it held times the
-occupancy of its kernels. A hostile one (`Workload.alone_kernel_s`) runs lighter (or heavier)
+occupancy of its kernels. The shim charges a launch when it admits it, and the kernel runs when
+the queue reaches it: with `Workload.queue_s` of work queued (10 ms of its kernels by default; a
+framework running ahead of the GPU queues as much or more) a process's SM time lags its spending,
+by the queue over its share (0.1 s at 10 %), and most after a spell unthrottled, when every queue
+is full. The controller's law sees that lag as noise; with exact readings it is what settles ten
+new containers in 1.9 s rather than the bound's 0.9 (BENCHMARKS.md). A hostile one
+(`Workload.alone_kernel_s`) runs lighter (or heavier)
 kernels for the same tokens whenever no other process has held the GPU for a while, as a tenant
 gaming the controller's turns alone would, or other ones each time (`alone_kernels_s`).
 
