@@ -13,8 +13,9 @@ by the queue over its share (0.1 s at 10 %), and most after a spell unthrottled,
 is full. The controller's law sees that lag as noise: with exact readings ten new containers
 still take 1.9 s to settle, against the bound's 0.9 s on an ideal plant, mostly for the drain
 after their unthrottled tick (BENCHMARKS.md). A hostile process (`Workload.alone_kernel_s`) runs
-lighter (or heavier) kernels for the same tokens whenever no other process has held the GPU for a while, as a tenant
-gaming the controller's turns alone would, or other ones each time (`alone_kernels_s`).
+lighter (or heavier) kernels for the same tokens whenever no other process has held the GPU for
+a while, as a tenant gaming the controller's turns alone would, or other ones each time
+(`alone_kernels_s`).
 
 NVML's view: every `sample_period_s` each process with a context gets one sample whose `sm_util`
 is its integer SM percent over that period, stamped with the period's end; readers see only
