@@ -291,9 +291,9 @@ def exact_settling(sc: Scenario, plant: PlantSpec, seeds: range,
     return _median_stats(runs)[0].worst_settling_s
 
 
-def _text(stats: Stats) -> str:
-    slowest = stats.worst_settling_s
-    return "never" if math.isinf(slowest) else f"{slowest:.1f} s"
+def _when(settling_s: float) -> str:
+    """A settling time as the summary lines print it."""
+    return "never" if math.isinf(settling_s) else f"{settling_s:.1f} s"
 
 
 def main() -> int:
@@ -392,17 +392,15 @@ def main() -> int:
                     beyond.append(f"{plant.name} {sc.name} ({bound:.1f} s)")
                 elif (unsummed > plant.max_settling_s
                       and ours.worst_settling_s > plant.max_settling_s):
-                    slowest = ours.worst_settling_s
                     needs_sum.append(f"{plant.name} {sc.name} (ours "
-                                     + ("never" if math.isinf(slowest) else f"{slowest:.1f} s")
-                                     + f", bound {bound:.1f} s, {unsummed:.1f} s without the "
-                                     f"sum)")
+                                     f"{_when(ours.worst_settling_s)}, bound {bound:.1f} s, "
+                                     f"{unsummed:.1f} s without the sum)")
                 elif (per_process and plant.name != "ideal"
                       and ours.worst_settling_s > plant.max_settling_s):
                     exact = exact_settling(sc, spec_of(plant, args), seeds, args)
-                    reachable.append(f"{plant.name} {sc.name} (ours {_text(ours)}, exact readings "
-                                     f"{'never' if math.isinf(exact) else f'{exact:.1f} s'}, "
-                                     f"goal {plant.max_settling_s:g} s)")
+                    reachable.append(f"{plant.name} {sc.name} (ours "
+                                     f"{_when(ours.worst_settling_s)}, exact readings "
+                                     f"{_when(exact)}, goal {plant.max_settling_s:g} s)")
             if ours.mean_abs_error > plant.max_error and args.attribution == "per-process":
                 with_sum, alone = steady_bounds(sc, plant.spec, args.tick)
                 over.append(f"{plant.name} {sc.name} ({ours.mean_abs_error:.2f}; bound "
