@@ -778,14 +778,8 @@ def control_step(
         if o.policy == "off"
     )
     # A full GPU has nothing to lend: whoever spends there takes part as if rate-limited (the
-    # GPU, not its bucket, is what holds it back), so nobody is lent a neighbour's share. Use
-    # is judged by spending / k, and counted full unless the estimates show room beyond their
-    # own deviations (`saturation_sigmas`; see the module note).
-    loads = [(learned[2][-1] / learned[0], learned[5]) for learned, _, _ in updated
-             if learned[0] > 0 and learned[2]]
-    in_use = sum([use for use, _ in loads])
-    doubt = math.sqrt(sum([use * use * spread for use, spread in loads]))
-    full = in_use + params.saturation_sigmas * doubt >= FULL_SHARE - params.saturation_margin
+    # GPU, not its bucket, is what holds it back), so nobody is lent a neighbour's share.
+    full = gpu_full(learned_all, params)
     claims = [
         Claim(o.key, o.limit, o.policy, o.priority,
               hungry or (full and bool(learned[2]) and learned[2][-1] > 0), demand)
@@ -879,6 +873,17 @@ def guess_newcomers(
         demands[i] = max(learned[2][-params.demand_ticks :], default=0.0) / k \
             + params.demand_margin
     return True
+
+
+def gpu_full(learned_all: Sequence[_Learned], params: ControlParams) -> bool:
+    """Whether the GPU counts as full: its use, judged by spending / k, within
+    `saturation_margin` of 100 % once counted `saturation_sigmas` deviations of those estimates
+    higher (see the module note). Both laws call this one function."""
+    loads = [(learned[2][-1] / learned[0], learned[5]) for learned in learned_all
+             if learned[0] > 0 and learned[2]]
+    in_use = sum([use for use, _ in loads])
+    doubt = math.sqrt(sum([use * use * spread for use, spread in loads]))
+    return in_use + params.saturation_sigmas * doubt >= FULL_SHARE - params.saturation_margin
 
 
 def relearn(state: LoopState, params: ControlParams) -> LoopState:

@@ -9,8 +9,9 @@ the same law, decision for decision, arranged for speed over a GPU's containers:
   sixth of a second covers two or three ticks of a history kept for 2.5 s, so the sums run
   over those ticks only, not the whole history.
 - The per-container update (`control._observe`) is inlined, and a container's new state is
-  built once, with its target. The one step across containers of that update, the first guess
-  for work-conserving newcomers, is the reference's own function (`control.guess_newcomers`).
+  built once, with its target. The steps across containers of that update, the first guess
+  for work-conserving newcomers and whether the GPU counts as full, are the reference's own
+  functions (`control.guess_newcomers`, `control.gpu_full`).
 - The guarantees of the share allocation depend only on the containers' priorities and limits
   and on the capacity, which rarely change: they are computed once and remembered.
 
@@ -45,6 +46,7 @@ from vgpu_agent.throttle.control import (
     _Learned,
     _noise_shape,
     _water_fill,
+    gpu_full,
     guess_newcomers,
     span_weights,
     tick_lengths,
@@ -306,10 +308,7 @@ def control_step_gpu(
             off_uses.append(last_util or 0.0)
 
     guess_newcomers(observations, previous, learned_all, demands, p)
-    loads = [(lrn[2][-1] / lrn[0], lrn[5]) for lrn in learned_all if lrn[0] > 0 and lrn[2]]
-    in_use = sum([use for use, _ in loads])
-    doubt = math.sqrt(sum([use * use * spread for use, spread in loads]))
-    full = in_use + p.saturation_sigmas * doubt >= FULL_SHARE - p.saturation_margin
+    full = gpu_full(learned_all, p)
     claims = [
         Claim(o.key, o.limit, o.policy, o.priority,
               hungry or (full and bool(lrn[2]) and lrn[2][-1] > 0), demand)
