@@ -11,8 +11,8 @@ the queue reaches it: with `Workload.queue_s` of work queued (10 ms of its kerne
 framework running ahead of the GPU queues as much or more) a process's SM time lags its spending,
 by the queue over its share (0.1 s at 10 %), and most after a spell unthrottled, when every queue
 is full. The controller's law sees that lag as noise: with exact readings ten new containers
-still take 1.9 s to settle, against the bound's 0.9 s on an ideal plant, mostly for the drain
-after their unthrottled tick (BENCHMARKS.md). A hostile process (`Workload.alone_kernel_s`) runs
+still take 1.9 s to settle, against the bound's 0.9 s on an ideal plant, the drain after their
+unthrottled tick part of it (BENCHMARKS.md). A hostile process (`Workload.alone_kernel_s`) runs
 lighter (or heavier) kernels for the same tokens whenever no other process has held the GPU for
 a while, as a tenant gaming the controller's turns alone would, or other ones each time
 (`alone_kernels_s`).
