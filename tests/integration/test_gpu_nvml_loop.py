@@ -150,9 +150,13 @@ def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml,
 def test_the_gpu_loop_script_reports_a_turn_alone_on_a_time_sliced_gpu(fake_nvml: FakeNvml,
                                                                         tmp_path, capsys):
     check, out, driver = _stand_ins(fake_nvml, tmp_path, time_sliced=True)
+    script = load_script()
+    # of the late reads' cases, the pair alone (each case reads for 10 s): two processes are
+    # what a time-sliced GPU attributes one period at a time
+    script.LATE_CASES = (((30, 20), (50, 20)),)
     try:
-        load_script().main([str(check), "", "--out", str(out), "--nvml-library",
-                            str(fake_nvml.library_path), "--hold", "3", "--seconds", "18",
+        script.main([str(check), "", "--out", str(out), "--nvml-library",
+                            str(fake_nvml.library_path), "--hold", "4", "--seconds", "18",
                             "--alone", "0", "--controller-only", "--quick", "--only",
                             "strict20", "--trace", "--late-reads"])
     finally:

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gc
 
 
 def _make(*targets: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", "-C", str(SHIM), *targets], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    # (the targets are independent compiles of a few seconds each)
+    return subprocess.run(["make", "-j4", "-C", str(SHIM), *targets], capture_output=True,
+                          text=True, timeout=timeout, check=False)
 
 
 def _tap_failures(output: str) -> str:
