@@ -413,6 +413,24 @@ def allocate(claims: Sequence[Claim], capacity: float = FULL_SHARE) -> Shares:
     priorities = [c.priority for c in limited]
     limits = [c.limit for c in limited]
     guarantee, order = _by_priority(priorities, limits, limits, capacity)
+    used, lent = used_and_lent(limited, priorities, limits, capacity, order)
+    return Shares(
+        guarantee={c.key: g for c, g in zip(limited, guarantee, strict=True)},
+        # no target above what there is to divide: a share and its loan can add up to a hair
+        # more than the capacity they were cut from (2.67 + 97.33 > 100 in floats)
+        target={
+            c.key: min(capacity, max(g, u + extra))
+            for c, g, u, extra in zip(limited, guarantee, used, lent, strict=True)
+        },
+    )
+
+
+def used_and_lent(limited: Sequence[Claim], priorities: list[int], limits: list[float],
+                  capacity: float, order: list[int] | None) -> tuple[list[float], list[float]]:
+    """What each of the `limited` claims uses of `capacity` by priority (its demand, or its
+    limit while hungry) and what it is lent of the rest: a work-conserving container up to
+    whatever it can use, a strict one up to its limit. `order` is the guarantees' (from
+    `_by_priority`), so that the spare is summed as they were."""
     wants = [c.limit if c.hungry else min(c.limit, c.demand) for c in limited]
     used, _ = _by_priority(priorities, limits, wants, capacity)
     spare = capacity - (sum(used) if order is None else sum([used[i] for i in order]))
@@ -423,16 +441,7 @@ def allocate(claims: Sequence[Claim], capacity: float = FULL_SHARE) -> Shares:
         else:
             ceiling = c.limit if c.hungry else min(c.limit, c.demand)
         lend_caps.append(max(0.0, ceiling - got))
-    lent = _water_fill(spare, limits, lend_caps)
-    return Shares(
-        guarantee={c.key: g for c, g in zip(limited, guarantee, strict=True)},
-        # no target above what there is to divide: a share and its loan can add up to a hair
-        # more than the capacity they were cut from (2.67 + 97.33 > 100 in floats)
-        target={
-            c.key: min(capacity, max(g, u + extra))
-            for c, g, u, extra in zip(limited, guarantee, used, lent, strict=True)
-        },
-    )
+    return used, _water_fill(spare, limits, lend_caps)
 
 
 def span_weights(span_s: float, lengths: Sequence[float]) -> tuple[float, ...]:

@@ -45,11 +45,11 @@ from vgpu_agent.throttle.control import (
     _clamp_tokens,
     _Learned,
     _noise_shape,
-    _water_fill,
     gpu_full,
     guess_newcomers,
     span_weights,
     tick_lengths,
+    used_and_lent,
     window_lengths,
 )
 
@@ -127,17 +127,7 @@ def _allocate(claims: Sequence[Claim], capacity: float) -> dict[str, float]:
             _GUARANTEES.clear()
         known = _GUARANTEES[key] = _by_priority(priorities, limits, limits, capacity)
     guarantee, order = known
-    wants = [c.limit if c.hungry else min(c.limit, c.demand) for c in limited]
-    used, _ = _by_priority(priorities, limits, wants, capacity)
-    spare = capacity - (sum(used) if order is None else sum([used[i] for i in order]))
-    lend_caps: list[float] = []
-    for c, got in zip(limited, used, strict=True):
-        if c.policy == "work-conserving":
-            ceiling = math.inf if c.hungry else max(c.demand, got)
-        else:
-            ceiling = c.limit if c.hungry else min(c.limit, c.demand)
-        lend_caps.append(max(0.0, ceiling - got))
-    lent = _water_fill(spare, limits, lend_caps)
+    used, lent = used_and_lent(limited, priorities, limits, capacity, order)
     return {
         c.key: min(capacity, max(g, u + extra))
         for c, g, u, extra in zip(limited, guarantee, used, lent, strict=True)
