@@ -287,3 +287,88 @@ def test_a_paused_process_holds_its_context_and_is_stopped_after_its_case(fake_n
     assert time.monotonic() - started < 10  # not left to run out its 30 s wait
     assert busy[0] == pytest.approx(full[20] / 2, rel=0.2)
     assert paused[0] < full[20] / 100
+
+
+def test_periods_together_tell_per_process_from_time_sliced_attribution():
+    script = load_script()
+    per_process = [[{"ts_us": t, "sm": 48} for t in (1, 2, 3)],
+                   [{"ts_us": t, "sm": 50 + t} for t in (1, 2, 3)]]
+    found = script.periods_together(per_process, [])
+    assert (found["periods"], found["shared"], found["sum_median"], found["sum_max"]) == (
+        3, 3, 100, 101)
+    assert "their sum median 100" in script.describe_together(found)
+    # each period whole to one process, as the H200 gave them without MPS: nothing to sum
+    sliced = [[{"ts_us": 1, "sm": 99}, {"ts_us": 3, "sm": 99}], [{"ts_us": 2, "sm": 99}]]
+    found = script.periods_together(sliced, [])
+    assert (found["periods"], found["shared"], found["sum_median"]) == (3, 0, None)
+    assert "every process 0" in script.describe_together(found)
+    # samples of a process outside the case (under MPS, perhaps its server) are named
+    found = script.periods_together(sliced, [{"pid": 7, "ts_us": 1, "sm": 99}] * 2)
+    assert (found["others"], found["other_pids"]) == (2, [7])
+    assert "2 samples of other processes, pids [7]" in script.describe_together(found)
+
+
+def _mps_control(tmp_path: Path, start_exit: int = 0) -> tuple[Path, Path]:
+    """A stand-in for nvidia-cuda-mps-control: notes `-d` and what it is told on stdin, each
+    with the MPS directories it was given, and exits `start_exit` on `-d`."""
+    log, control = tmp_path / "mps.log", tmp_path / "mps-control"
+    control.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-d" ]; then\n'
+        f'  echo "start $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY" >> {log}\n'
+        f"  echo 'cannot start: a daemon of this pipe directory runs' >&2; exit {start_exit}\n"
+        "fi\n"
+        f'read told; echo "$told $CUDA_MPS_PIPE_DIRECTORY" >> {log}\n')
+    control.chmod(0o755)
+    return control, log
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_mps_runs_every_process_under_a_daemon_of_the_runs_own_then_quits_it(
+        fake_nvml: FakeNvml, tmp_path, capsys):
+    control, log = _mps_control(tmp_path)
+    check, out, driver = _stand_ins(fake_nvml, tmp_path)
+    seen = tmp_path / "seen"  # the MPS pipe directory each process was started with
+    check.write_text(f'#!/bin/sh\necho "$CUDA_MPS_PIPE_DIRECTORY" >> {seen}\n'
+                     f'exec {sys.executable} {STANDIN} "$@"\n')
+    try:
+        code = load_script().main([str(check), "", "--out", str(out), "--nvml-library",
+                                   str(fake_nvml.library_path), "--hold", "4", "--mps",
+                                   "--mps-control", str(control), "--cases", "45@20+45@20",
+                                   "--only", "none"])
+    finally:
+        driver.stopped.set()
+        driver.join()
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    pipe, logs = out / "mps" / "pipe", out / "mps" / "log"
+    assert log.read_text().splitlines() == [f"start {pipe} {logs}", f"quit {pipe}"]
+    assert seen.read_text().split() == [str(pipe)] * 3  # the unthrottled one, then the pair
+    assert not any(name in os.environ for name in ("CUDA_MPS_PIPE_DIRECTORY",
+                                                    "CUDA_MPS_LOG_DIRECTORY"))
+    # this fake driver gives each process its own samples: the pair's add up to its work
+    pair = [json.loads(line) for line in (out / "nvml_summary.jsonl").read_text().splitlines()][-1]
+    together = pair["periods_together"]
+    assert together["shared"] > 5 and together["others"] == 0
+    assert together["sum_median"] == pytest.approx(90, abs=10)
+    assert "with a sample of every process" in printed
+
+
+def test_mps_that_does_not_start_is_named_and_nothing_runs(fake_nvml: FakeNvml, tmp_path,
+                                                             capsys):
+    control, log = _mps_control(tmp_path, start_exit=1)
+    code = load_script().main([str(tmp_path / "no-check"), "", "--out", str(tmp_path / "out"),
+                               "--nvml-library", str(fake_nvml.library_path), "--mps",
+                               "--mps-control", str(control)])
+    printed = capsys.readouterr().out
+    assert code == 1
+    assert f"{control} -d exited 1: cannot start: a daemon of this pipe directory runs" in printed
+    assert "1. the NVML backend" not in printed
+    assert len(log.read_text().splitlines()) == 1  # started, never told to quit
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    missing = load_script().main([str(tmp_path / "no-check"), "", "--out", str(tmp_path / "o2"),
+                                  "--nvml-library", str(fake_nvml.library_path), "--mps",
+                                  "--mps-control", str(tmp_path / "absent")])
+    assert missing == 1
+    assert f"{tmp_path / 'absent'} -d:" in capsys.readouterr().out

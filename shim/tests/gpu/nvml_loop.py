@@ -22,6 +22,9 @@ findings as it goes and writes its raw readings as JSON lines under --out:
    Where the GPU reads time-sliced, strict containers together from the start get a turn alone
    (`throttle/soloturn.py`): each case says how many, and when the others were paused.
 
+With --mps every process runs under an MPS control daemon of the run's own, and part 2 says for
+each case whether NVML gave every process samples of its own and what they add up to.
+
 Exit status 0 when every part ran and the controller held the strict shares within 5 points.
 """
 
@@ -146,6 +149,53 @@ class Sampler:
         return [r for r in self.rows if r["pid"] == pid and r["t"] >= after]
 
 
+# ---- MPS -----------------------------------------------------------------------------------------
+
+class MpsError(RuntimeError):
+    """The MPS control daemon did not start."""
+
+
+MPS_ENV = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+
+
+@contextlib.contextmanager
+def mps_daemon(control: str, directory: Path) -> Iterator[Path]:
+    """An MPS control daemon of the run's own, its pipe and log directories under `directory`:
+    the processes started meanwhile find it through the environment (`start` passes this
+    process's on). Told to quit at the end, the environment as it was. The GPU's compute mode
+    is left as it is, so other users of the GPU are not turned away."""
+    pipe, logs = directory / "pipe", directory / "log"
+    pipe.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    saved = {name: os.environ.get(name) for name in MPS_ENV}
+    os.environ.update(dict(zip(MPS_ENV, (str(pipe), str(logs)), strict=True)))
+    try:
+        try:
+            started = subprocess.run([control, "-d"], capture_output=True, text=True,
+                                     timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise MpsError(f"{control} -d: {err}") from err
+        if started.returncode != 0:
+            said = (started.stderr or started.stdout).strip()
+            raise MpsError(f"{control} -d exited {started.returncode}: {said}")
+        say(f"  MPS control daemon started, its pipes in {pipe}")
+        try:
+            yield pipe
+        finally:
+            try:
+                told = subprocess.run([control], input="quit\n", capture_output=True, text=True,
+                                      timeout=30, check=False)
+                say(f"  MPS control daemon told to quit: exit {told.returncode}")
+            except (OSError, subprocess.TimeoutExpired) as err:
+                say(f"  MPS control daemon not told to quit: {err}")
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 # ---- part 1: the backend ------------------------------------------------------------------------
 
 def pynvml_samples(handle: object, since_us: int) -> int:
@@ -213,10 +263,11 @@ class Held:
 
 
 def hold(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
-         held: Sequence[Held], full: dict[int, float], seconds: float
-         ) -> list[tuple[float, list[dict], list[float]]]:
+         held: Sequence[Held], full: dict[int, float], seconds: float,
+         others: list[dict] | None = None) -> list[tuple[float, list[dict], list[float]]]:
     """Processes at fixed rates, together: per process its tokens/s and NVML's samples of it,
-    and (the same for all) the device's utilization readings over the window."""
+    and (the same for all) the device's utilization readings over the window. `others`, where
+    given, gets the window's samples of every other process (under MPS, perhaps its server)."""
     regions = []
     for h in held:
         if h.pct is None:
@@ -255,7 +306,40 @@ def hold(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
             r["label"] = held[i].label
         found.append((per_s, rows, device))
         region.close()
+    if others is not None:
+        ours = {proc.pid for proc in procs}
+        others += [r for r in sampler.rows if r["pid"] not in ours and r["t"] >= (begin or t0)]
     return found
+
+
+def periods_together(per_process: Sequence[Sequence[dict]], others: Sequence[dict]) -> dict:
+    """How NVML attributed the periods of processes running together: the periods (distinct
+    stamps) their samples came in, those in which every one of them had a sample (per-process
+    attribution; a time-sliced driver gives each period to one), the sum of their values in
+    those (does a full GPU's add up to 100?), and the samples of processes outside the case."""
+    by_stamp: dict[int, list[int]] = {}
+    for rows in per_process:
+        for r in rows:
+            by_stamp.setdefault(r["ts_us"], []).append(r["sm"])
+    sums = [sum(v) for v in by_stamp.values() if len(v) >= len(per_process)]
+    return {
+        "periods": len(by_stamp), "shared": len(sums),
+        "sum_median": statistics.median(sums) if sums else None,
+        "sum_p90": percentile(sums, 90) if sums else None,
+        "sum_max": max(sums) if sums else None,
+        "others": len(others), "other_pids": sorted({r["pid"] for r in others}),
+    }
+
+
+def describe_together(found: dict) -> str:
+    """`periods_together`'s finding as a line."""
+    text = f"periods {found['periods']}, with a sample of every process {found['shared']}"
+    if found["shared"]:
+        text += (f", their sum median {found['sum_median']:g} (p90 {found['sum_p90']:g}, "
+                 f"max {found['sum_max']:g})")
+    if found["others"]:
+        text += f"; {found['others']} samples of other processes, pids {found['other_pids']}"
+    return text
 
 
 def describe_samples(label: str, rows: list[dict], truth_pct: float, device: list[float]
@@ -344,7 +428,8 @@ def part_samples(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: 
     rows: list[dict] = []
     found = []
     for case in cases:
-        results = hold(check, shim, backend, root, uuid, case, full, seconds)
+        others: list[dict] = []
+        results = hold(check, shim, backend, root, uuid, case, full, seconds, others)
         if len(case) == 1 and case[0].pct is None and case[0].spin_us not in full:
             per_s = full[case[0].spin_us] = results[0][0]
             say(f"  unthrottled {case[0].spin_us} us kernels: {per_s / COST:.0f} launches/s "
@@ -356,6 +441,10 @@ def part_samples(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: 
             name = h.label + (f" (with {len(case) - 1} other)" if len(case) > 1 else "")
             found.append(describe_samples(name, got, truth, device) | {"case": len(found)})
             rows += got
+        attributed = periods_together([got for _, got, _ in results], others)
+        found[-1]["periods_together"] = attributed
+        if len(case) > 1 or others:
+            say(f"    {describe_together(attributed)}")
         if len(case) > 1:
             say(f"    together {together:.1f} % of one process's unthrottled work")
             hold_us = launch_hold_us(case, found[-len(case):], together, full)
@@ -701,8 +790,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "rates: what periods read together say"),
         ("--trace", "write every NVML read and time-sliced split of the controller cases to "
                     "trace_CASE.jsonl"),
+        ("--mps", "run every process under an MPS control daemon of the run's own (pipes under "
+                  "OUT/mps, told to quit at the end): does NVML then give each process samples "
+                  "of its own, and do a full GPU's add up to 100?"),
     ):
         parser.add_argument(flag, action="store_true", help=what)
+    parser.add_argument("--mps-control", default="nvidia-cuda-mps-control",
+                        help="the MPS control program --mps starts and stops")
     parser.add_argument("--phase", type=float, default=12.0,
                         help="in a case of its own, the first container's process is replaced "
                              "at this second by one with the longest kernels (0: no such case)")
@@ -717,30 +811,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = args.out / "regions"
     backend = NvmlBackend(args.nvml_library)
     backend.start()
-    ok = True
     try:
-        say("1. the NVML backend")
-        uuid = part_backend(backend, out)
-        say("2. NVML's per-process samples at fixed rates")
-        full = part_samples(args.check, args.shim, backend, root, uuid, out, args.hold,
-                            args.cases if args.cases
-                            else QUICK_CASES if args.quick
-                            else RATE_CASES if args.controller_only
-                            else HOLD_CASES if args.holds else CASES)
-        if not full or min(full.values()) <= 0:
-            say("  no unthrottled rate measured: the controller cases need it")
-            return 1
-        if args.late_reads:
-            say("2b. reads further apart than a sample period")
-            part_late_reads(args.check, args.shim, backend, root, uuid, out, full)
-        say("3. the controller on real processes")
-        ok = asyncio.run(part_controller(args.check, args.shim, backend, root, uuid, full, out,
-                                         args.seconds, args.alone, args.phase,
-                                         {c for c in args.only.split(",") if c}, args.trace))
+        with contextlib.ExitStack() as stack:
+            if args.mps:
+                say("0. an MPS control daemon")
+                try:
+                    stack.enter_context(mps_daemon(args.mps_control, args.out / "mps"))
+                except MpsError as err:
+                    say(f"  {err}")
+                    return 1
+            ok = run_parts(args, out, root, backend)
     finally:
         backend.shutdown()
     say("result:", "ok" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def run_parts(args: argparse.Namespace, out: Out, root: Path, backend: NvmlBackend) -> bool:
+    """Parts 1-3 as the command line asks; whether they ran and the controller held its
+    shares."""
+    say("1. the NVML backend")
+    uuid = part_backend(backend, out)
+    say("2. NVML's per-process samples at fixed rates")
+    full = part_samples(args.check, args.shim, backend, root, uuid, out, args.hold,
+                        args.cases if args.cases
+                        else QUICK_CASES if args.quick
+                        else RATE_CASES if args.controller_only
+                        else HOLD_CASES if args.holds else CASES)
+    if not full or min(full.values()) <= 0:
+        say("  no unthrottled rate measured: the controller cases need it")
+        return False
+    if args.late_reads:
+        say("2b. reads further apart than a sample period")
+        part_late_reads(args.check, args.shim, backend, root, uuid, out, full)
+    say("3. the controller on real processes")
+    return asyncio.run(part_controller(args.check, args.shim, backend, root, uuid, full, out,
+                                       args.seconds, args.alone, args.phase,
+                                       {c for c in args.only.split(",") if c}, args.trace))
 
 
 if __name__ == "__main__":
