@@ -1458,8 +1458,9 @@ class ThrottleController:
                            "measure a container within the shim's longest wait: its shares "
                            "rest on the sample periods alone, which cannot tell the GPU "
                            "counting busy beyond the work from work and follow a change of "
-                           "phase only over tens of seconds; per-process samples (MPS) avoid "
-                           "it")
+                           "phase only over tens of seconds; a driver that samples each "
+                           "process's own use avoids it (whether it does so under MPS is not "
+                           "yet measured)")
 
     def _go_on_turn(self, uuid: str, turns: SoloTurns, solo: str,
                     spent_by: Mapping[str, int]) -> None:
