@@ -158,6 +158,7 @@ from vgpu_agent.throttle.soloturn import (
     turn_fits,
     turn_wanted,
 )
+from vgpu_agent.throttle.strangers import StrangerWatch
 from vgpu_agent.throttle.timesliced import (
     PER_PROCESS_HOLD_S,
     SHARED_PERIODS,
@@ -478,6 +479,7 @@ class ThrottleController:
         self._procs_read_ns: dict[str, int] = {}  # per GPU: when its slots were last read
         # per GPU: host pid -> when to try again to place it (samples of no known container)
         self._strangers: dict[str, dict[int, int]] = {}
+        self._stranger_watch = StrangerWatch()  # GPUs whose use goes only to strangers
         # What time-sliced splits learned of containers alone, kept across agent restarts:
         # the figures of the last run not yet taken by a split, and those last saved.
         self._figure_file = figure_file
@@ -1178,6 +1180,7 @@ class ThrottleController:
                     recent[pid] = (found, newest, value)
                 else:
                     recent.pop(pid, None)
+        self._watch_strangers(uuid, per_pid, recent, newest, spent)
         # a time-sliced process may go unsampled for several periods while others take them
         stale_us = newest - (SHARED_PERIODS if sliced else 3) * period_us
         for pid, (alloc_id, stamp, value) in list(recent.items()):
@@ -1225,6 +1228,33 @@ class ThrottleController:
             if spent.get(alloc_id, 0) > 0:
                 measured[alloc_id] = None
         return measured, span_s, count
+
+    def _watch_strangers(self, uuid: str, per_pid: Mapping[int, list[int]],
+                         recent: Mapping[int, tuple[str, int, float]], newest: int,
+                         spent: Mapping[str, int]) -> None:
+        """Tells the operator, once per episode, of a GPU whose busy samples go only to
+        processes no container claims while containers spend (`throttle/strangers.py`)."""
+        ours_busy = False
+        strangers: list[int] = []
+        for pid, values in per_pid.items():
+            if max(values) <= 0:
+                continue
+            placed = recent.get(pid)
+            if placed is not None and placed[1] == newest:
+                ours_busy = True
+            else:
+                strangers.append(pid)
+        pids = self._stranger_watch.observe(uuid, self._now_ns,
+                                            any(v > 0 for v in spent.values()), ours_busy,
+                                            strangers)
+        if pids:
+            log.warning("throttle_use_only_strangers", uuid=uuid, pids=list(pids),
+                        seconds=self._stranger_watch.hold_ns / 1e9,
+                        detail="containers spend tokens, but NVML gives this GPU's use only to "
+                               "processes no container claims (an MPS server, if the driver "
+                               "counts its clients' work as its own; or a process outside "
+                               "the cluster): the containers cannot be measured, so their "
+                               "shares rest on their tokens, or go uncharged")
 
     def _place(
         self, uuid: str, entries: _Entries, unplaced: list[tuple[int, float]]
@@ -1776,6 +1806,7 @@ class ThrottleController:
                 self._end_turn(uuid, "not_read")
                 self._drop_split(uuid)
                 self._turns.pop(uuid, None)
+                self._stranger_watch.forget(uuid)
         for uuid in [u for u in self._sampled_pids if u not in present_gpus]:
             del self._sampled_pids[uuid]
         tick = self.ticks

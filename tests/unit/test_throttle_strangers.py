@@ -1,0 +1,55 @@
+"""`StrangerWatch`: a GPU whose busy samples go only to processes no container claims, while
+containers spend, is reported once per episode, after the hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpu_agent.throttle.strangers import STRANGERS_ONLY_HOLD_S, StrangerWatch
+
+S = 1_000_000_000
+
+
+def test_an_episode_is_told_once_after_the_hold_with_its_pids_sorted():
+    watch = StrangerWatch()
+    told = [watch.observe("g", t * S // 2, True, False, [9, 4]) for t in range(41)]  # 20 s
+    first = told.index((4, 9))
+    assert first == int(STRANGERS_ONLY_HOLD_S * 2)  # 10 s after the first batch
+    assert [t for t in told if t] == [(4, 9)]
+
+
+@pytest.mark.parametrize("clears", ["ours busy", "nobody spends"])
+def test_an_episode_ends_when_a_container_is_seen_busy_or_none_spends(clears):
+    watch = StrangerWatch(hold_s=2.0)
+    assert watch.observe("g", 0, True, False, [7]) == ()
+    assert watch.observe("g", 2 * S, True, False, [7]) == (7,)
+    ended = (True, True, [7]) if clears == "ours busy" else (False, False, [7])
+    assert watch.observe("g", 3 * S, *ended) == ()
+    # a new episode: told again, only once it has lasted the hold in turn
+    assert watch.observe("g", 4 * S, True, False, [8]) == ()
+    assert watch.observe("g", 5 * S, True, False, [8]) == ()
+    assert watch.observe("g", 6 * S, True, False, [8]) == (8,)
+
+
+def test_a_batch_where_nobody_is_busy_neither_ends_nor_grows_an_episode():
+    watch = StrangerWatch(hold_s=2.0)
+    watch.observe("g", 0, True, False, [7])
+    assert watch.observe("g", 1 * S, True, False, []) == ()  # listed idle: says nothing
+    assert watch.observe("g", 2 * S, True, False, [7]) == (7,)  # the episode went on
+
+
+def test_gpus_are_watched_apart_and_one_gone_is_forgotten():
+    watch = StrangerWatch(hold_s=1.0)
+    watch.observe("a", 0, True, False, [1])
+    watch.observe("b", 0, True, True, [2])  # b's containers are seen: no episode
+    assert watch.observe("a", S, True, False, [1]) == (1,)
+    assert watch.observe("b", S, True, True, [2]) == ()
+    watch.forget("a")
+    assert watch.observe("a", 2 * S, True, False, [1]) == ()  # begins afresh
+    assert watch.observe("a", 3 * S, True, False, [1]) == (1,)
+
+
+@pytest.mark.parametrize("hold", [0.0, -1.0, 3600.0, float("nan")])
+def test_a_hold_out_of_range_is_refused_by_name(hold):
+    with pytest.raises(ValueError, match="strangers-only hold must be in"):
+        StrangerWatch(hold_s=hold)
