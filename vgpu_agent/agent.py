@@ -539,6 +539,7 @@ class Agent:
             xid_counts=lambda: self.health.xid_counts if self.health is not None else {},
             throttle_status=lambda: self.controller.status,
             time_sliced_gpus=lambda: self.controller.time_sliced_gpus,
+            use_only_strangers_gpus=lambda: self.controller.use_only_strangers_gpus,
             phase_changes=lambda: self.controller.phase_changes,
             use_charged_to_nobody=lambda: self.controller.use_charged_to_nobody,
             solo_turns=lambda: self.controller.solo_turns_given,

@@ -64,8 +64,10 @@ async def test_use_given_only_to_a_stranger_is_told_once_per_episode():
     gpu, backend, controller = _pair()
     with capture_logs() as logs:
         first = await _run(25, backend, gpu, controller, logs)
+        assert controller.use_only_strangers_gpus == {gpu.uuid}  # what the gauge shows
         backend.merged = False  # the containers' processes sampled again: the episode ends
         between = await _run(5, backend, gpu, controller, logs)
+        assert controller.use_only_strangers_gpus == frozenset()
         backend.merged = True
         again = await _run(15, backend, gpu, controller, logs)
     assert len(first) == 1 and STRANGERS_ONLY_HOLD_S <= first[0] <= STRANGERS_ONLY_HOLD_S + 2
@@ -81,4 +83,5 @@ async def test_nothing_is_said_where_the_containers_processes_are_sampled():
     backend.merged = False
     with capture_logs() as logs:
         assert await _run(25, backend, gpu, controller, logs) == []
+    assert controller.use_only_strangers_gpus == frozenset()
     assert controller.error_counts == {}

@@ -423,11 +423,15 @@ async def test_dra_regions_name_their_claim_next_to_the_container(node: Node) ->
 
 async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(node: Node) -> None:
     text = await node.scrape(time_sliced_gpus=lambda: frozenset({G1}),
+                             use_only_strangers_gpus=lambda: frozenset({G0}),
                              phase_changes=lambda: {G1: 2, G0: 1},
                              use_charged_to_nobody=lambda: {G1: 37.5},
                              solo_turns=lambda: {G1: 1})
     assert value(text, "vgpu_gpu_nvml_time_sliced", gpu_uuid=G1) == 1
     assert value(text, "vgpu_gpu_nvml_time_sliced", gpu_uuid=G0) == 0
+    # a GPU whose use NVML gives only to processes no container claims (an MPS server?)
+    assert value(text, "vgpu_gpu_nvml_use_only_strangers", gpu_uuid=G0) == 1
+    assert value(text, "vgpu_gpu_nvml_use_only_strangers", gpu_uuid=G1) == 0
     assert value(text, "vgpu_gpu_throttle_phase_changes_total", gpu_uuid=G1) == 2
     # found while G0 was time-sliced: the count stays, as a counter's does
     assert value(text, "vgpu_gpu_throttle_phase_changes_total", gpu_uuid=G0) == 1
@@ -440,6 +444,7 @@ async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(no
     # without a throttle controller the series are absent, not 0
     bare = await node.scrape()
     assert "vgpu_gpu_nvml_time_sliced" not in names(bare)
+    assert "vgpu_gpu_nvml_use_only_strangers" not in names(bare)
     assert "vgpu_gpu_throttle_phase_changes_total" not in names(bare)
     assert "vgpu_gpu_throttle_uncharged_use_percent" not in names(bare)
     assert "vgpu_gpu_throttle_solo_turns_total" not in names(bare)

@@ -71,6 +71,7 @@ async def _everything_emitted(tmp_path: Path) -> dict[str, set[str]]:
         xid_counts=lambda: {uuid: 1},
         throttle_status=lambda: {("a", 0): Status()},
         time_sliced_gpus=lambda: {uuid},
+        use_only_strangers_gpus=lambda: {uuid},
         phase_changes=lambda: {uuid: 1},
         use_charged_to_nobody=lambda: {uuid: 12.5},
         solo_turns=lambda: {uuid: 1},

@@ -170,14 +170,18 @@ async def test_a_stale_gpu_has_no_live_readings(node: Node) -> None:
 
 async def test_a_gpu_says_whether_its_samples_are_read_as_time_sliced(node: Node) -> None:
     document = await _status(node, time_sliced_gpus=lambda: frozenset({G1}),
+                             use_only_strangers_gpus=lambda: frozenset({G0}),
                              use_charged_to_nobody=lambda: {G1: 42.5})
     sliced = {g["uuid"]: g["nvml_time_sliced"] for g in document["gpus"]}  # type: ignore[attr-defined]
     assert sliced[G1] is True
     assert sliced[G0] is False
+    strangers = {g["uuid"]: g["nvml_use_only_strangers"] for g in document["gpus"]}  # type: ignore[attr-defined]
+    assert (strangers[G0], strangers[G1]) == (True, False)
     uncharged = {g["uuid"]: g["uncharged_use_ratio"] for g in document["gpus"]}  # type: ignore[attr-defined]
     assert uncharged[G1] == 0.425
     assert uncharged[G0] is None  # not split
     # no throttle controller: not known, not false
     bare = await _status(node)
     assert all(g["nvml_time_sliced"] is None for g in bare["gpus"])  # type: ignore[attr-defined]
+    assert all(g["nvml_use_only_strangers"] is None for g in bare["gpus"])  # type: ignore[attr-defined]
     assert all(g["uncharged_use_ratio"] is None for g in bare["gpus"])  # type: ignore[attr-defined]

@@ -109,6 +109,7 @@ class Snapshot:
     claims: tuple[tuple[Identity, tuple[str, str, str]], ...] = ()
     time_sliced: frozenset[str] | None = None  # None: no throttle controller
     phase_changes: Mapping[str, int] | None = None
+    only_strangers: frozenset[str] | None = None  # GPUs whose use NVML gives only to strangers
     uncharged: Mapping[str, float] | None = None  # use charged to nobody, per time-sliced GPU
     solo_turns: Mapping[str, int] | None = None  # turns alone given, per GPU
     sample_periods: Mapping[str, float] | None = None  # NVML's sample period, s, per GPU read
@@ -297,6 +298,8 @@ def gather_snapshot(
         time_sliced=(frozenset(sources.time_sliced_gpus()) if sources.time_sliced_gpus
                      else None),
         phase_changes=dict(sources.phase_changes()) if sources.phase_changes else None,
+        only_strangers=(frozenset(sources.use_only_strangers_gpus())
+                        if sources.use_only_strangers_gpus else None),
         uncharged=(dict(sources.use_charged_to_nobody()) if sources.use_charged_to_nobody
                    else None),
         solo_turns=dict(sources.solo_turns()) if sources.solo_turns else None,
@@ -385,6 +388,14 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "one process, the use split out by tokens spent); also 1 with one process on the GPU.",
         GPU_LABELS,
     )
+    only_strangers = _gauge(
+        "vgpu_gpu_nvml_use_only_strangers",
+        "1 while the GPU's busy NVML samples have gone only to processes no container claims, "
+        "while containers spend tokens, for 10 s or more (an MPS server, if the driver counts "
+        "its clients' work as its own; or a process outside the cluster): none of its "
+        "containers can be measured (throttle_use_only_strangers in the log).",
+        GPU_LABELS,
+    )
     phase_changes = _counter(
         "vgpu_gpu_throttle_phase_changes",
         "Changes of phase (a container's SM time per token moving threefold or more) found on "
@@ -421,6 +432,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         _put(slices_alloc, labels, snap.slices_allocated.get(gpu.uuid, 0))
         if snap.time_sliced is not None:
             _put(time_sliced, labels, 1 if gpu.uuid in snap.time_sliced else 0)
+        if snap.only_strangers is not None:
+            _put(only_strangers, labels, 1 if gpu.uuid in snap.only_strangers else 0)
         if snap.phase_changes is not None:
             _put(phase_changes, labels, snap.phase_changes.get(gpu.uuid, 0))
         if snap.solo_turns is not None:
@@ -450,8 +463,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         if r.power_w is not None:
             _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
-    yield from (slices_total, slices_alloc, time_sliced, sample_period, phase_changes, uncharged,
-                solo_turns)
+    yield from (slices_total, slices_alloc, time_sliced, only_strangers, sample_period,
+                phase_changes, uncharged, solo_turns)
 
 
 _KIND_LABELS = (*CONTAINER_LABELS, "kind")

@@ -110,6 +110,9 @@ class MetricsSources:
     # changes of phase its split found (`ThrottleController.time_sliced_gpus`, `phase_changes`)
     time_sliced_gpus: Callable[[], Iterable[str]] | None = None
     phase_changes: Callable[[], Mapping[str, int]] | None = None
+    # GPUs whose use NVML gives only to processes no container claims while containers spend
+    # (`ThrottleController.use_only_strangers_gpus`)
+    use_only_strangers_gpus: Callable[[], Iterable[str]] | None = None
     # per time-sliced GPU, the points of its use charged to nobody at the last batch
     # (`ThrottleController.use_charged_to_nobody`)
     use_charged_to_nobody: Callable[[], Mapping[str, float]] | None = None

@@ -14,6 +14,9 @@ Schema (``schema_version`` 1; fields are only ever added within a version):
                "slices_allocated", "nvml_time_sliced": bool | null (the throttle reads
                the GPU's NVML samples as time-sliced: its containers' measured use is then
                an estimate from their tokens; null without a throttle controller),
+               "nvml_use_only_strangers": bool | null (its busy samples have gone only to
+               processes no container claims, while containers spend, for 10 s or more:
+               none of its containers can be measured; null without a throttle controller),
                "uncharged_use_ratio": float | null (of a time-sliced GPU's use at the last
                batch of samples, the part its containers' tokens do not explain and nobody
                was charged: NVML counting it busy beyond the work, or a few points of a
@@ -137,6 +140,8 @@ def _gpu(snap: Snapshot, gpu: GpuInfo) -> dict[str, Any]:
         "slices_total": snap.slices_per_gpu,
         "slices_allocated": snap.slices_allocated.get(uuid, 0),
         "nvml_time_sliced": uuid in snap.time_sliced if snap.time_sliced is not None else None,
+        "nvml_use_only_strangers": (uuid in snap.only_strangers
+                                    if snap.only_strangers is not None else None),
         "uncharged_use_ratio": (_ratio(snap.uncharged[uuid])
                                 if snap.uncharged is not None and uuid in snap.uncharged
                                 else None),

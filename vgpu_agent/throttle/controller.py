@@ -548,6 +548,13 @@ class ThrottleController:
         return frozenset(self._sliced)
 
     @property
+    def use_only_strangers_gpus(self) -> frozenset[str]:
+        """GPUs whose busy NVML samples have gone only to processes no container claims,
+        while containers spent, for longer than the hold (`throttle/strangers.py`): none of
+        their containers can be measured."""
+        return self._stranger_watch.reported
+
+    @property
     def phase_changes(self) -> Mapping[str, int]:
         """Per GPU, the changes of phase the time-sliced split found since start."""
         found = dict(self._phase_changes_before)

@@ -48,6 +48,11 @@ class StrangerWatch:
         self.told.add(uuid)
         return tuple(sorted(strangers_busy))
 
+    @property
+    def reported(self) -> frozenset[str]:
+        """The GPUs whose episode has been told and goes on."""
+        return frozenset(self.told)
+
     def forget(self, uuid: str) -> None:
         """The GPU is gone (or its controller state dropped)."""
         self.since.pop(uuid, None)
