@@ -197,6 +197,8 @@ def _gpu_title(gpu: Mapping[str, Any]) -> Text:
         title.append(" (stale)", style="yellow")
     if gpu.get("nvml_time_sliced"):
         title.append("  NVML time-sliced (use estimated)", style="cyan")
+    if gpu.get("nvml_use_only_strangers"):
+        title.append("  use only by processes of no container (unmeasured)", style="bold yellow")
     uncharged = gpu.get("uncharged_use_ratio")
     if uncharged:
         title.append(f"  busy beyond the work {_percent(uncharged)}", style="yellow")

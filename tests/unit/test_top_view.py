@@ -248,6 +248,17 @@ def test_a_gpu_read_as_time_sliced_says_its_use_is_estimated() -> None:
     assert "time-sliced" not in lines[1] and "beyond" not in lines[1]
 
 
+def test_a_gpu_whose_use_goes_only_to_strangers_says_its_containers_are_unmeasured() -> None:
+    status = copy.deepcopy(STATUS)
+    status["gpus"][0]["nvml_use_only_strangers"] = True
+    status["gpus"][1]["nvml_use_only_strangers"] = False
+    lines = [line for line in frame_text(status).splitlines() if line.startswith("GPU ")]
+    assert "use only by processes of no container (unmeasured)" in lines[0]
+    assert "no container" not in lines[1]
+    # an older agent's /status has no such field: nothing said
+    assert "no container" not in frame_text(STATUS)
+
+
 def test_a_container_paused_for_a_neighbours_turn_alone_is_marked() -> None:
     turning = copy.deepcopy(STATUS)
     turning["allocations"][0]["devices"][0]["paused"] = True
