@@ -1260,8 +1260,8 @@ class ThrottleController:
                         detail="containers spend tokens, but NVML gives this GPU's use only to "
                                "processes no container claims (an MPS server, if the driver "
                                "counts its clients' work as its own; or a process outside "
-                               "the cluster): the containers cannot be measured, so their "
-                               "shares rest on their tokens, or go uncharged")
+                               "the cluster): the containers cannot be measured, and their "
+                               "rates rest on guesses, not on what they use")
 
     def _place(
         self, uuid: str, entries: _Entries, unplaced: list[tuple[int, float]]

@@ -3,8 +3,9 @@
 The controller measures a container by the samples NVML gives its processes. Where a GPU's busy
 samples all go to processes that no container claims (an MPS server, if the driver attributes its
 clients' work to it; or a process outside Kubernetes taking the GPU) while containers spend
-tokens, none of them can be measured: their shares rest on their tokens alone, or, on a GPU read
-as time-sliced, the stranger's part is charged to nobody. The operator is told once per episode,
+tokens, none of them can be measured: they get no reading, and their rates rest on guesses
+(simulated, two strict containers of 60 and 40 % ran at 30 and 19 %, and their turns alone were
+spoiled by the stranger's periods). The operator is told once per episode,
 after it has lasted `hold_s`, with the pids; the episode ends when a container's process is
 seen busy again, or no container spends.
 
