@@ -65,9 +65,11 @@ async def test_use_given_only_to_a_stranger_is_told_once_per_episode():
     with capture_logs() as logs:
         first = await _run(25, backend, gpu, controller, logs)
         assert controller.use_only_strangers_gpus == {gpu.uuid}  # what the gauge shows
+        assert all(s.open_loop for s in controller.status.values())  # steered by no reading
         backend.merged = False  # the containers' processes sampled again: the episode ends
         between = await _run(5, backend, gpu, controller, logs)
         assert controller.use_only_strangers_gpus == frozenset()
+        assert not any(s.open_loop for s in controller.status.values())
         backend.merged = True
         again = await _run(15, backend, gpu, controller, logs)
     assert len(first) == 1 and STRANGERS_ONLY_HOLD_S <= first[0] <= STRANGERS_ONLY_HOLD_S + 2

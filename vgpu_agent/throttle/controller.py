@@ -1392,7 +1392,8 @@ class ThrottleController:
             params = self._split_params
         decisions = self.law(observations, states, dt_s, params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
-        open_loop = uuid in self._open_loop
+        # (a GPU whose use goes only to strangers steers by no measurement either)
+        open_loop = uuid in self._open_loop or uuid in self._stranger_watch.told
         # a reclaim may be needed at any moment that only a tick would see (see the module
         # note): a device not observed, limits that do not fit
         hard = self._lent or len(observations) < len(entries) \
