@@ -20,12 +20,16 @@ from vgpu_agent.simulation.runner import ContainerSpec, ControlledRun, PlantSpec
 LONG = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
 
 
-def _lowest_share(run: ControlledRun, name: str, window_s: float, after_s: float) -> float:
-    """The container's lowest share (all its processes) over `window_s` windows ending after
+def _shares(run: ControlledRun, name: str, window_s: float, after_s: float) -> list[float]:
+    """The container's shares (all its processes) over `window_s` windows ending after
     `after_s`."""
     per_process = [run.gpu.shares(p, window_s) for p in run.procs[name]]
-    return min(sum(series[i][1] for series in per_process)
-               for i, (t, _) in enumerate(per_process[0]) if t > after_s)
+    return [sum(series[i][1] for series in per_process)
+            for i, (t, _) in enumerate(per_process[0]) if t > after_s]
+
+
+def _lowest_share(run: ControlledRun, name: str, window_s: float, after_s: float) -> float:
+    return min(_shares(run, name, window_s, after_s))
 
 
 async def test_a_full_gpu_read_with_room_does_not_squeeze_the_largest_container():
@@ -60,11 +64,7 @@ async def test_ten_containers_on_a_time_sliced_gpu_sampled_once_a_second_all_get
 
 
 def _mean_share(run: ControlledRun, name: str, after_s: float) -> float:
-    """The container's mean share (all its processes) over 0.5 s windows ending after
-    `after_s`."""
-    per_process = [run.gpu.shares(p, 0.5) for p in run.procs[name]]
-    shares = [sum(series[i][1] for series in per_process)
-              for i, (t, _) in enumerate(per_process[0]) if t > after_s]
+    shares = _shares(run, name, 0.5, after_s)
     return sum(shares) / len(shares)
 
 
