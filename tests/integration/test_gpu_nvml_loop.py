@@ -302,6 +302,22 @@ def test_periods_together_tell_per_process_from_time_sliced_attribution():
     found = script.periods_together(sliced, [])
     assert (found["periods"], found["shared"], found["sum_median"]) == (3, 0, None)
     assert "every process 0" in script.describe_together(found)
+    # stamped a few ms apart within each period, per process: not one period by stamps,
+    # but one within the near reach (40 ms), with how far apart they lay
+    period_us = 166_667
+    apart = [[{"ts_us": k * period_us, "sm": 40} for k in range(1, 5)],
+             [{"ts_us": k * period_us + 3_000 * k, "sm": 61} for k in range(1, 5)]]
+    found = script.periods_together(apart, [])
+    assert (found["periods"], found["shared"], found["near_shared"]) == (8, 0, 4)
+    assert (found["near_sum_median"], found["near_spread_us_max"]) == (101, 12_000)
+    assert "within 40 ms read as one period: 4, their sum median 101, stamps up to 12 ms" \
+        in script.describe_together(found)
+    # ... while periods a whole sample period apart stay apart, however near the reach
+    sliced_apart = [[{"ts_us": k * period_us, "sm": 99} for k in (1, 3)],
+                    [{"ts_us": 2 * period_us, "sm": 99}]]
+    found = script.periods_together(sliced_apart, [], near_us=period_us // 2)
+    assert (found["shared"], found["near_shared"]) == (0, 0)
+    assert "read as one period" not in script.describe_together(found)
     # samples of a process outside the case (under MPS, perhaps its server) are named
     found = script.periods_together(sliced, [{"pid": 7, "ts_us": 1, "sm": 99}] * 2)
     assert (found["others"], found["other_pids"]) == (2, [7])

@@ -312,23 +312,56 @@ def hold(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
     return found
 
 
-def periods_together(per_process: Sequence[Sequence[dict]], others: Sequence[dict]) -> dict:
+# Stamps of two processes' samples this close are read as one period: a driver attributing
+# periods per process may stamp each process's sample a little apart (not seen yet; the H200's
+# time-sliced samples were a whole period, 1/6 s, apart), and a grouping by exact stamps would
+# then read per-process attribution as time-sliced. A quarter of the H200's period.
+NEAR_STAMPS_US = 40_000
+
+
+def periods_together(per_process: Sequence[Sequence[dict]], others: Sequence[dict],
+                     near_us: int = NEAR_STAMPS_US) -> dict:
     """How NVML attributed the periods of processes running together: the periods (distinct
     stamps) their samples came in, those in which every one of them had a sample (per-process
     attribution; a time-sliced driver gives each period to one), the sum of their values in
-    those (does a full GPU's add up to 100?), and the samples of processes outside the case."""
+    those (does a full GPU's add up to 100?), and the samples of processes outside the case.
+    The same again with stamps within `near_us` of a period's first read as that period
+    (`near_*`), and how far apart the stamps of one such period lay."""
     by_stamp: dict[int, list[int]] = {}
     for rows in per_process:
         for r in rows:
             by_stamp.setdefault(r["ts_us"], []).append(r["sm"])
     sums = [sum(v) for v in by_stamp.values() if len(v) >= len(per_process)]
+    near_sums, spreads = _near_periods(per_process, near_us)
     return {
         "periods": len(by_stamp), "shared": len(sums),
         "sum_median": statistics.median(sums) if sums else None,
         "sum_p90": percentile(sums, 90) if sums else None,
         "sum_max": max(sums) if sums else None,
+        "near_us": near_us, "near_shared": len(near_sums),
+        "near_sum_median": statistics.median(near_sums) if near_sums else None,
+        "near_spread_us_max": max(spreads) if spreads else None,
         "others": len(others), "other_pids": sorted({r["pid"] for r in others}),
     }
+
+
+def _near_periods(per_process: Sequence[Sequence[dict]], near_us: int
+                  ) -> tuple[list[int], list[int]]:
+    """The sums of the periods in which every process had a sample, stamps within `near_us` of
+    a period's first counting as that period (each process's first sample there), and how far
+    apart each such period's stamps lay."""
+    stamped = sorted((r["ts_us"], n, r["sm"]) for n, rows in enumerate(per_process)
+                     for r in rows)
+    periods: list[dict[int, tuple[int, int]]] = []  # process -> (stamp, value)
+    start = None
+    for ts, n, sm in stamped:
+        if start is None or ts - start > near_us:
+            start = ts
+            periods.append({})
+        periods[-1].setdefault(n, (ts, sm))
+    full = [p for p in periods if len(p) >= len(per_process)]
+    return ([sum(sm for _, sm in p.values()) for p in full],
+            [max(ts for ts, _ in p.values()) - min(ts for ts, _ in p.values()) for p in full])
 
 
 def describe_together(found: dict) -> str:
@@ -337,6 +370,10 @@ def describe_together(found: dict) -> str:
     if found["shared"]:
         text += (f", their sum median {found['sum_median']:g} (p90 {found['sum_p90']:g}, "
                  f"max {found['sum_max']:g})")
+    if found["near_shared"] > found["shared"]:
+        text += (f"; stamps within {found['near_us'] / 1000:g} ms read as one period: "
+                 f"{found['near_shared']}, their sum median {found['near_sum_median']:g}, "
+                 f"stamps up to {found['near_spread_us_max'] / 1000:g} ms apart")
     if found["others"]:
         text += f"; {found['others']} samples of other processes, pids {found['other_pids']}"
     return text
