@@ -73,6 +73,7 @@ from vgpu_agent.simulation.imperfections import IDEAL, REAL
 from vgpu_agent.simulation.runner import (
     ContainerSpec,
     PlantSpec,
+    RunResult,
     Scenario,
     Stats,
     evaluate,
@@ -285,10 +286,14 @@ def exact_settling(sc: Scenario, plant: PlantSpec, seeds: range,
     for seed in seeds:
         spec = replace(plant, seed=seed,
                        imperfections=replace(plant.imperfections, nvml_sigma=0.0))
-        runs.append(evaluate(asyncio.run(run_controlled(
-            attainable(sc, spec), plant=spec, paced=args.paced, tick_s=args.tick,
-            nvml_poll_periods=args.nvml_poll_periods))))
+        runs.append(evaluate(run_ours(attainable(sc, spec), spec, args)))
     return _median_stats(runs)[0].worst_settling_s
+
+
+def run_ours(sc: Scenario, spec: PlantSpec, args: argparse.Namespace) -> RunResult:
+    """The agent's controller on `sc` and `spec`, ticking as the command line asks."""
+    return asyncio.run(run_controlled(sc, plant=spec, paced=args.paced, tick_s=args.tick,
+                                      nvml_poll_periods=args.nvml_poll_periods))
 
 
 def _when(settling_s: float) -> str:
@@ -365,9 +370,7 @@ def main() -> int:
             for seed in seeds:
                 spec = replace(spec_of(plant, args), seed=seed)
                 seeded = attainable(sc, spec)
-                ours_run = asyncio.run(run_controlled(
-                    seeded, plant=spec, paced=args.paced, tick_s=args.tick,
-                    nvml_poll_periods=args.nvml_poll_periods))
+                ours_run = run_ours(seeded, spec, args)
                 cpu_s += ours_run.cpu_s
                 for kind, count in ours_run.errors.items():
                     counted[kind] = counted.get(kind, 0) + count
