@@ -87,3 +87,22 @@ async def test_nothing_is_said_where_the_containers_processes_are_sampled():
         assert await _run(25, backend, gpu, controller, logs) == []
     assert controller.use_only_strangers_gpus == frozenset()
     assert controller.error_counts == {}
+
+
+async def test_an_idle_neighbour_on_that_gpu_is_not_marked_open_loop():
+    # Its series is its own: the containers that spent were steered by no reading, while one
+    # that spent nothing was steered by nothing at all (a tenant's claims of spending, which
+    # can keep such an episode going, mark its own series only).
+    gpu = SimGpu("GPU-mps")
+    a = SimRegion("a", (gpu.uuid,), (60.0,), ("strict",))
+    idle = SimRegion("idle", (gpu.uuid,), (40.0,), ("strict",))
+    gpu.shim_process("a", Workload(kernel_s=0.0005), a)
+    gpu.shim_process("idle", Workload(kernel_s=0.0005, busy=((1000.0, float("inf")),)), idle)
+    backend = ToServer(gpu)
+    controller = ThrottleController(backend, lambda: [a, idle], clock=lambda: gpu.now_ns,
+                                    evidence=SimHostEvidence([gpu]))
+    with capture_logs() as logs:
+        told = await _run(15, backend, gpu, controller, logs)
+    assert len(told) == 1 and controller.use_only_strangers_gpus == {gpu.uuid}
+    flags = {key[0]: s.open_loop for key, s in controller.status.items()}
+    assert flags == {"a": True, "idle": False}

@@ -530,7 +530,8 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
     open_loop = _gauge(
         "vgpu_container_throttle_open_loop",
         "1 while the container's rate is not steered by measured use (no per-process NVML "
-        "samples on its GPU, or its GPU's use given only to processes of no container).",
+        "samples on its GPU, or it spent while its GPU's use went only to processes of no "
+        "container).",
         L,
     )
     paused = _gauge(

@@ -518,6 +518,9 @@ class ThrottleController:
             if d.last is None:
                 continue
             obs, decision, open_loop = d.last
+            # (a container that spent while the GPU's use went only to strangers was steered
+            # by no measurement either: its own series says so, not its idle neighbours')
+            open_loop = open_loop or d.alloc_id in self._stranger_watch.unmeasured(d.uuid)
             out[(d.alloc_id, d.dev)] = DeviceStatus(
                 alloc_id=d.alloc_id,
                 dev=d.dev,
@@ -1252,8 +1255,8 @@ class ThrottleController:
             else:
                 strangers.append(pid)
         pids = self._stranger_watch.observe(uuid, self._now_ns,
-                                            any(v > 0 for v in spent.values()), ours_busy,
-                                            strangers)
+                                            [alloc_id for alloc_id, v in spent.items() if v > 0],
+                                            ours_busy, strangers)
         if pids:
             log.warning("throttle_use_only_strangers", uuid=uuid, pids=list(pids),
                         seconds=self._stranger_watch.hold_ns / 1e9,
@@ -1392,8 +1395,7 @@ class ThrottleController:
             params = self._split_params
         decisions = self.law(observations, states, dt_s, params)
         self._states[uuid] = {key: d.state for key, d in decisions.items()}
-        # (a GPU whose use goes only to strangers steers by no measurement either)
-        open_loop = uuid in self._open_loop or uuid in self._stranger_watch.told
+        open_loop = uuid in self._open_loop
         # a reclaim may be needed at any moment that only a tick would see (see the module
         # note): a device not observed, limits that do not fit
         hard = self._lent or len(observations) < len(entries) \

@@ -7,7 +7,11 @@ tokens, none of them can be measured: they get no reading, and their rates rest 
 (simulated, two strict containers of 60 and 40 % ran at 30 and 19 %, and their turns alone were
 spoiled by the stranger's periods). The operator is told once per episode,
 after it has lasted `hold_s`, with the pids; the episode ends when a container's process is
-seen busy again, or no container spends.
+seen busy again, or no container spends. Meanwhile the containers that spent in it are the
+ones unmeasured (`unmeasured`, their `open_loop` series): a container's claim of spending marks
+its own series only, never an idle neighbour's (a tenant may claim up to what its bucket lets
+through without running a kernel; beside a process outside the cluster, such a claim alone can
+keep an episode going).
 
 Pure: the controller feeds it what each batch of samples showed.
 """
@@ -20,9 +24,10 @@ STRANGERS_ONLY_HOLD_S = 10.0  # longer than the host's placement of a new proces
 
 
 class StrangerWatch:
-    """Per GPU: since when its busy samples have gone only to strangers, and whether told."""
+    """Per GPU: since when its busy samples have gone only to strangers, whether told, and the
+    containers that spent meanwhile."""
 
-    __slots__ = ("hold_ns", "since", "told")
+    __slots__ = ("hold_ns", "since", "spenders", "told")
 
     def __init__(self, hold_s: float = STRANGERS_ONLY_HOLD_S) -> None:
         if not 0 < hold_s < 3600:
@@ -30,20 +35,23 @@ class StrangerWatch:
         self.hold_ns = round(hold_s * 1e9)
         self.since: dict[str, int] = {}  # uuid -> when the episode began (ns)
         self.told: set[str] = set()  # GPUs whose episode was reported
+        self.spenders: dict[str, set[str]] = {}  # uuid -> containers that spent in the episode
 
-    def observe(self, uuid: str, now_ns: int, containers_spent: bool, ours_busy: bool,
+    def observe(self, uuid: str, now_ns: int, spent: Collection[str], ours_busy: bool,
                 strangers_busy: Collection[int]) -> tuple[int, ...]:
-        """One batch of a GPU's samples: whether any container spent tokens, whether any of
+        """One batch of a GPU's samples: the containers that spent tokens, whether any of
         their processes was sampled busy, and the pids of busy processes no container claims.
         Returns those pids, sorted, the one time an episode has lasted the hold; else ()."""
-        if not containers_spent or ours_busy or not strangers_busy:
+        if not spent or ours_busy or not strangers_busy:
             # (a batch with nobody busy says nothing either way: the episode neither grows
             # nor ends on it, unless containers stopped spending)
-            if not containers_spent or ours_busy:
-                self.since.pop(uuid, None)
-                self.told.discard(uuid)
+            if not spent or ours_busy:
+                self.forget(uuid)
+            elif uuid in self.since:
+                self.spenders[uuid].update(spent)
             return ()
         since = self.since.setdefault(uuid, now_ns)
+        self.spenders.setdefault(uuid, set()).update(spent)
         if uuid in self.told or now_ns - since < self.hold_ns:
             return ()
         self.told.add(uuid)
@@ -54,7 +62,12 @@ class StrangerWatch:
         """The GPUs whose episode has been told and goes on."""
         return frozenset(self.told)
 
+    def unmeasured(self, uuid: str) -> frozenset[str]:
+        """The containers that spent on `uuid` during its episode, once told (else none)."""
+        return frozenset(self.spenders.get(uuid, ())) if uuid in self.told else frozenset()
+
     def forget(self, uuid: str) -> None:
-        """The GPU is gone (or its controller state dropped)."""
+        """The episode is over, or the GPU is gone (or its controller state dropped)."""
         self.since.pop(uuid, None)
         self.told.discard(uuid)
+        self.spenders.pop(uuid, None)
