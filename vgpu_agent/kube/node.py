@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
+import functools
 import itertools
 import json
 import os
@@ -43,6 +44,7 @@ from vgpu_agent.kube.events import (
     pod_event,
 )
 from vgpu_agent.kube.labels import labels_patch, node_labels
+from vgpu_agent.kube.paced import send_in_turn
 
 log = structlog.get_logger(__name__)
 
@@ -339,66 +341,38 @@ class NodeIntegration:
         )
 
     async def _event_loop(self) -> None:
-        backoff = Backoff(self._backoff_initial, self._backoff_cap)
-        loop = asyncio.get_running_loop()
-        bucket = TokenBucket(*self._event_rate, now=loop.time())
-        while True:
-            await self._events_wake.wait()
-            self._events_wake.clear()
-            while self._events:
-                wait = bucket.delay(loop.time())
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue
-                item = self._events[0]
-                try:
-                    await self._send_event(item)
-                except Exception as exc:
-                    status = status_of(exc)
-                    if status == _CONFLICT:
-                        # Same name: an earlier try was created but its answer was lost.
-                        log.info("gpu_health_event_already_sent", uuid=item.change.uuid)
-                    elif status in _REJECTED:
-                        log.error(
-                            "gpu_health_event_rejected", uuid=item.change.uuid, error=describe(exc)
-                        )
-                    else:
-                        await self._retry_later("gpu_health_event", exc, backoff)
-                        continue
-                else:
-                    backoff.reset()
-                if self._events and self._events[0] is item:
-                    self._events.popleft()
+        await send_in_turn(self._events, self._events_wake, self._event_rate,
+                           Backoff(self._backoff_initial, self._backoff_cap), self._send_event,
+                           self._event_settled,
+                           functools.partial(self._retry_later, "gpu_health_event"))
+
+    def _event_settled(self, item: _QueuedEvent, exc: Exception) -> bool:
+        status = status_of(exc)
+        if status == _CONFLICT:
+            # Same name: an earlier try was created but its answer was lost.
+            log.info("gpu_health_event_already_sent", uuid=item.change.uuid)
+        elif status in _REJECTED:
+            log.error("gpu_health_event_rejected", uuid=item.change.uuid, error=describe(exc))
+        else:
+            return False
+        return True
 
     async def _pod_loop(self) -> None:
-        backoff = Backoff(self._backoff_initial, self._backoff_cap)
-        loop = asyncio.get_running_loop()
-        bucket = TokenBucket(*self._event_rate, now=loop.time())
-        while True:
-            await self._pod_wake.wait()
-            self._pod_wake.clear()
-            while self._pod_notices:
-                wait = bucket.delay(loop.time())
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue
-                item = self._pod_notices[0]
-                try:
-                    await self._send_pod_notice(item)
-                except Exception as exc:
-                    status = status_of(exc)
-                    if status == 404:
-                        log.info("pod_notice_pod_gone", namespace=item.namespace, pod=item.pod)
-                    elif status == _CONFLICT or status in _REJECTED:
-                        log.error("pod_notice_rejected", namespace=item.namespace, pod=item.pod,
-                                  error=describe(exc))
-                    else:
-                        await self._retry_later("pod_notice", exc, backoff)
-                        continue
-                else:
-                    backoff.reset()
-                if self._pod_notices and self._pod_notices[0] is item:
-                    self._pod_notices.popleft()
+        await send_in_turn(self._pod_notices, self._pod_wake, self._event_rate,
+                           Backoff(self._backoff_initial, self._backoff_cap),
+                           self._send_pod_notice, self._pod_notice_settled,
+                           functools.partial(self._retry_later, "pod_notice"))
+
+    def _pod_notice_settled(self, item: _PodNotice, exc: Exception) -> bool:
+        status = status_of(exc)
+        if status == 404:
+            log.info("pod_notice_pod_gone", namespace=item.namespace, pod=item.pod)
+        elif status == _CONFLICT or status in _REJECTED:
+            log.error("pod_notice_rejected", namespace=item.namespace, pod=item.pod,
+                      error=describe(exc))
+        else:
+            return False
+        return True
 
     async def _send_pod_notice(self, item: _PodNotice) -> None:
         assert self._api is not None

@@ -46,6 +46,7 @@ from vgpu_agent.kube.events import (
     pod_event,
     spill_message,
 )
+from vgpu_agent.kube.paced import send_in_turn
 from vgpu_agent.throttle.podpolicy import PodInfo, Refusal, relevant
 
 log = structlog.get_logger(__name__)
@@ -393,45 +394,31 @@ class NodePods:
     # --- events -----------------------------------------------------------------------------
 
     async def _event_loop(self) -> None:
-        backoff = Backoff(*self._backoff)
-        loop = asyncio.get_running_loop()
-        bucket = TokenBucket(*self._event_rate, now=loop.time())
-        while True:
-            await self._events_wake.wait()
-            self._events_wake.clear()
-            while self._events:
-                wait = bucket.delay(loop.time())
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                    continue
-                item = self._events[0]
-                if item.pod.uid not in self._pods:  # gone meanwhile: nobody to tell
-                    self._events.popleft()
-                    continue
-                try:
-                    await self._send(item)
-                except Exception as exc:
-                    status = getattr(exc, "status", None)
-                    if status == _CONFLICT:
-                        log.info("pod_event_already_sent", pod=item.pod.name)
-                    elif status in _EVENT_DROPPED:
-                        self._rejected(item, exc, status)
-                    else:
-                        delay = backoff.next_delay()
-                        log.warning(
-                            "kube_api_retry",
-                            operation="pod_event",
-                            error=_describe(exc),
-                            attempt=backoff.failures,
-                            retry_in_s=round(delay, 3),
-                        )
-                        await asyncio.sleep(delay)
-                        continue
-                else:
-                    backoff.reset()
-                    self.events_sent += 1
-                if self._events and self._events[0] is item:
-                    self._events.popleft()
+        await send_in_turn(self._events, self._events_wake, self._event_rate,
+                           Backoff(*self._backoff), self._send, self._event_settled,
+                           self._retry_later,
+                           gone=lambda item: item.pod.uid not in self._pods)  # nobody to tell
+
+    def _event_settled(self, item: _QueuedEvent, exc: Exception) -> bool:
+        status = getattr(exc, "status", None)
+        if status == _CONFLICT:
+            log.info("pod_event_already_sent", pod=item.pod.name)
+        elif status in _EVENT_DROPPED:
+            self._rejected(item, exc, status)
+        else:
+            return False
+        return True
+
+    async def _retry_later(self, exc: Exception, backoff: Backoff) -> None:
+        delay = backoff.next_delay()
+        log.warning(
+            "kube_api_retry",
+            operation="pod_event",
+            error=_describe(exc),
+            attempt=backoff.failures,
+            retry_in_s=round(delay, 3),
+        )
+        await asyncio.sleep(delay)
 
     async def _send(self, item: _QueuedEvent) -> None:
         pod = item.pod
@@ -454,6 +441,7 @@ class NodePods:
         if not 200 <= response.status <= 299:
             text = answer.decode(errors="replace")
             raise KubeApiError(response.status, response.reason or "", text)
+        self.events_sent += 1
         log.info(
             "pod_event_sent",
             namespace=pod.namespace,
