@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import shimbuild
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region
 
@@ -31,8 +32,7 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gc
 
 def _make(*targets: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     # (the targets are independent compiles of a few seconds each)
-    return subprocess.run(["make", "-j4", "-C", str(SHIM), *targets], capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return shimbuild.make(*targets, jobs=4, timeout=timeout)
 
 
 def _tap_failures(output: str) -> str:

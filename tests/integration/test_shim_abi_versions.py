@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import shimbuild
 from vgpu_agent.shm import layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,8 +65,7 @@ def old_shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client() -> Path:
-    built = subprocess.run(["make", "-C", str(REPO / "shim"), "all", "build/cuda_client"],
-                           capture_output=True, text=True, timeout=300)
+    built = shimbuild.make("all", "build/cuda_client", timeout=300)
     assert built.returncode == 0, built.stderr
     return BUILD / "cuda_client"
 

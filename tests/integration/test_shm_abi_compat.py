@@ -21,6 +21,7 @@ from types import ModuleType
 
 import pytest
 
+from tests import shimbuild
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region, RegionStore
 
@@ -62,8 +63,7 @@ def _env(region: Path, shim: Path, **extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def client() -> Path:
-    result = subprocess.run(["make", "-C", str(SHIM), "all", "build/cuda_client"],
-                            capture_output=True, text=True, timeout=180, check=False)
+    result = shimbuild.make("all", "build/cuda_client")
     assert result.returncode == 0, result.stderr
     return BUILD / "cuda_client"
 
