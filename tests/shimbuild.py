@@ -14,7 +14,7 @@ from pathlib import Path
 
 SHIM = Path(__file__).resolve().parents[1] / "shim"
 BUILD = SHIM / "build"
-LOCK = SHIM / "build" / ".make.lock"
+LOCK = BUILD / ".make.lock"
 
 
 def make(*targets: str, jobs: int = 1, timeout: float = 180) -> subprocess.CompletedProcess[str]:

@@ -22,8 +22,7 @@ from tests import shimbuild
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region
 
-SHIM = Path(__file__).resolve().parents[2] / "shim"
-BUILD = SHIM / "build"
+SHIM, BUILD = shimbuild.SHIM, shimbuild.BUILD
 MIB = 1 << 20
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,

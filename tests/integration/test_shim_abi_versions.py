@@ -26,7 +26,7 @@ from tests import shimbuild
 from vgpu_agent.shm import layout
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = REPO / "shim" / "build"
+BUILD = shimbuild.BUILD
 MIB = 1 << 20
 
 pytestmark = pytest.mark.skipif(

@@ -25,9 +25,8 @@ from tests import shimbuild
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.regions import Region, RegionStore
 
-SHIM = Path(__file__).resolve().parents[2] / "shim"
+SHIM, BUILD = shimbuild.SHIM, shimbuild.BUILD
 REPO = SHIM.parent
-BUILD = SHIM / "build"
 MIB = 1 << 20
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None,

@@ -514,13 +514,15 @@ class ThrottleController:
 
     def _build_status(self) -> Mapping[tuple[str, int], DeviceStatus]:
         out: dict[tuple[str, int], DeviceStatus] = {}
+        # (a container that spent while the GPU's use went only to strangers was steered by no
+        # measurement either: its own series says so, not its idle neighbours')
+        unmeasured = {uuid: self._stranger_watch.unmeasured(uuid)
+                      for uuid in self._stranger_watch.reported}
         for d in list(self._devices.values()):
             if d.last is None:
                 continue
             obs, decision, open_loop = d.last
-            # (a container that spent while the GPU's use went only to strangers was steered
-            # by no measurement either: its own series says so, not its idle neighbours')
-            open_loop = open_loop or d.alloc_id in self._stranger_watch.unmeasured(d.uuid)
+            open_loop = open_loop or d.alloc_id in unmeasured.get(d.uuid, ())
             out[(d.alloc_id, d.dev)] = DeviceStatus(
                 alloc_id=d.alloc_id,
                 dev=d.dev,

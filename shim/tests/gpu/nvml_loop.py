@@ -327,14 +327,14 @@ def periods_together(per_process: Sequence[Sequence[dict]], others: Sequence[dic
     those (does a full GPU's add up to 100?), and the samples of processes outside the case.
     The same again with stamps within `near_us` of a period's first read as that period
     (`near_*`), and how far apart the stamps of one such period lay."""
-    by_stamp: dict[int, list[int]] = {}
-    for rows in per_process:
-        for r in rows:
-            by_stamp.setdefault(r["ts_us"], []).append(r["sm"])
-    sums = [sum(v) for v in by_stamp.values() if len(v) >= len(per_process)]
-    near_sums, spreads = _near_periods(per_process, near_us)
+    exact, near = _periods(per_process, 0), _periods(per_process, near_us)
+    sums = [sum(sm for _, sm in p.values()) for p in exact if len(p) >= len(per_process)]
+    near_full = [p for p in near if len(p) >= len(per_process)]
+    near_sums = [sum(sm for _, sm in p.values()) for p in near_full]
+    spreads = [max(ts for ts, _ in p.values()) - min(ts for ts, _ in p.values())
+               for p in near_full]
     return {
-        "periods": len(by_stamp), "shared": len(sums),
+        "periods": len(exact), "shared": len(sums),
         "sum_median": statistics.median(sums) if sums else None,
         "sum_p90": percentile(sums, 90) if sums else None,
         "sum_max": max(sums) if sums else None,
@@ -345,23 +345,21 @@ def periods_together(per_process: Sequence[Sequence[dict]], others: Sequence[dic
     }
 
 
-def _near_periods(per_process: Sequence[Sequence[dict]], near_us: int
-                  ) -> tuple[list[int], list[int]]:
-    """The sums of the periods in which every process had a sample, stamps within `near_us` of
-    a period's first counting as that period (each process's first sample there), and how far
-    apart each such period's stamps lay."""
+def _periods(per_process: Sequence[Sequence[dict]], near_us: int
+             ) -> list[dict[int, tuple[int, int]]]:
+    """The periods the samples came in, in order, each as process -> (stamp, value) of its
+    first sample there; a stamp within `near_us` of a period's first belongs to that period
+    (0: only equal stamps do)."""
     stamped = sorted((r["ts_us"], n, r["sm"]) for n, rows in enumerate(per_process)
                      for r in rows)
-    periods: list[dict[int, tuple[int, int]]] = []  # process -> (stamp, value)
+    periods: list[dict[int, tuple[int, int]]] = []
     start = None
     for ts, n, sm in stamped:
         if start is None or ts - start > near_us:
             start = ts
             periods.append({})
         periods[-1].setdefault(n, (ts, sm))
-    full = [p for p in periods if len(p) >= len(per_process)]
-    return ([sum(sm for _, sm in p.values()) for p in full],
-            [max(ts for ts, _ in p.values()) - min(ts for ts, _ in p.values()) for p in full])
+    return periods
 
 
 def describe_together(found: dict) -> str:
