@@ -1012,22 +1012,6 @@ static uint64_t array_estimate(size_t w, size_t h, size_t d, CUarray_format f, u
     return total;
 }
 
-/* After the driver made an array: count what it says it takes, not the estimate reserved. */
-static CUresult settle_array(int rdev, uint64_t key, uint64_t estimate, uint64_t actual,
-                             CUresult (*destroy)(uint64_t))
-{
-    if (actual > estimate && shim_mem_reserve(rdev, actual - estimate) != CUDA_SUCCESS) {
-        destroy(key);
-        shim_mem_unreserve(rdev, estimate);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (actual < estimate)
-        shim_mem_unreserve(rdev, estimate - actual);
-    struct shim_tracked rec = {rdev, KIND_DATA, actual, 0};
-    shim_track_put(TRACK_ARRAY, key, &rec);
-    return CUDA_SUCCESS;
-}
-
 static CUresult destroy_array(uint64_t key)
 {
     __typeof__(&cuArrayDestroy) destroy = REAL(cuArrayDestroy);
@@ -1040,16 +1024,77 @@ static CUresult destroy_mipmapped(uint64_t key)
     return destroy != NULL ? destroy((CUmipmappedArray)(uintptr_t)key) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-static uint64_t array_size(CUarray array, uint64_t estimate)
+static uint64_t array_size(uint64_t key, uint64_t estimate)
 {
     __typeof__(&cuArrayGetMemoryRequirements) get = DRIVER(cuArrayGetMemoryRequirements);
     CUDA_ARRAY_MEMORY_REQUIREMENTS req;
     CUdevice dev;
     memset(&req, 0, sizeof req);
-    if (get == NULL || current_device(&dev) != CUDA_SUCCESS || get(&req, array, dev) != CUDA_SUCCESS)
+    if (get == NULL || current_device(&dev) != CUDA_SUCCESS ||
+        get(&req, (CUarray)(uintptr_t)key, dev) != CUDA_SUCCESS)
         return estimate;
     return req.size;
 }
+
+static uint64_t mipmapped_size(uint64_t key, uint64_t estimate)
+{
+    __typeof__(&cuMipmappedArrayGetMemoryRequirements) get =
+        DRIVER(cuMipmappedArrayGetMemoryRequirements);
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    CUdevice dev;
+    memset(&req, 0, sizeof req);
+    if (get == NULL || current_device(&dev) != CUDA_SUCCESS ||
+        get(&req, (CUmipmappedArray)(uintptr_t)key, dev) != CUDA_SUCCESS)
+        return estimate;
+    return req.size;
+}
+
+/* How one kind of array is sized and destroyed, its handle the key. */
+struct array_kind {
+    uint64_t (*size)(uint64_t key, uint64_t estimate);
+    CUresult (*destroy)(uint64_t key);
+};
+
+static const struct array_kind PLAIN_ARRAY = {array_size, destroy_array};
+static const struct array_kind MIPMAPPED_ARRAY = {mipmapped_size, destroy_mipmapped};
+
+/* After the driver made an array, `estimate` bytes reserved before: what the driver says it
+ * takes is counted instead, and where that does not fit, the array is destroyed again. */
+static CUresult settle_array(int rdev, uint64_t key, uint64_t estimate,
+                             const struct array_kind *kind)
+{
+    uint64_t actual = kind->size(key, estimate);
+    if (actual > estimate && shim_mem_reserve(rdev, actual - estimate) != CUDA_SUCCESS) {
+        kind->destroy(key);
+        shim_mem_unreserve(rdev, estimate);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < estimate)
+        shim_mem_unreserve(rdev, estimate - actual);
+    struct shim_tracked rec = {rdev, KIND_DATA, actual, 0};
+    shim_track_put(TRACK_ARRAY, key, &rec);
+    return CUDA_SUCCESS;
+}
+
+/* The body of an array's creation hook, counted: the estimate reserved (refused over the
+ * limit), the driver called as `call`, the reservation given back where the driver fails, the
+ * array settled where it succeeds (its handle cleared where it did not fit after all). */
+#define CREATE_COUNTED(handle, estimate, kind, call)                                              \
+    do {                                                                                          \
+        uint64_t estimate_ = (estimate);                                                          \
+        CUresult r_ = shim_mem_reserve(rdev, estimate_);                                          \
+        if (r_ != CUDA_SUCCESS)                                                                   \
+            return r_;                                                                            \
+        r_ = (call);                                                                              \
+        if (r_ != CUDA_SUCCESS) {                                                                 \
+            shim_mem_unreserve(rdev, estimate_);                                                  \
+            return r_;                                                                            \
+        }                                                                                         \
+        r_ = settle_array(rdev, (uint64_t)(uintptr_t)*(handle), estimate_, (kind));              \
+        if (r_ != CUDA_SUCCESS)                                                                   \
+            *(handle) = NULL;                                                                     \
+        return r_;                                                                                \
+    } while (0)
 
 SHIM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
@@ -1058,21 +1103,9 @@ SHIM_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIP
     int rdev = shim_region_dev_current();
     if (pHandle == NULL || desc == NULL || rdev < 0)
         return real_(pHandle, desc);
-    uint64_t estimate = array_estimate(desc->Width, desc->Height, 1, desc->Format,
-                                       desc->NumChannels, 1);
-    CUresult r = shim_mem_reserve(rdev, estimate);
-    if (r != CUDA_SUCCESS)
-        return r;
-    r = real_(pHandle, desc);
-    if (r != CUDA_SUCCESS) {
-        shim_mem_unreserve(rdev, estimate);
-        return r;
-    }
-    r = settle_array(rdev, (uint64_t)(uintptr_t)*pHandle, estimate, array_size(*pHandle, estimate),
-                     destroy_array);
-    if (r != CUDA_SUCCESS)
-        *pHandle = NULL;
-    return r;
+    CREATE_COUNTED(pHandle, array_estimate(desc->Width, desc->Height, 1, desc->Format,
+                                           desc->NumChannels, 1),
+                   &PLAIN_ARRAY, real_(pHandle, desc));
 }
 
 SHIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
@@ -1082,21 +1115,9 @@ SHIM_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DES
     int rdev = shim_region_dev_current();
     if (pHandle == NULL || desc == NULL || rdev < 0)
         return real_(pHandle, desc);
-    uint64_t estimate = array_estimate(desc->Width, desc->Height, desc->Depth, desc->Format,
-                                       desc->NumChannels, 1);
-    CUresult r = shim_mem_reserve(rdev, estimate);
-    if (r != CUDA_SUCCESS)
-        return r;
-    r = real_(pHandle, desc);
-    if (r != CUDA_SUCCESS) {
-        shim_mem_unreserve(rdev, estimate);
-        return r;
-    }
-    r = settle_array(rdev, (uint64_t)(uintptr_t)*pHandle, estimate, array_size(*pHandle, estimate),
-                     destroy_array);
-    if (r != CUDA_SUCCESS)
-        *pHandle = NULL;
-    return r;
+    CREATE_COUNTED(pHandle, array_estimate(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                           desc->NumChannels, 1),
+                   &PLAIN_ARRAY, real_(pHandle, desc));
 }
 
 SHIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
@@ -1108,29 +1129,9 @@ SHIM_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
     int rdev = shim_region_dev_current();
     if (pHandle == NULL || desc == NULL || rdev < 0)
         return real_(pHandle, desc, numMipmapLevels);
-    uint64_t estimate = array_estimate(desc->Width, desc->Height, desc->Depth, desc->Format,
-                                       desc->NumChannels, numMipmapLevels);
-    CUresult r = shim_mem_reserve(rdev, estimate);
-    if (r != CUDA_SUCCESS)
-        return r;
-    r = real_(pHandle, desc, numMipmapLevels);
-    if (r != CUDA_SUCCESS) {
-        shim_mem_unreserve(rdev, estimate);
-        return r;
-    }
-    uint64_t actual = estimate;
-    __typeof__(&cuMipmappedArrayGetMemoryRequirements) get =
-        DRIVER(cuMipmappedArrayGetMemoryRequirements);
-    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
-    CUdevice dev;
-    memset(&req, 0, sizeof req);
-    if (get != NULL && current_device(&dev) == CUDA_SUCCESS &&
-        get(&req, *pHandle, dev) == CUDA_SUCCESS)
-        actual = req.size;
-    r = settle_array(rdev, (uint64_t)(uintptr_t)*pHandle, estimate, actual, destroy_mipmapped);
-    if (r != CUDA_SUCCESS)
-        *pHandle = NULL;
-    return r;
+    CREATE_COUNTED(pHandle, array_estimate(desc->Width, desc->Height, desc->Depth, desc->Format,
+                                           desc->NumChannels, numMipmapLevels),
+                   &MIPMAPPED_ARRAY, real_(pHandle, desc, numMipmapLevels));
 }
 
 #define DESTROY_ARRAY(name, type)                                                                 \
