@@ -23,51 +23,63 @@ from collections.abc import Collection
 STRANGERS_ONLY_HOLD_S = 10.0  # longer than the host's placement of a new process takes
 
 
+class _Episode:
+    """One GPU's episode: when it began, whether it was told, who spent in it."""
+
+    __slots__ = ("since_ns", "spenders", "told")
+
+    def __init__(self, since_ns: int) -> None:
+        self.since_ns = since_ns
+        self.told = False
+        self.spenders: set[str] = set()
+
+
 class StrangerWatch:
     """Per GPU: since when its busy samples have gone only to strangers, whether told, and the
     containers that spent meanwhile."""
 
-    __slots__ = ("hold_ns", "since", "spenders", "told")
+    __slots__ = ("episodes", "hold_ns")
 
     def __init__(self, hold_s: float = STRANGERS_ONLY_HOLD_S) -> None:
         if not 0 < hold_s < 3600:
             raise ValueError(f"strangers-only hold must be in (0, 3600) s, got {hold_s!r}")
         self.hold_ns = round(hold_s * 1e9)
-        self.since: dict[str, int] = {}  # uuid -> when the episode began (ns)
-        self.told: set[str] = set()  # GPUs whose episode was reported
-        self.spenders: dict[str, set[str]] = {}  # uuid -> containers that spent in the episode
+        self.episodes: dict[str, _Episode] = {}  # uuid -> its episode going on
 
     def observe(self, uuid: str, now_ns: int, spent: Collection[str], ours_busy: bool,
                 strangers_busy: Collection[int]) -> tuple[int, ...]:
         """One batch of a GPU's samples: the containers that spent tokens, whether any of
         their processes was sampled busy, and the pids of busy processes no container claims.
         Returns those pids, sorted, the one time an episode has lasted the hold; else ()."""
-        if not spent or ours_busy or not strangers_busy:
-            # (a batch with nobody busy says nothing either way: the episode neither grows
-            # nor ends on it, unless containers stopped spending)
-            if not spent or ours_busy:
-                self.forget(uuid)
-            elif uuid in self.since:
-                self.spenders[uuid].update(spent)
+        if not spent or ours_busy:
+            self.forget(uuid)
             return ()
-        since = self.since.setdefault(uuid, now_ns)
-        self.spenders.setdefault(uuid, set()).update(spent)
-        if uuid in self.told or now_ns - since < self.hold_ns:
+        episode = self.episodes.get(uuid)
+        if not strangers_busy:
+            # a batch with nobody busy says nothing either way: the episode neither grows nor
+            # ends on it (but who spent meanwhile is kept)
+            if episode is not None:
+                episode.spenders.update(spent)
             return ()
-        self.told.add(uuid)
+        if episode is None:
+            episode = self.episodes[uuid] = _Episode(now_ns)
+        episode.spenders.update(spent)
+        if episode.told or now_ns - episode.since_ns < self.hold_ns:
+            return ()
+        episode.told = True
         return tuple(sorted(strangers_busy))
 
     @property
     def reported(self) -> frozenset[str]:
         """The GPUs whose episode has been told and goes on."""
-        return frozenset(self.told)
+        return frozenset(uuid for uuid, episode in self.episodes.items() if episode.told)
 
     def unmeasured(self, uuid: str) -> frozenset[str]:
         """The containers that spent on `uuid` during its episode, once told (else none)."""
-        return frozenset(self.spenders.get(uuid, ())) if uuid in self.told else frozenset()
+        episode = self.episodes.get(uuid)
+        return frozenset(episode.spenders) if episode is not None and episode.told \
+            else frozenset()
 
     def forget(self, uuid: str) -> None:
         """The episode is over, or the GPU is gone (or its controller state dropped)."""
-        self.since.pop(uuid, None)
-        self.told.discard(uuid)
-        self.spenders.pop(uuid, None)
+        self.episodes.pop(uuid, None)
