@@ -4,7 +4,12 @@ Six scenarios of 60 simulated seconds each, on the ideal plant and on the imperf
 simulator's defaults) with NVML noise of sigma 3 and 8 points and samples every 1/6 s and every
 second. For each: steady-state mean absolute error of every container's share (percentage
 points, 0.5 s windows of true SM time), its p50/p95/p99, and the settling time to within +/-2
-points after each change, for ours and the peer model on the same plant, with the ratio.
+points after each change, for ours and the peer model on the same plant, with the ratio, and
+the error with no limiter at all (`none`: every launch runs when its process wants it, the GPU's
+time-slicing alone splits it). The peer's bucket holds `g_total` blocks (8.65 M for the modelled
+GPU), tens of seconds of these workloads' launches, so in some cells it never throttles within
+a run, and its error is exactly `none`'s; the last lines list those cells, and any where ours
+did worse than no limiter.
 
 Goals: ideal plant: error <= 2 points, settling <= 2 s; sigma 3: error <= 1 point, settling
 <= 2 s (samples every 1/6 s) or 4 s (every second); sigma 8: <= 2 points, <= 4 s / 6 s; and
@@ -79,6 +84,7 @@ from vgpu_agent.simulation.runner import (
     evaluate,
     run_controlled,
     run_peer,
+    run_unlimited,
 )
 from vgpu_agent.throttle.soloturn import turn_fits
 
@@ -349,7 +355,7 @@ def main() -> int:
           "expected shares of a full GPU less the plant's context-switch cost")
     header = (f"{'plant':6} {'scenario':28} | {'ours MAE':>8} {'p50':>5} {'p95':>5} {'p99':>5} "
               f"{'settle s':>8} {'bound s':>9} | {'peer MAE':>8} {'p50':>5} {'p95':>5} {'p99':>5} "
-              f"{'settle s':>8} | {'peer/ours':>9} | {'goals':>6} | {'cpu s':>5}")
+              f"{'settle s':>8} | {'none MAE':>8} | {'peer/ours':>9} | {'goals':>6} | {'cpu s':>5}")
     print(header)
     print("-" * len(header))
     missed: list[str] = []
@@ -358,6 +364,8 @@ def main() -> int:
     reachable: list[str] = []  # ... within both bounds, with the law's settling on exact readings
     over: list[str] = []  # steady errors above their goal, with the samples' bounds
     beneath: list[str] = []  # half the peer's error below what the periods allow (no turns)
+    idle_peer: list[str] = []  # cells where the peer model never throttled
+    worse_than_none: list[str] = []  # cells where ours did worse than no limiter at all
     counted: dict[str, int] = {}
     for plant in PLANTS:
         if args.plant and args.plant not in plant.name:
@@ -366,7 +374,7 @@ def main() -> int:
             if args.only and args.only not in sc.name:
                 continue
             seeds = range(1 if plant.name == "ideal" else max(1, args.seeds))
-            ours_runs, peer_runs, cpu_s = [], [], 0.0
+            ours_runs, peer_runs, none_runs, cpu_s = [], [], [], 0.0
             for seed in seeds:
                 spec = replace(spec_of(plant, args), seed=seed)
                 seeded = attainable(sc, spec)
@@ -376,8 +384,17 @@ def main() -> int:
                     counted[kind] = counted.get(kind, 0) + count
                 ours_runs.append(evaluate(ours_run))
                 peer_runs.append(evaluate(run_peer(seeded, plant=spec)))
+                none_runs.append(evaluate(run_unlimited(seeded, plant=spec)))
             ours, ours_settle = _median_stats(ours_runs)
             peer, peer_settle = _median_stats(peer_runs)
+            unlimited = statistics.median([r.mean_abs_error for r in none_runs])
+            # The peer's bucket holds g_total blocks (8.65 M here), tens of seconds of these
+            # workloads' launches: where its error is that of no limiter, it never throttled.
+            if abs(peer.mean_abs_error - unlimited) < 0.05 and unlimited >= 1.0:
+                idle_peer.append(f"{plant.name} {sc.name[:1]}")
+            if ours.mean_abs_error > unlimited:
+                worse_than_none.append(f"{plant.name} {sc.name} (ours "
+                                       f"{ours.mean_abs_error:.2f}, none {unlimited:.2f})")
             # Errors below 0.01 points are at the simulator's resolution: do not divide by them.
             ratio = peer.mean_abs_error / max(ours.mean_abs_error, 0.01)
             ratio_text = (f"{ratio:9.1f}" if ours.mean_abs_error >= 0.01
@@ -420,7 +437,7 @@ def main() -> int:
                   f"{ours_settle:>8} {bound_text:>9} | {peer.mean_abs_error:8.2f} "
                   f"{peer.median_error:5.2f} "
                   f"{peer.p95_error:5.2f} {peer.p99_error:5.2f} {peer_settle:>8} | "
-                  f"{ratio_text} | {'met' if met else 'MISSED':>6} | {cpu_s / len(seeds):5.1f}")
+                  f"{unlimited:8.2f} | {ratio_text} | {'met' if met else 'MISSED':>6} | {cpu_s / len(seeds):5.1f}")
             sys.stdout.flush()
     print("all goals met" if not missed else f"goals MISSED in {len(missed)}: {'; '.join(missed)}")
     if beyond:
@@ -442,6 +459,13 @@ def main() -> int:
         print(f"half the peer model's error below what the periods allow (no turn alone fits "
               f"the samples; the median steady error of an estimator learning costs from the "
               f"periods as well as they allow) in {len(beneath)}: {'; '.join(beneath)}")
+    if idle_peer:
+        print(f"the peer model never throttled (its error is that of no limiter: bypassed "
+              f"alone on its GPU, scenario 2, else its full bucket outlasting the run's phases) "
+              f"in {len(idle_peer)}: {', '.join(idle_peer)}")
+    if worse_than_none:
+        print(f"ours worse than no limiter at all in {len(worse_than_none)}: "
+              f"{'; '.join(worse_than_none)}")
     # Every container here is honest: one taken for a liar (`tokens_overclaimed`) is a false
     # catch, and a failed tick a defect.
     print("controller counted: " + (", ".join(f"{k} {v}" for k, v in sorted(counted.items()))

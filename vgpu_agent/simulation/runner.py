@@ -1,4 +1,5 @@
-"""Run scenarios on a simulated GPU: under the real throttle controller, or under the peer model.
+"""Run scenarios on a simulated GPU: under the real throttle controller, under the peer model, or
+with no limiter at all (what the GPU's own time-slicing gives saturating processes).
 
 The controlled run wires the real `ThrottleController` (and so the real control law) to the
 simulator: its clock is the simulated clock, its backend serves the simulator's NVML samples, its
@@ -14,7 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from vgpu_agent.shm.api import CorePolicy
-from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, SimProcess, Workload
+from vgpu_agent.simulation.gpu import (
+    NoShim,
+    SimBackend,
+    SimGpu,
+    SimHostEvidence,
+    SimProcess,
+    Workload,
+)
 from vgpu_agent.simulation.imperfections import REAL, Imperfections
 from vgpu_agent.simulation.peer import PeerGate, PeerGpu, PeerWatchers
 from vgpu_agent.simulation.region import SimRegion
@@ -232,6 +240,23 @@ def run_peer(scenario: Scenario, *, window_s: float = 0.5, peer_gpu: PeerGpu | N
     while gpu.elapsed_s < scenario.duration_s - 1e-9:
         gpu.advance(0.01)
         watchers.run_due()
+    return RunResult(scenario, _series(gpu, procs, window_s), time.process_time() - started,
+                     window_s)
+
+
+def run_unlimited(scenario: Scenario, *, window_s: float = 0.5,
+                  plant: PlantSpec | None = None) -> RunResult:
+    """The same workloads on the same plant with no limiter: every launch runs when its
+    process wants it, and the GPU's context switching alone splits its time. The baseline a
+    limiter has to beat (a limiter that never throttles, as the peer model's full bucket does
+    for tens of seconds, scores exactly this)."""
+    started = time.process_time()
+    gpu = (plant or PlantSpec()).gpu(SIM_UUID)
+    procs = {spec.name: [gpu.add_process(f"{spec.name}-{i}{suffix}", workload, NoShim())
+                         for suffix, workload in spec.phases() for i in range(spec.processes)]
+             for spec in scenario.containers}
+    while gpu.elapsed_s < scenario.duration_s - 1e-9:
+        gpu.advance(0.01)
     return RunResult(scenario, _series(gpu, procs, window_s), time.process_time() - started,
                      window_s)
 
