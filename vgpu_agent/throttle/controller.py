@@ -1499,8 +1499,11 @@ class ThrottleController:
                     detail="NVML samples this time-sliced GPU too seldom for a turn alone to "
                            "measure a container within the shim's longest wait: its shares "
                            "rest on the sample periods alone, which cannot tell the GPU "
-                           "counting busy beyond the work from work and follow a change of "
-                           "phase only over tens of seconds; a driver that samples each "
+                           "counting busy beyond the work from work, tell containers whose "
+                           "tokens buy unlike SM time apart only over tens of periods (until "
+                           "then they are split as if alike, which may leave them further from "
+                           "their shares than the GPU's own time-slicing would) and follow a "
+                           "change of phase only over tens of seconds; a driver that samples each "
                            "process's own use avoids it (whether it does so under MPS is not "
                            "yet measured)")
 
