@@ -101,11 +101,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import math
 import time
 import zlib
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
@@ -149,6 +148,7 @@ from vgpu_agent.throttle.identity import (
     ProcEvidence,
 )
 from vgpu_agent.throttle.nativelaw import NATIVE, NOT_NATIVE_REASON, control_step_native
+from vgpu_agent.throttle.sampleclock import SampleClock
 from vgpu_agent.throttle.soloturn import (
     FALSE_ALARM_AGREE,
     PAUSED_BURST,
@@ -419,11 +419,7 @@ class ThrottleController:
         self._status: Mapping[tuple[str, int], DeviceStatus] | None = None
         # id(region) -> (region, its devices): the region is held so that its id stays its own
         self._by_region: dict[int, tuple[RegionHandle, list[_Device]]] = {}
-        self._since_us: dict[str, int] = {}
-        self._due_ns: dict[str, int] = {}  # per GPU: when NVML may have a new sample
-        self._delays_us: dict[str, deque[int]] = {}  # per GPU: stamp to first reading
-        self._newest_us: dict[str, int] = {}  # per GPU: the newest sample's stamp
-        self._period_us: dict[str, int] = {}  # per GPU: NVML's sample period, as seen
+        self._sample_clock = SampleClock(tick_s, nvml_poll_periods)
         # per GPU: the newest stamp that carried samples of two processes or more (else None:
         # the driver gives each period to one process, see `_utilization`)
         self._shared_us: dict[str, int] = {}
@@ -435,7 +431,6 @@ class ThrottleController:
         # (told once: `_tell_turnless`)
         self._turnless_logged: set[str] = set()
         self._phase_changes_before: dict[str, int] = {}  # found by splits since dropped
-        self._first_read_ns: dict[str, int] = {}  # per GPU: when its samples were first asked
         self._now_ns = 0
         # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
         self._recent: dict[str, dict[int, tuple[str, int, float]]] = {}
@@ -579,7 +574,7 @@ class ThrottleController:
         """Per GPU read so far, NVML's sample period in seconds as its stamps show it (the
         evidence a reading stands for; on a time-sliced GPU, whether a turn alone fits:
         `soloturn.turn_fits`)."""
-        return {uuid: period / 1e6 for uuid, period in self._period_us.items() if period}
+        return self._sample_clock.periods_s()
 
     @property
     def solo_turns_given(self) -> Mapping[str, int]:
@@ -947,14 +942,14 @@ class ThrottleController:
         started = time.perf_counter()
         sampled: dict[str, _Sampled] = {}
         calls = 0
+        clock = self._sample_clock
         for uuid in uuids:
-            self._first_read_ns.setdefault(uuid, self._now_ns)
-            if self._due_ns.get(uuid, 0) > self._now_ns:
+            if not clock.due(uuid, self._now_ns):
                 sampled[uuid] = []  # NVML's next period is not over: nothing new to ask for
                 continue
             calls += 1
             try:
-                sampled[uuid] = self.backend.process_utilization(uuid, self._since_us.get(uuid, 0))
+                sampled[uuid] = self.backend.process_utilization(uuid, clock.since_us(uuid))
             except Exception as e:  # judged on the event loop, with the others
                 sampled[uuid] = e
         if calls:
@@ -1065,53 +1060,8 @@ class ThrottleController:
             self._failed("nvml", "throttle_nvml_failed", error=outcome, uuid=uuid)
             return None
         if outcome:
-            since = self._since_us.get(uuid, 0)
-            newest = max(s.timestamp_us for s in outcome)
-            self._since_us[uuid] = max(since, newest)
-            if since == 0:
-                # The first reading returns the driver's whole history, from before the
-                # spending the law knows of: only the newest period describes the present,
-                # and the history tells the sample period.
-                stamps = sorted({s.timestamp_us for s in outcome})
-                if len(stamps) > 1:
-                    self._period_us[uuid] = min(b - a for a, b in itertools.pairwise(stamps))
-                outcome = [s for s in outcome if s.timestamp_us == newest]
+            outcome = self._sample_clock.accepted(uuid, outcome)
         return outcome
-
-    def _span(self, uuid: str, samples: list[ProcessSample]) -> tuple[float, int]:
-        """(seconds the samples describe, samples per process) for the law's evidence."""
-        stamps = sorted({s.timestamp_us for s in samples})
-        gaps = [b - a for a, b in itertools.pairwise(stamps)]
-        previous = self._newest_us.get(uuid)
-        if previous is not None and previous < stamps[0]:
-            gaps.insert(0, stamps[0] - previous)
-        self._newest_us[uuid] = stamps[-1]
-        period = self._period_us.get(uuid, 0)
-        if gaps:
-            # the sample period: the shortest gap seen (longer ones span missed periods)
-            period = min([period, *gaps]) if period else min(gaps)
-            self._period_us[uuid] = period
-        self._schedule_poll(uuid, stamps[-1], period)
-        if not period:
-            # A first sample and no history: it cannot describe more than the time since the
-            # GPU was first read (and a second at most; no driver samples less often).
-            watched_s = (self._now_ns - self._first_read_ns.setdefault(uuid, self._now_ns)) / 1e9
-            return min(1.0, watched_s + self.tick_s), len(stamps)
-        return len(stamps) * period / 1e6, len(stamps)
-
-    def _schedule_poll(self, uuid: str, newest_us: int, period_us: int) -> None:
-        """NVML is not asked again before its next period is over (or its next
-        `nvml_poll_periods`: the driver keeps the samples in between): the call costs about
-        2 ms of CPU on an H200 (driver 580), whatever it returns. When that is, on this clock:
-        the stamp that many periods on plus the least delay, over the last LAG_READINGS,
-        between a stamp and the tick that first read it (which takes in the offset between
-        NVML's clock and this one), less a quarter tick. Until the period is known, every tick
-        asks."""
-        delays = self._delays_us.setdefault(uuid, deque(maxlen=LAG_READINGS))
-        delays.append(self._now_ns // 1000 - newest_us)
-        if period_us:
-            self._due_ns[uuid] = (newest_us + period_us * self.nvml_poll_periods
-                                  + min(delays)) * 1000 - round(self.tick_s * 2.5e8)
 
     def _resolver_failed(self, pid: int) -> None:
         self._failed("pid_resolver", "throttle_pid_resolver_failed", pid=pid)
@@ -1158,10 +1108,11 @@ class ThrottleController:
             at[s.timestamp_us].append((s.pid, s.sm_util))
         self._sampled_pids[uuid] = set(per_pid)
         self._sampled_now = True
-        before_us = self._newest_us.get(uuid)
-        span_s, count = self._span(uuid, samples)
-        newest = self._newest_us[uuid]
-        period_us = self._period_us.get(uuid) or 1_000_000
+        clock = self._sample_clock
+        before_us = clock.newest_us(uuid)
+        span_s, count = clock.span(uuid, samples, self._now_ns)
+        newest = cast(int, clock.newest_us(uuid))
+        period_us = clock.period_us(uuid) or 1_000_000
         # Only two processes that both used the GPU in one period prove per-process samples:
         # a time-sliced driver may list an idle process beside the one it gave the period to.
         shared = [stamp for stamp, seen in at.items() if sum([v > 0 for _, v in seen]) > 1]
@@ -1446,7 +1397,7 @@ class ThrottleController:
         # it now stands for, or long at odds with the periods, is as good as none: measured
         # afresh
         coarse, stale = split.coarse(), split.stale()
-        period_s = self._period_us.get(uuid, 0) / 1e6
+        period_s = self._sample_clock.period_us(uuid) / 1e6
         aged = (split.aged(max(1, round(self.figure_max_age_s / period_s)))
                 if self.figure_max_age_s > 0 and period_s > 0 else set())
         doubted = split.in_doubt() | coarse | stale | aged
@@ -1859,7 +1810,6 @@ class ThrottleController:
         return changed
 
 
-LAG_READINGS = 20  # readings over which the least delay from stamp to reading is taken
 # Regions read between two yields to the loop: 32 headers and controls took about 0.4 ms in
 # the agent at 144 busy container-devices (the shims writing the same pages meanwhile).
 READ_CHUNK = 32

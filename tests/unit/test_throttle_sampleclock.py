@@ -1,0 +1,125 @@
+"""When a GPU's NVML samples are asked for, and what a batch of them describes."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpu_agent.gpu.model import ProcessSample
+from vgpu_agent.throttle.sampleclock import LAG_READINGS, SampleClock
+
+GPU = "GPU-a"
+MS = 1_000  # microseconds
+S_NS = 1_000_000_000
+
+
+def _at(*stamps_us: int, pid: int = 7, value: int = 40) -> list[ProcessSample]:
+    return [ProcessSample(pid, stamp, value) for stamp in stamps_us]
+
+
+def test_a_gpu_never_read_is_due_and_asked_for_everything():
+    clock = SampleClock(tick_s=0.1)
+    assert clock.due(GPU, now_ns=5 * S_NS)
+    assert clock.since_us(GPU) == 0
+    assert clock.newest_us(GPU) is None
+    assert clock.period_us(GPU) == 0
+    assert clock.periods_s() == {}
+
+
+def test_the_first_answer_counts_its_newest_period_only_and_tells_the_period():
+    clock = SampleClock(tick_s=0.1)
+    history = _at(1_000 * MS, 1_200 * MS, 1_400 * MS) + _at(1_400 * MS, pid=8)
+    kept = clock.accepted(GPU, history)
+    assert {(s.pid, s.timestamp_us) for s in kept} == {(7, 1_400 * MS), (8, 1_400 * MS)}
+    assert clock.since_us(GPU) == 1_400 * MS
+    assert clock.period_us(GPU) == 200 * MS
+    # later answers are all new
+    later = _at(1_600 * MS, 1_800 * MS)
+    assert clock.accepted(GPU, later) == later
+    assert clock.since_us(GPU) == 1_800 * MS
+
+
+def test_a_stamp_older_than_the_newest_does_not_move_what_is_asked_for_back():
+    clock = SampleClock(tick_s=0.1)
+    clock.accepted(GPU, _at(2_000 * MS))
+    clock.accepted(GPU, _at(1_000 * MS))
+    assert clock.since_us(GPU) == 2_000 * MS
+
+
+def test_a_first_sample_without_history_describes_at_most_the_time_watched():
+    clock = SampleClock(tick_s=0.1)
+    assert clock.due(GPU, now_ns=10 * S_NS)
+    # read 0.3 s after the GPU was first asked: 0.3 s and the tick, no more
+    span_s, count = clock.span(GPU, _at(9_900 * MS), now_ns=10 * S_NS + 300_000_000)
+    assert span_s == pytest.approx(0.4)
+    assert count == 1
+    # and never more than a second, however long it was watched
+    other = SampleClock(tick_s=0.1)
+    other.due(GPU, now_ns=0)
+    assert other.span(GPU, _at(9_000 * MS), now_ns=10 * S_NS)[0] == 1.0
+
+
+def test_the_period_is_the_shortest_gap_and_a_batch_spans_its_stamps_periods():
+    clock = SampleClock(tick_s=0.1)
+    clock.due(GPU, now_ns=0)
+    clock.span(GPU, _at(1_000 * MS), now_ns=1_010 * MS * 1_000)
+    # a missed period: the gap of 400 ms spans two
+    span_s, count = clock.span(GPU, _at(1_400 * MS, 1_600 * MS), now_ns=1_610 * MS * 1_000)
+    assert clock.period_us(GPU) == 200 * MS
+    assert (span_s, count) == (pytest.approx(0.4), 2)
+    assert clock.newest_us(GPU) == 1_600 * MS
+    assert clock.periods_s() == {GPU: pytest.approx(0.2)}
+
+
+def test_nvml_is_not_asked_again_before_its_next_period_is_over():
+    clock = SampleClock(tick_s=0.1)
+    clock.due(GPU, now_ns=0)
+    # stamps 200 ms apart, each first read 30 ms after its stamp
+    clock.span(GPU, _at(1_000 * MS), now_ns=1_030 * MS * 1_000)
+    clock.span(GPU, _at(1_200 * MS), now_ns=1_230 * MS * 1_000)
+    # next: 1,400 ms plus the least delay (30 ms), less a quarter tick (25 ms)
+    due_ns = (1_400 + 30 - 25) * MS * 1_000
+    assert not clock.due(GPU, now_ns=due_ns - 1)
+    assert clock.due(GPU, now_ns=due_ns)
+
+
+def test_the_least_delay_of_recent_readings_sets_the_schedule():
+    clock = SampleClock(tick_s=0.1)
+    clock.due(GPU, now_ns=0)
+    stamp = 1_000 * MS
+    clock.span(GPU, _at(stamp), now_ns=(stamp + 10 * MS) * 1_000)  # one tick read it early
+    for reading in range(LAG_READINGS):
+        stamp += 200 * MS
+        clock.span(GPU, _at(stamp), now_ns=(stamp + 90 * MS) * 1_000)
+        least_ms = 10 if reading < LAG_READINGS - 1 else 90
+        due_ns = (stamp + 200 * MS + (least_ms - 25) * MS) * 1_000
+        assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (
+            False, True), reading
+
+
+def test_asked_every_few_periods_where_the_operator_says_so():
+    clock = SampleClock(tick_s=0.1, poll_periods=3)
+    clock.due(GPU, now_ns=0)
+    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
+    clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
+    due_ns = (1_200 + 3 * 200 - 25) * MS * 1_000
+    assert not clock.due(GPU, now_ns=due_ns - 1)
+    assert clock.due(GPU, now_ns=due_ns)
+
+
+def test_gpus_are_kept_apart():
+    clock = SampleClock(tick_s=0.1)
+    clock.accepted(GPU, _at(1_000 * MS, 1_200 * MS))
+    assert clock.since_us("GPU-b") == 0
+    assert clock.period_us("GPU-b") == 0
+
+
+@pytest.mark.parametrize("tick_s", [0.0, -0.1, float("nan")])
+def test_a_tick_that_is_not_positive_is_refused_by_name(tick_s: float):
+    with pytest.raises(ValueError, match="tick must be > 0 s"):
+        SampleClock(tick_s=tick_s)
+
+
+@pytest.mark.parametrize("periods", [0, 11, 2.0, True])
+def test_poll_periods_outside_one_to_ten_are_refused_by_name(periods: object):
+    with pytest.raises(ValueError, match=r"NVML poll periods must be an int in \[1, 10\]"):
+        SampleClock(tick_s=0.1, poll_periods=periods)  # type: ignore[arg-type]
