@@ -155,3 +155,31 @@ async def test_the_loop_survives_a_tick_that_throws():
     assert [e["event"] for e in logs].count("throttle_tick_failed") == 3
     assert controller.ticks >= 5  # ticking went on after the failures
     assert region.heartbeat_ns > 0
+
+
+class _SlotsUnreadable(SimRegion):
+    """A region whose header reads but whose process slots cannot be (truncated under the
+    reader), until `mended`."""
+
+    mended = False
+
+    def usage(self):  # type: ignore[no-untyped-def]
+        if not self.mended:
+            raise OSError("state file truncated")
+        return super().usage()
+
+
+async def test_slots_that_cannot_be_read_are_counted_and_the_host_still_places_the_processes():
+    node = _Node(second=_SlotsUnreadable)
+    with capture_logs() as logs:
+        await node.advance(4)
+    failures = node.controller.error_counts["region_usage"]
+    assert failures >= 1
+    assert {e["alloc_id"] for e in logs if e["event"] == "throttle_region_unreadable"} == {"c1"}
+    # its process placed on the host's word (its slots only supply claims to check)
+    assert node.share(1) == pytest.approx(30, abs=2)
+    assert node.share(0) == pytest.approx(30, abs=2)
+    node.regions[1].mended = True  # type: ignore[attr-defined]
+    await node.advance(3)
+    assert node.controller.error_counts["region_usage"] == failures
+    assert node.share(1) == pytest.approx(30, abs=2)
