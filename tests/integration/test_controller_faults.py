@@ -54,19 +54,19 @@ async def test_a_gpu_whose_steering_fails_is_counted_and_the_others_are_still_st
     steer = controller._steer_gpu
 
     def failing(uuid, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if uuid == "GPU-b":
+        if uuid == "GPU-a":  # the first GPU steered: the ones after it must still be
             raise RuntimeError("steering broke")
         return steer(uuid, *args, **kwargs)
 
     controller._steer_gpu = failing  # type: ignore[method-assign]
     with capture_logs() as logs:
         await node.advance(4)
-    assert node.share(0) == pytest.approx(30, abs=2)
-    assert node.share(1) > 90  # never steered: as unthrottled as it started
+    assert node.share(1) == pytest.approx(30, abs=2)
+    assert node.share(0) > 90  # never steered: as unthrottled as it started
     failures = controller.error_counts["gpu"]
     assert failures >= 30
     said = [e for e in logs if e["event"] == "throttle_gpu_failed"]
-    assert {e["uuid"] for e in said} == {"GPU-b"}
+    assert {e["uuid"] for e in said} == {"GPU-a"}
     # the first with its traceback, the rest counted without one
     assert said[0]["log_level"] == "error" and "exc_info" in said[0]
     assert said[-1]["log_level"] == "warning" and said[-1]["failures"] == failures
@@ -76,8 +76,8 @@ async def test_a_gpu_whose_steering_fails_is_counted_and_the_others_are_still_st
     # the fault gone, the GPU is steered again
     controller._steer_gpu = steer  # type: ignore[method-assign]
     await node.advance(5)
-    assert node.share(1) == pytest.approx(30, abs=2)
     assert node.share(0) == pytest.approx(30, abs=2)
+    assert node.share(1) == pytest.approx(30, abs=2)
     assert controller.error_counts["gpu"] == failures
 
 
