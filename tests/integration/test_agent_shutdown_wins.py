@@ -101,6 +101,33 @@ async def test_a_task_failing_while_cancelled_is_not_restarted(root):
     assert stopping and "Read-only file system" in stopping[0]["error"]
 
 
+async def test_a_task_that_fails_is_restarted_with_backoff_and_said_each_time(root):
+    agent = Agent(config_for(root))
+    calls: list[float] = []
+
+    async def fails_twice() -> None:
+        calls.append(time.monotonic())
+        if len(calls) <= 2:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        # the third run works, and ends by itself
+
+    async def group_run() -> None:
+        async with asyncio.TaskGroup() as group:
+            agent._supervise(group, "flaky", fails_twice)
+
+    with capture_logs() as logs:
+        await asyncio.wait_for(group_run(), 10)
+    assert len(calls) == 3
+    assert agent.tasks.restarts == {"flaky": 2}
+    assert "flaky" not in agent.tasks.running
+    failed = [e for e in logs if e["event"] == "task_failed"]
+    # each failure logged with its traceback and when the task comes back: 0.5 s, then 1 s
+    assert [(e["task"], e["restart_in_s"]) for e in failed] == [("flaky", 0.5), ("flaky", 1.0)]
+    assert all(e["log_level"] == "error" and e.get("exc_info") for e in failed)
+    assert calls[1] - calls[0] >= 0.5 - 0.05 and calls[2] - calls[1] >= 1.0 - 0.05
+    assert [e["task"] for e in logs if e["event"] == "task_finished"] == ["flaky"]
+
+
 async def test_a_hanging_shutdown_step_still_ends_the_process_with_0(root):
     script = textwrap.dedent(
         """
