@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.throttle.sampleclock import LAG_READINGS, SampleClock
@@ -123,3 +127,36 @@ def test_a_tick_that_is_not_positive_is_refused_by_name(tick_s: float):
 def test_poll_periods_outside_one_to_ten_are_refused_by_name(periods: object):
     with pytest.raises(ValueError, match=r"NVML poll periods must be an int in \[1, 10\]"):
         SampleClock(tick_s=0.1, poll_periods=periods)  # type: ignore[arg-type]
+
+
+@given(period_ms=st.integers(min_value=50, max_value=1_000),
+       gaps=st.lists(st.integers(min_value=1, max_value=4), min_size=2, max_size=30),
+       per_batch=st.integers(min_value=1, max_value=3),
+       delays_ms=st.lists(st.integers(min_value=0, max_value=40), min_size=30, max_size=30))
+def test_read_on_any_schedule_the_period_and_spans_follow_the_stamps(period_ms, gaps, per_batch,
+                                                                     delays_ms):
+    # NVML stamps a period every `period_ms`; some are missed (gaps of several periods), and a
+    # read may take up to `per_batch` stamps at once, some milliseconds after the last of them
+    clock = SampleClock(tick_s=0.1)
+    clock.due(GPU, now_ns=0)
+    stamps = list(itertools.accumulate([1_000 * MS] + [g * period_ms * MS for g in gaps]))
+    batches = [stamps[i:i + per_batch] for i in range(0, len(stamps), per_batch)]
+    seen = 0
+    for n, batch in enumerate(batches):
+        read_ns = (batch[-1] + delays_ms[n] * MS) * 1_000
+        span_s, count = clock.span(GPU, _at(*batch), now_ns=read_ns)
+        seen += len(batch)
+        assert count == len(batch)
+        assert clock.newest_us(GPU) == batch[-1]
+        if seen >= 2:
+            # never shorter than the true period; the true one once two stamps a period
+            # apart were seen
+            assert clock.period_us(GPU) >= period_ms * MS
+            if 1 in gaps[:seen - 1]:
+                assert clock.period_us(GPU) == period_ms * MS
+            assert span_s == pytest.approx(count * clock.period_us(GPU) / 1e6)
+            # not asked again before the next period can be over
+            assert not clock.due(GPU, now_ns=(batch[-1] + period_ms * MS) * 1_000 - 25 * MS
+                                 * 1_000 - 1)
+        else:
+            assert 0 < span_s <= 1.0
