@@ -4,6 +4,8 @@ containers spend, is reported once per episode, after the hold."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vgpu_agent.throttle.strangers import STRANGERS_ONLY_HOLD_S, StrangerWatch
 
@@ -68,3 +70,42 @@ def test_only_the_containers_that_spent_in_a_told_episode_are_unmeasured():
     watch.observe("g", 4 * S, ["late"], False, [7])
     watch.observe("g", 6 * S, ["late"], False, [7])
     assert watch.unmeasured("g") == {"late"}  # a new episode remembers none of the last
+
+
+_batch = st.tuples(
+    st.integers(min_value=1, max_value=3 * S),  # time since the batch before
+    st.lists(st.sampled_from(["a", "b", "c"]), max_size=3),  # containers that spent
+    st.booleans(),  # one of their processes sampled busy
+    st.lists(st.integers(min_value=1, max_value=5), max_size=2),  # strangers sampled busy
+)
+
+
+@given(st.lists(_batch, max_size=60))
+def test_on_any_batches_each_episode_is_told_once_and_only_its_spenders_are_unmeasured(batches):
+    # A model of the rule, kept apart from the code: an episode starts at the first batch with
+    # spending, none of ours busy and strangers busy; any batch with nobody spending or one of
+    # ours busy ends it; it is told once, at the first batch it has lasted the hold.
+    watch = StrangerWatch(hold_s=2.0)
+    now, since, told, spenders = 0, None, False, set()
+    for gap, spent, ours_busy, strangers in batches:
+        now += gap
+        said = watch.observe("g", now, spent, ours_busy, strangers)
+        if not spent or ours_busy:
+            since, told, spenders = None, False, set()
+            expected = ()
+        elif not strangers:
+            if since is not None:
+                spenders |= set(spent)
+            expected = ()
+        else:
+            if since is None:
+                since = now
+            spenders |= set(spent)
+            expected = ()
+            if not told and now - since >= 2 * S:
+                told, expected = True, tuple(sorted(strangers))
+        assert said == expected
+        assert watch.reported == (frozenset({"g"}) if told else frozenset())
+        assert watch.unmeasured("g") == (frozenset(spenders) if told else frozenset())
+        # another GPU is never touched
+        assert watch.unmeasured("other") == frozenset()
