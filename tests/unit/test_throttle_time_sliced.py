@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 import random
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from vgpu_agent.throttle import timesliced
 from vgpu_agent.throttle.timesliced import (
@@ -972,6 +974,41 @@ def test_processes_listed_idle_are_given_nothing_and_strangers_are_nobodys():
 def test_a_read_never_stands_for_fewer_periods_than_processes_or_more_than_all_use():
     given, busy = read_as_periods({1000: [(1, 70)], 1200: [(2, 60)]}, OWNERS, 1)
     assert sorted(given) == [["a"], ["b"]] and busy == 100.0
+
+
+_reads = st.dictionaries(
+    st.integers(min_value=0, max_value=10_000_000),  # stamps
+    st.lists(st.tuples(st.integers(min_value=1, max_value=4), st.integers(0, 100)), min_size=1,
+             max_size=3),
+    min_size=1, max_size=6)
+
+
+@hypothesis.given(at=_reads, periods=st.integers(min_value=1, max_value=12))
+def test_any_read_stands_for_its_busy_processes_periods_and_their_summed_use(at, periods):
+    owners = {1: "a", 2: "b", 3: "a"}  # pid 4 belongs to nobody
+    given, busy = read_as_periods(at, owners, periods)
+    values: dict[int, list[int]] = {}
+    last: dict[int, int] = {}
+    for stamp in sorted(at):
+        for pid, value in at[stamp]:
+            if value > 0:
+                values.setdefault(pid, []).append(value)
+                last[pid] = stamp
+    if not values:  # an idle GPU: periods given to nobody
+        assert busy == 0.0
+        assert given == [[] for _ in range(max(1, periods, len(at)))]
+        return
+    means = {pid: sum(v) / len(v) for pid, v in values.items()}
+    assert busy == pytest.approx(min(100.0, sum(means.values())))
+    assert all(len(g) == 1 for g in given)
+    # every busy process is given a period or more, nobody listed only idle is
+    assert {g[0] for g in given} == {owners.get(pid, "") for pid in values}
+    # about as many periods as passed, never fewer than busy processes
+    assert len(given) >= len(values)
+    assert abs(len(given) - max(periods, len(values))) <= len(values)
+    # the newest process's last period is the read's last
+    newest = max(values, key=lambda pid: (last[pid], pid))
+    assert given[-1] == [owners.get(newest, "")]
 
 
 def _alone_at(split: TimeSlicedSplit, reading: float, tokens: int, batches: int = 4) -> None:
