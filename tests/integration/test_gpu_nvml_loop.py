@@ -37,7 +37,8 @@ class FakeDriver(threading.Thread):
     """Publishes an NVML sample per running stand-in every 1/6 s: the share its `state` shows
     it spent since the last sample, plus noise (sigma 3 points), clamped to 0..100. With
     `time_sliced`, as the H200 without MPS: each period's one sample goes to one of the
-    processes that spent, drawn by what they spent, with the whole GPU's use as its value."""
+    processes that spent, drawn by what they spent, with the whole GPU's use as its value (all
+    listed at 0 where none spent)."""
 
     def __init__(self, fake: FakeNvml, regions: Path, time_sliced: bool = False):
         super().__init__(daemon=True)
@@ -68,14 +69,20 @@ class FakeDriver(threading.Thread):
                 share = 100 * (spent[0] - was[1]) / (now - was[0]) \
                     / gpu_check_standin.FULL_TOKENS_PER_S
                 period.append((pid, share))
+            idle = False
             if self.time_sliced:
                 ran = [(pid, share) for pid, share in period if share > 0]
                 if ran:
                     pid = self.rng.choices([p for p, _ in ran], [v for _, v in ran])[0]
                     whole = sum(v for _, v in ran)
                     period = [(pid, whole)]
+                else:
+                    # nobody ran (a loaded machine's stand-ins, or all paused): every process
+                    # listed idle at 0, as the H200 lists them. With noise, two of them above 0
+                    # in one stamp would read as per-process samples, and the GPU so.
+                    idle = True
             for pid, share in period:
-                sm = min(100, max(0, round(share + self.rng.gauss(0, 3))))
+                sm = 0 if idle else min(100, max(0, round(share + self.rng.gauss(0, 3))))
                 samples.append((pid, stamp_us, sm))
             samples = samples[-40:]
             self.fake.set_process_samples(self.uuid, samples)
