@@ -7,8 +7,8 @@ points, 0.5 s windows of true SM time), its p50/p95/p99, and the settling time t
 points after each change, for ours and the peer model on the same plant, with the ratio, and
 the error with no limiter at all (`none`: every launch runs when its process wants it, the GPU's
 time-slicing alone splits it). The peer's bucket holds `g_total` blocks (8.65 M for the modelled
-GPU), tens of seconds of these workloads' launches, so in some cells it never throttles within
-a run, and its error is exactly `none`'s; the last lines list those cells, and any where ours
+GPU), tens of seconds of these workloads' launches, so in some cells it does not throttle
+measurably within a run, and its error is `none`'s; the last lines list those cells, and any where ours
 did worse than no limiter.
 
 Goals: ideal plant: error <= 2 points, settling <= 2 s; sigma 3: error <= 1 point, settling
@@ -364,7 +364,7 @@ def main() -> int:
     reachable: list[str] = []  # ... within both bounds, with the law's settling on exact readings
     over: list[str] = []  # steady errors above their goal, with the samples' bounds
     beneath: list[str] = []  # half the peer's error below what the periods allow (no turns)
-    idle_peer: list[str] = []  # cells where the peer model never throttled
+    idle_peer: list[str] = []  # cells where the peer model did not throttle measurably
     worse_than_none: list[str] = []  # cells where ours did worse than no limiter at all
     counted: dict[str, int] = {}
     for plant in PLANTS:
@@ -389,7 +389,8 @@ def main() -> int:
             peer, peer_settle = _median_stats(peer_runs)
             unlimited = statistics.median([r.mean_abs_error for r in none_runs])
             # The peer's bucket holds g_total blocks (8.65 M here), tens of seconds of these
-            # workloads' launches: where its error is that of no limiter, it never throttled.
+            # workloads' launches: where its error is that of no limiter, it did not throttle
+            # measurably (inferred from the errors; a trace shows it, BENCHMARKS.md).
             if abs(peer.mean_abs_error - unlimited) < 0.05 and unlimited >= 1.0:
                 idle_peer.append(f"{plant.name} {sc.name[:1]}")
             if ours.mean_abs_error > unlimited:
@@ -460,9 +461,9 @@ def main() -> int:
               f"the samples; the median steady error of an estimator learning costs from the "
               f"periods as well as they allow) in {len(beneath)}: {'; '.join(beneath)}")
     if idle_peer:
-        print(f"the peer model never throttled (its error is that of no limiter: bypassed "
-              f"alone on its GPU, scenario 2, else its full bucket outlasting the run's phases) "
-              f"in {len(idle_peer)}: {', '.join(idle_peer)}")
+        print(f"the peer model's error within 0.05 points of no limiter's (it did not throttle "
+              f"measurably: bypassed alone on its GPU, scenario 2, else its full bucket "
+              f"outlasting the run's phases) in {len(idle_peer)}: {', '.join(idle_peer)}")
     if worse_than_none:
         print(f"ours worse than no limiter at all in {len(worse_than_none)}: "
               f"{'; '.join(worse_than_none)}")

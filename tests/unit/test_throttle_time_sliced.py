@@ -987,13 +987,10 @@ _reads = st.dictionaries(
 def test_any_read_stands_for_its_busy_processes_periods_and_their_summed_use(at, periods):
     owners = {1: "a", 2: "b", 3: "a"}  # pid 4 belongs to nobody
     given, busy = read_as_periods(at, owners, periods)
-    values: dict[int, list[int]] = {}
-    last: dict[int, int] = {}
-    for stamp in sorted(at):
-        for pid, value in at[stamp]:
-            if value > 0:
-                values.setdefault(pid, []).append(value)
-                last[pid] = stamp
+    busy_at = [(stamp, pid, value) for stamp, seen in at.items() for pid, value in seen
+               if value > 0]
+    values = {pid: [v for _, p, v in busy_at if p == pid] for _, pid, _ in busy_at}
+    last = {pid: max(stamp for stamp, p, _ in busy_at if p == pid) for pid in values}
     if not values:  # an idle GPU: periods given to nobody
         assert busy == 0.0
         assert given == [[] for _ in range(max(1, periods, len(at)))]

@@ -1111,7 +1111,7 @@ class ThrottleController:
         clock = self._sample_clock
         before_us = clock.newest_us(uuid)
         span_s, count = clock.span(uuid, samples, self._now_ns)
-        newest = cast(int, clock.newest_us(uuid))
+        newest = max(at)  # what `span` took as the newest stamp
         period_us = clock.period_us(uuid) or 1_000_000
         # Only two processes that both used the GPU in one period prove per-process samples:
         # a time-sliced driver may list an idle process beside the one it gave the period to.
