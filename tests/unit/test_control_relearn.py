@@ -19,8 +19,8 @@ from vgpu_agent.throttle.control import (
     control_step,
     relearn,
 )
-from vgpu_agent.throttle.controller import ThrottleController
 from vgpu_agent.throttle.fastlaw import control_step_gpu
+from vgpu_agent.throttle.turnkeeper import relearn_after_turn
 
 TICK = 0.2
 K = 20_000.0  # tokens/s that buy one percent, as learned from the old charges
@@ -79,9 +79,8 @@ def _after_turn(measured: str, states: dict[str, LoopState], figures: dict[str, 
     """The law's states after a turn alone gave `measured` its figure (`figures`: each trusted
     one, use per token/s), as the controller leaves them."""
     devices = {key: SimpleNamespace(alloc_id=key.split("/")[0]) for key in states}
-    controller = SimpleNamespace(_devices=devices, params=SPLIT)
     states = dict(states)
-    ThrottleController._relearn(controller, measured, states, figures)  # type: ignore[arg-type]
+    relearn_after_turn(measured, states, devices, figures, SPLIT)  # type: ignore[arg-type]
     return states
 
 

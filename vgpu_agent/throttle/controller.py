@@ -137,7 +137,6 @@ from vgpu_agent.throttle.control import (
     Decision,
     LoopState,
     Observation,
-    relearn,
 )
 from vgpu_agent.throttle.figurefile import FigureFile, Figures
 from vgpu_agent.throttle.identity import (
@@ -149,23 +148,14 @@ from vgpu_agent.throttle.identity import (
 )
 from vgpu_agent.throttle.nativelaw import NATIVE, NOT_NATIVE_REASON, control_step_native
 from vgpu_agent.throttle.sampleclock import SampleClock
-from vgpu_agent.throttle.soloturn import (
-    FALSE_ALARM_AGREE,
-    PAUSED_BURST,
-    PAUSED_RATE,
-    PERIODS_NEEDED,
-    SoloTurns,
-    turn_fits,
-    turn_wanted,
-)
 from vgpu_agent.throttle.strangers import StrangerWatch
 from vgpu_agent.throttle.timesliced import (
     PER_PROCESS_HOLD_S,
     SHARED_PERIODS,
-    KeptFigure,
     TimeSlicedSplit,
     read_as_periods,
 )
+from vgpu_agent.throttle.turnkeeper import TurnKeeper
 
 try:
     from vgpu_agent.throttle import _steerc  # type: ignore[attr-defined]
@@ -355,9 +345,6 @@ class ThrottleController:
     ):
         if not tick_s > 0:
             raise ValueError(f"tick must be > 0 s, got {tick_s!r}")
-        if not (math.isfinite(figure_max_age_s) and figure_max_age_s >= 0):
-            raise ValueError(f"a figure's longest age must be >= 0 s (0: never measured again "
-                             f"by age), got {figure_max_age_s!r}")
         max_tick_s = 4 * tick_s if max_tick_s is None else max_tick_s
         if not tick_s <= max_tick_s or not heartbeat_s > 0 or calm_ticks < 1:
             raise ValueError(
@@ -427,9 +414,6 @@ class ThrottleController:
         # GPUs said to count busy beyond the work (for good: how the GPU counts, or a figure
         # taken light); turns alone come sooner there
         self._beyond_work_logged: set[str] = set()
-        # GPUs whose sample period was found too long for a turn alone to give a figure
-        # (told once: `_tell_turnless`)
-        self._turnless_logged: set[str] = set()
         self._phase_changes_before: dict[str, int] = {}  # found by splits since dropped
         self._now_ns = 0
         # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
@@ -489,14 +473,8 @@ class ThrottleController:
         self._figures_saved_ns: int | None = None
         # per time-sliced GPU: turns alone for containers never seen alone (`soloturn`)
         self.solo_turns = solo_turns
-        # containers of this priority or more are never paused for a turn alone (None: none)
-        self.solo_turn_spare_priority = solo_turn_spare_priority
-        # a trusted figure this old is measured afresh in a turn (0: never by age)
-        self.figure_max_age_s = figure_max_age_s
-        self._turns: dict[str, SoloTurns] = {}
-        self._turns_given: dict[str, int] = defaultdict(int)  # per GPU, since start
-        # per GPU, what a turn measuring a doubted figure afresh dropped, to restore if it fails
-        self._kept_figures: dict[str, KeptFigure] = {}
+        self._turnkeeper = TurnKeeper(self.params, self._apply, solo_turn_spare_priority,
+                                      figure_max_age_s)
 
     # -- read-only views for metrics ---------------------------------------------------------
     @property
@@ -579,7 +557,22 @@ class ThrottleController:
     @property
     def solo_turns_given(self) -> Mapping[str, int]:
         """Per GPU, the turns alone given since start (`throttle/soloturn.py`)."""
-        return dict(self._turns_given)
+        return dict(self._turnkeeper.given)
+
+    @property
+    def solo_turn_spare_priority(self) -> int | None:
+        """Containers of this priority or more are never paused for a turn alone (None:
+        none)."""
+        return self._turnkeeper.spare_priority
+
+    @solo_turn_spare_priority.setter
+    def solo_turn_spare_priority(self, at_least: int | None) -> None:
+        self._turnkeeper.spare_priority = at_least
+
+    @property
+    def figure_max_age_s(self) -> float:
+        """A trusted figure this old is measured afresh in a turn alone (0: never by age)."""
+        return self._turnkeeper.figure_max_age_s
 
     def _new_split(self, uuid: str) -> TimeSlicedSplit:
         split = self._sliced[uuid] = TimeSlicedSplit()
@@ -1301,8 +1294,8 @@ class ThrottleController:
         steered: list[tuple[_Device, int, int]] = []
         spent_by: dict[str, int] = {}
         liars: set[str] = set()
-        turns = self._turns.get(uuid)
-        solo = turns.turn.alloc_id if turns is not None and turns.turn is not None else ""
+        keeper = self._turnkeeper
+        solo = keeper.solo(uuid)
         turning = bool(solo)
         # (a turn alone pauses devices whose claims the audit must not judge: the reference)
         native = self.native_steering and not turning
@@ -1311,7 +1304,7 @@ class ThrottleController:
         else:
             for device, reading in entries:
                 self._observe(device, reading, states, fields, steered, spent_by, liars)
-        if turning and turns is not None and turns.turn is not None and turns.turn.ticks:
+        if turning and keeper.past_first_tick(uuid):
             # Past a turn's first tick (which counts what was spent before the pause), a
             # paused device's bucket lets nothing through: what its `state` claims is not
             # believed, and must not make the one measured look shared. (A second line: what
@@ -1324,9 +1317,12 @@ class ThrottleController:
         untrusted = [device.alloc_id for device, _ in entries if device.liar_cap is not None
                      or device.key in liars] if uuid in self._sliced else ()
         measured = self._utilization(uuid, entries, samples, spent_by, dt_s, untrusted, solo)
-        if turns is not None and solo:
+        if solo:
             # the readings of a turn alone say nothing of the shares: the law waits for its end
-            self._go_on_turn(uuid, turns, solo, spent_by)
+            self._changed = self._lent = True  # fast ticks until the turn ends and after
+            why = keeper.over(uuid, self._sliced.get(uuid), spent_by, self._now_ns)
+            if why is not None:
+                self._end_turn(uuid, why)
             return
         if measured is not None:
             utils, span_s, count = measured
@@ -1373,153 +1369,10 @@ class ThrottleController:
             self._lent = lent
         if not self._lent:
             _watch_launch_costs(self._watching, steered)
-        if self.solo_turns and sliced and not liars:
-            self._offer_turn(uuid, steered, spent_by)
-
-    def _offer_turn(self, uuid: str, steered: list[tuple[_Device, int, int]],
-                    spent_by: Mapping[str, int]) -> None:
-        """Start a turn alone on a time-sliced GPU where one is due (`soloturn.SoloTurns`):
-        every other device of the GPU paused, the rates they had kept to write back."""
-        split = self._sliced.get(uuid)
-        if split is None:
-            return
-        turns = self._turns.get(uuid)
-        if turns is None:
-            turns = self._turns[uuid] = SoloTurns()
-        pausable = all([
-            device.limits is not None and device.limits[1] != "off"
-            and device.limits[0] < FULL_SHARE and device.last is not None
-            for device, _, _ in steered])
-        candidates = {device.alloc_id for device, _, _ in steered if device.limited}
-        priorities = {device.alloc_id: device.limits[3] for device, _, _ in steered
-                      if device.limits is not None}
-        # a figure in doubt (its periods showed a change), read too coarsely for the spending
-        # it now stands for, or long at odds with the periods, is as good as none: measured
-        # afresh
-        coarse, stale = split.coarse(), split.stale()
-        period_s = self._sample_clock.period_us(uuid) / 1e6
-        aged = (split.aged(max(1, round(self.figure_max_age_s / period_s)))
-                if self.figure_max_age_s > 0 and period_s > 0 else set())
-        doubted = split.in_doubt() | coarse | stale | aged
-        if period_s > 0 and not turn_fits(period_s, turns.most_s):
-            self._tell_turnless(uuid, period_s, turns.most_s, spent_by,
-                                split.measured() - doubted)
-        chosen = turns.due(self._now_ns, [a for a, used in spent_by.items() if used],
-                           split.measured() - doubted, candidates if pausable else (),
-                           period_s,
-                           {device.alloc_id for device, _, _ in steered}, priorities,
-                           _spared(priorities, self.solo_turn_spare_priority),
-                           uuid in self._beyond_work_logged, doubted, split.costs_apart,
-                           coarse)
-        if chosen is None:
-            return
-        if chosen in doubted:
-            self._kept_figures[uuid] = split.remeasure(chosen)
-        paused: dict[str, tuple[int, int]] = {}
-        for device, _, _ in steered:
-            if device.alloc_id != chosen and device.last is not None:
-                decision = device.last[1]
-                paused[device.key] = (decision.rate, decision.burst)
-                device.paused = True
-                self._apply(device, PAUSED_RATE, PAUSED_BURST)
-        turns.start(chosen, self._now_ns, paused)
-        self._turns_given[uuid] += 1
-        self._changed = True
-        log.info("throttle_solo_turn_started", uuid=uuid, alloc_id=chosen, paused=len(paused),
-                 most_s=turns.most_s,
-                 why="its figure read at a few percent, its spending since grown threefold"
-                 if chosen in coarse
-                 else "its figure long at odds with the costs its periods show" if chosen in stale
-                 else "its figure older than throttle_figure_max_age_seconds" if chosen in aged
-                 else "its figure in doubt: its periods showed a change" if chosen in doubted
-                 else "a container sharing a time-sliced GPU, never seen alone there")
-
-    def _tell_turnless(self, uuid: str, period_s: float, most_s: float,
-                       spent_by: Mapping[str, int], measured: Collection[str]) -> None:
-        """Tells the operator, once per GPU, that a turn alone is wanted there (two containers
-        or more spending, one without a figure it can be charged by) and cannot be given: NVML
-        samples the GPU too seldom for PERIODS_NEEDED periods to fit in a turn."""
-        if uuid in self._turnless_logged:
-            return
-        if not turn_wanted([a for a, used in spent_by.items() if used], measured):
-            return
-        self._turnless_logged.add(uuid)
-        log.warning("throttle_solo_turns_impossible", uuid=uuid,
-                    sample_period_s=round(period_s, 3), periods_needed=PERIODS_NEEDED,
-                    turn_most_s=most_s,
-                    detail="NVML samples this time-sliced GPU too seldom for a turn alone to "
-                           "measure a container within the shim's longest wait: its shares "
-                           "rest on the sample periods alone, which cannot tell the GPU "
-                           "counting busy beyond the work from work, tell containers whose "
-                           "tokens buy unlike SM time apart only over tens of periods (until "
-                           "then they are split as if alike, which may leave them further from "
-                           "their shares than the GPU's own time-slicing would) and follow a "
-                           "change of phase only over tens of seconds; a driver that samples each "
-                           "process's own use avoids it (whether it does so under MPS is not "
-                           "yet measured)")
-
-    def _go_on_turn(self, uuid: str, turns: SoloTurns, solo: str,
-                    spent_by: Mapping[str, int]) -> None:
-        """A tick of a GPU during `solo`'s turn alone: ends it where it is over."""
-        split = self._sliced.get(uuid)
-        why = ("not_time_sliced" if split is None
-               else turns.over(self._now_ns, spent_by, split.steady(solo), split.spread(solo),
-                                 split.solo_others))
-        self._changed = self._lent = True  # fast ticks until the turn ends and after
-        if why is not None:
-            self._end_turn(uuid, why)
-
-    def _end_turn(self, uuid: str, why: str) -> None:
-        """Write back the rates of the devices a turn paused (those still followed)."""
-        turns = self._turns.get(uuid)
-        turn = turns.end(self._now_ns) if turns is not None else None
-        if turn is None:
-            return
-        for key, (rate, burst) in turn.paused.items():
-            device = self._devices.get(key)
-            if device is None:
-                continue
-            device.paused = False
-            # its bucket as when a rate first limits it: full, its next claims not judged
-            device.limited = False
-            if not device.region.closed:
-                self._apply(device, rate, burst)
-        split = self._sliced.get(uuid)
-        if split is not None:
-            split.end_turn(turn.alloc_id)
-        fresh = split is not None and turn.alloc_id in split.measured()
-        kept = self._kept_figures.pop(uuid, None)
-        if fresh and kept is not None and split is not None and turns is not None:
-            self._false_alarm(uuid, turns, turn.alloc_id, kept, split.alone[turn.alloc_id][0])
-        if kept is not None and split is not None:
-            split.restore(turn.alloc_id, kept)  # unless measured afresh
-        states = self._states.get(uuid)
-        if fresh and states and split is not None:
-            self._relearn(turn.alloc_id, states, split.trusted_figures())
-        if why == "others_ran" and split is not None:
-            # a paused container whose processes ran all the same: a shim that ignores its
-            # rate, or processes without one (or a process of no container: "")
-            log.warning("throttle_solo_turn_spoiled", uuid=uuid, alloc_id=turn.alloc_id,
-                        ran=sorted(split.solo_ran), periods=split.solo_others,
-                        detail="processes ran on the GPU while paused for a turn alone")
-        log.info("throttle_solo_turn_ended", uuid=uuid, alloc_id=turn.alloc_id, why=why,
-                 seconds=round((self._now_ns - turn.started_ns) / 1e9, 3),
-                 measured=split is not None and turn.alloc_id in split.measured())
-
-    def _false_alarm(self, uuid: str, turns: SoloTurns, alloc_id: str, kept: KeptFigure,
-                     figure: float) -> None:
-        """A turn for a figure the watch put in doubt that measured it again as it was gives
-        its try back (`SoloTurns.refund`): without, a false alarm in the minute before a
-        change of phase had spent the tries, and a strict 40 % container four times lighter
-        than its figure ran at 9 % of its 40 until a try came back (simulated)."""
-        before, _, doubt = kept
-        if before is None or doubt is None or not before[0] > 0 or not figure > 0:
-            return
-        if abs(math.log(figure / before[0])) <= _LOG_FALSE_ALARM_AGREE \
-                and turns.refund(alloc_id, self._now_ns):
-            log.info("throttle_solo_turn_refunded", uuid=uuid, alloc_id=alloc_id,
-                     figure_before=before[0], figure=figure,
-                     detail="its figure in doubt measured again as it was: a false alarm")
+        if self.solo_turns and sliced and not liars and keeper.offer(
+                uuid, self._sliced[uuid], steered, spent_by, self._now_ns,
+                self._sample_clock.period_us(uuid) / 1e6, uuid in self._beyond_work_logged):
+            self._changed = True
 
     def _per_launch(self, uuid: str, spent: Mapping[str, int]) -> dict[str, float] | None:
         """The tokens one launch costs (the law's `cost_per_launch`, the largest of its
@@ -1533,38 +1386,14 @@ class ThrottleController:
                               if key in devices and devices[key].alloc_id == lone[0]],
                              default=0.0)}
 
-    def _relearn(self, measured: str, states: dict[str, LoopState],
-                 figures: Mapping[str, float]) -> None:
-        """After a turn alone gave `measured` a figure: the law re-learns `k` from the next
-        reading (`control.relearn`) for it, and for each other container whose `k` says its
-        tokens buy more than RELEARN_APART times more or less than its own figure does.
-
-        Charged by its figure from now on, not as before (by its tokens at a cost the periods
-        showed, at another's figure's scale, or by its tokens alone), the measured one's `k`
-        was learned from charges of another kind, confidently (and with a noise their moves
-        taught): the law followed the new charges a few percent a reading, and a strict 50 %
-        container ran at 56-62 % over its worst 2 s after its turn (simulated H200, 8 runs of 40). A
-        neighbour's charge moves with the split's weights, by as much as the new figure
-        changes them: a strict 50 % container measured first, diluted until its neighbour's
-        figure came, ran 2-5 points over its limit over its worst 5 s in 5 runs of 16 with the
-        measured one alone re-learned, in 2 with it too (a GPU whose use is all work,
-        simulated). Re-learned every time, a neighbour's `k` followed
-        the first readings after its pause, a transient, and every one of them too: a steady
-        0.3 points off for seconds where nothing had changed."""
-        for key, state in list(states.items()):
-            device = self._devices.get(key)
-            k = state.tokens_per_pct
-            if device is None or not 0 < k < math.inf:
-                continue
-            figure = figures.get(device.alloc_id, 0.0)
-            if device.alloc_id == measured or (
-                    figure > 0 and abs(math.log(k * figure)) > _LOG_RELEARN_APART):
-                states[key] = relearn(state, self.params)
-
     def end_turns(self) -> None:
         """End every turn alone under way, writing the paused rates back (on stopping)."""
-        for uuid in list(self._turns):
+        for uuid in self._turnkeeper.gpus():
             self._end_turn(uuid, "stopping")
+
+    def _end_turn(self, uuid: str, why: str) -> None:
+        self._turnkeeper.end(uuid, why, self._now_ns, self._sliced.get(uuid), self._devices,
+                             self._states.get(uuid))
 
     def _observe(self, device: _Device, reading: _RegionReading, states: Mapping[str, LoopState],
                  fields: list[list[object]], steered: list[tuple[_Device, int, int]],
@@ -1771,7 +1600,7 @@ class ThrottleController:
                 del self._states[uuid]
                 self._end_turn(uuid, "not_read")
                 self._drop_split(uuid)
-                self._turns.pop(uuid, None)
+                self._turnkeeper.forget(uuid)
                 self._stranger_watch.forget(uuid)
         for uuid in [u for u in self._sampled_pids if u not in present_gpus]:
             del self._sampled_pids[uuid]
@@ -1820,13 +1649,6 @@ FIGURES_MOVE = 0.02
 # Waits are believed for a tick in which the container spent at least this part of what its
 # rate let through (`_steer_gpu`).
 WAIT_SPEND_FRACTION = 0.5
-# After a turn alone gave a figure, a container whose `k` has its tokens buy this many times
-# more or less than its figure says re-learns it (`_relearn`). At the neighbours' turns the
-# law's estimates sat within 5 % of their figures on the simulated H200 (42 turns), 20-35 % off
-# where their charges had been diluted, 0.55-1.25 of them on a GPU whose use is all work.
-RELEARN_APART = 1.1
-_LOG_RELEARN_APART = math.log(RELEARN_APART)
-_LOG_FALSE_ALARM_AGREE = math.log(FALSE_ALARM_AGREE)
 
 
 def bind_steering(module: Any) -> str | None:
@@ -1910,14 +1732,6 @@ def _watch_launch_costs(watching: list[_Watch], steered: list[tuple[_Device, int
         else:
             watched, k, demand, _ = watching[n]
             watching[n] = (watched, k, demand, spent / launches)
-
-
-def _spared(priorities: Mapping[str, int], at_least: int | None) -> frozenset[str]:
-    """The containers never to be paused for a turn alone: those of priority `at_least` or
-    more (`solo_turn_spare_priority`; None: none)."""
-    if at_least is None:
-        return frozenset()
-    return frozenset(a for a, priority in priorities.items() if priority >= at_least)
 
 
 def _launch_cost_moved(device: _Device, spent_total: int, launches_total: int,
