@@ -3,7 +3,7 @@
     python tests/bench/bench_scrape.py [--gpus 8] [--sizes 16,64,144,256] [--seconds 30]
                                        [--allocates 600] [--nvml-call-ms 2.2]
                                        [--policy strict|work-conserving] [--idle-every N]
-                                       [--changing-gpus N]
+                                       [--changing-gpus N] [--time-sliced]
 
 The agent is the whole agent, as `vgpu-agent run` composes it (`Agent` on the agent's own
 event loop: device plugin, PodResources, health checks, NVML poll, controller, backstop,
@@ -51,6 +51,12 @@ With `--changing-gpus N` a third configuration: the work a token buys changes as
 the containers of the first N GPUs only, and the agent runs at its own pace, as steady (each
 GPU keeps its own tick: what a node pays while one GPU's containers change).
 
+With `--time-sliced` two configurations more, steady and changing, in which the simulated
+drivers sample as an H200 without MPS does: each period goes whole to one process, drawn with
+odds in proportion to its use, valued at the GPU's use (`samples_from`), so that the controller
+shares each GPU's use out by the tokens spent and the periods, and gives containers turns alone:
+what a node without MPS costs.
+
 Goals: scrape p99 <= 50 ms, agent CPU <= 2 % of one core steady and <= 5 % while shares change,
 Allocate p99 <= 2x a bare call (at 144 container-devices), RSS <= 150 MB.
 """
@@ -76,6 +82,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,6 +128,7 @@ def build_regions(root: Path, gpus: int, containers: int,
     every GPU holds as many. The layout goes to `root/layout.json`."""
     from collections import defaultdict
 
+    from tests.fakes.hostproc import FakeHostProc
     from tests.fakes.shimstate import DeviceSpec, make_region
     from vgpu_agent.gpu.sim import build_inventory
     from vgpu_agent.shm.regions import format_alloc_id
@@ -149,6 +157,12 @@ def build_regions(root: Path, gpus: int, containers: int,
              "identity": ["bench", f"pod-{n // 2}", f"ctr-{n % 2}"]}
         )
     (root / "layout.json").write_text(json.dumps(layout_rows))
+    # the host's /proc as the agent reads it for these processes beyond whose they are (the
+    # simulated backend proves that): their start times, by which a placement is known to be
+    # the same process's when a time-sliced GPU names it again
+    host = FakeHostProc(root / "proc")
+    for row in layout_rows:
+        host.process(int(row["host_pid"]), start=1_000)
     return layout_rows
 
 
@@ -369,10 +383,11 @@ class Accounting:
 # ------------------------------------------------------------------ the agent side (child)
 
 
-def samples_from(directory: Path, rows: list[dict[str, object]]
+def samples_from(directory: Path, rows: list[dict[str, object]], sliced: bool = False
                  ) -> Callable[[str, int], list[ProcessSample]]:
     """The per-process samples `Accounting` keeps for a GPU: those after `since_us` (the newest
-    period only when 0), stamped at each period's end; none until its first periods end."""
+    period only when 0), stamped at each period's end; none until its first periods end.
+    `sliced`: as a time-sliced driver answers (`time_sliced`)."""
     from vgpu_agent.gpu.model import ProcessSample
 
     pids = {uuid: [pid for _, pid in pairs] for uuid, pairs in devices_on_gpus(rows).items()}
@@ -390,12 +405,35 @@ def samples_from(directory: Path, rows: list[dict[str, object]]
         if not found:
             return []
         first = since_us // SAMPLE_PERIOD_US + 1 if since_us else found[-1][0]
+        periods = [(n, struct.unpack(f"<{len(on_gpu)}H", values)) for n, values in found
+                   if n >= first]
+        if sliced:
+            return time_sliced(uuid, on_gpu, periods)
         return [ProcessSample(pid, n * SAMPLE_PERIOD_US, value)
-                for n, values in found if n >= first
-                for pid, value in zip(on_gpu, struct.unpack(f"<{len(on_gpu)}H", values),
-                                      strict=True)]
+                for n, values in periods for pid, value in zip(on_gpu, values, strict=True)]
 
     return samples
+
+
+def time_sliced(uuid: str, pids: list[int], periods: list[tuple[int, tuple[int, ...]]]
+                ) -> list[ProcessSample]:
+    """Periods' per-process uses as a time-sliced driver reports them (measured on an H200,
+    driver 580; `throttle/timesliced.read_as_periods`): each period given to one process, drawn
+    with odds in proportion to its use (the same draw for the same period, whoever asks), and
+    one sample per process given any of them, stamped with the last, valued at the GPU's use
+    in the periods it was given over all the periods asked for. An idle period goes to
+    nobody."""
+    from vgpu_agent.gpu.model import ProcessSample
+
+    given: dict[int, tuple[int, float]] = {}  # pid -> (its last period, the use it was given)
+    for n, values in periods:
+        if not any(values):
+            continue
+        pid = random.Random(n * 1_000_003 + zlib.crc32(uuid.encode())).choices(
+            pids, weights=values)[0]
+        given[pid] = (n, given.get(pid, (0, 0.0))[1] + min(100, sum(values)))
+    return [ProcessSample(pid, n * SAMPLE_PERIOD_US, round(use / len(periods)))
+            for pid, (n, use) in given.items()]
 
 
 def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int = 1,
@@ -445,7 +483,8 @@ def cpu_burner(ms: float) -> Callable[[], None]:
 
 async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
                 reference_law: bool = False, nvml_call_ms: float = 0.0,
-                nvml_poll_periods: int = 1, policy: str = "strict") -> None:
+                nvml_poll_periods: int = 1, policy: str = "strict", sliced: bool = False
+                ) -> None:
     """The whole agent, as `vgpu-agent run` composes it (`Agent` on its own event loop), on
     simulated GPUs whose per-process samples are the containers' and whose processes belong to
     their containers (what /proc proves on a real node)."""
@@ -460,7 +499,7 @@ async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
     rows = json.loads((root / "layout.json").read_text())
     backend = SimBackend(f"{gpus}xA100-80GB")
     owner = {int(row["host_pid"]): str(row["alloc_id"]) for row in rows}
-    read = samples_from(root / "nvml", rows)
+    read = samples_from(root / "nvml", rows, sliced)
     burn = cpu_burner(nvml_call_ms)
 
     def samples(uuid: str, since_us: int) -> list[ProcessSample]:
@@ -675,11 +714,11 @@ def stop_child(child: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def running_node(root: Path, gpus: int, changing: bool = False, reference_law: bool = False,
-                 nvml_call_ms: float = 0.0, nvml_poll_periods: int = 1, policy: str = "strict"
-                 ) -> Iterator[tuple[subprocess.Popen, int]]:
+                 nvml_call_ms: float = 0.0, nvml_poll_periods: int = 1, policy: str = "strict",
+                 sliced: bool = False) -> Iterator[tuple[subprocess.Popen, int]]:
     """The kubelet stand-in and the whole agent, each in its own process, on the node built in
     `root`: yields the agent's process and its metrics port once it serves."""
-    config = f"{int(changing)}-{int(reference_law)}"
+    config = f"{int(changing)}-{int(reference_law)}-{int(sliced)}"
     port_file = root / f"port-{config}"
     kubelet_ready = root / f"kubelet-{config}"
     kubelet = start_child(["--kubelet", "--root", str(root), "--port-file", str(kubelet_ready)],
@@ -689,6 +728,7 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
             ["--serve", "--root", str(root), "--gpus", str(gpus),
              *(["--changing"] if changing else []),
              *(["--reference-law"] if reference_law else []),
+             *(["--time-sliced"] if sliced else []),
              "--nvml-call-ms", str(nvml_call_ms), "--nvml-poll-periods", str(nvml_poll_periods),
              "--policy", policy, "--port-file", str(port_file)],
             port_file, "the agent")
@@ -704,16 +744,16 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
 
 def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool = False,
             reference_law: bool = False, bare: Path | None = None,
-            changing_gpus: int = 0) -> dict:
+            changing_gpus: int = 0, sliced: bool = False) -> dict:
     """One configuration. `changing`: every container's `k` changes and the agent's tick is
     held at 100 ms; `changing_gpus`: the containers of that many GPUs change, the agent runs
-    at its own pace (as steady)."""
+    at its own pace (as steady); `sliced`: the drivers sample as time-sliced ones do."""
     if shim.accounting is not None:
         shim.accounting.changing = changing or changing_gpus > 0
         shim.accounting.changing_gpus = (
             set(sorted(shim.accounting.on_gpu)[:changing_gpus]) if changing_gpus else None)
-    with running_node(root, args.gpus, changing, reference_law,
-                      args.nvml_call_ms, args.nvml_poll_periods, args.policy) as (child, port):
+    with running_node(root, args.gpus, changing, reference_law, args.nvml_call_ms,
+                      args.nvml_poll_periods, args.policy, sliced) as (child, port):
         return measure_agent(args, shim, child, port, root / "dp" / "vgpu-agent.sock",
                              changing, bare)
 
@@ -807,6 +847,9 @@ def main() -> int:
     parser.add_argument("--idle-every", type=int, default=0,
                         help="the last container of every N never launches (it holds its "
                              "slices, as a notebook between sessions does); 0: none")
+    parser.add_argument("--time-sliced", action="store_true",
+                        help="also measure the agent on drivers that give each sample period "
+                             "whole to one process (an H200 without MPS), steady and changing")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubelet", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
@@ -821,7 +864,7 @@ def main() -> int:
         with asyncio.Runner(loop_factory=SlackEventLoop) as runner:
             runner.run(serve(args.root, args.gpus, args.port_file, args.changing,
                              args.reference_law, args.nvml_call_ms, args.nvml_poll_periods,
-                             args.policy))
+                             args.policy, args.time_sliced))
         return 0
     if args.kubelet:
         asyncio.run(kubelet_side(args.root, args.port_file))
@@ -832,12 +875,15 @@ def main() -> int:
           f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls, "
           f"NVML per-process call {args.nvml_call_ms:g} ms of CPU, containers {args.policy}"
           + (f", every {args.idle_every}th idle" if args.idle_every else ""))
-    configs: tuple[tuple[str, bool, bool, int], ...] = (("steady", False, False, 0),
-                                                        ("changing", True, False, 0))
+    configs: tuple[tuple[str, bool, bool, int, bool], ...] = (
+        ("steady", False, False, 0, False), ("changing", True, False, 0, False))
     if args.changing_gpus:
-        configs += ((f"{args.changing_gpus} GPU changing", False, False, args.changing_gpus),)
+        configs += ((f"{args.changing_gpus} GPU changing", False, False, args.changing_gpus,
+                     False),)
     if args.reference_law:  # the same, with the reference law, side by side
-        configs += (("ref law", False, True, 0), ("ref, changing", True, True, 0))
+        configs += (("ref law", False, True, 0, False), ("ref, changing", True, True, 0, False))
+    if args.time_sliced:
+        configs += (("sliced", False, False, 0, True), ("sliced, changing", True, False, 0, True))
     with tempfile.TemporaryDirectory(prefix="bench-bare-") as bare_dir:
         bare = start_bare(Path(bare_dir)) if args.allocates > 0 else None
         try:
@@ -866,7 +912,8 @@ def start_bare(directory: Path) -> tuple[subprocess.Popen, Path]:
     return proc, socket
 
 
-def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool, int], ...],
+def report_size(args: argparse.Namespace,
+                configs: tuple[tuple[str, bool, bool, int, bool], ...],
                 size: int, bare: Path | None) -> None:
     from vgpu_agent.shm.regions import REGIONS_DIR
 
@@ -879,8 +926,8 @@ def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool, 
         shim = ShimSide(regions, rows, accounting=Accounting(root / "nvml", rows),
                         idle_every=args.idle_every)
         with shim.moving():
-            results = {name: measure(args, root, shim, changing, reference, bare, gpus)
-                       for name, changing, reference, gpus in configs}
+            results = {name: measure(args, root, shim, changing, reference, bare, gpus, sliced)
+                       for name, changing, reference, gpus, sliced in configs}
     devices = sum(int(r["devices"]) for r in rows)
     print(f"\n{len(rows)} containers, {devices} container-devices; load average "
           f"{os.getloadavg()[0]:.1f}")
@@ -918,6 +965,15 @@ def report_size(args: argparse.Namespace, configs: tuple[tuple[str, bool, bool, 
           + (f", Allocate p99 x{steady['alloc_p99_ratio']:.2f} steady, "
              f"x{changing['alloc_p99_ratio']:.2f} changing (<= x{GOAL_ALLOCATE_RATIO:g})"
              if bare is not None else ""))
+    if "sliced" in results:
+        sliced, sliced_changing = results["sliced"], results["sliced, changing"]
+        print(f"  time-sliced: steady CPU {sliced['scraped_cpu_s_per_min'] / 60 * 100:.2f} % "
+              f"(<= {GOAL_CPU_PERCENT}), changing "
+              f"{sliced_changing['scraped_cpu_s_per_min'] / 60 * 100:.2f} % "
+              f"(<= {GOAL_CHANGING_CPU_PERCENT})"
+              + (f", Allocate p99 x{sliced['alloc_p99_ratio']:.2f} steady, "
+                 f"x{sliced_changing['alloc_p99_ratio']:.2f} changing"
+                 if bare is not None else ""))
 
 
 if __name__ == "__main__":

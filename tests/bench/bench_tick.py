@@ -1,6 +1,7 @@
 """What one controller tick costs at 144 busy container-devices, by part, in one process.
 
     python tests/bench/bench_tick.py [--devices 144] [--ticks 150] [--rounds 4] [--baseline DIR]
+                                     [--attribution per-process|time-sliced|both]
 
 `bench_scrape.py`'s node (8 simulated GPUs, real region files, a shim-like writer moving every
 region's counters) with NVML samples of its own every 1/6 s (steady or flipping between 5 and
@@ -11,6 +12,14 @@ steering glue (everything else of a GPU's steering: observations, change test, r
 CPU time per tick for the whole tick, wall time per part. With `--baseline DIR` the same runs
 are made with the code in DIR (another checkout), alternating, and the medians are printed side
 by side with their ratio.
+
+`--attribution time-sliced` has the simulated driver sample as an H200 without MPS does: each
+sample period goes whole to one process (in turn, every container's process as often), with
+the whole GPU's use as its value (the containers' samples above, summed, at most 100), so the
+controller reads its GPUs as time-sliced: it shares their use out by the tokens spent and the
+periods (`throttle/timesliced.py`) and gives containers turns alone (`throttle/turnkeeper.py`),
+as it would on such a node. `both` runs the two in alternation and prints the ratio of
+time-sliced to per-process.
 """
 
 from __future__ import annotations
@@ -30,7 +39,8 @@ REPO = Path(__file__).resolve().parents[2]
 PARTS = ("tick_cpu", "law", "reads", "glue")
 
 
-def measure(devices: int, ticks: int, changing: bool) -> dict[str, float]:
+def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
+            ) -> dict[str, float]:
     import structlog
 
     from tests.bench import bench_scrape as node
@@ -62,8 +72,14 @@ def measure(devices: int, ticks: int, changing: bool) -> dict[str, float]:
             if since_us and now_us - since_us < 166_000:
                 return []
             flip = now_us // 2_000_000
-            return [ProcessSample(pid, now_us, 5 + 5 * ((flip + pid) % 2) if changing else 5)
-                    for pid in pids.get(uuid, [])]
+            on = pids.get(uuid, [])
+            own = [ProcessSample(pid, now_us, 5 + 5 * ((flip + pid) % 2) if changing else 5)
+                   for pid in on]
+            if not sliced or not on:
+                return own
+            # one process a period, in turn, with the whole GPU's use
+            return [ProcessSample(on[now_us // 166_000 % len(on)], now_us,
+                                  min(100, sum([s.sm_util for s in own])))]
 
         backend.set_sample_source(samples)
         host = FakeHostProc(root / "proc")
@@ -111,10 +127,12 @@ def measure(devices: int, ticks: int, changing: bool) -> dict[str, float]:
     return {name: value / ticks * 1e3 for name, value in spent.items()}
 
 
-def run_tree(tree: Path, args: argparse.Namespace, changing: bool) -> dict[str, float]:
+def run_tree(tree: Path, args: argparse.Namespace, changing: bool, attribution: str
+             ) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--child", "--devices", str(args.devices), "--ticks",
-         str(args.ticks), *(["--changing"] if changing else [])],
+         str(args.ticks), *(["--changing"] if changing else []),
+         *(["--attribution", attribution] if attribution != "per-process" else [])],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
         check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -126,30 +144,43 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=150)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--baseline", type=Path, help="another checkout to compare with")
+    parser.add_argument("--attribution", choices=("per-process", "time-sliced", "both"),
+                        default="per-process")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.devices, args.ticks, args.changing)))
+        print(json.dumps(measure(args.devices, args.ticks, args.changing,
+                                 args.attribution == "time-sliced")))
         return 0
-    trees = {"this tree": REPO, **({"baseline": args.baseline} if args.baseline else {})}
+    if args.baseline and args.attribution == "both":
+        parser.error("--baseline compares two trees under one attribution: not with 'both'")
+    # each column: (tree, attribution); the ratio is the first column over the second
+    columns = ({"per-process": (REPO, "per-process"), "time-sliced": (REPO, "time-sliced")}
+               if args.attribution == "both" else
+               {"this tree": (REPO, args.attribution),
+                **({"baseline": (args.baseline, args.attribution)} if args.baseline else {})})
+    names = list(columns)
     print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.devices} "
-          f"container-devices, {args.ticks} ticks, {args.rounds} rounds, load average "
-          f"{os.getloadavg()[0]:.1f}")
+          f"container-devices, {args.ticks} ticks, {args.rounds} rounds, attribution "
+          f"{args.attribution}, load average {os.getloadavg()[0]:.1f}")
     for changing in (False, True):
-        runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in columns}
         for _ in range(args.rounds):
-            for name, tree in trees.items():  # alternating: the machine's load hits both
-                runs[name].append(run_tree(tree, args, changing))
+            for name, (tree, attribution) in columns.items():  # alternating: one load for all
+                runs[name].append(run_tree(tree, args, changing, attribution))
         print(f"\n{'shares changing' if changing else 'steady'}: ms per tick, median (min)")
-        print(f"{'':12}" + "".join(f"{name:>22}" for name in trees)
-              + ("     ratio" if args.baseline else ""))
+        print(f"{'':12}" + "".join(f"{name:>22}" for name in columns)
+              + ("     ratio" if len(columns) > 1 else ""))
         for part in PARTS:
             cells = {name: [r[part] for r in rs] for name, rs in runs.items()}
             line = f"{part:12}" + "".join(
                 f"{statistics.median(v):>14.2f} ({min(v):5.2f})" for v in cells.values())
-            if args.baseline:
-                line += f"     x{statistics.median(cells['this tree']) / statistics.median(cells['baseline']):.2f}"
+            if len(columns) > 1:
+                first, second = (statistics.median(cells[n]) for n in names[:2])
+                if args.attribution == "both":
+                    first, second = second, first  # time-sliced over per-process
+                line += f"     x{first / second:.2f}" if second > 0 else "     -"
             print(line)
     print(f"\nload average {os.getloadavg()[0]:.1f} after")
     return 0

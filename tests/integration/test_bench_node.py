@@ -153,3 +153,33 @@ def test_the_benchmark_shims_totals_never_read_lower_to_a_reader_in_another_proc
     assert watcher.returncode == 0, watcher.stderr.read()
     reads, falls = map(int, watcher.stdout.read().split())
     assert reads > 1_000 and falls == 0
+
+
+def test_the_benchmarks_time_sliced_driver_answers_as_the_h200_did():
+    from tests.bench.bench_scrape import SAMPLE_PERIOD_US, time_sliced
+    from vgpu_agent.throttle.timesliced import read_as_periods
+
+    pids = [11, 12, 13]
+    # five periods: the GPU 60 % used, then idle once, then 90 %; 13 never uses it
+    periods = [(n, (40, 20, 0)) for n in (1, 2, 3)] + [(4, (0, 0, 0)), (5, (60, 30, 0))]
+    got = time_sliced("GPU-x", pids, periods)
+    assert {s.pid for s in got} <= {11, 12}  # drawn by use: never the idle process
+    assert got == time_sliced("GPU-x", pids, periods)  # the same draw, whoever asks
+    # one sample per process given a period, stamped with its last, worth its part of the use
+    assert sum(s.sm_util for s in got) == pytest.approx((3 * 60 + 90) / 5, abs=1)
+    assert all(s.timestamp_us % SAMPLE_PERIOD_US == 0 for s in got)
+    # read every period: one process with the GPU's whole use
+    one = time_sliced("GPU-x", pids, [(7, (40, 20, 0))])
+    assert len(one) == 1 and one[0].sm_util == 60
+    # and the controller reads it as the periods it stands for
+    owner = {11: "a", 12: "b"}
+    at: dict[int, list[tuple[int, int]]] = {}
+    for s in got:
+        at.setdefault(s.timestamp_us, []).append((s.pid, s.sm_util))
+    given, busy = read_as_periods(at, owner, 5)
+    assert busy == pytest.approx(sum(s.sm_util for s in got))
+    assert sum(len(g) for g in given) >= len(got)
+    # over many periods each process is given periods in proportion to its use
+    many = [(n, (40, 20, 0)) for n in range(3_000)]
+    firsts = Counter(time_sliced("GPU-x", pids, [p])[0].pid for p in many)
+    assert firsts[11] / firsts[12] == pytest.approx(2.0, rel=0.15)

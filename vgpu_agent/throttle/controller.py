@@ -15,8 +15,10 @@ the reference `control.control_step` (which `law=` can select, as the tests do).
 around it, per device, is `_observe` and `_settle`; `_steerc.c` does what they do for the
 devices on the common path where it was built (`native_steering`) and hands them the rest.
 The slots (what the container claims runs in it) are read only when a sample names a process
-the controller cannot yet place, at most once a second per GPU. A failing region or GPU is
-logged and counted; the loop goes on.
+the controller cannot yet place, at most once a second per GPU; on a time-sliced GPU, which
+names one process a period, a process named again within a minute is the one placed before if
+its start time says so (`placements.HeldPlacements`). A failing region or GPU is logged and
+counted; the loop goes on.
 
 What a tick costs, and how often it runs:
 
@@ -147,6 +149,7 @@ from vgpu_agent.throttle.identity import (
     ProcEvidence,
 )
 from vgpu_agent.throttle.nativelaw import NATIVE, NOT_NATIVE_REASON, control_step_native
+from vgpu_agent.throttle.placements import HeldPlacements
 from vgpu_agent.throttle.sampleclock import SampleClock
 from vgpu_agent.throttle.strangers import StrangerWatch
 from vgpu_agent.throttle.timesliced import (
@@ -418,6 +421,8 @@ class ThrottleController:
         self._now_ns = 0
         # per GPU: host pid -> (alloc_id, stamp, SM percent) of its last sample
         self._recent: dict[str, dict[int, tuple[str, int, float]]] = {}
+        # per time-sliced GPU: placements kept between the periods their processes are given
+        self._held = HeldPlacements(self.ns_resolver.start_time)
         self._open_loop: set[str] = set()
         self.heartbeat_ns = round(heartbeat_s * 1e9)
         self._last_beat_ns: int | None = None
@@ -1119,13 +1124,21 @@ class ThrottleController:
         recent = self._recent.setdefault(uuid, {})
         unplaced: list[tuple[int, float]] = []
         seen: set[str] = set()  # containers with a process in the samples (or carried)
+        held = self._held
         for pid, values in per_pid.items():
             value = min(100.0, max(0.0, sum(values) / len(values)))
             placed = recent.get(pid)
-            if placed is not None and placed[0] in util:
-                util[placed[0]] += value
-                seen.add(placed[0])
-                recent[pid] = (placed[0], newest, value)
+            found = placed[0] if placed is not None else None
+            if sliced:
+                # named again after the periods others were given: the same process?
+                if found is None:
+                    found = held.take(uuid, pid, newest)
+                else:
+                    held.named(uuid, pid, newest)
+            if found is not None and found in util:
+                util[found] += value
+                seen.add(found)
+                recent[pid] = (found, newest, value)
             else:
                 unplaced.append((pid, value))
         if unplaced:
@@ -1134,8 +1147,14 @@ class ThrottleController:
                     util[found] += value
                     seen.add(found)
                     recent[pid] = (found, newest, value)
+                    if sliced:
+                        held.keep(uuid, pid, found, newest)
                 else:
                     recent.pop(pid, None)
+        if sliced:
+            held.prune(uuid, newest, util.keys())
+        else:
+            held.forget(uuid)
         self._watch_strangers(uuid, per_pid, recent, newest, spent)
         # a time-sliced process may go unsampled for several periods while others take them
         stale_us = newest - (SHARED_PERIODS if sliced else 3) * period_us
@@ -1604,6 +1623,8 @@ class ThrottleController:
                 self._stranger_watch.forget(uuid)
         for uuid in [u for u in self._sampled_pids if u not in present_gpus]:
             del self._sampled_pids[uuid]
+            self._recent.pop(uuid, None)
+            self._held.forget(uuid)
         tick = self.ticks
         layout = self._layout
         if not self._remapped and layout is not None and len(regions) == len(layout.key):

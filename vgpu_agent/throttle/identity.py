@@ -279,13 +279,23 @@ class NamespacePidResolver:
             with open(os.path.join(base, "stat"), encoding="utf-8") as f:
                 stat = f.read()
             inner = int(nspid.split()[-1])
-            # the command name (field 2) may hold spaces: count fields after its ')'
-            start = int(stat.rsplit(")", 1)[1].split()[19])
-            found = (inner, start)
+            found = (inner, _start_time(stat))
         except (OSError, ValueError, IndexError, StopIteration, UnicodeDecodeError):
             found = None
         self._seen[host_pid] = found
         return found
+
+    def start_time(self, host_pid: int) -> int | None:
+        """A host pid's start time (`stat` field 22), read afresh; None if unreadable. The
+        same pid with another start time is another process."""
+        if host_pid <= 0:
+            return None
+        try:
+            with open(os.path.join(self.proc_root, str(host_pid), "stat"),
+                      encoding="utf-8") as f:
+                return _start_time(f.read(4096))
+        except (OSError, ValueError, IndexError, UnicodeDecodeError):
+            return None
 
     def forget_except(self, live: Iterable[int]) -> None:
         """Drop cached pids that stopped appearing in samples (their numbers may be reused)."""
@@ -295,3 +305,9 @@ class NamespacePidResolver:
     def resolve(self, host_pid: int, slots: Mapping[tuple[int, int], str]) -> str | None:
         ident = self.identity(host_pid)
         return slots.get(ident) if ident is not None else None
+
+
+def _start_time(stat: str) -> int:
+    """Field 22 of a `/proc/<pid>/stat` line. The command name (field 2) may hold spaces and
+    parentheses: the fields are counted after its last ')'."""
+    return int(stat.rsplit(")", 1)[1].split()[19])
