@@ -102,6 +102,9 @@ class HealthMonitor:
                 await asyncio.wait_for(exited.wait(), 2 * self.xid_wait_ms / 1000 + 1.0)
             except TimeoutError:
                 log.warning("xid_waiter_still_running", timeout_ms=self.xid_wait_ms)
+            else:
+                # its last act was posting `exited`: only the thread's own teardown is left
+                waiter.join(0.1)
 
     async def check_now(self) -> list[HealthChange]:
         """Query every GPU once (in a worker thread) and apply the results."""
