@@ -44,7 +44,17 @@ What a tick costs, and how often it runs:
   calm, 0.4 s after 3 s); the first tick that sees a change goes back to `tick_s`. A tick is calm
   when no container came or went, no target moved by more than `calm_target_points`, and no rate
   by more than `calm_rate_fraction` (noisy NVML samples keep nudging the rates a little), and no
-  reading is far off awaiting the next to confirm it (`LoopState.surprise`).
+  reading is far off awaiting the next to confirm it (`LoopState.surprise`). Where
+  `calm_pooled_at` (`CALM_POOLED_AT`, 8) containers or more spend on a GPU whose use is split
+  (time-sliced), the rates count together: calm unless they moved by more than
+  `calm_rate_fraction` on average, each against its own. There each share is an estimate
+  whose noise grows with the crowd: on the bench's node of 18 such containers a GPU, some rate
+  moved by more than 2 % in about a quarter of the ticks, and held its GPU at `tick_s`. A
+  tick calm only so (some rate moved alone) lets the GPU slow to `max_tick_s`, not further:
+  let to 2 s, ten containers' worst moments were worse (simulated). With fewer than
+  `calm_pooled_at`, each rate counts alone: a pair's or a trio's moves are the law following
+  real differences, and pooled they cost accuracy (BENCHMARKS.md, "Calm on a crowded
+  time-sliced GPU").
   The calm tick may grow further, to `unlent_tick_s` (by default `UNLENT_TICK_S`, 2 s, which
   the defaults reach after 19 s of calm), where nothing is lent: on that GPU no container
   runs above its limit, the limits fit in the GPU (both to `_SHARE_EPS`, a hundredth of a
@@ -191,6 +201,9 @@ NVML_ERROR_NOT_SUPPORTED = 3  # pynvml.NVML_ERROR_NOT_SUPPORTED
 # waits on it; at 144 busy devices 2 s rather than 1 s saves the settled agent half a point of
 # a core (BENCHMARKS.md).
 UNLENT_TICK_S = 2.0
+# Where this many containers or more spend on a GPU whose use is split (time-sliced), a tick is
+# calm unless their rates together moved by `calm_rate_fraction` (see the module note)
+CALM_POOLED_AT = 8
 # A launch whose tokens moved by this factor either way, since the last tick, over at least
 # WATCH_LAUNCHES launches, brings its GPU's tick between slow ticks (`_woke_among`): the
 # kernels launched changed, and what a token buys may have changed with them (a phase change
@@ -428,6 +441,7 @@ class ThrottleController:
         self._last_beat_ns: int | None = None
         self.max_tick_s, self.calm_ticks, self.inline_read_s = max_tick_s, calm_ticks, inline_read_s
         self.calm_target_points, self.calm_rate_fraction = 0.5, 0.02
+        self.calm_pooled_at = CALM_POOLED_AT
         self.unlent_tick_s = unlent_tick_s
         self.interval_s = tick_s  # until the next tick: until the first GPU is due
         self._paces: dict[str, _Pace] = {}  # per GPU: its own tick (see the module note)
@@ -1356,7 +1370,8 @@ class ThrottleController:
                 states[key] = state._replace(k_floor=0.0)
         params = self.params
         sliced = uuid in self._sliced
-        split = sliced and sum([1 for spent in spent_by.values() if spent]) > 1
+        spending = sum([1 for spent in spent_by.values() if spent])
+        split = sliced and spending > 1
         if split:
             # split shares are estimates, not NVML's skewed samples: a far-off one is the
             # split re-learning (a change of phase found), followed at once
@@ -1368,16 +1383,24 @@ class ThrottleController:
         # note): a device not observed, limits that do not fit
         hard = self._lent or len(observations) < len(entries) \
             or sum([obs[1] for obs in observations]) > FULL_SHARE + _SHARE_EPS
-        settle = functools.partial(self._settle, uuid, liars, sliced, split, open_loop)
+        # where a GPU's use is split among many, each rate follows its share's noise: the
+        # GPU's rates moving together is news, not one of them (see the module note)
+        pooled = split and spending >= self.calm_pooled_at
+        fraction = math.inf if pooled else self.calm_rate_fraction
+        settle = functools.partial(self._settle, uuid, liars, sliced, split, open_loop, fraction)
         if native:
             self._changed, lent = _steerc.settle(
                 observations, steered, decisions, liars, settle, self._apply, sliced,
-                open_loop, self.calm_target_points, self.calm_rate_fraction, self._changed, hard)
+                open_loop, self.calm_target_points, fraction, self._changed, hard)
         else:
             changed, lent = self._changed, hard
             for obs, entry in zip(observations, steered, strict=True):
                 changed, lent = settle(obs, entry, decisions[obs[0]], changed, lent)
             self._changed = changed
+        # calm as a crowd only: one rate of many moved (see the module note)
+        crowd_calm = False
+        if pooled and not self._changed:
+            self._changed, crowd_calm = _rates_moved(steered, self.calm_rate_fraction)
         if lent and not hard:
             idle = _idle_devices(steered)
             if idle is None:
@@ -1386,6 +1409,8 @@ class ThrottleController:
                 self._watching.extend(idle)
         else:
             self._lent = lent
+        if crowd_calm:
+            self._lent = True  # no slower than `max_tick_s` (see the module note)
         if not self._lent:
             _watch_launch_costs(self._watching, steered)
         if self.solo_turns and sliced and not liars and keeper.offer(
@@ -1519,8 +1544,8 @@ class ThrottleController:
                            if alloc_id == device.alloc_id]))
 
     def _settle(self, uuid: str, liars: set[str], sliced: bool, split: bool, open_loop: bool,
-                obs: Observation, entry: tuple[_Device, int, int], decision: Decision,
-                changed: bool, lent: bool) -> tuple[bool, bool]:
+                calm_fraction: float, obs: Observation, entry: tuple[_Device, int, int],
+                decision: Decision, changed: bool, lent: bool) -> tuple[bool, bool]:
         """One device's decision made final (its cap, the overuse watch) and written where it
         changes what is in force; (changed, lent) as this device leaves them (see the module
         note)."""
@@ -1571,7 +1596,7 @@ class ThrottleController:
             changed = (
                 last is None
                 or abs(last[1].target - decision.target) > self.calm_target_points
-                or abs(rate - written_rate) > self.calm_rate_fraction * written_rate
+                or abs(rate - written_rate) > calm_fraction * written_rate
                 # a reading far off, which the next one confirms or dismisses: soon
                 or decision.state.surprise != 0
             )
@@ -1708,6 +1733,29 @@ async def _nap(woken: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await woken.wait()
     return woken.is_set()
+
+
+def _rates_moved(steered: list[tuple[_Device, int, int]], fraction: float
+                 ) -> tuple[bool, bool]:
+    """Whether the rates of a GPU's devices, as now written, moved from those in force before
+    by more than `fraction` on average, each relative to its own (a rate set or lifted, from
+    or to unlimited or the pause, moves by itself); and whether any one of them moved by more
+    than `fraction` of its own."""
+    moved, counted, one = 0.0, 0, False
+    for device, written, _ in steered:
+        last = device.last
+        if last is None:
+            continue
+        rate = last[1][0]
+        if rate >= UNLIMITED_RATE or written >= UNLIMITED_RATE or written == 0:
+            if rate != written:
+                return True, True
+            continue
+        move = abs(rate - written) / written
+        moved += move
+        counted += 1
+        one = one or move > fraction
+    return moved > fraction * counted, one
 
 
 def _idle_devices(steered: list[tuple[_Device, int, int]]
