@@ -157,8 +157,9 @@ async def test_a_figure_in_doubt_after_a_change_of_phase_is_measured_afresh(seed
                if e["event"] == "throttle_solo_turn_started"]
     doubt = "its figure in doubt: its periods showed a change"
     assert started[0] == ("c0", doubt) and set(started[1:]) <= {("c1", doubt)}, started
-    ended = [(e["why"], e["measured"]) for e in logs if e["event"] == "throttle_solo_turn_ended"]
-    assert ended == [("measured", True)] * len(started)
+    ended = [(e["why"], e["measured"], e["figure"]) for e in logs
+             if e["event"] == "throttle_solo_turn_ended"]
+    assert ended == [("measured", True, "fresh")] * len(started)
     for share in last_shares(run.series, 60):
         assert 30 / timesliced.ALONE_MARGIN - 3 <= share <= 30 + 1.5, share
 

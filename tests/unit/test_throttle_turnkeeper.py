@@ -101,6 +101,16 @@ def test_the_end_writes_back_the_kept_rates_to_devices_still_followed_and_open()
     assert k.written == [("b/0", 20_000, 2_000)]
 
 
+def test_a_turn_that_read_nothing_ends_without_a_figure_and_says_so():
+    k = _Keeper()
+    assert not k.offer(0) and k.offer(AFTER_NS)
+    with structlog.testing.capture_logs() as logs:
+        k.end(AFTER_NS + 2 * 10**9)
+    ended = [e for e in logs if e["event"] == "throttle_solo_turn_ended"]
+    assert [(e["alloc_id"], e["why"], e["measured"], e["figure"]) for e in ended] == [
+        ("a", "too_long", False, "none")]
+
+
 def test_a_turn_is_over_where_nothing_follows_it():
     k = _Keeper()
     assert k.keeper.over(GPU, k.split, {}, 0) == "no_turn"

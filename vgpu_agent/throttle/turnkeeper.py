@@ -228,9 +228,12 @@ class TurnKeeper(Generic[Device]):
             log.warning("throttle_solo_turn_spoiled", uuid=uuid, alloc_id=turn.alloc_id,
                         ran=sorted(split.solo_ran), periods=split.solo_others,
                         detail="processes ran on the GPU while paused for a turn alone")
+        # `measured`: whether it has a trusted figure now; `figure`: whence ("kept": a
+        # re-measure that found none, the figure from before stands)
+        measured = split is not None and turn.alloc_id in split.measured()
         log.info("throttle_solo_turn_ended", uuid=uuid, alloc_id=turn.alloc_id, why=why,
-                 seconds=round((now_ns - turn.started_ns) / 1e9, 3),
-                 measured=split is not None and turn.alloc_id in split.measured())
+                 seconds=round((now_ns - turn.started_ns) / 1e9, 3), measured=measured,
+                 figure="fresh" if fresh else "kept" if measured else "none")
 
     def forget(self, uuid: str) -> None:
         """The GPU is no longer steered (its turn, if any, ended first by `end`)."""
