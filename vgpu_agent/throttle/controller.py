@@ -51,7 +51,7 @@ What a tick costs, and how often it runs:
   whose noise grows with the crowd: on the bench's node of 18 such containers a GPU, some rate
   moved by more than 2 % in about a quarter of the ticks, and held its GPU at `tick_s`. A
   tick calm only so (some rate moved alone) lets the GPU slow to `max_tick_s`, not further:
-  allowed 2 s, ten containers' worst moments were worse (simulated). With fewer than
+  allowed 2 s, ten containers' p99 errors rose further (simulated). With fewer than
   `calm_pooled_at`, each rate counts alone: a pair's or a trio's moves are the law following
   real differences, and pooled they cost accuracy (BENCHMARKS.md, "Calm on a crowded
   time-sliced GPU").
