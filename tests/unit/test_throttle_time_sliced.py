@@ -556,6 +556,43 @@ def test_one_figure_follows_its_containers_rise_against_a_neighbour_never_alone(
     assert split.restarts > 0
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_costs_remembered_apart_are_each_one_against_all_the_others(seed):
+    # six containers, four measured alone; then they share, one of them doubted for a while:
+    # each batch's remembered difference and variance are `_apart`'s against the others
+    # spending then (the least informed of them, its own information left out)
+    rng, split = random.Random(seed), TimeSlicedSplit()
+    crowd = ("a", "b", "c", "d", "e", "f")
+    for alloc_id in crowd[:4]:
+        _alone(split, alloc_id, 10.0, 1000, 10, others=tuple(set(crowd) - {alloc_id}))
+    cost = {"a": 1.0, "b": 2.0, "c": 0.5, "d": 1.0, "e": 1.5, "f": 1.0}
+    checked = 0
+    for n in range(300):
+        spent = {a: rng.randint(900, 1100) for a in crowd}
+        if n % 7 == 0:
+            spent["f"] = 0  # not spending this batch: not among the others
+        owner, _ = _drawn(rng, spent, cost)
+        if n == 100:
+            split.costs["b"] = (split.costs["b"][0], 0.5)  # b the least informed of all
+        split.share([[owner]], 99.0, spent, 0.1)
+        spending = [a for a, used in spent.items() if used]
+        for alloc_id, kept in split.apart.items():
+            periods, apart, variance, together = kept[-1]
+            if periods != split.periods:
+                continue  # doubted meanwhile: nothing kept this batch
+            assert together == frozenset(spending)
+            assert (apart, variance) == pytest.approx(split._apart(alloc_id, spending),
+                                                       rel=1e-12, abs=1e-12)
+            checked += 1
+    assert checked > 4 * 250
+    assert set(split.apart) == {"a", "b", "c", "d"}
+    # what a doubt is judged from: the entry of as long ago as is kept beside the same others
+    spending = list(crowd)
+    before = split._before_change("a", spending)
+    first = next(entry for entry in split.apart["a"] if entry[3] == frozenset(crowd))
+    assert before == (first[1], first[2], frozenset(crowd) - {"a"})
+
+
 def _slices_turning_to_b(seed: int) -> tuple[TimeSlicedSplit, list[dict[str, float]]]:
     """a did 20 % alone, b 10 %; together their work stays so, but after 400 periods the time
     slices go to b five times as often as to a (the GPU counted whole, 100 % busy): the split

@@ -184,7 +184,8 @@ class TimeSlicedSplit:
         # change, that difference's variance, the others): a figure in doubt (`_settle_doubts`)
         self.doubted: dict[str, tuple[float, float, frozenset[str]]] = {}
         # alloc_id -> its recent log costs against the others' while its figure stood:
-        # (periods so far, difference, variance, the others), newest last
+        # (periods so far, difference, variance, the containers spending, itself among them),
+        # newest last
         self.apart: dict[str, deque[tuple[int, float, float, frozenset[str]]]] = {}
         # the containers spending (all with a trusted figure) whose figures were seen to
         # disagree with the costs -> (the most information the costs had while they did, the
@@ -802,22 +803,35 @@ class TimeSlicedSplit:
     def _remember_apart(self, spending: list[str]) -> None:
         """Each trusted figure's container's cost against the others spending, batch by
         batch, over the last ANCHOR_PERIODS periods: what it was before a change is where its
-        doubt is judged from (`_before_change`)."""
-        history, alone = self.apart, self.alone
+        doubt is judged from (`_before_change`). As `_apart` has it, from one pass over the
+        costs (`_apart` for each, against all the others, was a crowd's largest cost)."""
+        history, alone, doubted = self.apart, self.alone, self.doubted
         for gone in [a for a in history if a not in alone]:
             del history[gone]
         if len(spending) < 2:
             return
-        for alloc_id in spending:
-            figure = alone.get(alloc_id)
-            if figure is None or figure[2] < ALONE_READINGS or alloc_id in self.doubted:
-                continue
+        kept_for = [a for a in spending if a in alone and alone[a][2] >= ALONE_READINGS
+                    and a not in doubted]
+        if not kept_for:
+            return
+        costs = self.costs
+        spent_costs = {a: costs.get(a, (0.0, PRIOR_INFO)) for a in spending}
+        total = sum([log_cost for log_cost, _ in spent_costs.values()])
+        # the least informed of the others: the least of all, or the next where it is its own
+        by_info = sorted(spent_costs, key=lambda a: spent_costs[a][1])
+        least, next_least = by_info[0], spent_costs[by_info[1]][1]
+        others = len(spending) - 1
+        together = frozenset(spending)
+        periods = self.periods
+        for alloc_id in kept_for:
+            log_cost, info = spent_costs[alloc_id]
+            least_info = next_least if alloc_id == least else spent_costs[least][1]
             kept = history.get(alloc_id)
             if kept is None:
                 kept = history[alloc_id] = deque(maxlen=4 * ANCHOR_PERIODS)
-            kept.append((self.periods, *self._apart(alloc_id, spending),
-                         frozenset(spending) - {alloc_id}))
-            while len(kept) > 1 and kept[1][0] <= self.periods - ANCHOR_PERIODS:
+            kept.append((periods, log_cost - (total - log_cost) / others,
+                         0.5 / info + 0.5 / least_info, together))
+            while len(kept) > 1 and kept[1][0] <= periods - ANCHOR_PERIODS:
                 kept.popleft()
 
     def _before_change(self, alloc_id: str, spending: Iterable[str]
@@ -828,8 +842,9 @@ class TimeSlicedSplit:
         costs follow the change from its first period: taken when the watch fired, the cost
         would have moved most of the way already, and the rise judged from it fall short."""
         others = frozenset(spending) - {alloc_id}
-        for _, apart, variance, beside in self.apart.get(alloc_id, ()):
-            if beside == others:
+        together = others | {alloc_id}  # as `_remember_apart` keeps them: with the container
+        for _, apart, variance, spent_together in self.apart.get(alloc_id, ()):
+            if spent_together == together:
                 return apart, variance, others
         return (*self._apart(alloc_id, spending), others)
 
