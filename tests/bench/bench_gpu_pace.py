@@ -26,7 +26,6 @@ import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -100,14 +99,12 @@ def child(tree: Path, config: str, seconds: float) -> dict[str, object]:
 
 
 def measure(tree: Path, config: str, seconds: float) -> dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", "--tree", str(tree), "--config", config,
-         "--seconds", str(seconds)],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-        check=False)
-    if out.returncode:
-        raise SystemExit(f"the run in {tree} ({config}) failed:\n{out.stderr[-2000:]}")
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
+    from tests.bench.children import run_child
+
+    # (run from this checkout, which puts `tree`'s code on the path itself: `--tree`)
+    result: dict[str, object] = run_child(
+        __file__, REPO, ["--tree", str(tree), "--config", config, "--seconds", str(seconds)],
+        f"the {config} run of {tree}")
     return result
 
 
@@ -123,6 +120,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.tree, args.config, args.seconds)))
         return 0
+    sys.path.insert(0, str(REPO))  # the parent's (`tests.bench`); a child's code is its tree's
     trees = {"this tree": REPO}
     if args.baseline is not None:
         trees["baseline"] = args.baseline.resolve()

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -73,11 +71,10 @@ def measure(cases: list[str], seeds: int) -> dict[str, list[Row]]:
 
 
 def run_tree(tree: Path, args: argparse.Namespace) -> dict[str, list[Row]]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", "--seeds", str(args.seeds), "--cases", args.cases],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
-        check=True)
-    found: dict[str, list[Row]] = json.loads(out.stdout.strip().splitlines()[-1])
+    from tests.bench.children import run_child
+
+    found: dict[str, list[Row]] = run_child(
+        __file__, tree, ["--seeds", str(args.seeds), "--cases", args.cases], "the cases")
     return found
 
 
@@ -95,6 +92,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(measure(cases, args.seeds)))
         return 0
+    sys.path.insert(0, str(REPO))  # the parent's (`tests.bench`); a child's code is its tree's
     trees = {"this tree": REPO, **({"baseline": args.baseline} if args.baseline else {})}
     print(f"python {sys.version.split()[0]}, seeds 0-{args.seeds - 1}; the strict-40 container "
           "after its change at 10 s; a: its strict-60 neighbour")

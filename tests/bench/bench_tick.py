@@ -29,7 +29,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -129,13 +128,15 @@ def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
 
 def run_tree(tree: Path, args: argparse.Namespace, changing: bool, attribution: str
              ) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", "--devices", str(args.devices), "--ticks",
-         str(args.ticks), *(["--changing"] if changing else []),
+    from tests.bench.children import run_child
+
+    found: dict[str, float] = run_child(
+        __file__, tree,
+        ["--devices", str(args.devices), "--ticks", str(args.ticks),
+         *(["--changing"] if changing else []),
          *(["--attribution", attribution] if attribution != "per-process" else [])],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
-        check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        f"the {attribution} ticks")
+    return found
 
 
 def main() -> int:
@@ -153,6 +154,7 @@ def main() -> int:
         print(json.dumps(measure(args.devices, args.ticks, args.changing,
                                  args.attribution == "time-sliced")))
         return 0
+    sys.path.insert(0, str(REPO))  # the parent's (`tests.bench`); a child's code is its tree's
     if args.baseline and args.attribution == "both":
         parser.error("--baseline compares two trees under one attribution: not with 'both'")
     # each column: (tree, attribution); the ratio is the first column over the second
