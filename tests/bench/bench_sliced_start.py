@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,12 +52,11 @@ def windows(count: int, seconds: float) -> list[tuple[float, float]]:
 
 
 def run_tree(tree: Path, args: argparse.Namespace) -> list[tuple[float, float]]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", "--windows", str(args.windows), "--seconds",
-         str(args.seconds)],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True,
-        check=True)
-    return [tuple(w) for w in json.loads(out.stdout.strip().splitlines()[-1])]
+    from tests.bench.children import run_child
+
+    found = run_child(__file__, tree, ["--windows", str(args.windows), "--seconds",
+                                       str(args.seconds)], "the agent's first minutes")
+    return [(cpu, turns) for cpu, turns in found]
 
 
 def main() -> int:
@@ -72,6 +70,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(windows(args.windows, args.seconds)))
         return 0
+    sys.path.insert(0, str(REPO))  # the parent's (`tests.bench`); a child's code is its tree's
     print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, 144 container-devices, "
           f"time-sliced drivers, windows of {args.seconds:g} s", flush=True)
     trees = [("this tree", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])
