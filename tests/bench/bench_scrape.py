@@ -55,7 +55,9 @@ With `--time-sliced` two configurations more, steady and changing, in which the 
 drivers sample as an H200 without MPS does: each period goes whole to one process, drawn with
 odds in proportion to its use, valued at the GPU's use (`samples_from`), so that the controller
 shares each GPU's use out by the tokens spent and the periods, and gives containers turns alone:
-what a node without MPS costs.
+what a node without MPS costs. Its steady window comes once the first turns are over (a window of
+`--seconds` without a turn alone, or `--first-turns-most` seconds), and what the agent cost while
+they came is printed beside it.
 
 Goals: scrape p99 <= 50 ms, agent CPU <= 2 % of one core steady and <= 5 % while shares change,
 Allocate p99 <= 2x a bare call (at 144 container-devices), RSS <= 150 MB.
@@ -755,13 +757,39 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool
     with running_node(root, args.gpus, changing, reference_law, args.nvml_call_ms,
                       args.nvml_poll_periods, args.policy, sliced) as (child, port):
         return measure_agent(args, shim, child, port, root / "dp" / "vgpu-agent.sock",
-                             changing, bare)
+                             changing, bare, sliced)
+
+
+def solo_turns(port: int) -> float:
+    """The turns alone the agent has given, over all its GPUs (its own counter)."""
+    return sum(float(v) for v in re.findall(
+        rb"vgpu_gpu_throttle_solo_turns_total\{[^}]*\} (\S+)", scrape(port)[1]))
+
+
+def wait_first_turns(args: argparse.Namespace, shim: ShimSide, child: subprocess.Popen,
+                     port: int) -> dict:
+    """On time-sliced drivers: waits, window by window (`--seconds`), until a window in which
+    the agent gave no turn alone, or `--first-turns-most` seconds: each container's first
+    turns (and retries) come over minutes, and a window among them is no steady state. What
+    the wait took, the turns given, the agent's CPU over it, and whether it ended calm."""
+    started, turns, before = time.monotonic(), solo_turns(port), cpu_seconds(child.pid)
+    calm = False
+    while time.monotonic() - started < args.first_turns_most:
+        pause_with_shim(shim, args.seconds)
+        now = solo_turns(port)
+        calm, turns = now == turns, now
+        if calm:
+            break
+    waited = time.monotonic() - started
+    return {"first_turns_s": waited, "first_turns": turns, "first_turns_calm": calm,
+            "first_turns_cpu_s_per_min": (cpu_seconds(child.pid) - before) / waited * 60}
 
 
 def measure_agent(args: argparse.Namespace, shim: ShimSide, child: subprocess.Popen, port: int,
-                  plugin: Path, changing: bool, bare: Path | None) -> dict:
+                  plugin: Path, changing: bool, bare: Path | None, sliced: bool = False) -> dict:
     # caches filled, imports done; a steady controller settled and slowed down
     pause_with_shim(shim, args.settle if not changing else 3.0)
+    first_turns = wait_first_turns(args, shim, child, port) if sliced and not changing else {}
     scrape(port)
 
     before = cpu_seconds(child.pid)
@@ -798,6 +826,7 @@ def measure_agent(args: argparse.Namespace, shim: ShimSide, child: subprocess.Po
     latencies.sort()
     return {
         **allocate,
+        **first_turns,
         "idle_cpu_s_per_min": idle_cpu,
         "scraped_cpu_s_per_min": scraped_cpu,
         "p50_ms": statistics.median(latencies),
@@ -850,6 +879,9 @@ def main() -> int:
     parser.add_argument("--time-sliced", action="store_true",
                         help="also measure the agent on drivers that give each sample period "
                              "whole to one process (an H200 without MPS), steady and changing")
+    parser.add_argument("--first-turns-most", type=float, default=600.0,
+                        help="time-sliced, steady: seconds at most to wait for a window without "
+                             "a turn alone before measuring")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kubelet", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--changing", action="store_true", help=argparse.SUPPRESS)
@@ -974,6 +1006,12 @@ def report_size(args: argparse.Namespace,
               + (f", Allocate p99 x{sliced['alloc_p99_ratio']:.2f} steady, "
                  f"x{sliced_changing['alloc_p99_ratio']:.2f} changing"
                  if bare is not None else ""))
+        print(f"  time-sliced, steady: measured after {sliced['first_turns_s']:.0f} s of first "
+              f"turns ({sliced['first_turns']:.0f} turns alone given by then; "
+              + ("a window without one" if sliced["first_turns_calm"] else
+                 f"still coming at --first-turns-most {args.first_turns_most:g} s")
+              + f"), the agent at {sliced['first_turns_cpu_s_per_min'] / 60 * 100:.2f} % of a "
+              f"core meanwhile, no scrapes")
 
 
 if __name__ == "__main__":
