@@ -804,7 +804,8 @@ class TimeSlicedSplit:
         """Each trusted figure's container's cost against the others spending, batch by
         batch, over the last ANCHOR_PERIODS periods: what it was before a change is where its
         doubt is judged from (`_before_change`). As `_apart` has it, from one pass over the
-        costs (`_apart` for each, against all the others, was a crowd's largest cost)."""
+        costs: `_apart` for each, a pass over all the others each, took 18 containers 18 x 17
+        steps a batch (BENCHMARKS.md, "The crowded time-sliced split")."""
         history, alone, doubted = self.apart, self.alone, self.doubted
         for gone in [a for a in history if a not in alone]:
             del history[gone]
