@@ -890,6 +890,9 @@ def main() -> int:
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not 0 < args.first_turns_most < math.inf:
+        parser.error(f"--first-turns-most must be a number of seconds > 0, got "
+                     f"{args.first_turns_most!r}")
     if args.serve:
         from vgpu_agent.agent import SlackEventLoop  # the loop `vgpu-agent run` runs on
 
