@@ -14,8 +14,9 @@ are made with the code in DIR (another checkout), alternating, and the medians a
 by side with their ratio.
 
 `--attribution time-sliced` has the simulated driver sample as an H200 without MPS does: each
-sample period goes whole to one process (in turn, every container's process as often), with
-the whole GPU's use as its value (the containers' samples above, summed, at most 100), so the
+sample period goes whole to one process (in turn, every container's process that spent since
+the GPU's last sample as often: one paused for another's turn alone is given none), with the
+whole GPU's use as its value (those containers' samples above, summed, at most 100), so the
 controller reads its GPUs as time-sliced: it shares their use out by the tokens spent and the
 periods (`throttle/timesliced.py`) and gives containers turns alone (`throttle/turnkeeper.py`),
 as it would on such a node. `both` runs the two in alternation and prints the ratio of
@@ -33,8 +34,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    from vgpu_agent.gpu.model import ProcessSample
 PARTS = ("tick_cpu", "law", "reads", "glue")
 
 
@@ -57,14 +61,18 @@ def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
         backend = SimBackend("8xA100-80GB")
         backend.start()
         pids: dict[str, list[int]] = {}
-        for region, row in zip(regions, rows, strict=True):
-            for uuid in region.device_uuids:
+        on_gpu: dict[str, list[tuple[int, int]]] = {}  # per GPU: (container, device) by pid
+        for n, (region, row) in enumerate(zip(regions, rows, strict=True)):
+            for dev, uuid in enumerate(region.device_uuids):
                 pids.setdefault(uuid, []).append(int(row["host_pid"]))
+                on_gpu.setdefault(uuid, []).append((n, dev))
         clock = [0]
         try:  # the shims on the controller's clock
             shim, shifted = node.ShimSide(root, rows, clock=lambda: clock[0]), False
         except TypeError:  # a baseline tree whose shims read the monotonic clock
             shim, shifted = node.ShimSide(root, rows), True
+
+        spent_at: dict[str, list[int]] = {}  # per GPU: its containers' tokens at its last sample
 
         def samples(uuid: str, since_us: int) -> list[ProcessSample]:
             now_us = clock[0] // 1000 + 10**9
@@ -76,9 +84,10 @@ def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
                    for pid in on]
             if not sliced or not on:
                 return own
-            # one process a period, in turn, with the whole GPU's use
-            return [ProcessSample(on[now_us // 166_000 % len(on)], now_us,
-                                  min(100, sum([s.sm_util for s in own])))]
+            totals = [shim.totals[key][0] for key in on_gpu[uuid]]
+            before = spent_at.get(uuid, totals)
+            spent_at[uuid] = totals
+            return sliced_period(own, totals, before, now_us)
 
         backend.set_sample_source(samples)
         host = FakeHostProc(root / "proc")
@@ -124,6 +133,23 @@ def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
             region.close()
     spent["glue"] -= spent["law"]  # the law runs inside a GPU's steering
     return {name: value / ticks * 1e3 for name, value in spent.items()}
+
+
+def sliced_period(own: list[ProcessSample], tokens_now: list[int], tokens_then: list[int],
+                  now_us: int) -> list[ProcessSample]:
+    """A time-sliced driver's sample of one period (an H200 without MPS): the period goes
+    whole to one process, in turn among those whose container spent tokens since the GPU's last
+    sample (`tokens_then` -> `tokens_now`, one each per process of `own`), with the whole
+    GPU's use (their own samples summed, at most 100). A container paused for another's turn
+    alone launches nothing and is given no period; with none spending, every process reads 0."""
+    from vgpu_agent.gpu.model import ProcessSample
+
+    running = [s for s, now, then in zip(own, tokens_now, tokens_then, strict=True)
+               if now > then]
+    if not running:
+        return [ProcessSample(s.pid, now_us, 0) for s in own]
+    return [ProcessSample(running[now_us // 166_000 % len(running)].pid, now_us,
+                          min(100, sum([s.sm_util for s in running])))]
 
 
 def run_tree(tree: Path, args: argparse.Namespace, changing: bool, attribution: str
