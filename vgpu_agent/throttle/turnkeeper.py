@@ -111,13 +111,22 @@ class TurnKeeper(Generic[Device]):
         turns = self.turns.get(uuid)
         if turns is None:
             turns = self.turns[uuid] = SoloTurns()
-        pausable = all([
-            device.limits is not None and device.limits[1] != "off"
-            and device.limits[0] < FULL_SHARE and device.last is not None
-            for device, _, _ in steered])
-        candidates = {device.alloc_id for device, _, _ in steered if device.limited}
-        priorities = {device.alloc_id: device.limits[3] for device, _, _ in steered
-                      if device.limits is not None}
+        # (one pass: asked at every tick of a time-sliced GPU with something spending)
+        pausable, candidates, present = True, set(), set()
+        priorities: dict[str, int] = {}
+        for device, _, _ in steered:
+            alloc_id, limits = device.alloc_id, device.limits
+            present.add(alloc_id)
+            if limits is None:
+                pausable = False
+            else:
+                priorities[alloc_id] = limits[3]
+                if limits[1] == "off" or limits[0] >= FULL_SHARE:
+                    pausable = False
+            if device.last is None:
+                pausable = False
+            if device.limited:
+                candidates.add(alloc_id)
         # a figure in doubt (its periods showed a change), read too coarsely for the spending
         # it now stands for, or long at odds with the periods, is as good as none: measured
         # afresh
@@ -125,13 +134,11 @@ class TurnKeeper(Generic[Device]):
         aged = (split.aged(max(1, round(self.figure_max_age_s / period_s)))
                 if self.figure_max_age_s > 0 and period_s > 0 else set())
         doubted = split.in_doubt() | coarse | stale | aged
+        measured = split.measured() - doubted
         if period_s > 0 and not turn_fits(period_s, turns.most_s):
-            self._tell_turnless(uuid, period_s, turns.most_s, spent_by,
-                                split.measured() - doubted)
-        chosen = turns.due(now_ns, [a for a, used in spent_by.items() if used],
-                           split.measured() - doubted, candidates if pausable else (),
-                           period_s,
-                           {device.alloc_id for device, _, _ in steered}, priorities,
+            self._tell_turnless(uuid, period_s, turns.most_s, spent_by, measured)
+        chosen = turns.due(now_ns, [a for a, used in spent_by.items() if used], measured,
+                           candidates if pausable else (), period_s, present, priorities,
                            spared(priorities, self.spare_priority),
                            beyond_work, doubted, split.costs_apart, coarse)
         if chosen is None:
