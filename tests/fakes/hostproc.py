@@ -69,15 +69,25 @@ class FakeHostProc:
         start: int = 1000,
         mounts: str = "",
         cgroup: str = "0::/system.slice/sshd.service\n",
-        comm: str = "python train.py",
+        comm: str | bytes = "python train.py",
     ) -> Path:
-        """A process; `mounts` are the table lines after the container's base mounts."""
+        """A process; `mounts` are the table lines after the container's base mounts. `comm`,
+        its command name, is the process's own to set to any bytes (`prctl(PR_SET_NAME)`): the
+        kernel writes it as it is into `stat`, and into `status` with backslashes and every
+        white space but the space escaped, C-style (as kernels since 5.x do)."""
         d = self.root / str(host_pid)
         d.mkdir(exist_ok=True)
+        name = comm.encode() if isinstance(comm, str) else comm
+        shown = name.replace(b"\\", b"\\\\")
+        for raw, escaped in ((b"\n", b"\\n"), (b"\t", b"\\t"), (b"\r", b"\\r"),
+                             (b"\f", b"\\f"), (b"\v", b"\\v")):
+            shown = shown.replace(raw, escaped)
         nspid = f"{host_pid}\t{inner_pid}" if inner_pid is not None else str(host_pid)
-        d.joinpath("status").write_text(f"Name:\tpython\nPid:\t{host_pid}\nNSpid:\t{nspid}\n")
+        d.joinpath("status").write_bytes(
+            b"Name:\t" + shown + f"\nPid:\t{host_pid}\nNSpid:\t{nspid}\n".encode())
         fields = ["S", "1"] + ["0"] * 17 + [str(start), "0"]  # fields 3.. ; 22 is start time
-        d.joinpath("stat").write_text(f"{host_pid} ({comm}) {' '.join(fields)}\n")
+        d.joinpath("stat").write_bytes(
+            f"{host_pid} (".encode() + name + f") {' '.join(fields)}\n".encode())
         d.joinpath("cgroup").write_text(cgroup)
         d.joinpath("mountinfo").write_text(_BASE_MOUNTS + mounts)
         return d

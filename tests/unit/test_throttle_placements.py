@@ -110,3 +110,15 @@ def test_start_time_is_field_22_read_afresh_whatever_the_command_name(tmp_path: 
     assert resolver.start_time(41) is None
     (tmp_path / "proc" / "41" / "stat").write_bytes(b"\xff\xfe garbage")
     assert resolver.start_time(41) is None
+
+
+@pytest.mark.parametrize("comm", [b"\xff\xfe)", b"x\nNSpid:\t1 2", b"\x80 ) 9 (", b"\\\t\xc3("])
+def test_a_command_name_of_any_bytes_leaves_the_process_known(tmp_path: Path, comm: bytes):
+    """A container sets its processes' names to whatever bytes it likes: the start time (which
+    keeps a placement held on a time-sliced GPU) and the identity (which refutes claims) are
+    read whatever they are, and a name cannot pass for another field."""
+    host = FakeHostProc(tmp_path / "proc")
+    host.process(41, inner_pid=7, start=777, comm=comm)
+    resolver = NamespacePidResolver(host.path)
+    assert resolver.start_time(41) == 777
+    assert resolver.identity(41) == (7, 777)

@@ -274,9 +274,11 @@ class NamespacePidResolver:
         found: tuple[int, int] | None = None
         base = os.path.join(self.proc_root, str(host_pid))
         try:
-            with open(os.path.join(base, "status"), encoding="utf-8") as f:
+            # (the command name, in both, is the container's to set, to any bytes: not decoded
+            # strictly, or a process named so would have no identity to refute claims by)
+            with open(os.path.join(base, "status"), encoding="utf-8", errors="replace") as f:
                 nspid = next((ln for ln in f if ln.startswith("NSpid:")), "")
-            with open(os.path.join(base, "stat"), encoding="utf-8") as f:
+            with open(os.path.join(base, "stat"), encoding="utf-8", errors="replace") as f:
                 stat = f.read()
             inner = int(nspid.split()[-1])
             found = (inner, _start_time(stat))
@@ -299,8 +301,10 @@ class NamespacePidResolver:
                 stat = os.read(fd, 4096)
             finally:
                 os.close(fd)
-            return _start_time(stat.decode("utf-8"))
-        except (OSError, ValueError, IndexError, UnicodeDecodeError):
+            # (the command name is the container's to set, to any bytes: not decoded strictly,
+            # or a process named so could not be held on a time-sliced GPU)
+            return _start_time(stat.decode("utf-8", "replace"))
+        except (OSError, ValueError, IndexError):
             return None
 
     def forget_except(self, live: Iterable[int]) -> None:
