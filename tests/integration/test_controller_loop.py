@@ -219,6 +219,18 @@ def test_cgroup_resolver_reads_v1_and_v2_and_survives_missing_processes(tmp_path
     assert resolver(40, known) is None
 
 
+def test_cgroups_a_container_named_with_any_bytes_are_told_apart(tmp_path):
+    """A container may make cgroups of its own, named with bytes that are no UTF-8: its
+    processes there are still each other's siblings, and a name differing by a byte is another
+    cgroup."""
+    for pid, name in ((50, b"\xff"), (51, b"\xff"), (60, b"\xfe")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_bytes(b"0::/kubepods/pod-c/ctr-3/" + name + b"\n")
+    resolver = CgroupPidResolver(str(tmp_path))
+    assert resolver(51, {50: "alloc-c"}) == "alloc-c"
+    assert resolver(60, {50: "alloc-c"}) is None
+
+
 async def test_run_ticks_until_cancelled():
     region = SimRegion("r", ("GPU-x",), (30.0,), ("strict",))
 

@@ -234,9 +234,12 @@ class CgroupPidResolver:
 
     def cgroup_of(self, pid: int) -> str | None:
         try:
-            with open(os.path.join(self.proc_root, str(pid), "cgroup"), encoding="utf-8") as f:
+            # (a container may name the cgroups it makes with any bytes: kept as they are, so
+            # that two names never compare alike)
+            with open(os.path.join(self.proc_root, str(pid), "cgroup"), encoding="utf-8",
+                      errors="surrogateescape") as f:
                 lines = f.read().splitlines()
-        except (OSError, UnicodeDecodeError):
+        except OSError:
             return None
         # cgroup v2 has one "0::<path>" line; with v1, any controller's path names the container.
         paths = sorted(line.split(":", 2)[2] for line in lines if line.count(":") >= 2)
