@@ -9,7 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vgpu_agent.gpu.model import ProcessSample
-from vgpu_agent.throttle.sampleclock import LAG_READINGS, SampleClock
+from vgpu_agent.throttle.sampleclock import (
+    LAG_READINGS,
+    SAME_INSTANT_US,
+    SampleClock,
+    one_stamp_per_instant,
+)
 
 GPU = "GPU-a"
 MS = 1_000  # microseconds
@@ -160,3 +165,44 @@ def test_read_on_any_schedule_the_period_and_spans_follow_the_stamps(period_ms, 
                                  * 1_000 - 1)
         else:
             assert 0 < span_s <= 1.0
+
+
+def test_samples_stamped_apart_within_an_instant_get_its_last_stamp():
+    t = 1_000 * MS
+    found = one_stamp_per_instant([ProcessSample(7, t, 30), ProcessSample(8, t + 5, 20),
+                                   ProcessSample(9, t + 3 * MS, 10),
+                                   ProcessSample(7, t + 200 * MS, 31),
+                                   ProcessSample(8, t + 202 * MS, 19)])
+    assert [(s.pid, s.timestamp_us, s.sm_util) for s in found] == [
+        (7, t + 3 * MS, 30), (8, t + 3 * MS, 20), (9, t + 3 * MS, 10),
+        (7, t + 202 * MS, 31), (8, t + 202 * MS, 19)]
+
+
+def test_an_instant_spans_at_most_same_instant_us_from_its_first_stamp():
+    t = 5_000 * MS
+    # each stamp within the limit of the one before, but the third beyond it from the first
+    stamps = [t, t + SAME_INSTANT_US, t + 2 * SAME_INSTANT_US]
+    found = one_stamp_per_instant([ProcessSample(n, stamp, 5) for n, stamp in enumerate(stamps)])
+    assert [s.timestamp_us for s in found] == [t + SAME_INSTANT_US] * 2 + [stamps[2]]
+    # a real period (1/6 s at the shortest) is never one instant
+    assert SAME_INSTANT_US < 1_000_000 // 6 // 3
+
+
+def test_samples_a_period_apart_are_left_as_they_are():
+    samples = _at(1_000 * MS, 1_167 * MS) + _at(1_334 * MS, pid=8)
+    assert one_stamp_per_instant(samples) is samples
+    assert one_stamp_per_instant([]) == []
+
+
+def test_the_period_is_not_taken_from_stamps_within_an_instant():
+    clock = SampleClock(tick_s=0.1)
+    history = [ProcessSample(pid, stamp + pid * 40, 20) for stamp in (0, 200 * MS, 400 * MS)
+               for pid in (1, 2, 3)]
+    kept = clock.accepted(GPU, history)
+    assert clock.period_us(GPU) == 200 * MS
+    assert {(s.pid, s.timestamp_us) for s in kept} == {(1, 400 * MS + 120), (2, 400 * MS + 120),
+                                                       (3, 400 * MS + 120)}
+    later = [ProcessSample(1, 600 * MS + 40, 20), ProcessSample(2, 600 * MS + 80, 20)]
+    clock.due(GPU, now_ns=0)
+    span_s, count = clock.span(GPU, clock.accepted(GPU, later), now_ns=700 * MS * 1_000)
+    assert (span_s, count) == (pytest.approx(0.2), 1)

@@ -20,6 +20,11 @@ from collections import deque
 from vgpu_agent.gpu.model import ProcessSample
 
 LAG_READINGS = 20  # readings over which the least delay from stamp to reading is taken
+# NVML samples a GPU every 1/6 s to 1 s, by product (nvidia-smi's documentation; 200 ms on the
+# H200): stamps closer than this are one sampling instant, however a driver stamps each
+# process's sample within it. Read as they came, a few microseconds between two processes'
+# stamps would be taken for the sample period, and the two for periods given to one each.
+SAME_INSTANT_US = 50_000
 
 
 class SampleClock:
@@ -63,9 +68,11 @@ class SampleClock:
         return {uuid: period / 1e6 for uuid, period in self._period_us.items() if period}
 
     def accepted(self, uuid: str, samples: list[ProcessSample]) -> list[ProcessSample]:
-        """What of a call's non-empty answer describes the present. The first call returns
-        the driver's whole history, from before the spending the law knows of: only its
-        newest period counts, and the history tells the sample period."""
+        """What of a call's non-empty answer describes the present, its stamps one per
+        sampling instant (`one_stamp_per_instant`). The first call returns the driver's whole
+        history, from before the spending the law knows of: only its newest period counts, and
+        the history tells the sample period."""
+        samples = one_stamp_per_instant(samples)
         since = self._since_us.get(uuid, 0)
         newest = max(s.timestamp_us for s in samples)
         self._since_us[uuid] = max(since, newest)
@@ -105,3 +112,22 @@ class SampleClock:
         if period_us:
             self._due_ns[uuid] = (newest_us + period_us * self.poll_periods
                                   + min(delays)) * 1000 - round(self.tick_s * 2.5e8)
+
+
+def one_stamp_per_instant(samples: list[ProcessSample]) -> list[ProcessSample]:
+    """`samples` with every stamp within SAME_INSTANT_US after the first of its instant moved
+    to the instant's last: one stamp per sampling instant. The list itself where nothing
+    moves (every driver seen so far stamps a period's samples alike)."""
+    stamps = sorted({s.timestamp_us for s in samples})
+    if len(stamps) < 2 or min(b - a for a, b in itertools.pairwise(stamps)) > SAME_INSTANT_US:
+        return samples
+    moved: dict[int, int] = {}
+    instant: list[int] = []
+    for stamp in [*stamps, None]:
+        if instant and (stamp is None or stamp - instant[0] > SAME_INSTANT_US):
+            moved.update((early, instant[-1]) for early in instant[:-1])
+            instant = []
+        if stamp is not None:
+            instant.append(stamp)
+    return [ProcessSample(s.pid, moved[s.timestamp_us], s.sm_util)
+            if s.timestamp_us in moved else s for s in samples]
