@@ -206,3 +206,15 @@ def test_the_period_is_not_taken_from_stamps_within_an_instant():
     clock.due(GPU, now_ns=0)
     span_s, count = clock.span(GPU, clock.accepted(GPU, later), now_ns=700 * MS * 1_000)
     assert (span_s, count) == (pytest.approx(0.2), 1)
+
+
+def test_an_instant_read_in_two_calls_does_not_set_the_period():
+    """A read that comes while the driver writes one instant's samples gets some of them; the
+    rest, stamped a little later, come at the next read: no period of a few milliseconds."""
+    clock = SampleClock(tick_s=0.1)
+    clock.due(GPU, now_ns=0)
+    clock.span(GPU, clock.accepted(GPU, _at(1_000 * MS, 1_200 * MS)), now_ns=1_210 * MS * 1_000)
+    assert clock.period_us(GPU) == 200 * MS
+    rest = clock.accepted(GPU, _at(1_200 * MS + 3 * MS, pid=8))
+    clock.span(GPU, rest, now_ns=1_310 * MS * 1_000)
+    assert clock.period_us(GPU) == 200 * MS

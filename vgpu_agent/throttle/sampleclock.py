@@ -24,7 +24,9 @@ LAG_READINGS = 20  # readings over which the least delay from stamp to reading i
 # H200): stamps closer than this are one sampling instant, however a driver stamps each
 # process's sample within it. Read as they came, a few microseconds between two processes'
 # stamps would be taken for the sample period, and the two for periods given to one each.
-SAME_INSTANT_US = 50_000
+# (Well under the shortest period, so that simulated GPUs sampled every 0.1 s or 0.05 s keep
+# their periods apart.)
+SAME_INSTANT_US = 20_000
 
 
 class SampleClock:
@@ -91,6 +93,8 @@ class SampleClock:
         previous = self._newest_us.get(uuid)
         if previous is not None and previous < stamps[0]:
             gaps.insert(0, stamps[0] - previous)
+        # (an instant's samples split between two reads are no period)
+        gaps = [gap for gap in gaps if gap > SAME_INSTANT_US]
         self._newest_us[uuid] = stamps[-1]
         period = self._period_us.get(uuid, 0)
         if gaps:
