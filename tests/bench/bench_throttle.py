@@ -53,6 +53,7 @@ samples hold; between the two, it asks a law to use the GPU's sum, which this on
     python tests/bench/bench_throttle.py [--only NAME] [--plant NAME] [--duration S] [--seeds N]
                                          [--attribution per-process|time-sliced]
                                          [--launch-hold-us US]
+                                         [--sample-lag-ms MS] [--sample-lag-jitter-ms MS]
 """
 
 from __future__ import annotations
@@ -281,7 +282,8 @@ def spec_of(plant: Plant, args: argparse.Namespace) -> PlantSpec:
     """The plant as the run's options have it (attribution, holds), before its seed."""
     return replace(plant.spec, imperfections=replace(
         plant.spec.imperfections, nvml_attribution=args.attribution,
-        launch_hold_s=args.launch_hold_us * 1e-6))
+        launch_hold_s=args.launch_hold_us * 1e-6, sample_lag_s=args.sample_lag_ms * 1e-3,
+        sample_lag_jitter_s=args.sample_lag_jitter_ms * 1e-3))
 
 
 def exact_settling(sc: Scenario, plant: PlantSpec, seeds: range,
@@ -324,6 +326,11 @@ def main() -> int:
                         help="busy NVML counts per launch while processes take turns "
                              "(time-sliced only; the H200 fitted 130: simulation/"
                              "imperfections.py)")
+    parser.add_argument("--sample-lag-ms", type=float, default=0.0,
+                        help="every plant's samples readable only this long after their stamp "
+                             "(not measured on a real driver: simulation/imperfections.py)")
+    parser.add_argument("--sample-lag-jitter-ms", type=float, default=0.0,
+                        help="... plus up to this much more, drawn per period")
     parser.add_argument("--tick", type=float, default=0.1,
                         help="the controller's tick_s (its fastest tick), s")
     parser.add_argument("--nvml-poll-periods", type=int, default=1,
@@ -340,6 +347,10 @@ def main() -> int:
     configure_logging(log_format="console", level=args.log_level)
     if not 0 <= args.launch_hold_us < 100_000:
         parser.error(f"--launch-hold-us must be in [0, 100000), got {args.launch_hold_us}")
+    for name in ("sample_lag_ms", "sample_lag_jitter_ms"):
+        if not 0 <= getattr(args, name) < 1_000:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1000), "
+                         f"got {getattr(args, name)}")
     model = "unknown"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -349,7 +360,10 @@ def main() -> int:
         pass
     print(f"machine: {os.cpu_count()} CPUs, {model}, Python {platform.python_version()}; "
           f"NVML attribution {args.attribution}"
-          + (f", {args.launch_hold_us:g} us held per launch" if args.launch_hold_us else ""))
+          + (f", {args.launch_hold_us:g} us held per launch" if args.launch_hold_us else "")
+          + (f", samples readable {args.sample_lag_ms:g} ms (+ up to "
+             f"{args.sample_lag_jitter_ms:g}) after their stamps"
+             if args.sample_lag_ms or args.sample_lag_jitter_ms else ""))
     print("share = true SM time over 0.5 s windows; error in percentage points; steady state "
           "= from 5 s after each change; settling to +/-2 points held 2 s, per change (s); "
           "expected shares of a full GPU less the plant's context-switch cost")

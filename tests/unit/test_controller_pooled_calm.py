@@ -65,7 +65,8 @@ async def ticks_and_errors(pooled_at: int, scenario: str, seed: int, seconds: fl
     share then (points)."""
     plant = next(p for p in bench.PLANTS if p.name == "ideal")
     spec = replace(bench.spec_of(plant, argparse.Namespace(
-        attribution="time-sliced", launch_hold_us=0.0)), seed=seed)
+        attribution="time-sliced", launch_hold_us=0.0, sample_lag_ms=0.0,
+        sample_lag_jitter_ms=0.0)), seed=seed)
     sc = bench.attainable(next(s for s in bench.scenarios(seconds)
                                if s.name.startswith(scenario)), spec)
     run = ControlledRun(sc.containers, tick_s=0.1, plant=spec, paced=True)

@@ -70,6 +70,33 @@ def test_missed_samples_leave_gaps_not_zeros():
     assert min(values) == 100
 
 
+@pytest.mark.parametrize("attribution", ["per-process", "time-sliced"])
+def test_a_sample_is_read_only_its_lag_after_its_stamp_and_in_stamp_order(attribution):
+    gpu = gpu_with(sample_lag_s=0.03, sample_lag_jitter_s=0.05, nvml_attribution=attribution)
+    gpu.shim_process("p", LAUNCH, region())
+    newest, lags = 0, []
+    for _ in range(3000):  # 3 s in 1 ms steps, read after each
+        gpu.advance(0.001)
+        found = gpu.process_utilization(newest)
+        if found:
+            stamp = max(s.timestamp_us for s in found)
+            assert stamp > newest  # in stamp order
+            lags.append(gpu.now_ns // 1000 - stamp)
+            newest = stamp
+    assert len(lags) >= 15
+    assert min(lags) >= 30_000  # never before its lag
+    assert max(lags) <= 81_000  # nor after the lag, the jitter and a step
+    assert max(lags) - min(lags) >= 10_000  # the jitter drawn
+
+
+def test_without_a_lag_a_sample_is_read_at_its_stamp():
+    gpu = gpu_with()
+    gpu.shim_process("p", LAUNCH, region())
+    gpu.advance(1 / 6 + 0.0005)
+    assert [s.timestamp_us for s in gpu.process_utilization(0)] == [gpu.start_ns // 1000
+                                                                  + 166_666]
+
+
 def test_a_longer_nvml_window_smooths_a_stop_over_several_samples():
     gpu = SimGpu(UUID, sample_period_s=0.2, imperfections=replace(IDEAL, window_periods=3))
     p = gpu.shim_process("p", Workload(kernel_s=0.001, busy=((0.0, 1.0),)), region())
@@ -156,7 +183,8 @@ def test_runs_repeat_exactly_for_a_seed_and_differ_between_seeds():
     [("nvml_sigma", -1.0), ("nvml_noise", "pink"), ("missed_samples", 1.0), ("window_periods", 0),
      ("kernel_jitter", 2.0), ("switch_s", 0.01), ("overlap", 1.5), ("sm_count", -1),
      ("packing_efficiency", 0.0), ("timeslice_s", 0.0), ("launch_hold_s", -1e-6),
-     ("launch_hold_s", 0.5)],
+     ("launch_hold_s", 0.5), ("sample_lag_s", -0.01), ("sample_lag_s", 1.0),
+     ("sample_lag_jitter_s", -1e-3), ("sample_lag_jitter_s", 2.0)],
 )
 def test_bad_imperfections_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):

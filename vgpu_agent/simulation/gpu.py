@@ -224,6 +224,9 @@ class SimGpu:
         # time-sliced attribution: each period's values per pid since the driver was last
         # asked (`process_utilization` turns them into one sample per process)
         self._unread: list[tuple[int, dict[int, int]]] = []
+        # periods sampled but not readable yet (`Imperfections.sample_lag_s`): (readable at,
+        # stamp, values per pid)
+        self._pending: deque[tuple[int, int, dict[int, int]]] = deque()
         self._history_ns = round(sample_history_s * tokens.NS_PER_S)
         self._next_sample_ns = start_ns + self.sample_ns
         self._next_bin_ns = start_ns + self.bin_ns
@@ -297,6 +300,8 @@ class SimGpu:
             self.now_ns = now + step_ns
             if self.now_ns >= self._next_sample_ns:
                 self._sample()
+            if self._pending:
+                self._release()
             if self.now_ns >= self._next_bin_ns:
                 for p in procs:
                     p.bins.append(p.total_sm_s)
@@ -385,17 +390,35 @@ class SimGpu:
                 recent = p.recent_sm_s
                 value = 100 * sum(recent) / (len(recent) * period_s)
                 period[p.pid] = imp.observe(value, rng)
-        if sliced:
-            self._unread.append((stamp_us, period))
+        lag_s, jitter_s = imp.sample_lag_s, imp.sample_lag_jitter_s
+        if lag_s or jitter_s:
+            lag_s += rng.uniform(0.0, jitter_s) if jitter_s else 0.0
+            self._pending.append((self._next_sample_ns + round(lag_s * tokens.NS_PER_S),
+                                  stamp_us, period))
         else:
-            self._samples.extend(ProcessSample(pid, stamp_us, value)
-                                 for pid, value in period.items())
+            self._publish(stamp_us, period)
         self._next_sample_ns += self.sample_ns
         oldest_us = (self.now_ns - self._history_ns) // 1000
         while self._samples and self._samples[0].timestamp_us < oldest_us:
             self._samples.popleft()
         if self._unread and self._unread[0][0] < oldest_us:  # asked by nobody for a while
             self._unread = [u for u in self._unread if u[0] >= oldest_us]
+
+    def _publish(self, stamp_us: int, period: dict[int, int]) -> None:
+        """A sampled period made readable."""
+        if self.imperfections.nvml_attribution == "time-sliced":
+            self._unread.append((stamp_us, period))
+        else:
+            self._samples.extend(ProcessSample(pid, stamp_us, value)
+                                 for pid, value in period.items())
+
+    def _release(self) -> None:
+        """The pending periods readable by now, in stamp order (a later one drawn a shorter
+        lag waits for those before it: a driver's buffer is read in order)."""
+        pending = self._pending
+        while pending and pending[0][0] <= self.now_ns:
+            _, stamp_us, period = pending.popleft()
+            self._publish(stamp_us, period)
 
     def process_utilization(self, since_us: int) -> list[ProcessSample]:
         if not self.per_process_samples:

@@ -47,6 +47,12 @@ proportional to admitted launches, NVML samples exact to the integer percent on 
   on, and why the GPU counts those holds was not measured (context switches between sparse
   launches, most likely), so it is off in `REAL`. It takes no GPU time from anyone (both
   unthrottled 20 us processes still did 45.8 % of the work each).
+- `sample_lag_s` and `sample_lag_jitter_s` 0 (off): a sample can be read only this long after
+  its stamp, plus up to the jitter more (uniform, drawn per period). Off by default: a real
+  driver's delay from stamp to readable was not measured (the H200 runs measured the call's
+  cost and the periods), and at 0 every sample can be read at its stamp, which flatters a
+  reader's timing; the bench node's fake driver, writing its files from a thread of its own,
+  lands with some tens of milliseconds of jitter.
 - `window_periods` 1: each sample averages SM use over this many sample periods ending at its
   timestamp. Drivers that report every 1/6 s average over their own period; some report a
   value averaged over a longer window than they sample, which is `window_periods` > 1.
@@ -92,6 +98,8 @@ class Imperfections:
     packing_efficiency: float = 0.8  # c packed kernels progress c ** this times as fast
     launch_hold_s: float = 0.0  # busy NVML counts per launch while processes take turns
     nvml_truncates: bool = False  # whole percents truncated, not rounded (the H200's)
+    sample_lag_s: float = 0.0  # a sample can be read this long after its stamp (not measured)
+    sample_lag_jitter_s: float = 0.0  # ... plus up to this much more, drawn per period
 
     def __post_init__(self) -> None:
         checks = {
@@ -107,6 +115,8 @@ class Imperfections:
             "sm_count": self.sm_count >= 0,
             "packing_efficiency": 0 < self.packing_efficiency <= 1,
             "launch_hold_s": 0 <= self.launch_hold_s < 0.1,
+            "sample_lag_s": 0 <= self.sample_lag_s < 1,
+            "sample_lag_jitter_s": 0 <= self.sample_lag_jitter_s < 1,
         }
         for name, ok in checks.items():
             if not ok:
