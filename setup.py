@@ -1,5 +1,6 @@
 """The native part of the package: the control law in C (`vgpu_agent/throttle/_lawc.c`), the
-common path of the steering around it (`vgpu_agent/throttle/_steerc.c`) and the lean read of a
+common path of the steering around it (`vgpu_agent/throttle/_steerc.c`), the time-sliced
+split's loops over a GPU's containers (`vgpu_agent/throttle/_splitc.c`) and the lean read of a
 `state` header (`vgpu_agent/shm/_statec.c`).
 
 Everything else is in pyproject.toml. The extensions are optional: where no C compiler is
@@ -24,6 +25,7 @@ setup(
     ext_modules=[
         native("throttle._lawc", *PYTHON_FLOATS),
         native("throttle._steerc", *PYTHON_FLOATS),
+        native("throttle._splitc", *PYTHON_FLOATS),
         native("shm._statec"),
     ]
 )

@@ -543,6 +543,7 @@ class Agent:
             phase_changes=lambda: self.controller.phase_changes,
             use_charged_to_nobody=lambda: self.controller.use_charged_to_nobody,
             solo_turns=lambda: self.controller.solo_turns_given,
+            unmeasured=lambda: self.controller.unmeasured_containers,
             sample_periods=lambda: self.controller.nvml_sample_periods,
             registration=self._registration,
             nvml_errors=lambda: getattr(self.backend, "errors_by_call", {}),

@@ -635,3 +635,29 @@ async def test_where_no_turn_fits_the_operator_is_told_once_and_none_is_given():
     assert not [e for e in logs if e["event"] == "throttle_solo_turns_impossible"]
     assert [e for e in logs if e["event"] == "throttle_solo_turn_started"]
     assert fast.controller.nvml_sample_periods == {fast.gpu.uuid: pytest.approx(0.2)}
+
+
+@pytest.mark.slow
+async def test_the_containers_awaiting_a_figure_are_counted_down_as_turns_measure_them():
+    run, _ = _pair_together(together_s=30)
+    seen: list[int] = []
+    with capture_logs() as logs:
+        while run.gpu.elapsed_s < 30:
+            await run.advance(0.1)
+            count = run.controller.unmeasured_containers.get(run.gpu.uuid)
+            if count is not None and (not seen or seen[-1] != count):
+                seen.append(count)
+    measured = [e for e in logs if e["event"] == "throttle_solo_turn_ended" and e["measured"]]
+    assert len(measured) >= 2, logs
+    # both awaited a figure, then one had its own, then both (what the gauge shows); between,
+    # a first figure read while the rates were cut is wanted again (`TimeSlicedSplit.coarse`)
+    assert seen[0] == 2 and seen[1] == 1 and seen[-1] == 0 and max(seen) == 2, seen
+    assert run.controller.unmeasured_containers == {run.gpu.uuid: 0}
+
+
+async def test_no_container_is_counted_awaiting_on_a_gpu_not_time_sliced():
+    sc, _ = scenario((30, 30), 20e-6, alone=0, together_s=5)
+    run = ControlledRun(sc.containers, plant=PlantSpec(), paced=True)
+    await run.advance(5.0)
+    assert run.controller.time_sliced_gpus == frozenset()
+    assert run.controller.unmeasured_containers == {}

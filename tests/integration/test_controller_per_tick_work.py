@@ -378,18 +378,21 @@ def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
     monkeypatch.setattr(controller_module, "NOT_NATIVE_STEERING_REASON", "steering: no compiler")
     monkeypatch.setattr(controller_module, "NATIVE_READ", False)
     monkeypatch.setattr(controller_module, "NOT_NATIVE_READ_REASON", "read: another layout")
+    monkeypatch.setattr(controller_module, "NATIVE_SPLIT", False)
+    monkeypatch.setattr(controller_module, "NOT_NATIVE_SPLIT_REASON", "split: no compiler")
     with capture_logs() as logs:
         controller = ThrottleController(Samples({}), list)
     events = [e["event"] for e in logs]
     assert events == ["throttle_law_not_native", "throttle_steering_not_native",
-                      "throttle_read_not_native"]
+                      "throttle_read_not_native", "throttle_split_not_native"]
     # each says why
     assert [e["reason"] for e in logs] == ["built from another version", "steering: no compiler",
-                                           "read: another layout"]
+                                           "read: another layout", "split: no compiler"]
     assert not controller.native_steering  # (it steers every device in Python)
     monkeypatch.setattr(controller_module, "NATIVE", True)
     monkeypatch.setattr(controller_module, "NATIVE_STEERING", True)
     monkeypatch.setattr(controller_module, "NATIVE_READ", True)
+    monkeypatch.setattr(controller_module, "NATIVE_SPLIT", True)
     with capture_logs() as logs:
         ThrottleController(Samples({}), list)
     assert logs == []

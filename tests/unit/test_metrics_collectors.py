@@ -426,7 +426,8 @@ async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(no
                              use_only_strangers_gpus=lambda: frozenset({G0}),
                              phase_changes=lambda: {G1: 2, G0: 1},
                              use_charged_to_nobody=lambda: {G1: 37.5},
-                             solo_turns=lambda: {G1: 1})
+                             solo_turns=lambda: {G1: 1},
+                             unmeasured=lambda: {G1: 3})
     assert value(text, "vgpu_gpu_nvml_time_sliced", gpu_uuid=G1) == 1
     assert value(text, "vgpu_gpu_nvml_time_sliced", gpu_uuid=G0) == 0
     # a GPU whose use NVML gives only to processes no container claims (an MPS server?)
@@ -441,6 +442,9 @@ async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(no
     assert value(text, "vgpu_gpu_throttle_uncharged_use_percent", gpu_uuid=G0) is None
     assert value(text, "vgpu_gpu_throttle_solo_turns_total", gpu_uuid=G1) == 1
     assert value(text, "vgpu_gpu_throttle_solo_turns_total", gpu_uuid=G0) == 0
+    # containers awaiting a figure: only for the GPUs split
+    assert value(text, "vgpu_gpu_throttle_unmeasured_containers", gpu_uuid=G1) == 3
+    assert value(text, "vgpu_gpu_throttle_unmeasured_containers", gpu_uuid=G0) is None
     # without a throttle controller the series are absent, not 0
     bare = await node.scrape()
     assert "vgpu_gpu_nvml_time_sliced" not in names(bare)
@@ -448,6 +452,7 @@ async def test_time_sliced_gpus_and_their_phase_changes_are_series_of_the_gpu(no
     assert "vgpu_gpu_throttle_phase_changes_total" not in names(bare)
     assert "vgpu_gpu_throttle_uncharged_use_percent" not in names(bare)
     assert "vgpu_gpu_throttle_solo_turns_total" not in names(bare)
+    assert "vgpu_gpu_throttle_unmeasured_containers" not in names(bare)
 
 
 async def test_the_nvml_sample_period_is_a_series_of_each_gpu_read(node: Node) -> None:

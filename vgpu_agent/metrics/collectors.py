@@ -112,6 +112,7 @@ class Snapshot:
     only_strangers: frozenset[str] | None = None  # GPUs whose use NVML gives only to strangers
     uncharged: Mapping[str, float] | None = None  # use charged to nobody, per time-sliced GPU
     solo_turns: Mapping[str, int] | None = None  # turns alone given, per GPU
+    unmeasured: Mapping[str, int] | None = None  # per time-sliced GPU: without a figure
     sample_periods: Mapping[str, float] | None = None  # NVML's sample period, s, per GPU read
 
 
@@ -303,6 +304,7 @@ def gather_snapshot(
         uncharged=(dict(sources.use_charged_to_nobody()) if sources.use_charged_to_nobody
                    else None),
         solo_turns=dict(sources.solo_turns()) if sources.solo_turns else None,
+        unmeasured=dict(sources.unmeasured()) if sources.unmeasured else None,
         sample_periods=dict(sources.sample_periods()) if sources.sample_periods else None,
     )
     return PendingSnapshot(snapshot, picked, throttle)
@@ -416,6 +418,14 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "so that one never seen alone could be measured (throttle_solo_turns).",
         GPU_LABELS,
     )
+    unmeasured = _gauge(
+        "vgpu_gpu_throttle_unmeasured_containers",
+        "Containers spending on the time-sliced GPU at its last batch of NVML samples without "
+        "a figure of their own (never seen alone there, or their figure in doubt): their "
+        "shares rest on the costs their sample periods show until a turn alone measures them. "
+        "Absent for GPUs not read as time-sliced.",
+        GPU_LABELS,
+    )
     sample_period = _gauge(
         "vgpu_gpu_nvml_sample_period_seconds",
         "NVML's sample period on the GPU as the throttle reads it from the samples' stamps: the "
@@ -438,6 +448,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(phase_changes, labels, snap.phase_changes.get(gpu.uuid, 0))
         if snap.solo_turns is not None:
             _put(solo_turns, labels, snap.solo_turns.get(gpu.uuid, 0))
+        if snap.unmeasured is not None and gpu.uuid in snap.unmeasured:
+            _put(unmeasured, labels, snap.unmeasured[gpu.uuid])
         if snap.sample_periods is not None and gpu.uuid in snap.sample_periods:
             _put(sample_period, labels, snap.sample_periods[gpu.uuid])
         if snap.uncharged is not None and gpu.uuid in snap.uncharged:
@@ -464,7 +476,7 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
     yield from (slices_total, slices_alloc, time_sliced, only_strangers, sample_period,
-                phase_changes, uncharged, solo_turns)
+                phase_changes, uncharged, solo_turns, unmeasured)
 
 
 _KIND_LABELS = (*CONTAINER_LABELS, "kind")

@@ -118,6 +118,9 @@ class MetricsSources:
     use_charged_to_nobody: Callable[[], Mapping[str, float]] | None = None
     # per GPU, the turns alone the controller gave (`ThrottleController.solo_turns_given`)
     solo_turns: Callable[[], Mapping[str, int]] | None = None
+    # per time-sliced GPU, the containers spending without a trusted figure
+    # (`ThrottleController.unmeasured_containers`)
+    unmeasured: Callable[[], Mapping[str, int]] | None = None
     # per GPU read so far, NVML's sample period in seconds (`ThrottleController.
     # nvml_sample_periods`)
     sample_periods: Callable[[], Mapping[str, float]] | None = None

@@ -163,6 +163,8 @@ from vgpu_agent.throttle.placements import HeldPlacements
 from vgpu_agent.throttle.sampleclock import SampleClock
 from vgpu_agent.throttle.strangers import StrangerWatch
 from vgpu_agent.throttle.timesliced import (
+    NATIVE_SPLIT,
+    NOT_NATIVE_SPLIT_REASON,
     PER_PROCESS_HOLD_S,
     SHARED_PERIODS,
     TimeSlicedSplit,
@@ -412,6 +414,9 @@ class ThrottleController:
                         steering="python")
         if not NATIVE_READ:
             log.warning("throttle_read_not_native", reason=NOT_NATIVE_READ_REASON, read="python")
+        if not NATIVE_SPLIT:
+            log.warning("throttle_split_not_native", reason=NOT_NATIVE_SPLIT_REASON,
+                        split="python")
         self.clock = clock
         self.ticks = 0
         self.errors: dict[str, int] = defaultdict(int)
@@ -577,6 +582,14 @@ class ThrottleController:
     def solo_turns_given(self) -> Mapping[str, int]:
         """Per GPU, the turns alone given since start (`throttle/soloturn.py`)."""
         return dict(self._turnkeeper.given)
+
+    @property
+    def unmeasured_containers(self) -> Mapping[str, int]:
+        """Per time-sliced GPU, the containers spending at its last batch of samples without a
+        trusted figure of their own (never seen alone, or their figure in doubt): their shares
+        rest on the costs their periods show until a turn alone measures them."""
+        sliced, awaiting = self._sliced, self._turnkeeper.awaiting
+        return {uuid: count for uuid, count in list(awaiting.items()) if uuid in sliced}
 
     @property
     def solo_turn_spare_priority(self) -> int | None:

@@ -14,6 +14,18 @@ import math
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 
+try:
+    from vgpu_agent.throttle import _splitc  # type: ignore[attr-defined]
+except ImportError:  # built without a C compiler: the loops in Python
+    _splitc = None
+    NOT_NATIVE_SPLIT_REASON: str | None = (
+        "vgpu_agent.throttle._splitc was not built (no C compiler at install)")
+else:
+    NOT_NATIVE_SPLIT_REASON = None
+# whether the split's loops over a GPU's containers run in C (`_splitc.c`), float for float
+# with their Python references (`_newton_steps`, `ChangeWatch._judge`, `_age_parts`)
+NATIVE_SPLIT = _splitc is not None
+
 # periods after the last stamp with two processes or more before a GPU's samples are read as
 # time-sliced again (`controller._utilization`); also how long a container given periods
 # without spending tokens is charged for them after its last one
@@ -286,15 +298,9 @@ class TimeSlicedSplit:
         self.told_left_out |= self.left_out
         self.beyond_work = ()
         unseen = self.unseen
-        for given in owners:
-            for alloc_id, (periods, tokens, n) in parts.items():
-                n += 1
-                alpha = max(1 / n, 1 / PERIODS_REMEMBERED)
-                periods += alpha * ((alloc_id in given) - periods)
-                if total > 0:
-                    tokens += alpha * (spent.get(alloc_id, 0) / total - tokens)
-                parts[alloc_id] = (periods, tokens, n)
-                unseen[alloc_id] = 0 if alloc_id in given else unseen.get(alloc_id, 0) + 1
+        if _splitc is None or _splitc.age(parts, unseen, owners, spent, total,
+                                          PERIODS_REMEMBERED) is None:
+            _age_parts(parts, unseen, owners, spent, total)
         # A container whose processes are given periods without spending a token runs
         # without the shim (or says so in `state`): it is charged its part of the recent
         # periods, while it keeps being given some. Not the periods of this batch alone: in a
@@ -403,21 +409,9 @@ class TimeSlicedSplit:
                 log_cost, info = costs[alloc_id]
                 costs[alloc_id] = (log_cost, min(info, RESTART_INFO))
             relearning.update(changed)
-        top = _LOG_COST_RANGE
-        for n, owner in enumerate(drawn):
-            if n:
-                chances = self._chances(tokens)  # (the chances depend on the costs alone)
-            for alloc_id, chance in chances.items():
-                log_cost, info = costs[alloc_id]
-                info = FADING * info + chance * (1 - chance)
-                log_cost += ((alloc_id == owner) - chance) / info
-                costs[alloc_id] = (top if log_cost > top else -top if log_cost < -top
-                                   else log_cost, info)
-        # only the ratios matter: centred, so that the range bounds ratios, not a drift
-        mean = sum([costs[a][0] for a in tokens]) / len(tokens)
-        for alloc_id in tokens:
-            log_cost, info = costs[alloc_id]
-            costs[alloc_id] = (log_cost - mean, info)
+        if _splitc is None or _splitc.learn(costs, tokens, drawn, FADING,
+                                            _LOG_COST_RANGE) is None:
+            _newton_steps(costs, tokens, drawn, FADING, _LOG_COST_RANGE)
 
     def figures(self) -> dict[str, tuple[float, float]]:
         """Each trusted figure as the bound takes it now (`_figure`), with the spending it was
@@ -900,9 +894,7 @@ class TimeSlicedSplit:
 
     def _chances(self, tokens: Mapping[str, float]) -> dict[str, float]:
         """Each spending container's chance of being given a period, as the costs have it."""
-        weighed = {a: part * math.exp(self.costs[a][0]) for a, part in tokens.items()}
-        whole = sum(weighed.values())
-        return {a: w / whole for a, w in weighed.items()}
+        return _chances_of(self.costs, tokens)
 
     def _floors(self, charged: Iterable[str], busy: float) -> dict[str, float]:
         """Per container whose weight is at its cap, the least use its part of the periods
@@ -1007,6 +999,15 @@ class ChangeWatch:
             del sums[gone]
         if len(expected) < 2:
             return frozenset()  # alone, it is given every period it can be: nothing to predict
+        found = None if _splitc is None else _splitc.watch(
+            sums, expected, drawn, CHANGE_ODDS, _LOG_CHANGE_ODDS, _CHANCE_EPS, CHANGE_EVIDENCE)
+        return frozenset(self._judge(expected, drawn) if found is None else found)
+
+    def _judge(self, expected: Mapping[str, float], drawn: list[str]) -> list[str]:
+        """`changed`'s sums moved by each period of `drawn`, up to the first that shows a change:
+        those it shows changed (the sums then cleared), or none. The reference of
+        `_splitc.watch`."""
+        sums = self.sums
         # Per container, the log-likelihood ratios of a period given and of one not given, for
         # odds CHANGE_ODDS times higher (up) and as many times lower (down) than its chance q:
         # log(more / q) = log C - log(1 + (C - 1) q), log((1 - more) / (1 - q)) =
@@ -1036,8 +1037,54 @@ class ChangeWatch:
                 sums[alloc_id] = (up, down)
             if found:
                 sums.clear()  # evidence from here on is judged against what follows
-                return frozenset(found)
-        return frozenset()
+                return found
+        return []
+
+
+def _chances_of(costs: Mapping[str, tuple[float, float]], tokens: Mapping[str, float]
+                ) -> dict[str, float]:
+    """Each spending container's chance of being given a period: its part of the tokens times
+    its cost, over the sum of those."""
+    weighed = {a: part * math.exp(costs[a][0]) for a, part in tokens.items()}
+    whole = sum(weighed.values())
+    return {a: w / whole for a, w in weighed.items()}
+
+
+def _newton_steps(costs: dict[str, tuple[float, float]], tokens: Mapping[str, float],
+                  drawn: list[str], fading: float, top: float) -> None:
+    """Each period of `drawn` (the container given it) moves the log cost of every container
+    spending by its surprise over its information, which fades by `fading` a period; each log
+    cost kept within +/- `top`; then centred, as only the ratios matter (so that the range
+    bounds ratios, not a drift). See `TimeSlicedSplit`'s note. The reference of
+    `_splitc.learn`, float for float."""
+    for owner in drawn:
+        for alloc_id, chance in _chances_of(costs, tokens).items():
+            log_cost, info = costs[alloc_id]
+            info = fading * info + chance * (1 - chance)
+            log_cost += ((alloc_id == owner) - chance) / info
+            costs[alloc_id] = (top if log_cost > top else -top if log_cost < -top
+                               else log_cost, info)
+    mean = sum([costs[a][0] for a in tokens]) / len(tokens)
+    for alloc_id in tokens:
+        log_cost, info = costs[alloc_id]
+        costs[alloc_id] = (log_cost - mean, info)
+
+
+def _age_parts(parts: dict[str, tuple[float, float, int]], unseen: dict[str, int],
+               owners: list[list[str]], spent: Mapping[str, int], total: int) -> None:
+    """Each period of `owners` moves every container's part of the periods (given it or not)
+    and of the tokens (its part of `total` this batch) by one step of a mean over the periods
+    seen, at most PERIODS_REMEMBERED of them, and counts the periods since it was last given
+    one. The reference of `_splitc.age`, float for float."""
+    for given in owners:
+        for alloc_id, (periods, tokens, n) in parts.items():
+            n += 1
+            alpha = max(1 / n, 1 / PERIODS_REMEMBERED)
+            periods += alpha * ((alloc_id in given) - periods)
+            if total > 0:
+                tokens += alpha * (spent.get(alloc_id, 0) / total - tokens)
+            parts[alloc_id] = (periods, tokens, n)
+            unseen[alloc_id] = 0 if alloc_id in given else unseen.get(alloc_id, 0) + 1
 
 
 def _standing(chances: dict[str, float], drawn: list[str],

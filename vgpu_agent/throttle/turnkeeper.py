@@ -89,6 +89,9 @@ class TurnKeeper(Generic[Device]):
         self.figure_max_age_s = figure_max_age_s
         self.turns: dict[str, SoloTurns] = {}
         self.given: dict[str, int] = defaultdict(int)  # per GPU, since start
+        # per GPU, the containers spending at its last offer without a trusted figure (never
+        # seen alone, or their figure in doubt): those a turn alone is wanted for
+        self.awaiting: dict[str, int] = {}
         self._kept: dict[str, KeptFigure] = {}
         self._turnless_told: set[str] = set()
 
@@ -135,6 +138,8 @@ class TurnKeeper(Generic[Device]):
                 if self.figure_max_age_s > 0 and period_s > 0 else set())
         doubted = split.in_doubt() | coarse | stale | aged
         measured = split.measured() - doubted
+        self.awaiting[uuid] = len([a for a, used in spent_by.items()
+                                   if used and a not in measured])
         if period_s > 0 and not turn_fits(period_s, turns.most_s):
             self._tell_turnless(uuid, period_s, turns.most_s, spent_by, measured)
         chosen = turns.due(now_ns, [a for a, used in spent_by.items() if used], measured,
@@ -245,6 +250,7 @@ class TurnKeeper(Generic[Device]):
     def forget(self, uuid: str) -> None:
         """The GPU is no longer steered (its turn, if any, ended first by `end`)."""
         self.turns.pop(uuid, None)
+        self.awaiting.pop(uuid, None)
 
     def gpus(self) -> Iterable[str]:
         return list(self.turns)
