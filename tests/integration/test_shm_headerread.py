@@ -10,6 +10,7 @@ import os
 import shutil
 import struct
 import textwrap
+import time
 import types
 from pathlib import Path
 
@@ -22,6 +23,8 @@ SOURCE = sanitized.REPO / "vgpu_agent" / "shm" / "_statec.c"
 READS = [pytest.param(headerread.python_counters_at, id="python")]
 if headerread._statec is not None:
     READS.append(pytest.param(headerread._statec.counters_at, id="c"))
+    READS.append(pytest.param(  # the same read, one of a batch
+        lambda fd, count: headerread._statec.counters_many([fd], [count])[0][0], id="c-many"))
 
 
 def test_the_c_read_was_built():
@@ -97,6 +100,33 @@ def test_implausible_totals_are_unreadable(tmp_path, read):
         os.close(fd)
 
 
+def test_a_batch_reads_each_descriptor_between_its_two_stamps(tmp_path):
+    if headerread._statec is None:
+        pytest.skip("the C read was not built")
+    fds = [state_file(tmp_path / f"state{n}", n % 2 + 1, list(range(3 * (n % 2 + 1))))
+           for n in range(5)]
+    try:
+        before = time.monotonic_ns()
+        many = headerread._statec.counters_many(fds, [n % 2 + 1 for n in range(5)])
+        after = time.monotonic_ns()
+        assert [m[0] for m in many] == [(0, 1, 2), (0, 1, 2, 3, 4, 5)] * 2 + [(0, 1, 2)]
+        # the stamps are time.monotonic_ns's clock, in the order of the reads
+        stamps = [stamp for m in many for stamp in m[1:]]
+        assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= after
+        assert headerread._statec.counters_many([], []) == []
+        with pytest.raises(ValueError, match="2 descriptors but 1 device counts"):
+            headerread._statec.counters_many(fds[:2], [1])
+        with pytest.raises(ValueError, match=f"{2**40} is no file descriptor"):
+            headerread._statec.counters_many([2**40], [1])
+        with pytest.raises(TypeError):
+            headerread._statec.counters_many([fds[0]], ["1"])
+        with pytest.raises(TypeError):
+            headerread._statec.counters_many(tuple(fds), [1] * 5)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def fresh_statec():  # type: ignore[no-untyped-def]
     """Another copy of the built module, not bound yet."""
     if headerread._statec is None:
@@ -166,6 +196,9 @@ CHILD = textwrap.dedent("""
         fd = os.open(path, os.O_RDONLY)
         try:
             assert module.counters_at(fd, asked) == want
+            many = module.counters_many([fd, fd, 10**6], [asked, count, 1])
+            assert many[0][0] == want and many[2][0] is None  # (no such descriptor)
+            assert many[0][1] <= many[0][2] <= many[1][1]
         finally:
             os.close(fd)
         agreed += want is not None

@@ -17,8 +17,10 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_HEADER 4096 /* the largest header `bind` accepts; layout's is 1,088 bytes */
@@ -96,6 +98,26 @@ static int check_bound(void)
     return 1;
 }
 
+/* The header from offset 0 of `fd` into `header`: the bytes read (fewer than a header where
+ * pread failed or the file ends early: unreadable, as in Python), or -1 with an error set (a
+ * signal's handler raised). */
+static Py_ssize_t read_header(int fd, unsigned char *header)
+{
+    Py_ssize_t got = 0;
+    while (got < layout.header_size) {
+        ssize_t n = pread(fd, header + got, (size_t)(layout.header_size - got), (off_t)got);
+        if (n < 0 && errno == EINTR) {
+            if (PyErr_CheckSignals() < 0)
+                return -1;
+            continue;
+        }
+        if (n <= 0)
+            break;
+        got += n;
+    }
+    return got;
+}
+
 static PyObject *counters_at(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -104,19 +126,60 @@ static PyObject *counters_at(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "il:counters_at", &fd, &device_count) || !check_bound())
         return NULL;
     unsigned char header[MAX_HEADER];
-    Py_ssize_t got = 0;
-    while (got < layout.header_size) {
-        ssize_t n = pread(fd, header + got, (size_t)(layout.header_size - got), (off_t)got);
-        if (n < 0 && errno == EINTR) {
-            if (PyErr_CheckSignals() < 0)
-                return NULL;
-            continue;
-        }
-        if (n <= 0)
-            break; /* an error or the end of a file cut short: unreadable, as in Python */
-        got += n;
+    Py_ssize_t got = read_header(fd, header);
+    return got < 0 ? NULL : decode(header, got, device_count);
+}
+
+static long long monotonic_ns(void) /* time.monotonic_ns(): the same clock */
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* counters_many(fds, device_counts): for each, (counters_at's answer, monotonic ns just
+ * before its read, just after), in one call. */
+static PyObject *counters_many(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *fds, *counts;
+    if (!PyArg_ParseTuple(args, "O!O!:counters_many", &PyList_Type, &fds, &PyList_Type, &counts)
+        || !check_bound())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(fds);
+    if (PyList_GET_SIZE(counts) != n) {
+        PyErr_Format(PyExc_ValueError, "counters_many: %zd descriptors but %zd device counts",
+                     n, PyList_GET_SIZE(counts));
+        return NULL;
     }
-    return decode(header, got, device_count);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    unsigned char header[MAX_HEADER];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long fd = PyLong_AsLong(PyList_GET_ITEM(fds, i));
+        long device_count = PyLong_AsLong(PyList_GET_ITEM(counts, i));
+        if (PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (fd < INT_MIN || fd > INT_MAX) { /* (one below 0 reads nothing, as in counters_at) */
+            PyErr_Format(PyExc_ValueError, "counters_many: %ld is no file descriptor", fd);
+            Py_DECREF(out);
+            return NULL;
+        }
+        long long before = monotonic_ns();
+        Py_ssize_t got = read_header((int)fd, header);
+        long long after = monotonic_ns();
+        PyObject *counters = got < 0 ? NULL : decode(header, got, device_count);
+        PyObject *read = counters == NULL ? NULL : Py_BuildValue("(NLL)", counters, before, after);
+        if (read == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, read);
+    }
+    return out;
 }
 
 static PyObject *decode_header(PyObject *module, PyObject *args)
@@ -181,6 +244,9 @@ static PyMethodDef methods[] = {
     {"counters_at", counters_at, METH_VARARGS,
      "counters_at(fd, device_count): `layout.state_counters` of the header read from fd at "
      "offset 0; None when unreadable."},
+    {"counters_many", counters_many, METH_VARARGS,
+     "counters_many(fds, device_counts): per descriptor, (counters_at(fd, device_count), "
+     "monotonic ns just before its read, just after), in one call."},
     {"decode", decode_header, METH_VARARGS,
      "decode(header, device_count): `layout.state_counters(header, device_count)`."},
     {NULL, NULL, 0, NULL},

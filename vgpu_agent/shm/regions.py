@@ -76,9 +76,12 @@ from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
 from vgpu_agent.deviceplugin.server import Extras
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionHandle, RegionUsage
-from vgpu_agent.shm.headerread import counters_at
+from vgpu_agent.shm.headerread import counters_at, counters_many
 
 log = structlog.get_logger(__name__)
+
+# a header read in a batch: (counters or None, monotonic ns before the read, after it)
+Together = tuple[tuple[int, ...] | None, int, int]
 
 REGIONS_DIR = "regions"
 QUARANTINE_DIR = "regions.corrupt"
@@ -471,11 +474,56 @@ class Region:
                 return None
             counters = counters_at(self._state_fd, self._device_count)  # type: ignore[arg-type]
         if counters is None:
-            self.corrupt_reads += 1
-            if not self._reported_corrupt:
-                log.warning("region_state_corrupt", alloc_id=self._alloc_id, path=str(self.path))
-                self._reported_corrupt = True
+            self._lean_read_corrupt()
         return counters
+
+    @staticmethod
+    def counters_together(regions: Sequence[object]) -> list[Together | None]:
+        """`Region.counters` of many regions in one native call (`headerread.counters_many`), each
+        with `time.monotonic_ns` just before and just after its own read: per region, (counters or
+        None, before, after), or None for one to be read the usual way (not a `Region`, closed,
+        its files due for their checks, its `state` not open, its lock held by another reader, or
+        no native read built). Each region read is held under its readers' lock while its file is
+        read, as in `counters`."""
+        out: list[Together | None] = [None] * len(regions)
+        if counters_many is None:
+            return out
+        held: list[threading.Lock] = []
+        fds: list[int] = []
+        counts: list[int] = []
+        where: list[int] = []
+        now_ns = time.monotonic_ns()
+        try:
+            for n, region in enumerate(regions):
+                if type(region) is not Region or region._view is None:
+                    continue
+                lock = region._fd_lock
+                if not lock.acquire(blocking=False):
+                    continue  # another reader may be reopening its file: read it the usual way
+                policed, fd = region._policed_ns, region._state_fd
+                if (region._view is None or fd is None or policed is None
+                        or now_ns - policed >= _LEAN_POLICE_NS):
+                    lock.release()
+                    continue
+                held.append(lock)
+                fds.append(fd)
+                counts.append(region._device_count)
+                where.append(n)
+            read = counters_many(fds, counts) if fds else []
+        finally:
+            for lock in held:
+                lock.release()
+        for n, one in zip(where, read, strict=True):
+            if one[0] is None:
+                regions[n]._lean_read_corrupt()  # type: ignore[attr-defined]
+            out[n] = one
+        return out
+
+    def _lean_read_corrupt(self) -> None:
+        self.corrupt_reads += 1
+        if not self._reported_corrupt:
+            log.warning("region_state_corrupt", alloc_id=self._alloc_id, path=str(self.path))
+            self._reported_corrupt = True
 
     # --- the rest -----------------------------------------------------------------------------
 
@@ -1490,3 +1538,4 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
             view = view[written:]
     finally:
         os.close(fd)
+

@@ -1,0 +1,152 @@
+"""Many regions' `state` headers in one native call (`Region.counters_together`), as the
+controller reads them each tick on the monotonic clock: the same counters as each region's own
+`counters`, each between its own stamps; the regions it cannot take (another reader holding the
+lock, files due for their checks, a fake, a closed region, no native read) are left to be read
+one by one, and a corrupt header is counted and told once, as by `counters`."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from tests.integration.test_controller_region_files import UUID, make_region_dir
+from vgpu_agent.shm import layout, regions
+from vgpu_agent.shm.regions import STATE_FILE, Region
+from vgpu_agent.throttle.controller import ThrottleController
+
+
+def _spend(path: Path, tokens: int, launches: int, waited: int) -> None:
+    with open(path / STATE_FILE, "r+b") as f:
+        buf = bytearray(f.read())
+        dev = layout.STATE_OFFSETS["devices"]
+        for name, value in (("tokens_spent", tokens), ("launches", launches),
+                            ("wait_ns", waited)):
+            struct.pack_into("<Q", buf, dev + layout.STATE_DEVICE_OFFSETS[name], value)
+        f.seek(0)
+        f.write(buf)
+
+
+def _regions(tmp_path: Path, count: int) -> list[Region]:
+    out = []
+    for n in range(count):
+        root = tmp_path / f"r{n}"
+        root.mkdir()
+        path = make_region_dir(root, 30.0, layout.POLICY_STRICT)
+        _spend(path, 1000 * (n + 1), 10 * (n + 1), n)
+        region = Region.open(path)
+        assert region.counters() == (1000 * (n + 1), 10 * (n + 1), n)  # (its files checked)
+        out.append(region)
+    return out
+
+
+@pytest.fixture
+def native() -> None:
+    if regions.counters_many is None:
+        pytest.skip("the C read was not built")
+
+
+def test_the_same_counters_as_each_regions_own_each_between_its_stamps(tmp_path, native):
+    rs = _regions(tmp_path, 4)
+    rs[3].close()
+
+    class Fake:  # a region of another kind: read the usual way
+        closed = False
+
+    before = time.monotonic_ns()
+    got = Region.counters_together([rs[0], Fake(), rs[1], rs[2], rs[3]])
+    after = time.monotonic_ns()
+    assert got[1] is None and got[4] is None
+    read = [got[0], got[2], got[3]]
+    assert [r[0] for r in read] == [rs[n].counters() for n in range(3)]  # type: ignore[index]
+    stamps = [stamp for r in read for stamp in r[1:]]  # type: ignore[index]
+    assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= after
+    for region in rs:
+        region.close()
+
+
+def test_regions_it_cannot_take_are_left_to_their_own_read(tmp_path, native):
+    rs = _regions(tmp_path, 3)
+    # another reader (the metrics' thread) holds one's lock: it may be reopening the file
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        with rs[0]._fd_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    try:
+        rs[1]._policed_ns = time.monotonic_ns() - 10**9  # its files due for their checks
+        got = Region.counters_together(rs)
+        assert got[0] is None and got[1] is None and got[2] is not None
+    finally:
+        release.set()
+        holder.join()
+    # its own read checked its files: the next batch takes it
+    assert rs[1].counters() is not None
+    got = Region.counters_together(rs)
+    assert all(g is not None for g in got)
+    assert not any(region._fd_lock.locked() for region in rs)  # every lock given back
+    for region in rs:
+        region.close()
+
+
+def test_a_corrupt_header_is_counted_and_told_once(tmp_path, native):
+    rs = _regions(tmp_path, 2)
+    with open(rs[1].path / STATE_FILE, "r+b") as f:
+        f.write(b"\0" * 8)  # its magic gone
+    with capture_logs() as logs:
+        for _ in range(3):
+            got = Region.counters_together(rs)
+            assert got[0] is not None and got[0][0] is not None
+            assert got[1] is not None and got[1][0] is None
+    assert rs[1].corrupt_reads == 3 and rs[0].corrupt_reads == 0
+    assert [e["event"] for e in logs] == ["region_state_corrupt"]
+    for region in rs:
+        region.close()
+
+
+def test_without_the_native_read_every_region_is_read_its_own_way(tmp_path, monkeypatch):
+    rs = _regions(tmp_path, 2)
+    monkeypatch.setattr(regions, "counters_many", None)
+    assert Region.counters_together(rs) == [None, None]
+    for region in rs:
+        region.close()
+
+
+def test_the_controller_reads_real_regions_together_on_the_monotonic_clock(tmp_path, native,
+                                                                         monkeypatch):
+    rs = _regions(tmp_path, 3)
+    one_by_one: list[Region] = []
+    own = Region.counters
+
+    def counted(self: Region) -> tuple[int, ...] | None:
+        one_by_one.append(self)
+        return own(self)
+
+    monkeypatch.setattr(Region, "counters", counted)
+    by_gpu: dict = {UUID: []}
+    controller = ThrottleController(backend=None, regions=lambda: rs)  # type: ignore[arg-type]
+    before = time.monotonic_ns()
+    controller._gather(rs, by_gpu, {UUID})
+    assert one_by_one == []  # all three in the batch
+    readings = [reading for _, reading in by_gpu[UUID]]
+    assert [r[0] for r in readings] == [(1000, 10, 0), (2000, 20, 1), (3000, 30, 2)]
+    assert all(before <= r[4] <= r[5] for r in readings)
+    # on another clock (a simulator's), one by one, as before
+    fake = ThrottleController(backend=None, regions=lambda: rs,  # type: ignore[arg-type]
+                              clock=lambda: 5)
+    by_gpu = {UUID: []}
+    fake._gather(rs, by_gpu, {UUID})
+    assert one_by_one == rs
+    assert [reading[4:] for _, reading in by_gpu[UUID]] == [(5, 5)] * 3
+    for region in rs:
+        region.close()
