@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -44,10 +43,7 @@ def windows(count: int, seconds: float) -> list[tuple[float, float]]:
                 before = node.cpu_seconds(child.pid)
                 node.pause_with_shim(shim, seconds)
                 cpu = (node.cpu_seconds(child.pid) - before) / seconds * 100
-                body = node.scrape(port)[1]
-                turns = sum(float(v) for v in re.findall(
-                    rb"vgpu_gpu_throttle_solo_turns_total\{[^}]*\} (\S+)", body))
-                out.append((round(cpu, 2), turns))
+                out.append((round(cpu, 2), node.solo_turns(port)))
     return out
 
 
