@@ -760,10 +760,16 @@ def measure(args: argparse.Namespace, root: Path, shim: ShimSide, changing: bool
                              changing, bare, sliced)
 
 
+def series_sum(port: int, name: str) -> float | None:
+    """A metric's series summed over the agent's GPUs as a scrape shows them; None where it
+    has none."""
+    found = re.findall(rb"%s\{[^}]*\} (\S+)" % re.escape(name.encode()), scrape(port)[1])
+    return sum(float(v) for v in found) if found else None
+
+
 def solo_turns(port: int) -> float:
     """The turns alone the agent has given, over all its GPUs (its own counter)."""
-    return sum(float(v) for v in re.findall(
-        rb"vgpu_gpu_throttle_solo_turns_total\{[^}]*\} (\S+)", scrape(port)[1]))
+    return series_sum(port, "vgpu_gpu_throttle_solo_turns_total") or 0.0
 
 
 def wait_first_turns(args: argparse.Namespace, shim: ShimSide, child: subprocess.Popen,

@@ -6,8 +6,10 @@
 `bench_scrape.py`'s node at 144 container-devices (8 GPUs, 18 strict containers each, honest
 shims, drivers that time-slice as an H200 without MPS does: `bench_scrape.time_sliced`), the
 whole agent in a child process from its start: its CPU in % of a core over each window of
-`--seconds`, and the turns alone it had given by the window's end (its own
-`vgpu_gpu_throttle_solo_turns_total`, summed over the GPUs). `bench_scrape.py --time-sliced`
+`--seconds`, the turns alone it had given by the window's end (its own
+`vgpu_gpu_throttle_solo_turns_total`, summed over the GPUs) and the containers then awaiting a
+figure of their own (`vgpu_gpu_throttle_unmeasured_containers`, summed; "-" for a tree without
+it). `bench_scrape.py --time-sliced`
 measures one window after its settle; this shows what comes before and after it, while the
 containers' first turns alone run. With `--baseline DIR` each run is made with the code in DIR
 (another checkout) too, alternating, so both see the same machine.
@@ -26,8 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def windows(count: int, seconds: float) -> list[tuple[float, float]]:
-    """(CPU %, turns given by then) per window, on this checkout's code."""
+def windows(count: int, seconds: float) -> list[tuple[float, float, float | None]]:
+    """(CPU %, turns given by then, containers awaiting a figure then) per window, on this
+    checkout's code."""
     from tests.bench import bench_scrape as node
     from vgpu_agent.shm.regions import REGIONS_DIR
 
@@ -43,16 +46,19 @@ def windows(count: int, seconds: float) -> list[tuple[float, float]]:
                 before = node.cpu_seconds(child.pid)
                 node.pause_with_shim(shim, seconds)
                 cpu = (node.cpu_seconds(child.pid) - before) / seconds * 100
-                out.append((round(cpu, 2), node.solo_turns(port)))
+                # (a tree without the gauge of containers awaiting a figure gives no third)
+                awaiting = (node.series_sum(port, "vgpu_gpu_throttle_unmeasured_containers")
+                            if hasattr(node, "series_sum") else None)
+                out.append((round(cpu, 2), node.solo_turns(port), awaiting))
     return out
 
 
-def run_tree(tree: Path, args: argparse.Namespace) -> list[tuple[float, float]]:
+def run_tree(tree: Path, args: argparse.Namespace) -> list[tuple[float, float, float | None]]:
     from tests.bench.children import run_child
 
     found = run_child(__file__, tree, ["--windows", str(args.windows), "--seconds",
                                        str(args.seconds)], "the agent's first minutes")
-    return [(cpu, turns) for cpu, turns in found]
+    return [(row[0], row[1], row[2] if len(row) > 2 else None) for row in found]
 
 
 def main() -> int:
@@ -75,9 +81,12 @@ def main() -> int:
             started = time.monotonic()
             got = run_tree(tree, args)
             print(f"run {run + 1}, {name} ({time.monotonic() - started:.0f} s): CPU % "
-                  + ", ".join(f"{cpu:.2f}" for cpu, _ in got)
+                  + ", ".join(f"{cpu:.2f}" for cpu, _, _ in got)
                   + "; turns alone by each window's end: "
-                  + ", ".join(f"{turns:.0f}" for _, turns in got), flush=True)
+                  + ", ".join(f"{turns:.0f}" for _, turns, _ in got)
+                  + "; containers awaiting a figure then: "
+                  + ", ".join("-" if awaiting is None else f"{awaiting:.0f}"
+                              for _, _, awaiting in got), flush=True)
     return 0
 
 
