@@ -150,3 +150,21 @@ def test_the_controller_reads_real_regions_together_on_the_monotonic_clock(tmp_p
     assert [reading[4:] for _, reading in by_gpu[UUID]] == [(5, 5)] * 3
     for region in rs:
         region.close()
+
+
+def test_a_batch_that_fails_leaves_every_region_to_its_own_read(tmp_path, native, monkeypatch):
+    rs = _regions(tmp_path, 2)
+
+    def broken(regions: object) -> list:
+        raise RuntimeError("the batch read failed")
+
+    monkeypatch.setattr(Region, "counters_together", staticmethod(broken))
+    controller = ThrottleController(backend=None, regions=lambda: rs)  # type: ignore[arg-type]
+    by_gpu: dict = {UUID: []}
+    with capture_logs() as logs:
+        controller._gather(rs, by_gpu, {UUID})
+    assert [reading[0] for _, reading in by_gpu[UUID]] == [(1000, 10, 0), (2000, 20, 1)]
+    assert controller.errors["region_usage"] == 1
+    assert [e["event"] for e in logs] == ["throttle_region_batch_read_failed"]
+    for region in rs:
+        region.close()

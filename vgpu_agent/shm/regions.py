@@ -1538,4 +1538,3 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
             view = view[written:]
     finally:
         os.close(fd)
-

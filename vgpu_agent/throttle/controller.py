@@ -994,7 +994,12 @@ class ThrottleController:
         # node more than its pread.
         read_all = (getattr(type(regions[0]), "counters_together", None)
                     if regions and clock is time.monotonic_ns else None)
-        together = read_all(regions) if read_all is not None else [None] * len(regions)
+        together: list[Any] = [None] * len(regions)
+        if read_all is not None:
+            try:
+                together = read_all(regions)
+            except Exception:  # each read on its own then, its failures its own
+                self._failed("region_usage", "throttle_region_batch_read_failed")
         for region, read in zip(regions, together, strict=True):
             if region.closed:
                 continue

@@ -395,7 +395,7 @@ class TimeSlicedSplit:
                  if len(given) == 1]
         if not drawn:
             return
-        chances = self._chances(tokens)
+        chances = _chances_of(costs, tokens)
         relearning = self.relearning
         for alloc_id in [a for a in relearning if a not in costs or costs[a][1] >= CONFIRM_INFO]:
             relearning.discard(alloc_id)
@@ -891,10 +891,6 @@ class TimeSlicedSplit:
             elif (min([self.costs[a][1] for a in spending]) >= CONFIRM_INFO
                     and not self._risen(alloc_id, spending)):
                 del doubted[alloc_id]
-
-    def _chances(self, tokens: Mapping[str, float]) -> dict[str, float]:
-        """Each spending container's chance of being given a period, as the costs have it."""
-        return _chances_of(self.costs, tokens)
 
     def _floors(self, charged: Iterable[str], busy: float) -> dict[str, float]:
         """Per container whose weight is at its cap, the least use its part of the periods

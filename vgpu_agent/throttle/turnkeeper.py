@@ -138,11 +138,11 @@ class TurnKeeper(Generic[Device]):
                 if self.figure_max_age_s > 0 and period_s > 0 else set())
         doubted = split.in_doubt() | coarse | stale | aged
         measured = split.measured() - doubted
-        self.awaiting[uuid] = len([a for a, used in spent_by.items()
-                                   if used and a not in measured])
+        spending = [a for a, used in spent_by.items() if used]
+        self.awaiting[uuid] = len([a for a in spending if a not in measured])
         if period_s > 0 and not turn_fits(period_s, turns.most_s):
-            self._tell_turnless(uuid, period_s, turns.most_s, spent_by, measured)
-        chosen = turns.due(now_ns, [a for a, used in spent_by.items() if used], measured,
+            self._tell_turnless(uuid, period_s, turns.most_s, spending, measured)
+        chosen = turns.due(now_ns, spending, measured,
                            candidates if pausable else (), period_s, present, priorities,
                            spared(priorities, self.spare_priority),
                            beyond_work, doubted, split.costs_apart, coarse)
@@ -170,13 +170,13 @@ class TurnKeeper(Generic[Device]):
         return True
 
     def _tell_turnless(self, uuid: str, period_s: float, most_s: float,
-                       spent_by: Mapping[str, int], measured: Collection[str]) -> None:
+                       spending: list[str], measured: Collection[str]) -> None:
         """Tells the operator, once per GPU, that a turn alone is wanted there (two containers
-        or more spending, one without a figure it can be charged by) and cannot be given: NVML
+        or more `spending`, one without a figure it can be charged by) and cannot be given: NVML
         samples the GPU too seldom for PERIODS_NEEDED periods to fit in a turn."""
         if uuid in self._turnless_told:
             return
-        if not turn_wanted([a for a, used in spent_by.items() if used], measured):
+        if not turn_wanted(spending, measured):
             return
         self._turnless_told.add(uuid)
         log.warning("throttle_solo_turns_impossible", uuid=uuid,
