@@ -563,3 +563,121 @@ def test_a_turn_that_spent_no_try_gets_none_back():
     never = SoloTurns(refund_s=math.inf)
     never.spent_try["a"] = True
     assert not never.refund("a", 0)
+
+
+def _plain_due(turns: SoloTurns, now_ns, spending, measured, candidates, period_s, present,
+               priorities, spared, beyond_work, doubted, apart, free):
+    """`SoloTurns.due` as its docstring reads, list by list: the oracle its one pass over
+    those spending must agree with, decision for decision and in every state it leaves."""
+    for gone in [a for a in turns.tried if a not in present]:
+        del turns.tried[gone]
+        turns.credit.pop(gone, None)
+        turns.freed.discard(gone)
+        turns.spent_try.pop(gone, None)
+        turns.refunded.pop(gone, None)
+    if (turns.turn is not None or not (len(spending) >= 2
+                                       and not all(a in measured for a in spending))
+            or not turn_fits(period_s, turns.most_s)):
+        turns.waiting_ns = None
+        return None
+    if turns.waiting_ns is None:
+        turns.waiting_ns = now_ns
+    unspent = {a for a in free if a in doubted and a not in turns.freed}
+    eligible = [a for a in spending if a in candidates and a not in measured
+                and (a in unspent or turns._credit(a, now_ns) >= 1 - 1e-9)]
+    spare = [a for a in present if a in spared]
+    if spare:
+        eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
+    if not eligible:
+        return None
+    ranks = priorities or {}
+    chosen = min(eligible, key=lambda a: (turns.tried.get(a, 0), -ranks.get(a, 0)))
+    after_ns, gap_ns = turns.after_ns, turns.gap_ns if beyond_work else turns.calm_gap_ns
+    if chosen in doubted:
+        after_ns, gap_ns = 0, min(gap_ns, turns.remeasure_gap_ns)
+    elif (beyond_work and any(a not in turns.tried or a in doubted for a in eligible)) or (
+            any(a not in turns.tried for a in eligible) and apart()):
+        gap_ns = min(gap_ns, turns.first_gap_ns)
+        if (beyond_work and chosen not in turns.tried and chosen in turns.last_paused
+                and set(present) - {chosen} <= {turns.last_owner}):
+            after_ns, gap_ns = 0, min(gap_ns, turns.remeasure_gap_ns)
+    if now_ns - turns.waiting_ns < after_ns or (
+            turns.last_end_ns is not None and now_ns - turns.last_end_ns < gap_ns):
+        return None
+    turns.tried[chosen] = turns.tried.get(chosen, 0) + 1
+    if chosen in unspent:
+        turns.freed.add(chosen)
+    else:
+        turns.credit[chosen] = (turns._credit(chosen, now_ns) - 1, now_ns)
+    turns.spent_try[chosen] = chosen not in unspent
+    turns.waiting_ns = None
+    turns.last_owner, turns.last_paused = chosen, frozenset(present) - {chosen}
+    return chosen
+
+
+def _state(turns: SoloTurns) -> tuple:
+    return tuple(getattr(turns, name) for name in SoloTurns.__slots__)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_one_pass_choice_agrees_with_the_plain_one_on_random_histories(seed):
+    # Two copies of one GPU's turns, driven by the same random ticks (containers joining,
+    # leaving, spending, measured, doubted, spared; turns started and ended), one through
+    # `due` and one through the oracle: every answer and every state the same, the apart
+    # question asked as often.
+    import random
+
+    rng = random.Random(seed)
+    retry_s = rng.choice([SOLO_TURN_RETRY_S, 5.0, math.inf])
+    kwargs = dict(after_s=rng.choice([0.0, 1.0, 3.0]), gap_s=rng.choice([2.0, 10.0]),
+                  calm_gap_s=rng.choice([0.0, 5.0, 60.0]), first_gap_s=rng.choice([0.0, 1.0]),
+                  remeasure_gap_s=rng.choice([0.0, 0.5]), tries=rng.choice([1, 2, 3]),
+                  retry_s=retry_s)
+    ours, plain = SoloTurns(**kwargs), SoloTurns(**kwargs)
+    names = [f"c{n}" for n in range(7)]
+    doubt = rng.choice([0.15, 0.5])
+    present = set(names[:4])
+    asked = [0, 0]
+    given = 0
+    now_ns = 0
+    for _ in range(3000):
+        now_ns += rng.choice([1, 100, 200, 500, 2000]) * 1_000_000
+        # containers come and go now and then (one gone has its tries forgotten)
+        present ^= {a for a in names if rng.random() < 0.02}
+        spending = [a for a in names if a in present and rng.random() < 0.8]
+        rng.shuffle(spending)
+        measured = {a for a in present if rng.random() < 0.3}
+        candidates = {a for a in present if rng.random() < 0.85}
+        doubted = {a for a in present - measured if rng.random() < doubt}
+        free = {a for a in doubted if rng.random() < 0.5}
+        spared = {a for a in present if rng.random() < 0.05}
+        priorities = {a: rng.choice([0, 0, 1, 5]) for a in present} if rng.random() < 0.7 \
+            else None
+        period_s = rng.choice([0.0, PERIOD_S, PERIOD_S, 1.0])
+        beyond_work, is_apart = rng.random() < 0.5, rng.random() < 0.5
+
+        def apart(n=0):
+            def ask() -> bool:
+                asked[n] += 1
+                return is_apart
+            return ask
+
+        args = (now_ns, spending, measured, candidates, period_s, present, priorities, spared,
+                beyond_work, doubted)
+        got = ours.due(*args, apart(0), free)
+        want = _plain_due(plain, *args, apart(1), free)
+        assert got == want
+        assert _state(ours) == _state(plain)
+        assert asked[0] == asked[1]
+        if got is not None:
+            given += 1
+            for turns in (ours, plain):
+                turns.start(got, now_ns, {})
+        elif ours.turn is not None and rng.random() < 0.3:
+            for turns in (ours, plain):
+                turns.end(now_ns)
+            if rng.random() < 0.3:
+                refunded = rng.choice(names)
+                for turns in (ours, plain):
+                    turns.refund(refunded, now_ns)
+    assert given > 20  # the histories gave turns, not only refusals

@@ -272,22 +272,45 @@ class SoloTurns:
             return None
         if self.waiting_ns is None:
             self.waiting_ns = now_ns
-        unspent = {a for a in free if a in doubted and a not in self.freed}
-        eligible = [a for a in spending if a in candidates and a not in measured
-                    and (a in unspent or self._may_try(a, now_ns))]
-        spare = [a for a in present if a in spared]
-        if spare:
-            eligible = [a for a in eligible if a in spare] if len(spare) == 1 else []
-        if not eligible:
+        unspent = {a for a in free if a in doubted and a not in self.freed} if free else ()
+        spare = [a for a in present if a in spared] if spared else ()
+        if len(spare) > 1:
+            return None  # none may pause the other spared ones
+        # One pass over those spending (asked at every tick of a time-sliced GPU): the eligible
+        # one tried least, then of the highest priority, then the first; and whether any
+        # eligible one was never tried (or is doubted).
+        tried, credit, ranks = self.tried, self.credit, priorities or {}
+        tries, retry_ns = float(self.tries), self.retry_ns
+        chosen, best = None, (0, 0)
+        untried = untried_or_doubted = False
+        for a in spending:
+            if a not in candidates or a in measured or (spare and a not in spare):
+                continue
+            if a not in unspent:
+                # at least one turn left (`_credit`, inlined): one never charged a try has
+                # them all
+                held = credit.get(a)
+                if held is not None:
+                    left = held[0] if retry_ns is None else min(
+                        tries, held[0] + (now_ns - held[1]) / retry_ns)
+                    if left < 1 - 1e-9:
+                        continue
+            turns = tried.get(a)
+            if turns is None:
+                untried = untried_or_doubted = True
+                turns = 0
+            elif a in doubted:
+                untried_or_doubted = True
+            key = (turns, -ranks.get(a, 0))
+            if chosen is None or key < best:
+                chosen, best = a, key
+        if chosen is None:
             return None
-        ranks = priorities or {}
-        chosen = min(eligible, key=lambda a: (self.tried.get(a, 0), -ranks.get(a, 0)))
         after_ns, gap_ns = self.after_ns, self.gap_ns if beyond_work else self.calm_gap_ns
         if chosen in doubted:
             # its figure stood for other work: its turn comes as soon as the last ends
             after_ns, gap_ns = 0, min(gap_ns, self.remeasure_gap_ns)
-        elif (beyond_work and any(a not in self.tried or a in doubted for a in eligible)) or (
-                any(a not in self.tried for a in eligible) and apart()):
+        elif (beyond_work and untried_or_doubted) or (untried and apart()):
             gap_ns = min(gap_ns, self.first_gap_ns)
             if (beyond_work and chosen not in self.tried and chosen in self.last_paused
                     and set(present) - {chosen} <= {self.last_owner}):
@@ -331,9 +354,6 @@ class SoloTurns:
                                  now_ns)
         self.refunded[alloc_id] = now_ns
         return True
-
-    def _may_try(self, alloc_id: str, now_ns: int) -> bool:
-        return self._credit(alloc_id, now_ns) >= 1 - 1e-9
 
     def start(self, alloc_id: str, now_ns: int, paused: Mapping[str, tuple[int, int]]) -> None:
         self.turn = SoloTurn(alloc_id, now_ns, dict(paused))
