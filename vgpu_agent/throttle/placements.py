@@ -79,9 +79,12 @@ class HeldPlacements:
         on_gpu = self.held.get(uuid)
         if not on_gpu:
             return
-        self.held[uuid] = {pid: entry for pid, entry in on_gpu.items()
-                           if now_us - entry[2] <= self.hold_us
-                           and (present is None or entry[0] in present)}
+        hold_us = self.hold_us
+        # (asked at every sampled tick of a time-sliced GPU, where mostly nothing is dropped)
+        gone = [pid for pid, entry in on_gpu.items() if now_us - entry[2] > hold_us
+                or (present is not None and entry[0] not in present)]
+        for pid in gone:
+            del on_gpu[pid]
 
     def forget(self, uuid: str) -> None:
         self.held.pop(uuid, None)
