@@ -1,6 +1,7 @@
-"""The lean read of a `state` header from its file (`headerread.counters_at`): the C read and the
-Python read give the same answer on the same file, whatever the container left there, and the
-C read is clean under AddressSanitizer and UBSan (it runs inside the agent's process)."""
+"""The lean read of a `state` header from its file (`headerread.counters_at`, and in batches with
+the rates in force, `readings_many`): the C read and the Python read give the same answer on the
+same file, whatever the container left there, and the C read is clean under AddressSanitizer and
+UBSan (it runs inside the agent's process)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,35 @@ from vgpu_agent.shm import headerread, layout
 
 SOURCE = sanitized.REPO / "vgpu_agent" / "shm" / "_statec.c"
 READS = [pytest.param(headerread.python_counters_at, id="python")]
+# (rate, burst) words 1 and 2 of each device's 4: words enough for every device count
+WORDS = (1, 2, 4)
+
+
+def control_words(devices: int) -> memoryview:
+    """A stand-in for a region's `control` words: device d's rate 100 + d, burst 200 + d."""
+    words = memoryview(bytearray(8 * 4 * max(devices, 1))).cast("Q")
+    for dev in range(devices):
+        words[4 * dev + 1], words[4 * dev + 2] = 100 + dev, 200 + dev
+    return words
+
+
+def read_in_batch(fd: int, count: int) -> tuple[int, ...] | None:
+    """The same read, one of a batch (`readings_many`). A batch is never asked for a device
+    count no region can have: it refuses one by name."""
+    if not 1 <= count <= layout.MAX_DEVICES:
+        with pytest.raises(ValueError, match=f"{count} devices"):
+            headerread._statec.readings_many([fd], [(control_words(count), ("strict",) * count,
+                                                     0)], WORDS)
+        return None
+    reading = headerread._statec.readings_many(
+        [fd], [(control_words(count), ("strict",) * count, 0)], WORDS)[0]
+    assert reading[1] == tuple(v for dev in range(count) for v in (100 + dev, 200 + dev))
+    return reading[0]
+
+
 if headerread._statec is not None:
     READS.append(pytest.param(headerread._statec.counters_at, id="c"))
-    READS.append(pytest.param(  # the same read, one of a batch
-        lambda fd, count: headerread._statec.counters_many([fd], [count])[0][0], id="c-many"))
+    READS.append(pytest.param(read_in_batch, id="c-many"))
 
 
 def test_the_c_read_was_built():
@@ -103,25 +129,45 @@ def test_implausible_totals_are_unreadable(tmp_path, read):
 def test_a_batch_reads_each_descriptor_between_its_two_stamps(tmp_path):
     if headerread._statec is None:
         pytest.skip("the C read was not built")
+    many_fn = headerread._statec.readings_many
     fds = [state_file(tmp_path / f"state{n}", n % 2 + 1, list(range(3 * (n % 2 + 1))))
            for n in range(5)]
+    controls = [(control_words(n % 2 + 1), ("strict",) * (n % 2 + 1), n) for n in range(5)]
     try:
         before = time.monotonic_ns()
-        many = headerread._statec.counters_many(fds, [n % 2 + 1 for n in range(5)])
+        many = many_fn(fds, controls, WORDS)
         after = time.monotonic_ns()
         assert [m[0] for m in many] == [(0, 1, 2), (0, 1, 2, 3, 4, 5)] * 2 + [(0, 1, 2)]
+        assert [m[1] for m in many] == [(100, 200), (100, 200, 101, 201)] * 2 + [(100, 200)]
+        assert [m[2:4] for m in many] == [(c[1], c[2]) for c in controls]
+        assert all(m[2] is c[1] for m, c in zip(many, controls, strict=True))  # shared
         # the stamps are time.monotonic_ns's clock, in the order of the reads
-        stamps = [stamp for m in many for stamp in m[1:]]
+        stamps = [stamp for m in many for stamp in m[4:]]
         assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= after
-        assert headerread._statec.counters_many([], []) == []
-        with pytest.raises(ValueError, match="2 descriptors but 1 device counts"):
-            headerread._statec.counters_many(fds[:2], [1])
+        assert many_fn([], [], WORDS) == []
+        with pytest.raises(ValueError, match="2 descriptors but 1 controls"):
+            many_fn(fds[:2], controls[:1], WORDS)
         with pytest.raises(ValueError, match=f"{2**40} is no file descriptor"):
-            headerread._statec.counters_many([2**40], [1])
+            many_fn([2**40], controls[:1], WORDS)
         with pytest.raises(TypeError):
-            headerread._statec.counters_many([fds[0]], ["1"])
+            many_fn(["3"], controls[:1], WORDS)
         with pytest.raises(TypeError):
-            headerread._statec.counters_many(tuple(fds), [1] * 5)
+            many_fn(tuple(fds), controls, WORDS)
+        with pytest.raises(TypeError, match="must be \\(words, policies, priority\\)"):
+            many_fn(fds[:1], [(control_words(1), ["strict"], 0)], WORDS)
+        with pytest.raises(ValueError, match="0 devices"):
+            many_fn(fds[:1], [(control_words(1), (), 0)], WORDS)
+        with pytest.raises(ValueError, match="words per device >= 1"):
+            many_fn(fds[:1], controls[:1], (1, 2, 0))
+        # words too few for the devices, or not 64-bit words: refused by name, nothing read
+        with pytest.raises(ValueError, match="needs contiguous 64-bit words up to word 6"):
+            many_fn(fds[:1], [(control_words(1), ("strict",) * 2, 0)], WORDS)
+        with pytest.raises(ValueError, match="format B"):
+            many_fn(fds[:1], [(memoryview(bytearray(64)), ("strict",), 0)], WORDS)
+        released = control_words(1)
+        released.release()
+        with pytest.raises(ValueError):
+            many_fn(fds[:1], [(released, ("strict",), 0)], WORDS)
     finally:
         for fd in fds:
             os.close(fd)
@@ -196,9 +242,15 @@ CHILD = textwrap.dedent("""
         fd = os.open(path, os.O_RDONLY)
         try:
             assert module.counters_at(fd, asked) == want
-            many = module.counters_many([fd, fd, 10**6], [asked, count, 1])
-            assert many[0][0] == want and many[2][0] is None  # (no such descriptor)
-            assert many[0][1] <= many[0][2] <= many[1][1]
+            if 1 <= asked <= layout.MAX_DEVICES:
+                words = memoryview(bytearray(8 * 4 * asked)).cast("Q")
+                words[4 * (asked - 1) + 2] = 2**64 - 1
+                controls = [(words, ("strict",) * asked, 0),
+                            (words, ("strict",) * count, 1), (words, ("off",), 2)]
+                many = module.readings_many([fd, fd, 10**6], controls, (1, 2, 4))
+                assert many[0][0] == want and many[2][0] is None  # (no such descriptor)
+                assert many[0][1][-1] == 2**64 - 1 and many[2][2:4] == (("off",), 2)
+                assert many[0][4] <= many[0][5] <= many[1][4]
         finally:
             os.close(fd)
         agreed += want is not None

@@ -137,19 +137,71 @@ static long long monotonic_ns(void) /* time.monotonic_ns(): the same clock */
     return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
 }
 
-/* counters_many(fds, device_counts): for each, (counters_at's answer, monotonic ns just
- * before its read, just after), in one call. */
-static PyObject *counters_many(PyObject *module, PyObject *args)
+/* The rates in force of one region's devices, (rate0, burst0, rate1, ...), from the 64-bit
+ * words of its `control` (`Region.controls`): a new tuple, or NULL with an error set. */
+static PyObject *rates_of(PyObject *words, Py_ssize_t devices, Py_ssize_t rate_word,
+                          Py_ssize_t burst_word, Py_ssize_t device_words)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(words, &view, PyBUF_FULL_RO) < 0)
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t last = (devices - 1) * device_words + (rate_word > burst_word ? rate_word
+                                                                               : burst_word);
+    if (view.itemsize != 8 || view.ndim != 1 || view.format == NULL
+        || strcmp(view.format, "Q") != 0 || !PyBuffer_IsContiguous(&view, 'C')
+        || last >= view.len / 8) {
+        PyErr_Format(PyExc_ValueError,
+                     "readings_many: a control of %zd devices needs contiguous 64-bit words "
+                     "up to word %zd, got %zd bytes of format %s",
+                     devices, last, view.len, view.format == NULL ? "B" : view.format);
+        goto done;
+    }
+    const uint64_t *word = view.buf;
+    out = PyTuple_New(2 * devices);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t dev = 0; dev < devices; dev++) {
+        PyObject *rate = PyLong_FromUnsignedLongLong(word[dev * device_words + rate_word]);
+        PyObject *burst = rate == NULL ? NULL
+            : PyLong_FromUnsignedLongLong(word[dev * device_words + burst_word]);
+        if (burst == NULL) {
+            Py_XDECREF(rate);
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(out, 2 * dev, rate);
+        PyTuple_SET_ITEM(out, 2 * dev + 1, burst);
+    }
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* readings_many(fds, controls, (rate_word, burst_word, device_words)): per region, its
+ * header read from its `state` descriptor between two monotonic stamps, and its controls in
+ * force: `controls` holds per region (the words of its `control`, its policies, its
+ * priority), the device count being the policies'. Each reading is the controller's:
+ * (counters or None, rates, policies, priority, before, after). */
+static PyObject *readings_many(PyObject *module, PyObject *args)
 {
     (void)module;
-    PyObject *fds, *counts;
-    if (!PyArg_ParseTuple(args, "O!O!:counters_many", &PyList_Type, &fds, &PyList_Type, &counts)
+    PyObject *fds, *controls;
+    Py_ssize_t rate_word, burst_word, device_words;
+    if (!PyArg_ParseTuple(args, "O!O!(nnn):readings_many", &PyList_Type, &fds, &PyList_Type,
+                          &controls, &rate_word, &burst_word, &device_words)
         || !check_bound())
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(fds);
-    if (PyList_GET_SIZE(counts) != n) {
-        PyErr_Format(PyExc_ValueError, "counters_many: %zd descriptors but %zd device counts",
-                     n, PyList_GET_SIZE(counts));
+    if (PyList_GET_SIZE(controls) != n) {
+        PyErr_Format(PyExc_ValueError, "readings_many: %zd descriptors but %zd controls", n,
+                     PyList_GET_SIZE(controls));
+        return NULL;
+    }
+    if (rate_word < 0 || burst_word < 0 || device_words < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "readings_many: word indexes must be >= 0 and words per device >= 1, got "
+                     "%zd, %zd, %zd", rate_word, burst_word, device_words);
         return NULL;
     }
     PyObject *out = PyList_New(n);
@@ -157,29 +209,49 @@ static PyObject *counters_many(PyObject *module, PyObject *args)
         return NULL;
     unsigned char header[MAX_HEADER];
     for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *control = PyList_GET_ITEM(controls, i);
         long fd = PyLong_AsLong(PyList_GET_ITEM(fds, i));
-        long device_count = PyLong_AsLong(PyList_GET_ITEM(counts, i));
-        if (PyErr_Occurred()) {
-            Py_DECREF(out);
-            return NULL;
+        if (fd == -1 && PyErr_Occurred())
+            goto failed;
+        if (fd < INT_MIN || fd > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "readings_many: %ld is no file descriptor", fd);
+            goto failed;
         }
-        if (fd < INT_MIN || fd > INT_MAX) { /* (one below 0 reads nothing, as in counters_at) */
-            PyErr_Format(PyExc_ValueError, "counters_many: %ld is no file descriptor", fd);
-            Py_DECREF(out);
-            return NULL;
+        if (!PyTuple_CheckExact(control) || PyTuple_GET_SIZE(control) != 3
+            || !PyTuple_CheckExact(PyTuple_GET_ITEM(control, 1))) {
+            PyErr_SetString(PyExc_TypeError,
+                            "readings_many: each control must be (words, policies, priority)");
+            goto failed;
         }
+        PyObject *policies = PyTuple_GET_ITEM(control, 1);
+        Py_ssize_t devices = PyTuple_GET_SIZE(policies);
+        if (devices < 1 || devices > layout.max_devices) {
+            PyErr_Format(PyExc_ValueError, "readings_many: %zd devices (allowed 1..%d)", devices,
+                         layout.max_devices);
+            goto failed;
+        }
+        PyObject *rates = rates_of(PyTuple_GET_ITEM(control, 0), devices, rate_word,
+                                   burst_word, device_words);
+        if (rates == NULL)
+            goto failed;
         long long before = monotonic_ns();
         Py_ssize_t got = read_header((int)fd, header);
         long long after = monotonic_ns();
-        PyObject *counters = got < 0 ? NULL : decode(header, got, device_count);
-        PyObject *read = counters == NULL ? NULL : Py_BuildValue("(NLL)", counters, before, after);
+        PyObject *counters = got < 0 ? NULL : decode(header, got, (long)devices);
+        PyObject *read = counters == NULL ? NULL
+            : Py_BuildValue("(NNOOLL)", counters, rates, policies, PyTuple_GET_ITEM(control, 2),
+                            before, after);
         if (read == NULL) {
-            Py_DECREF(out);
-            return NULL;
+            if (counters == NULL)
+                Py_DECREF(rates);
+            goto failed;
         }
         PyList_SET_ITEM(out, i, read);
     }
     return out;
+failed:
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyObject *decode_header(PyObject *module, PyObject *args)
@@ -244,9 +316,10 @@ static PyMethodDef methods[] = {
     {"counters_at", counters_at, METH_VARARGS,
      "counters_at(fd, device_count): `layout.state_counters` of the header read from fd at "
      "offset 0; None when unreadable."},
-    {"counters_many", counters_many, METH_VARARGS,
-     "counters_many(fds, device_counts): per descriptor, (counters_at(fd, device_count), "
-     "monotonic ns just before its read, just after), in one call."},
+    {"readings_many", readings_many, METH_VARARGS,
+     "readings_many(fds, controls, (rate_word, burst_word, device_words)): per region, "
+     "(counters, rates, policies, priority, monotonic ns before its read, after), `controls` "
+     "holding (control words, policies, priority) per region."},
     {"decode", decode_header, METH_VARARGS,
      "decode(header, device_count): `layout.state_counters(header, device_count)`."},
     {NULL, NULL, 0, NULL},

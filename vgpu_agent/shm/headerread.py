@@ -64,6 +64,7 @@ def python_counters_at(fd: int, device_count: int) -> tuple[int, ...] | None:
 
 
 counters_at = python_counters_at if _statec is None else _statec.counters_at
-# many headers in one call, each between two monotonic stamps (`regions.counters_together`);
-# None without the C read, or with a build from before it had one
-counters_many = None if _statec is None else getattr(_statec, "counters_many", None)
+# many regions' headers and rates in force in one call, each header between two monotonic
+# stamps (`regions.readings_together`); None without the C read, or with a build from before
+# it had one
+readings_many = None if _statec is None else getattr(_statec, "readings_many", None)

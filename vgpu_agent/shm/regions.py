@@ -76,12 +76,13 @@ from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
 from vgpu_agent.deviceplugin.server import Extras
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionHandle, RegionUsage
-from vgpu_agent.shm.headerread import counters_at, counters_many
+from vgpu_agent.shm.headerread import counters_at, readings_many
 
 log = structlog.get_logger(__name__)
 
-# a header read in a batch: (counters or None, monotonic ns before the read, after it)
-Together = tuple[tuple[int, ...] | None, int, int]
+# A region read in a batch, as the controller reads one: (counters or None, per device (rate,
+# burst) flattened, the policies, the priority, monotonic ns before the header's read, after it)
+Reading = tuple[tuple[int, ...] | None, tuple[int, ...], tuple[CorePolicy, ...], int, int, int]
 
 REGIONS_DIR = "regions"
 QUARANTINE_DIR = "regions.corrupt"
@@ -183,6 +184,7 @@ _GENERATION_WORD = _word_index(layout.CONTROL_OFFSETS["generation"])
 _RATE_WORD = _word_index(layout.control_device_offset(0, "rate"))
 _BURST_WORD = _word_index(layout.control_device_offset(0, "burst"))
 _DEVICE_WORDS = _word_index(layout.CONTROL_DEVICE_SIZE)
+_CONTROL_WORDS = (_RATE_WORD, _BURST_WORD, _DEVICE_WORDS)  # as `readings_many` takes them
 # `state` reads up to this size are kept to skip decoding an unchanged file (a few live slots;
 # a region whose high-water mark is far up is decoded every time rather than held in memory)
 _DECODE_CACHE_BYTES = layout.STATE_HEADER_SIZE + 16 * layout.SLOT_SIZE
@@ -478,19 +480,20 @@ class Region:
         return counters
 
     @staticmethod
-    def counters_together(regions: Sequence[object]) -> list[Together | None]:
-        """`Region.counters` of many regions in one native call (`headerread.counters_many`), each
-        with `time.monotonic_ns` just before and just after its own read: per region, (counters or
-        None, before, after), or None for one to be read the usual way (not a `Region`, closed,
-        its files due for their checks, its `state` not open, its lock held by another reader, or
-        no native read built). Each region read is held under its readers' lock while its file is
-        read, as in `counters`."""
-        out: list[Together | None] = [None] * len(regions)
-        if counters_many is None:
+    def readings_together(regions: Sequence[object]) -> list[Reading | None]:
+        """`Region.counters` and `Region.controls` of many regions in one native call
+        (`headerread.readings_many`), each header read between `time.monotonic_ns` stamps of its
+        own: per region (counters or None, rates, policies, priority, before, after), or None
+        for one to be read the usual way (not a `Region`, closed, its files due for their
+        checks, its `state` not open, its lock held by another reader, or no native read
+        built). Each region is held under its readers' lock while its file is read, as in
+        `counters`."""
+        out: list[Reading | None] = [None] * len(regions)
+        if readings_many is None:
             return out
         held: list[threading.Lock] = []
         fds: list[int] = []
-        counts: list[int] = []
+        controls: list[tuple[memoryview, tuple[CorePolicy, ...], int]] = []
         where: list[int] = []
         now_ns = time.monotonic_ns()
         try:
@@ -500,16 +503,16 @@ class Region:
                 lock = region._fd_lock
                 if not lock.acquire(blocking=False):
                     continue  # another reader may be reopening its file: read it the usual way
-                policed, fd = region._policed_ns, region._state_fd
-                if (region._view is None or fd is None or policed is None
+                policed, fd, words = region._policed_ns, region._state_fd, region._words
+                if (region._view is None or fd is None or words is None or policed is None
                         or now_ns - policed >= _LEAN_POLICE_NS):
                     lock.release()
                     continue
                 held.append(lock)
                 fds.append(fd)
-                counts.append(region._device_count)
+                controls.append((words, *region._in_force))
                 where.append(n)
-            read = counters_many(fds, counts) if fds else []
+            read = readings_many(fds, controls, _CONTROL_WORDS) if fds else []
         finally:
             for lock in held:
                 lock.release()

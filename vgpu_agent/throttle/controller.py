@@ -989,10 +989,10 @@ class ThrottleController:
         """Each region's counters and controls, added to its devices' GPUs in `by_gpu` where
         they are `due`."""
         tick, clock = self.ticks, self.clock
-        # On the monotonic clock, the headers in one native call, each between its own stamps
-        # (those it cannot take are read one by one below): a region's Python calls cost the
-        # node more than its pread.
-        read_all = (getattr(type(regions[0]), "counters_together", None)
+        # On the monotonic clock, the headers and the rates in force in one native call, each
+        # header between its own stamps (those it cannot take are read one by one below): a
+        # region's Python calls cost the node more than its pread.
+        read_all = (getattr(type(regions[0]), "readings_together", None)
                     if regions and clock is time.monotonic_ns else None)
         together: list[Any] = [None] * len(regions)
         if read_all is not None:
@@ -1000,25 +1000,21 @@ class ThrottleController:
                 together = read_all(regions)
             except Exception:  # each read on its own then, its failures its own
                 self._failed("region_usage", "throttle_region_batch_read_failed")
-        for region, read in zip(regions, together, strict=True):
+        for region, reading in zip(regions, together, strict=True):
             if region.closed:
                 continue
             # A region that cannot be read is not steered this tick, and what it does is not
             # known: the tick is kept as short as where something is lent. Its devices are
             # followed only once it reads: a header corrupt for good is no change every tick.
-            try:
-                if read is not None:
-                    counters, read_from, read_until = read
-                else:
-                    # (`_counters`'s lean read called here: a call less for each region a tick)
-                    lean = getattr(region, "counters", None)
-                    read_from = clock()
-                    counters = lean() if lean is not None else _counters(region)
-                    read_until = clock()
-                if counters is None:
-                    self._unsure_of(region)
-                    self.errors["region_corrupt"] += 1
+            if reading is None:
+                reading = self._read_alone(region)
+                if reading is None:
                     continue
+            elif reading[0] is None:
+                self._unsure_of(region)
+                self.errors["region_corrupt"] += 1
+                continue
+            try:
                 devices = self._devices_of(region)
             except Exception:
                 self._unsure_of(region)
@@ -1026,25 +1022,48 @@ class ThrottleController:
                     "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
                 )
                 continue
-            try:
-                lean = getattr(region, "controls", None)
-                rates, policies, priority = (lean() if lean is not None
-                                             else _controls(region, len(devices)))
-            except Exception:
-                if not region.closed:  # collected meanwhile: not an error
-                    self._unsure_of(region)
-                    self._failed("region_read", "throttle_region_read_failed",
-                                 alloc_id=_alloc_id(region))
-                continue
-            # When this region's counters were read (the moment lies between these two), not
-            # when the tick's reads began: a reader stalled halfway (a loaded node, a
-            # CPU-limited agent) must not make the regions read after the stall look as if they
-            # had spent more than their buckets let through.
-            reading = (counters, rates, policies, priority, read_from, read_until)
             for device in devices:
                 device.seen = tick
                 if device.uuid in due:
                     by_gpu[device.uuid].append((device, reading))
+
+    def _read_alone(self, region: RegionHandle) -> _RegionReading | None:
+        """One region's reading outside a batch: (counters, rates, policies, priority, and the
+        clock just before and after its counters were read); None where it could not be read
+        (counted, and its GPUs not known to be calm this tick)."""
+        # When this region's counters were read (the moment lies between the two stamps), not
+        # when the tick's reads began: a reader stalled halfway (a loaded node, a CPU-limited
+        # agent) must not make the regions read after the stall look as if they had spent more
+        # than their buckets let through.
+        clock = self.clock
+        try:
+            # (`_counters`'s lean read called here: a call less for each region a tick)
+            lean = getattr(region, "counters", None)
+            read_from = clock()
+            counters = lean() if lean is not None else _counters(region)
+            read_until = clock()
+            if counters is None:
+                self._unsure_of(region)
+                self.errors["region_corrupt"] += 1
+                return None
+            devices = len(self._devices_of(region))
+        except Exception:
+            self._unsure_of(region)
+            self._failed(
+                "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
+            )
+            return None
+        try:
+            lean = getattr(region, "controls", None)
+            rates, policies, priority = (lean() if lean is not None
+                                         else _controls(region, devices))
+        except Exception:
+            if not region.closed:  # collected meanwhile: not an error
+                self._unsure_of(region)
+                self._failed("region_read", "throttle_region_read_failed",
+                             alloc_id=_alloc_id(region))
+            return None
+        return (counters, rates, policies, priority, read_from, read_until)
 
     def _unsure_of(self, region: RegionHandle) -> None:
         """A region could not be read: its GPUs are not known to be calm this tick, and its

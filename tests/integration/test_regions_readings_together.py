@@ -1,8 +1,9 @@
-"""Many regions' `state` headers in one native call (`Region.counters_together`), as the
-controller reads them each tick on the monotonic clock: the same counters as each region's own
-`counters`, each between its own stamps; the regions it cannot take (another reader holding the
-lock, files due for their checks, a fake, a closed region, no native read) are left to be read
-one by one, and a corrupt header is counted and told once, as by `counters`."""
+"""Many regions' `state` headers and rates in force in one native call
+(`Region.readings_together`), as the controller reads them each tick on the monotonic clock: the
+same counters as each region's own `counters` and the same controls as its `controls`, each
+header between its own stamps; the regions it cannot take (another reader holding the lock,
+files due for their checks, a fake, a closed region, no native read) are left to be read one by
+one, and a corrupt header is counted and told once, as by `counters`."""
 
 from __future__ import annotations
 
@@ -46,24 +47,31 @@ def _regions(tmp_path: Path, count: int) -> list[Region]:
 
 @pytest.fixture
 def native() -> None:
-    if regions.counters_many is None:
+    if regions.readings_many is None:
         pytest.skip("the C read was not built")
 
 
-def test_the_same_counters_as_each_regions_own_each_between_its_stamps(tmp_path, native):
+def test_the_same_counters_and_controls_as_each_regions_own_each_between_its_stamps(
+        tmp_path, native):
     rs = _regions(tmp_path, 4)
     rs[3].close()
+    rs[0].set_rate(0, 1234, 99)
+    rs[2].set_rate(0, 2**40, 2**33)
+    rs[1].set_policy("work-conserving", 7)
 
     class Fake:  # a region of another kind: read the usual way
         closed = False
 
     before = time.monotonic_ns()
-    got = Region.counters_together([rs[0], Fake(), rs[1], rs[2], rs[3]])
+    got = Region.readings_together([rs[0], Fake(), rs[1], rs[2], rs[3]])
     after = time.monotonic_ns()
     assert got[1] is None and got[4] is None
     read = [got[0], got[2], got[3]]
     assert [r[0] for r in read] == [rs[n].counters() for n in range(3)]  # type: ignore[index]
-    stamps = [stamp for r in read for stamp in r[1:]]  # type: ignore[index]
+    assert [r[1:4] for r in read] == [rs[n].controls() for n in range(3)]  # type: ignore[index]
+    assert read[0][1] == (1234, 99) and read[2][1] == (2**40, 2**33)  # type: ignore[index]
+    assert read[1][2:4] == (("work-conserving",), 7)  # type: ignore[index]
+    stamps = [stamp for r in read for stamp in r[4:]]  # type: ignore[index]
     assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= after
     for region in rs:
         region.close()
@@ -85,14 +93,14 @@ def test_regions_it_cannot_take_are_left_to_their_own_read(tmp_path, native):
     held.wait(10)
     try:
         rs[1]._policed_ns = time.monotonic_ns() - 10**9  # its files due for their checks
-        got = Region.counters_together(rs)
+        got = Region.readings_together(rs)
         assert got[0] is None and got[1] is None and got[2] is not None
     finally:
         release.set()
         holder.join()
     # its own read checked its files: the next batch takes it
     assert rs[1].counters() is not None
-    got = Region.counters_together(rs)
+    got = Region.readings_together(rs)
     assert all(g is not None for g in got)
     assert not any(region._fd_lock.locked() for region in rs)  # every lock given back
     for region in rs:
@@ -105,7 +113,7 @@ def test_a_corrupt_header_is_counted_and_told_once(tmp_path, native):
         f.write(b"\0" * 8)  # its magic gone
     with capture_logs() as logs:
         for _ in range(3):
-            got = Region.counters_together(rs)
+            got = Region.readings_together(rs)
             assert got[0] is not None and got[0][0] is not None
             assert got[1] is not None and got[1][0] is None
     assert rs[1].corrupt_reads == 3 and rs[0].corrupt_reads == 0
@@ -116,8 +124,8 @@ def test_a_corrupt_header_is_counted_and_told_once(tmp_path, native):
 
 def test_without_the_native_read_every_region_is_read_its_own_way(tmp_path, monkeypatch):
     rs = _regions(tmp_path, 2)
-    monkeypatch.setattr(regions, "counters_many", None)
-    assert Region.counters_together(rs) == [None, None]
+    monkeypatch.setattr(regions, "readings_many", None)
+    assert Region.readings_together(rs) == [None, None]
     for region in rs:
         region.close()
 
@@ -125,28 +133,39 @@ def test_without_the_native_read_every_region_is_read_its_own_way(tmp_path, monk
 def test_the_controller_reads_real_regions_together_on_the_monotonic_clock(tmp_path, native,
                                                                          monkeypatch):
     rs = _regions(tmp_path, 3)
+    rs[1].set_rate(0, 500, 40)
     one_by_one: list[Region] = []
-    own = Region.counters
+    controls_alone: list[Region] = []
+    own, own_controls = Region.counters, Region.controls
 
     def counted(self: Region) -> tuple[int, ...] | None:
         one_by_one.append(self)
         return own(self)
 
+    def controls_counted(self: Region) -> tuple:
+        controls_alone.append(self)
+        return own_controls(self)
+
     monkeypatch.setattr(Region, "counters", counted)
+    monkeypatch.setattr(Region, "controls", controls_counted)
     by_gpu: dict = {UUID: []}
     controller = ThrottleController(backend=None, regions=lambda: rs)  # type: ignore[arg-type]
     before = time.monotonic_ns()
     controller._gather(rs, by_gpu, {UUID})
-    assert one_by_one == []  # all three in the batch
+    assert one_by_one == [] and controls_alone == []  # all three in the batch
     readings = [reading for _, reading in by_gpu[UUID]]
     assert [r[0] for r in readings] == [(1000, 10, 0), (2000, 20, 1), (3000, 30, 2)]
+    assert [r[1:4] for r in readings] == [own_controls(region) for region in rs]
+    assert readings[1][1] == (500, 40)
     assert all(before <= r[4] <= r[5] for r in readings)
+    readings_batch = [r[:4] for r in readings]
     # on another clock (a simulator's), one by one, as before
     fake = ThrottleController(backend=None, regions=lambda: rs,  # type: ignore[arg-type]
                               clock=lambda: 5)
     by_gpu = {UUID: []}
     fake._gather(rs, by_gpu, {UUID})
-    assert one_by_one == rs
+    assert one_by_one == rs and controls_alone == rs
+    assert [reading[:4] for _, reading in by_gpu[UUID]] == readings_batch
     assert [reading[4:] for _, reading in by_gpu[UUID]] == [(5, 5)] * 3
     for region in rs:
         region.close()
@@ -158,7 +177,7 @@ def test_a_batch_that_fails_leaves_every_region_to_its_own_read(tmp_path, native
     def broken(regions: object) -> list:
         raise RuntimeError("the batch read failed")
 
-    monkeypatch.setattr(Region, "counters_together", staticmethod(broken))
+    monkeypatch.setattr(Region, "readings_together", staticmethod(broken))
     controller = ThrottleController(backend=None, regions=lambda: rs)  # type: ignore[arg-type]
     by_gpu: dict = {UUID: []}
     with capture_logs() as logs:
