@@ -12,6 +12,9 @@
  *
  * The GIL is kept across the pread: a header is about a kilobyte in the page cache, and
  * handing the GIL over twice per region costs the agent more than the read.
+ *
+ * `readings_many` reads many regions at once, each with its rates in force from the words of
+ * its `control` (the agent's own file, mapped by the caller): what `Region.controls` gives.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

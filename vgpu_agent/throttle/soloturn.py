@@ -280,21 +280,14 @@ class SoloTurns:
         # one tried least, then of the highest priority, then the first; and whether any
         # eligible one was never tried (or is doubted).
         tried, credit, ranks = self.tried, self.credit, priorities or {}
-        tries, retry_ns = float(self.tries), self.retry_ns
         chosen, best = None, (0, 0)
         untried = untried_or_doubted = False
         for a in spending:
             if a not in candidates or a in measured or (spare and a not in spare):
                 continue
-            if a not in unspent:
-                # at least one turn left (`_credit`, inlined): one never charged a try has
-                # them all
-                held = credit.get(a)
-                if held is not None:
-                    left = held[0] if retry_ns is None else min(
-                        tries, held[0] + (now_ns - held[1]) / retry_ns)
-                    if left < 1 - 1e-9:
-                        continue
+            # at least one turn left (one never charged a try has them all)
+            if a not in unspent and a in credit and self._credit(a, now_ns) < 1 - 1e-9:
+                continue
             turns = tried.get(a)
             if turns is None:
                 untried = untried_or_doubted = True
