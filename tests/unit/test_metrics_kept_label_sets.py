@@ -4,7 +4,9 @@ is the one prometheus_client writes for the same families, in both formats."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 import threading
 from pathlib import Path
 
@@ -19,8 +21,8 @@ from tests.fakes.shimstate import DeviceSpec, FileRegion, ShimWriter, make_regio
 from vgpu_agent.gpu.model import GpuReadings
 from vgpu_agent.gpu.sim import build_inventory
 from vgpu_agent.metrics.collectors import (
-    CONTAINER_LABELS,
     AgentInstruments,
+    ContainerDevice,
     ScrapeView,
     Snapshot,
     build_families,
@@ -140,7 +142,7 @@ async def test_kept_sets_follow_values_labels_and_the_set_of_containers(node: No
 
     # b's pod is renamed (labels), c goes, d comes, a's policy becomes the pod's own
     node.identities["b"] = ("team-b", "p-renamed", "c")
-    del node.handles["c"]
+    c_handle = node.handles.pop("c")
     node.region("d", ("team-d", "new", "c"), [DeviceSpec(G1, 8 * GIB, 50)], seq=4)
     node.sources_of["a"] = "pod"
     text = _assert_same_as_reference(node, await node.snapshot(), sets, hami=True)
@@ -154,11 +156,16 @@ async def test_kept_sets_follow_values_labels_and_the_set_of_containers(node: No
     assert value(text, "vgpu_container_core_policy_info", pod=ODD,
                  policy_source="default") is None
 
-    # one more scrape: the vanished container's kept set is dropped, the live ones stay
-    gone = (CONTAINER_LABELS, ("team-c", "gone", "c", G1, "1"))
+    # more scrapes: the live containers' sets stay (nothing is escaped anew)...
+    built = sets.built
     _assert_same_as_reference(node, await node.snapshot(), sets)
-    assert gone not in sets
-    assert (CONTAINER_LABELS, ("team-d", "new", "c", G1, "1")) in sets
+    assert sets.built == built
+    # ...and the vanished container's were dropped: back, its five sets (its labels, and one
+    # per memory kind) are escaped anew
+    node.handles["c"] = c_handle
+    text = _assert_same_as_reference(node, await node.snapshot(), sets)
+    assert sets.built == built + 5
+    assert value(text, "vgpu_container_memory_limit_bytes", pod="gone") == GIB
 
 
 async def test_a_tenants_region_content_never_changes_anothers_series(node: Node) -> None:
@@ -230,3 +237,43 @@ def test_a_label_set_escapes_once_and_is_shared() -> None:
     assert Labels((), ()).text == ""
     with pytest.raises(ValueError):
         Labels(("a",), ())
+
+
+def _random_container(rng: random.Random, serial: int) -> ContainerDevice:
+    """A container device whose every labelled field is drawn from a few values, so that
+    containers share some and differ in others."""
+    gpu = rng.choice([*GPUS, None])
+    return ContainerDevice(
+        identity=(rng.choice(["ns", "other"]), rng.choice(["p", ODD]), rng.choice(["c", "d"])),
+        alloc_id=f"a{serial}", dev=0, gpu=gpu,
+        uuid=gpu.uuid if gpu is not None else rng.choice([G0, "GPU-elsewhere"]),
+        memory_limit=rng.choice([GIB, 0]), core_limit=25.0, rate=1000, burst=2000,
+        usage_known=rng.random() < 0.8, policy=rng.choice(["strict", "work-conserving", "off"]),
+        memory_used=3 * GIB, memory_context=GIB // 4, memory_pool=rng.choice([0, GIB // 2]),
+        launches=rng.randrange(100), priority=rng.randrange(3),
+        policy_source=rng.choice(["", "pod", "default", "claim"]),
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kept_sets_render_what_fresh_ones_do_as_containers_change(seed: int) -> None:
+    """Scrape after scrape, containers come, go and change any labelled field (identity, GPU,
+    policy, its source): the exposition with the kept sets is the one with sets built afresh."""
+    rng = random.Random(seed)
+    base = Snapshot(
+        node="node-a", gpus=tuple(GPUS), gpu_samples={}, healthy=None, xid_counts=None,
+        slices_per_gpu=4, slices_allocated={}, containers=(), regions_by_state={},
+        region_events={}, region_read_errors=0, nvml_errors={}, now_ns=NOW_NS,
+    )
+    kept = LabelSets()
+    containers = [_random_container(rng, n) for n in range(8)]
+    for _ in range(40):
+        for n in range(len(containers)):
+            if rng.random() < 0.3:  # a field or more changed, or another container
+                containers[n] = _random_container(rng, n)
+        shown = [c for c in containers if rng.random() < 0.85]  # some missing this scrape
+        snap = dataclasses.replace(base, containers=tuple(shown))
+        for hami in (False, True):
+            kept.rotate()
+            assert encode(build_families(snap, hami, kept), True) == \
+                encode(build_families(snap, hami, LabelSets()), True)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import InfoMetricFamily, Metric
@@ -130,10 +131,6 @@ def _slice_of(device_id: str) -> SliceId | None:
         return None
 
 
-def _at(values: Sequence[int], dev: int) -> int:
-    return values[dev] if dev < len(values) else 0
-
-
 def memory_by_kind(entry: ContainerDevice) -> dict[str, int]:
     """The container's memory split by kind; data is what the other kinds leave of the total."""
     others = {"context": entry.memory_context, "module": entry.memory_module,
@@ -153,6 +150,8 @@ def container_devices(
     usage = region.usage
     known = usage is not None and not usage.corrupt
     processes = usage.processes if usage is not None else ()
+    totals = (usage.memory_used, usage.memory_context, usage.memory_module, usage.memory_pool,
+              usage.memory_spilled, usage.graphs_unpriced) if usage is not None else None
     for dev, limits in enumerate(region.devices):
         uuid = limits.uuid
         if uuid in seen:  # a region names each GPU once; never emit a series twice
@@ -165,6 +164,10 @@ def container_devices(
                 launches += p.launches[dev]
                 wait_ns += p.wait_ns[dev]
                 last_launch_ns = max(last_launch_ns, p.last_launch_ns[dev])
+        used, context, module, pool, spilled, unpriced = (
+            (0, 0, 0, 0, 0, 0) if totals is None
+            else [values[dev] if dev < len(values) else 0 for values in totals]
+        )
         out.append(
             ContainerDevice(
                 identity=identity,
@@ -178,12 +181,12 @@ def container_devices(
                 burst=limits.burst,
                 usage_known=known,
                 policy=limits.policy,
-                memory_used=_at(usage.memory_used if usage else (), dev),
-                memory_context=_at(usage.memory_context if usage else (), dev),
-                memory_module=_at(usage.memory_module if usage else (), dev),
-                memory_pool=_at(usage.memory_pool if usage else (), dev),
-                memory_spilled=_at(usage.memory_spilled if usage else (), dev),
-                graphs_unpriced=_at(usage.graphs_unpriced if usage else (), dev),
+                memory_used=used,
+                memory_context=context,
+                memory_module=module,
+                memory_pool=pool,
+                memory_spilled=spilled,
+                graphs_unpriced=unpriced,
                 launches=launches,
                 wait_ns=wait_ns,
                 last_launch_ns=last_launch_ns,
@@ -489,6 +492,31 @@ def _container_values(entry: ContainerDevice) -> tuple[str, ...]:
     return (*entry.identity, entry.uuid, index)
 
 
+_CONTAINER_GROUP = "container"  # a `LabelSets.group` key's tag: no (names, values) key has one
+_MEMORY_KINDS = ("data", "context", "module", "pool")  # `memory_by_kind`'s order
+
+
+class _ContainerSets(NamedTuple):
+    """Every label set of one container device's series, looked up once per scrape."""
+
+    base: Labels
+    kinds: tuple[Labels, ...]  # per `_MEMORY_KINDS`
+    # the policy's and the priority's, with `policy_source`; None where the agent does not
+    # say the source
+    sourced: tuple[Labels, Labels] | None
+
+
+def _container_sets(sets: LabelSets, entry: ContainerDevice) -> _ContainerSets:
+    values = _container_values(entry)
+    source = entry.policy_source
+    return _ContainerSets(
+        base=sets.new(CONTAINER_LABELS, values),
+        kinds=tuple(sets.new(_KIND_LABELS, (*values, kind)) for kind in _MEMORY_KINDS),
+        sourced=(sets.new(_POLICY_LABELS, (*values, entry.policy, source)),
+                 sets.new(_PRIORITY_LABELS, (*values, source))) if source else None,
+    )
+
+
 def _launch_age_s(snap: Snapshot, entry: ContainerDevice) -> float | None:
     if not entry.usage_known or entry.last_launch_ns <= 0:
         return None
@@ -564,34 +592,53 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "Priority in force when the GPU is oversubscribed (larger first); policy_source as above.",
         _PRIORITY_LABELS,
     )
+    # Bound appends and one label lookup per container device: this loop is most of a scrape.
+    put_limit, put_core_limit = mem_limit.points.append, core_limit.points.append
+    put_rate, put_util = rate.points.append, core_util.points.append
+    put_open, put_paused = open_loop.points.append, paused.points.append
+    put_used, put_spilled = mem_used.points.append, mem_spilled.points.append
+    put_waited, put_launches = waited.points.append, launches.points.append
+    put_unpriced, put_age = unpriced.points.append, age.points.append
+    put_policy, put_priority = policy_info.points.append, priority.points.append
     for entry in snap.containers:
-        values = _container_values(entry)
-        labels = sets.get(L, values)
-        if entry.policy_source:
-            source = entry.policy_source
-            _put(policy_info, sets.get(_POLICY_LABELS, (*values, entry.policy, source)), 1)
-            _put(priority, sets.get(_PRIORITY_LABELS, (*values, source)), entry.priority)
-        _put(mem_limit, labels, entry.memory_limit)
-        _put(core_limit, labels, entry.core_limit / 100.0)
+        source = entry.policy_source
+        gpu = entry.gpu
+        # the key holds everything `_container_sets` builds the sets from
+        group = sets.group(
+            (_CONTAINER_GROUP, *entry.identity, entry.uuid, -1 if gpu is None else gpu.index,
+             entry.policy if source else "", source),
+            _container_sets, sets, entry,
+        )
+        labels = group.base
+        if group.sourced is not None:
+            policy_labels, priority_labels = group.sourced
+            put_policy((policy_labels, 1))
+            put_priority((priority_labels, entry.priority))
+        put_limit((labels, entry.memory_limit))
+        put_core_limit((labels, entry.core_limit / 100.0))
         if 0 < entry.rate < _UNLIMITED_RATE:
-            _put(rate, labels, entry.rate)
+            put_rate((labels, entry.rate))
         if entry.utilization is not None:
-            _put(core_util, labels, max(0.0, min(100.0, entry.utilization)) / 100.0)
+            put_util((labels, max(0.0, min(100.0, entry.utilization)) / 100.0))
         if entry.open_loop is not None:
-            _put(open_loop, labels, 1 if entry.open_loop else 0)
+            put_open((labels, 1 if entry.open_loop else 0))
         if entry.paused is not None:
-            _put(paused, labels, 1 if entry.paused else 0)
+            put_paused((labels, 1 if entry.paused else 0))
         if not entry.usage_known:
             continue
-        for kind, used in memory_by_kind(entry).items():
-            _put(mem_used, sets.get(_KIND_LABELS, (*values, kind)), used)
-        _put(mem_spilled, labels, entry.memory_spilled)
-        _put(waited, labels, entry.wait_ns / 1e9)
-        _put(launches, labels, entry.launches)
-        _put(unpriced, labels, entry.graphs_unpriced)
+        context, module, pool = entry.memory_context, entry.memory_module, entry.memory_pool
+        data_labels, context_labels, module_labels, pool_labels = group.kinds
+        put_used((data_labels, max(0, entry.memory_used - (context + module + pool))))
+        put_used((context_labels, context))
+        put_used((module_labels, module))
+        put_used((pool_labels, pool))
+        put_spilled((labels, entry.memory_spilled))
+        put_waited((labels, entry.wait_ns / 1e9))
+        put_launches((labels, entry.launches))
+        put_unpriced((labels, entry.graphs_unpriced))
         launch_age = _launch_age_s(snap, entry)
         if launch_age is not None:
-            _put(age, labels, launch_age)
+            put_age((labels, launch_age))
     yield from (mem_limit, mem_used, mem_spilled, core_limit, core_util, waited, launches)
     yield from (unpriced, rate, age, open_loop, paused)
     yield from (policy_info, priority)

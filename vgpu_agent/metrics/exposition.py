@@ -16,8 +16,9 @@ both; only the HELP/TYPE lines differ.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from functools import lru_cache
+from typing import Any, TypeVar
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -29,6 +30,7 @@ from prometheus_client.samples import Sample
 _LABEL_ESCAPES = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r"\""})
 _TEXT_HELP_ESCAPES = str.maketrans({"\\": r"\\", "\n": r"\n"})
 _KINDS = ("gauge", "counter", "info")
+_Group = TypeVar("_Group")
 
 
 def format_value(value: float) -> str:
@@ -67,7 +69,8 @@ class Labels(dict[str, str]):
 
 
 class LabelSets:
-    """The label sets of recent scrapes, by (names, values).
+    """The label sets of recent scrapes, by (names, values), and groups of them by a key of
+    the caller's.
 
     `get` returns the set kept from the previous scrape when there is one; `rotate`, at the start
     of each scrape, forgets the sets the previous scrape did not use, so a container that is gone
@@ -77,16 +80,23 @@ class LabelSets:
     """
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[tuple[str, ...], tuple[str, ...]], Labels] = {}
-        self._used: dict[tuple[tuple[str, ...], tuple[str, ...]], Labels] = {}
+        # (names, values) -> Labels, and a group's key -> what its builder made
+        self._kept: dict[Hashable, Any] = {}
+        self._used: dict[Hashable, Any] = {}
         self.built = 0  # label sets rendered, cumulative (tests, benchmarks)
 
     def __len__(self) -> int:
         return len(self._used)
 
     def __contains__(self, key: object) -> bool:
-        """Whether `(names, values)` is held (used in this scrape or the one before)."""
+        """Whether `(names, values)`, or a group's key, is held (used in this scrape or the one
+        before)."""
         return key in self._used or key in self._kept
+
+    def new(self, names: Sequence[str], values: Sequence[str]) -> Labels:
+        """A label set rendered for a group's builder (held by the group, not by its own key)."""
+        self.built += 1
+        return Labels(names, values)
 
     def get(self, names: tuple[str, ...], values: tuple[str, ...]) -> Labels:
         key = (names, values)
@@ -98,6 +108,18 @@ class LabelSets:
                 self.built += 1
             self._used[key] = found
         return found
+
+    def group(self, key: Hashable, build: Callable[..., _Group], *args: object) -> _Group:
+        """What `build(*args)` returns, kept as `get` keeps a set: several sets of one entity
+        found with one lookup. `key` must determine everything `build` makes (it is the memo's
+        only check) and must not be a (names, values) pair of tuples."""
+        found = self._used.get(key)
+        if found is None:
+            found = self._kept.get(key)
+            if found is None:
+                found = build(*args)
+            self._used[key] = found
+        return found  # type: ignore[no-any-return]
 
     def rotate(self) -> None:
         self._kept, self._used = self._used, {}
@@ -160,10 +182,11 @@ def encode(families: Iterable[Metric | Family], openmetrics: bool = False) -> by
         append(_header(family.name, kind, family.documentation, openmetrics))
         if isinstance(family, Family):
             name = family.sample_name
-            for labels, value in family.points:
-                # most values are ints: str() without format_value's checks
-                shown = str(value) if type(value) is int else format_value(value)
-                append(f"{name}{labels.text} {shown}")
+            # most values are ints: formatted without format_value's checks
+            lines += [
+                f"{name}{labels.text} {value if type(value) is int else format_value(value)}"
+                for labels, value in family.points
+            ]
             continue
         for sample in family.samples:
             text = texts.get(id(sample.labels))
