@@ -1,9 +1,10 @@
 """Many regions' `state` headers and rates in force in one native call
 (`Region.readings_together`), as the controller reads them each tick on the monotonic clock: the
 same counters as each region's own `counters` and the same controls as its `controls`, each
-header between its own stamps; the regions it cannot take (another reader holding the lock,
-files due for their checks, a fake, a closed region, no native read) are left to be read one by
-one, and a corrupt header is counted and told once, as by `counters`."""
+header between its own stamps; a region whose file checks are due is checked there when they
+find nothing; the regions it cannot take (another reader holding the lock, file checks that find
+something, the directory's sweep due, a fake, a closed region, no native read) are left to be
+read one by one, and a corrupt header is counted and told once, as by `counters`."""
 
 from __future__ import annotations
 
@@ -92,7 +93,9 @@ def test_regions_it_cannot_take_are_left_to_their_own_read(tmp_path, native):
     holder.start()
     held.wait(10)
     try:
-        rs[1]._policed_ns = time.monotonic_ns() - 10**9  # its files due for their checks
+        # its files due for their checks, the directory's sweep among them
+        rs[1]._policed_ns = time.monotonic_ns() - 10**9
+        rs[1]._reads = regions._POLICE_EVERY
         got = Region.readings_together(rs)
         assert got[0] is None and got[1] is None and got[2] is not None
     finally:
@@ -103,6 +106,53 @@ def test_regions_it_cannot_take_are_left_to_their_own_read(tmp_path, native):
     got = Region.readings_together(rs)
     assert all(g is not None for g in got)
     assert not any(region._fd_lock.locked() for region in rs)  # every lock given back
+    for region in rs:
+        region.close()
+
+
+def test_file_checks_due_are_made_in_the_batch_where_they_find_nothing(tmp_path, native):
+    rs = _regions(tmp_path, 5)  # each region's files checked once, the sweep with them
+    long_ago = time.monotonic_ns() - 10**9
+    for region in rs:
+        region._policed_ns = long_ago  # every region's checks due
+    # 1: its `state` replaced by a file of the container's; 2: grown past its size; 3: gone
+    # from its path; 4: the directory's sweep due, with a file the container put there
+    replacement = rs[1].path / "elsewhere"
+    replacement.write_bytes((rs[1].path / STATE_FILE).read_bytes())
+    replacement.rename(rs[1].path / STATE_FILE)
+    _spend(rs[1].path, 10**6, 1, 0)  # into the new file: the agent still holds the old one
+    with open(rs[2].path / STATE_FILE, "ab") as f:
+        f.write(b"\0" * 4096)
+    (rs[3].path / STATE_FILE).rename(rs[3].path / "moved")
+    rs[4]._reads = regions._POLICE_EVERY
+    (rs[4].path / "planted").write_bytes(b"x")
+    reads = [region._reads for region in rs]
+
+    got = Region.readings_together(rs)
+    # the one whose checks find nothing is read here, its checks counted as made
+    assert got[0] is not None and got[0][0] == rs[0].counters()
+    assert rs[0]._policed_ns > long_ago and rs[0]._reads == reads[0] + 1  # (the sweep's count)
+    # the others are left to their own read, nothing counted, and that read acts
+    assert got[1:] == [None] * 4
+    assert [region._reads for region in rs[1:]] == reads[1:]
+    assert all(region._policed_ns == long_ago for region in rs[1:])
+    with capture_logs() as logs:
+        assert rs[1].counters() is not None
+        assert rs[2].counters() is not None
+        assert rs[3].counters() is not None
+        assert rs[4].counters() is not None
+    assert rs[1].state_replaced == 1
+    assert (rs[2].path / STATE_FILE).stat().st_size == layout.STATE_SIZE
+    assert not (rs[4].path / "planted").exists()
+    assert "region_state_replaced" in [e["event"] for e in logs]
+    # checked: the next batch takes the four whose files are in order again (3's path is
+    # still empty: left to its own read each time its checks come due)
+    for region in rs:
+        region._policed_ns = long_ago
+    got = Region.readings_together(rs)
+    assert [g is not None for g in got] == [True, True, True, False, True]
+    assert got[1][0] == (10**6, 1, 0)  # type: ignore[index]
+    assert not any(region._fd_lock.locked() for region in rs)
     for region in rs:
         region.close()
 

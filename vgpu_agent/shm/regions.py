@@ -484,10 +484,11 @@ class Region:
         """`Region.counters` and `Region.controls` of many regions in one native call
         (`headerread.readings_many`), each header read between `time.monotonic_ns` stamps of its
         own: per region (counters or None, rates, policies, priority, before, after), or None
-        for one to be read the usual way (not a `Region`, closed, its files due for their
-        checks, its `state` not open, its lock held by another reader, or no native read
-        built). Each region is held under its readers' lock while its file is read, as in
-        `counters`."""
+        for one to be read the usual way (not a `Region`, closed, its files due for checks that
+        find something or for the directory's sweep, its `state` not open, its lock held by
+        another reader, or no native read built). A region whose checks are due and find
+        nothing is checked here (`_checks_find_nothing`). Each region is held under its
+        readers' lock while its files are checked and read, as in `counters`."""
         out: list[Reading | None] = [None] * len(regions)
         if readings_many is None:
             return out
@@ -505,7 +506,8 @@ class Region:
                     continue  # another reader may be reopening its file: read it the usual way
                 policed, fd, words = region._policed_ns, region._state_fd, region._words
                 if (region._view is None or fd is None or words is None or policed is None
-                        or now_ns - policed >= _LEAN_POLICE_NS):
+                        or (now_ns - policed >= _LEAN_POLICE_NS
+                            and not region._checks_find_nothing(now_ns))):
                     lock.release()
                     continue
                 held.append(lock)
@@ -625,6 +627,24 @@ class Region:
                 return
             if size > HAMI_CACHE_MAX_BYTES:
                 self._cut(cache, HAMI_CACHE_MAX_BYTES, size)
+
+    def _checks_find_nothing(self, now_ns: int) -> bool:
+        """`_police_files` where it would only look (its caller holds the readers' lock): True
+        when the `state` at the path is the one held and within its size, counted as checked
+        then; False, with nothing counted, where the checks would act (a file replaced, grown,
+        gone) or the directory's sweep is due: `_police_files` must run instead."""
+        if (self._reads + 1) % _POLICE_EVERY == 1 or self._state_fd is None:
+            return False
+        try:
+            at_path = os.stat(self._state_path, follow_symlinks=False)
+        except OSError:
+            return False
+        if ((at_path.st_dev, at_path.st_ino) != self._state_inode
+                or at_path.st_size > layout.STATE_SIZE):
+            return False
+        self._reads += 1
+        self._policed_ns = now_ns
+        return True
 
     def _sweep(self) -> None:
         """Remove what a container put into its region directory: only regions of older agents
