@@ -12,7 +12,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_lates
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 
 from tests.fakes.promtext import names, series, value
-from tests.fakes.shimstate import DeviceSpec, FileRegion, ShimWriter, make_region
+from tests.fakes.shimstate import DeviceSpec, FileRegion, ShimWriter, make_region, put_totals
 from vgpu_agent.gpu.model import GpuReadings
 from vgpu_agent.gpu.sim import build_inventory
 from vgpu_agent.metrics.collectors import (
@@ -205,6 +205,32 @@ async def test_container_usage_comes_from_the_state_file(node: Node) -> None:
     assert value(text, "vgpu_container_throttle_paused", pod="p") == 0
     node.throttle[("a", 0)] = Status(measured_util=42.0, rate=123_456, paused=True)
     assert value(await node.scrape(), "vgpu_container_throttle_paused", pod="p") == 1
+
+
+async def test_launch_and_wait_counters_keep_an_ended_process_counts(node: Node) -> None:
+    """The shim adds each launch to its process's slot and to the device's cumulative totals,
+    and zeroes the slot when it reclaims it from a process that ended: the counters follow the
+    totals, so they never fall when a process ends (Prometheus would read a reset)."""
+    directory = node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, 20 * GIB, 50)], [f"{G0}::0"])
+    shim = ShimWriter(directory)
+    shim.process(0, 17, 4017, 0, launches=100, wait_ns=1_500_000_000)
+    shim.process(1, 18, 4018, 0, launches=50, wait_ns=500_000_000)
+    put_totals(directory, 0, spent=0, launches=150, waited=2_000_000_000)
+    text = await node.scrape()
+    assert value(text, "vgpu_container_kernel_launches_total", pod="p") == 150
+    assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 2.0
+    shim.process(1, 0, 0, 0)  # process 18 ended: its slot reclaimed, the totals keep its counts
+    shim.process(0, 17, 4017, 0, launches=120, wait_ns=1_500_000_000)
+    put_totals(directory, 0, spent=0, launches=170, waited=2_000_000_000)
+    shim.close()
+    text = await node.scrape()
+    assert value(text, "vgpu_container_kernel_launches_total", pod="p") == 170
+    assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 2.0
+    # totals a container wrote below its live processes' counts never lower them
+    put_totals(directory, 0, spent=0, launches=3, waited=0)
+    text = await node.scrape()
+    assert value(text, "vgpu_container_kernel_launches_total", pod="p") == 120
+    assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 1.5
 
 
 async def test_container_with_two_gpus_has_one_series_per_gpu(node: Node) -> None:

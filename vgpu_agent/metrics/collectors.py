@@ -151,7 +151,8 @@ def container_devices(
     known = usage is not None and not usage.corrupt
     processes = usage.processes if usage is not None else ()
     totals = (usage.memory_used, usage.memory_context, usage.memory_module, usage.memory_pool,
-              usage.memory_spilled, usage.graphs_unpriced) if usage is not None else None
+              usage.memory_spilled, usage.graphs_unpriced, usage.launches, usage.wait_ns
+              ) if usage is not None else None
     for dev, limits in enumerate(region.devices):
         uuid = limits.uuid
         if uuid in seen:  # a region names each GPU once; never emit a series twice
@@ -164,10 +165,14 @@ def container_devices(
                 launches += p.launches[dev]
                 wait_ns += p.wait_ns[dev]
                 last_launch_ns = max(last_launch_ns, p.last_launch_ns[dev])
-        used, context, module, pool, spilled, unpriced = (
-            (0, 0, 0, 0, 0, 0) if totals is None
+        used, context, module, pool, spilled, unpriced, launched, waited = (
+            (0, 0, 0, 0, 0, 0, 0, 0) if totals is None
             else [values[dev] if dev < len(values) else 0 for values in totals]
         )
+        # The shim's device totals are cumulative: a process's counts stay in them when its
+        # slot is reclaimed (the slot's are zeroed), so the live slots' sums alone fall when a
+        # process ends, which Prometheus takes for a counter reset. Never below those sums.
+        launches, wait_ns = max(launches, launched), max(wait_ns, waited)
         out.append(
             ContainerDevice(
                 identity=identity,
