@@ -104,6 +104,35 @@ class ShimWriter:
                              ("last_launch_ns", last_launch_ns)):
             store_words(self._map, dev_base + o[field], value)
 
+    def publish(self, slot: int, dev: int, *, launches: int = 0, wait_ns: int = 0,
+                tokens: int = 0, last_launch_ns: int = 0) -> None:
+        """What a thread of the process in `slot` publishes, as the shim does: its counts
+        added to the slot's and to the device's cumulative totals in the header."""
+        slot_base = (layout.STATE_OFFSETS["slots"] + slot * layout.SLOT_SIZE
+                     + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE)
+        total_base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+        for field, value in (("launches", launches), ("wait_ns", wait_ns),
+                             ("tokens_spent", tokens)):
+            for at in (slot_base + layout.PROC_DEVICE_OFFSETS[field],
+                       total_base + layout.STATE_DEVICE_OFFSETS[field]):
+                store_words(self._map, at, layout.load_u64(self._map, at) + value)
+        if last_launch_ns:
+            store_words(self._map, slot_base + layout.PROC_DEVICE_OFFSETS["last_launch_ns"],
+                        last_launch_ns)
+
+    def reclaim(self, slot: int) -> None:
+        """The slot of a process that ended, reclaimed as the shim does: its counters zeroed
+        (the device totals keep them) and its pid cleared last."""
+        base = layout.STATE_OFFSETS["slots"] + slot * layout.SLOT_SIZE
+        devices = base + layout.SLOT_OFFSETS["devices"]
+        for dev in range(layout.MAX_DEVICES):
+            dev_base = devices + dev * layout.PROC_DEVICE_SIZE
+            for field in ("launches", "tokens_spent", "wait_ns", "last_launch_ns"):
+                store_words(self._map, dev_base + layout.PROC_DEVICE_OFFSETS[field], 0)
+        store_words(self._map, base + layout.SLOT_OFFSETS["start_time"], 0)
+        store_words(self._map, base + layout.SLOT_OFFSETS["host_pid"], 0)
+        store_words(self._map, base + layout.SLOT_OFFSETS["pid"], 0)
+
     def device_totals(self, dev: int, *, memory: int, tokens: int = 0) -> None:
         base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
         o = layout.STATE_DEVICE_OFFSETS

@@ -213,21 +213,21 @@ async def test_launch_and_wait_counters_keep_an_ended_process_counts(node: Node)
     totals, so they never fall when a process ends (Prometheus would read a reset)."""
     directory = node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, 20 * GIB, 50)], [f"{G0}::0"])
     shim = ShimWriter(directory)
-    shim.process(0, 17, 4017, 0, launches=100, wait_ns=1_500_000_000)
-    shim.process(1, 18, 4018, 0, launches=50, wait_ns=500_000_000)
-    put_totals(directory, 0, spent=0, launches=150, waited=2_000_000_000)
+    shim.process(0, 17, 4017, 0)
+    shim.process(1, 18, 4018, 0)
+    shim.publish(0, 0, launches=100, wait_ns=1_500_000_000)
+    shim.publish(1, 0, launches=50, wait_ns=500_000_000)
     text = await node.scrape()
     assert value(text, "vgpu_container_kernel_launches_total", pod="p") == 150
     assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 2.0
-    shim.process(1, 0, 0, 0)  # process 18 ended: its slot reclaimed, the totals keep its counts
-    shim.process(0, 17, 4017, 0, launches=120, wait_ns=1_500_000_000)
-    put_totals(directory, 0, spent=0, launches=170, waited=2_000_000_000)
-    shim.close()
+    shim.reclaim(1)  # process 18 ended
+    shim.publish(0, 0, launches=20)
     text = await node.scrape()
     assert value(text, "vgpu_container_kernel_launches_total", pod="p") == 170
     assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 2.0
     # totals a container wrote below its live processes' counts never lower them
     put_totals(directory, 0, spent=0, launches=3, waited=0)
+    shim.close()
     text = await node.scrape()
     assert value(text, "vgpu_container_kernel_launches_total", pod="p") == 120
     assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 1.5
