@@ -233,6 +233,18 @@ async def test_launch_and_wait_counters_keep_an_ended_process_counts(node: Node)
     assert value(text, "vgpu_container_token_wait_seconds_total", pod="p") == 1.5
 
 
+async def test_a_launch_stamped_in_the_future_reads_as_just_now(node: Node) -> None:
+    """`state` is the container's: a last launch stamped ahead of the host's clock (a lie, or
+    garbage) gives an age of 0, never a negative one, in both namings."""
+    directory = node.region("a", ("ns", "p", "c"), [DeviceSpec(G0, 20 * GIB, 50)], [f"{G0}::0"])
+    shim = ShimWriter(directory)
+    shim.process(0, 17, 4017, 0, launches=1, last_launch_ns=time.monotonic_ns() + 10**12)
+    shim.close()
+    text = await node.scrape(hami=True)
+    assert value(text, "vgpu_container_last_launch_age_seconds", pod="p") == 0
+    assert value(text, "hami_container_last_kernel_elapsed_seconds", pod="p") == 0
+
+
 async def test_container_with_two_gpus_has_one_series_per_gpu(node: Node) -> None:
     directory = node.region(
         "a",

@@ -605,6 +605,7 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
     put_waited, put_launches = waited.points.append, launches.points.append
     put_unpriced, put_age = unpriced.points.append, age.points.append
     put_policy, put_priority = policy_info.points.append, priority.points.append
+    now_ns = snap.now_ns
     for entry in snap.containers:
         source = entry.policy_source
         gpu = entry.gpu
@@ -641,9 +642,10 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         put_waited((labels, entry.wait_ns / 1e9))
         put_launches((labels, entry.launches))
         put_unpriced((labels, entry.graphs_unpriced))
-        launch_age = _launch_age_s(snap, entry)
-        if launch_age is not None:
-            put_age((labels, launch_age))
+        last_launch_ns = entry.last_launch_ns
+        if last_launch_ns > 0:  # `_launch_age_s`, inline
+            launch_age = (now_ns - last_launch_ns) / 1e9
+            put_age((labels, launch_age if launch_age > 0.0 else 0.0))
     yield from (mem_limit, mem_used, mem_spilled, core_limit, core_util, waited, launches)
     yield from (unpriced, rate, age, open_loop, paused)
     yield from (policy_info, priority)
