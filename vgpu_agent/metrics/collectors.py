@@ -131,11 +131,19 @@ def _slice_of(device_id: str) -> SliceId | None:
         return None
 
 
+MEMORY_KINDS = ("data", "context", "module", "pool")
+
+
+def memory_split(entry: ContainerDevice) -> tuple[int, int, int, int]:
+    """The container's memory in bytes per `MEMORY_KINDS`; data is what the other kinds leave
+    of the total."""
+    context, module, pool = entry.memory_context, entry.memory_module, entry.memory_pool
+    return max(0, entry.memory_used - (context + module + pool)), context, module, pool
+
+
 def memory_by_kind(entry: ContainerDevice) -> dict[str, int]:
-    """The container's memory split by kind; data is what the other kinds leave of the total."""
-    others = {"context": entry.memory_context, "module": entry.memory_module,
-              "pool": entry.memory_pool}
-    return {"data": max(0, entry.memory_used - sum(others.values())), **others}
+    """`memory_split` by kind name."""
+    return dict(zip(MEMORY_KINDS, memory_split(entry), strict=True))
 
 
 def container_devices(
@@ -498,14 +506,13 @@ def _container_values(entry: ContainerDevice) -> tuple[str, ...]:
 
 
 _CONTAINER_GROUP = "container"  # a `LabelSets.group` key's tag: no (names, values) key has one
-_MEMORY_KINDS = ("data", "context", "module", "pool")  # `memory_by_kind`'s order
 
 
 class _ContainerSets(NamedTuple):
     """Every label set of one container device's series, looked up once per scrape."""
 
     base: Labels
-    kinds: tuple[Labels, ...]  # per `_MEMORY_KINDS`
+    kinds: tuple[Labels, ...]  # per `MEMORY_KINDS`
     # the policy's and the priority's, with `policy_source`; None where the agent does not
     # say the source
     sourced: tuple[Labels, Labels] | None
@@ -516,13 +523,13 @@ def _container_sets(sets: LabelSets, entry: ContainerDevice) -> _ContainerSets:
     source = entry.policy_source
     return _ContainerSets(
         base=sets.new(CONTAINER_LABELS, values),
-        kinds=tuple(sets.new(_KIND_LABELS, (*values, kind)) for kind in _MEMORY_KINDS),
+        kinds=tuple(sets.new(_KIND_LABELS, (*values, kind)) for kind in MEMORY_KINDS),
         sourced=(sets.new(_POLICY_LABELS, (*values, entry.policy, source)),
                  sets.new(_PRIORITY_LABELS, (*values, source))) if source else None,
     )
 
 
-def _launch_age_s(snap: Snapshot, entry: ContainerDevice) -> float | None:
+def launch_age_s(snap: Snapshot, entry: ContainerDevice) -> float | None:
     if not entry.usage_known or entry.last_launch_ns <= 0:
         return None
     return max(0.0, (snap.now_ns - entry.last_launch_ns) / 1e9)
@@ -605,7 +612,6 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
     put_waited, put_launches = waited.points.append, launches.points.append
     put_unpriced, put_age = unpriced.points.append, age.points.append
     put_policy, put_priority = policy_info.points.append, priority.points.append
-    now_ns = snap.now_ns
     for entry in snap.containers:
         source = entry.policy_source
         gpu = entry.gpu
@@ -632,9 +638,9 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             put_paused((labels, 1 if entry.paused else 0))
         if not entry.usage_known:
             continue
-        context, module, pool = entry.memory_context, entry.memory_module, entry.memory_pool
+        data, context, module, pool = memory_split(entry)
         data_labels, context_labels, module_labels, pool_labels = group.kinds
-        put_used((data_labels, max(0, entry.memory_used - (context + module + pool))))
+        put_used((data_labels, data))
         put_used((context_labels, context))
         put_used((module_labels, module))
         put_used((pool_labels, pool))
@@ -642,10 +648,9 @@ def _container_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         put_waited((labels, entry.wait_ns / 1e9))
         put_launches((labels, entry.launches))
         put_unpriced((labels, entry.graphs_unpriced))
-        last_launch_ns = entry.last_launch_ns
-        if last_launch_ns > 0:  # `_launch_age_s`, inline
-            launch_age = (now_ns - last_launch_ns) / 1e9
-            put_age((labels, launch_age if launch_age > 0.0 else 0.0))
+        launch_age = launch_age_s(snap, entry)
+        if launch_age is not None:
+            put_age((labels, launch_age))
     yield from (mem_limit, mem_used, mem_spilled, core_limit, core_util, waited, launches)
     yield from (unpriced, rate, age, open_loop, paused)
     yield from (policy_info, priority)
@@ -809,7 +814,7 @@ def _hami_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         _put(vmem_used, labels, entry.memory_used)
         _put(dev_mem, labels, entry.memory_used)
         _put(old_used, old, entry.memory_used)
-        launch_age = _launch_age_s(snap, entry)
+        launch_age = launch_age_s(snap, entry)
         if launch_age is not None:
             _put(last_kernel, labels, launch_age)
     yield from (vmem_used, vmem_limit, dev_mem, dev_util, last_kernel, old_used, old_limit)

@@ -94,25 +94,17 @@ class LabelSets:
         return key in self._used or key in self._kept
 
     def new(self, names: Sequence[str], values: Sequence[str]) -> Labels:
-        """A label set rendered for a group's builder (held by the group, not by its own key)."""
+        """A label set rendered anew (`get`'s, or one a group's builder holds)."""
         self.built += 1
         return Labels(names, values)
 
     def get(self, names: tuple[str, ...], values: tuple[str, ...]) -> Labels:
-        key = (names, values)
-        found = self._used.get(key)
-        if found is None:
-            found = self._kept.get(key)
-            if found is None:
-                found = Labels(names, values)
-                self.built += 1
-            self._used[key] = found
-        return found
+        return self.group((names, values), self.new, names, values)
 
     def group(self, key: Hashable, build: Callable[..., _Group], *args: object) -> _Group:
-        """What `build(*args)` returns, kept as `get` keeps a set: several sets of one entity
-        found with one lookup. `key` must determine everything `build` makes (it is the memo's
-        only check) and must not be a (names, values) pair of tuples."""
+        """What `build(*args)` returns, kept as a set is (`get` is a group of one set): several
+        sets of one entity found with one lookup. `key` must determine everything `build` makes
+        (it is the memo's only check) and must not be a (names, values) pair of tuples."""
         found = self._used.get(key)
         if found is None:
             found = self._kept.get(key)

@@ -58,6 +58,7 @@ from vgpu_agent.metrics.collectors import (
     ContainerDevice,
     Snapshot,
     container_devices,
+    launch_age_s,
     memory_by_kind,
 )
 from vgpu_agent.metrics.poller import RegionSample
@@ -157,11 +158,7 @@ def _device(
 ) -> dict[str, Any]:
     status = throttle.get((entry.alloc_id, entry.dev))
     known = entry.usage_known
-    age = (
-        max(0.0, (snap.now_ns - entry.last_launch_ns) / 1e9)
-        if known and entry.last_launch_ns > 0
-        else None
-    )
+    age = launch_age_s(snap, entry)
     return {
         "gpu_uuid": entry.uuid,
         "gpu_index": entry.gpu.index if entry.gpu is not None else None,
