@@ -294,7 +294,9 @@ def test_a_paused_process_holds_its_context_and_is_stopped_after_its_case(fake_n
         driver.stopped.set()
         driver.join()
     assert time.monotonic() - started < 10  # not left to run out its 30 s wait
-    assert busy[0] == pytest.approx(full[20] / 2, rel=0.2)
+    # Held at half of the full run's rate: never above it; below it only as far as a machine
+    # loaded between the two runs slows the stand-in (its launches are paced by sleeps).
+    assert full[20] * 0.3 < busy[0] < full[20] / 2 * 1.1
     assert paused[0] < full[20] / 100
 
 
