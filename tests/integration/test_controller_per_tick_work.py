@@ -389,6 +389,14 @@ def test_a_controller_without_its_c_parts_says_so_once_each(monkeypatch):
     assert [e["reason"] for e in logs] == ["built from another version", "steering: no compiler",
                                            "read: another layout", "split: no compiler"]
     assert not controller.native_steering  # (it steers every device in Python)
+    # a C read built before its batch read: said once, with why (the header read stays C)
+    monkeypatch.setattr(controller_module, "NATIVE_READ", True)
+    monkeypatch.setattr(controller_module, "NOT_BATCH_READ_REASON", "built before batches")
+    with capture_logs() as logs:
+        ThrottleController(Samples({}), list)
+    assert [(e["event"], e["reason"]) for e in logs if "read" in e["event"]] == [
+        ("throttle_batch_read_not_native", "built before batches")]
+    monkeypatch.setattr(controller_module, "NOT_BATCH_READ_REASON", None)
     monkeypatch.setattr(controller_module, "NATIVE", True)
     monkeypatch.setattr(controller_module, "NATIVE_STEERING", True)
     monkeypatch.setattr(controller_module, "NATIVE_READ", True)

@@ -212,6 +212,29 @@ def test_a_c_read_built_for_smaller_headers_is_not_used_and_says_why(monkeypatch
     assert reason is not None and "argument" in reason
 
 
+def test_a_c_read_built_before_its_batch_read_reads_one_region_a_call_and_says_why(
+        monkeypatch):
+    import sys
+
+    import vgpu_agent.shm as shm
+
+    # an in-place build older than the tree: the header read in C, no `readings_many`
+    older = types.SimpleNamespace(bind=lambda *numbers: None,
+                                  counters_at=headerread.python_counters_at)
+    monkeypatch.setattr(shm, "_statec", older, raising=False)
+    monkeypatch.setitem(sys.modules, "vgpu_agent.shm._statec", older)
+    stale = importlib.reload(headerread)
+    try:
+        assert stale.NATIVE_READ and stale.readings_many is None
+        assert stale.NOT_NATIVE_READ_REASON is None
+        assert stale.NOT_BATCH_READ_REASON is not None
+        assert "built before it had readings_many" in stale.NOT_BATCH_READ_REASON
+    finally:
+        monkeypatch.undo()
+        importlib.reload(headerread)
+    assert headerread.readings_many is not None and headerread.NOT_BATCH_READ_REASON is None
+
+
 CHILD = textwrap.dedent("""
     import os, random, struct
     module = load("vgpu_agent.shm._statec", sys.argv[1])

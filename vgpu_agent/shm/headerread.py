@@ -66,5 +66,9 @@ def python_counters_at(fd: int, device_count: int) -> tuple[int, ...] | None:
 counters_at = python_counters_at if _statec is None else _statec.counters_at
 # many regions' headers and rates in force in one call, each header between two monotonic
 # stamps (`regions.readings_together`); None without the C read, or with a build from before
-# it had one
+# it had one (each region then read in a call of its own: slower, and said once, below)
 readings_many = None if _statec is None else getattr(_statec, "readings_many", None)
+NOT_BATCH_READ_REASON: str | None = (
+    NOT_NATIVE_READ_REASON if _statec is None
+    else "vgpu_agent.shm._statec was built before it had readings_many (rebuild it)"
+    if readings_many is None else None)

@@ -125,7 +125,7 @@ import structlog
 
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
-from vgpu_agent.shm.headerread import NATIVE_READ, NOT_NATIVE_READ_REASON
+from vgpu_agent.shm.headerread import NATIVE_READ, NOT_BATCH_READ_REASON, NOT_NATIVE_READ_REASON
 from vgpu_agent.shm.layout import MAX_WAIT_NS
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.audit import (
@@ -414,6 +414,9 @@ class ThrottleController:
                         steering="python")
         if not NATIVE_READ:
             log.warning("throttle_read_not_native", reason=NOT_NATIVE_READ_REASON, read="python")
+        elif NOT_BATCH_READ_REASON is not None:
+            log.warning("throttle_batch_read_not_native", reason=NOT_BATCH_READ_REASON,
+                        read="one region a call")
         if not NATIVE_SPLIT:
             log.warning("throttle_split_not_native", reason=NOT_NATIVE_SPLIT_REASON,
                         split="python")
