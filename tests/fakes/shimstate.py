@@ -99,6 +99,16 @@ class ShimWriter:
         store_words(self._map, base + layout.SLOT_OFFSETS["pid"], pid, host_pid)
         dev_base = base + layout.SLOT_OFFSETS["devices"] + dev * layout.PROC_DEVICE_SIZE
         o = layout.PROC_DEVICE_OFFSETS
+        total_base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
+        for field, value in (("launches", launches), ("tokens_spent", tokens),
+                             ("wait_ns", wait_ns)):
+            # what the slot gained went into the device's cumulative total too, as the shim
+            # counts it (a total never below the sum of the live slots)
+            # (a value no shim counts to is a hostile container's store: the total stays)
+            gained = value - layout.load_u64(self._map, dev_base + o[field])
+            if 0 < gained and value <= layout.PLAUSIBLE_COUNTER:
+                at = total_base + layout.STATE_DEVICE_OFFSETS[field]
+                store_words(self._map, at, layout.load_u64(self._map, at) + gained)
         for field, value in (("memory_used", memory), ("launches", launches),
                              ("tokens_spent", tokens), ("wait_ns", wait_ns),
                              ("last_launch_ns", last_launch_ns)):
