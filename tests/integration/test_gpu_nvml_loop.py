@@ -361,7 +361,7 @@ def test_mps_runs_every_process_under_a_daemon_of_the_runs_own_then_quits_it(
                      f'exec {sys.executable} {STANDIN} "$@"\n')
     try:
         code = load_script().main([str(check), "", "--out", str(out), "--nvml-library",
-                                   str(fake_nvml.library_path), "--hold", "4", "--mps",
+                                   str(fake_nvml.library_path), "--hold", "5", "--mps",
                                    "--mps-control", str(control), "--cases", "45@20+45@20",
                                    "--only", "none"])
     finally:
@@ -377,6 +377,7 @@ def test_mps_runs_every_process_under_a_daemon_of_the_runs_own_then_quits_it(
     # this fake driver gives each process its own samples: the pair's add up to its work
     pair = [json.loads(line) for line in (out / "nvml_summary.jsonl").read_text().splitlines()][-1]
     together = pair["periods_together"]
+    # (a 2.5 s window: 15 periods at 6 Hz, fewer where a loaded machine slows the driver)
     assert together["shared"] > 5 and together["others"] == 0
     assert together["sum_median"] == pytest.approx(90, abs=10)
     assert "with a sample of every process" in printed
