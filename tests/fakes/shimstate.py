@@ -106,7 +106,7 @@ class ShimWriter:
             # counts it (a total never below the sum of the live slots)
             # (a value no shim counts to is a hostile container's store: the total stays)
             gained = value - layout.load_u64(self._map, dev_base + o[field])
-            if 0 < gained and value <= layout.PLAUSIBLE_COUNTER:
+            if gained > 0 and value <= layout.PLAUSIBLE_COUNTER:
                 at = total_base + layout.STATE_DEVICE_OFFSETS[field]
                 store_words(self._map, at, layout.load_u64(self._map, at) + gained)
         for field, value in (("memory_used", memory), ("launches", launches),
