@@ -1,0 +1,142 @@
+"""The whole agent's CPU, window by window, this tree beside another checkout.
+
+    python tests/bench/bench_node.py [--devices 144] [--attribution per-process|time-sliced]
+                                     [--changing] [--scrape-every 0] [--windows 3]
+                                     [--seconds 20] [--settle 30] [--rounds 3]
+                                     [--baseline DIR]
+
+`bench_scrape.py`'s node (8 simulated GPUs, strict containers, honest shims whose spending the
+simulated drivers turn into NVML samples) with the whole agent in a child process: after
+`--settle` seconds (3 with `--changing`, as `bench_scrape.py` waits), its CPU in % of a core over
+each of `--windows` windows of `--seconds`. `--changing`: the work a token buys changes every
+other 2 s for every container and the agent's tick is held at 100 ms (`bench_scrape.py`'s
+"changing"). `--scrape-every S`: a scrape every S seconds during the windows (0: none).
+
+The goals at 144 container-devices are absolute (`bench_scrape.py`), but this machine's pace
+moves by half from one day to the next, and two runs minutes apart differ by more than most
+changes do. With `--baseline DIR` every run is made with the code in DIR (another checkout)
+too, alternating run by run, so that both see the same machine; the medians of all windows are
+printed side by side with their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def windows(args: argparse.Namespace) -> list[float]:
+    """CPU % of a core per window, on this checkout's code."""
+    from tests.bench import bench_scrape as node
+    from vgpu_agent.shm.regions import REGIONS_DIR
+
+    sliced = args.attribution == "time-sliced"
+    out = []
+    with tempfile.TemporaryDirectory(prefix="bench-node-") as tmp:
+        root = Path(tmp)
+        regions = root / "state" / REGIONS_DIR
+        regions.mkdir(parents=True)
+        rows = node.build_regions(root, 8, node.containers_for(args.devices), regions, "strict")
+        shim = node.ShimSide(regions, rows, accounting=node.Accounting(root / "nvml", rows))
+        shim.accounting.changing = args.changing
+        with shim.moving(), node.running_node(root, 8, args.changing, sliced=sliced) as (
+                child, port):
+            node.pause_with_shim(shim, args.settle)
+            for _ in range(args.windows):
+                before, started = node.cpu_seconds(child.pid), time.monotonic()
+                while time.monotonic() - started < args.seconds:
+                    if args.scrape_every:
+                        node.scrape(port)
+                    left = args.seconds - (time.monotonic() - started)
+                    node.pause_with_shim(shim, min(left, args.scrape_every or left))
+                took = time.monotonic() - started
+                out.append(round((node.cpu_seconds(child.pid) - before) / took * 100, 3))
+    return out
+
+
+def child_args(args: argparse.Namespace) -> list[str]:
+    return ["--devices", str(args.devices), "--attribution", args.attribution,
+            *(["--changing"] if args.changing else []), "--scrape-every",
+            str(args.scrape_every), "--windows", str(args.windows), "--seconds",
+            str(args.seconds), "--settle", str(args.settle)]
+
+
+def summary(values: list[float]) -> str:
+    ordered = sorted(values)
+    return (f"median {statistics.median(ordered):.2f} %, min {ordered[0]:.2f}, "
+            f"max {ordered[-1]:.2f} ({len(ordered)} windows)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=144, help="container-devices, about")
+    parser.add_argument("--attribution", choices=("per-process", "time-sliced"),
+                        default="per-process",
+                        help="how the simulated drivers attribute each sample period")
+    parser.add_argument("--changing", action="store_true",
+                        help="what a token buys changes, the tick held at 100 ms")
+    parser.add_argument("--scrape-every", type=float, default=0.0,
+                        help="a scrape every this many seconds in the windows; 0: none")
+    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0, help="each window, s")
+    parser.add_argument("--settle", type=float, default=None,
+                        help="seconds from the agent's start to the first window (default 30, "
+                             "3 with --changing)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="another checkout to compare with")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.settle is None:
+        args.settle = 3.0 if args.changing else 30.0
+    for name in ("devices", "windows", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be 1 or more, got {getattr(args, name)!r}")
+    for name in ("seconds", "settle", "scrape_every"):
+        value = getattr(args, name)
+        if not 0 <= value < float("inf") or (name == "seconds" and value == 0):
+            parser.error(f"--{name.replace('_', '-')} must be a number of seconds "
+                         f"{'> 0' if name == 'seconds' else '>= 0'}, got {value!r}")
+    if args.baseline is not None and not (args.baseline / "tests" / "bench").is_dir():
+        parser.error(f"--baseline {str(args.baseline)!r} is not a checkout of this project "
+                     "(no tests/bench in it)")
+    if args.child:
+        print(json.dumps(windows(args)))
+        return 0
+    sys.path.insert(0, str(REPO))  # the parent's (`tests.bench`); a child's code is its tree's
+    from tests.bench.children import run_child
+
+    print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.devices} "
+          f"container-devices, {args.attribution} drivers, "
+          f"{'shares changing' if args.changing else 'steady'}, "
+          + (f"a scrape every {args.scrape_every:g} s, " if args.scrape_every else "unscraped, ")
+          + f"{args.windows} windows of {args.seconds:g} s after {args.settle:g} s, "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    trees = [("this tree", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])
+    found: dict[str, list[float]] = {name: [] for name, _ in trees}
+    for run in range(args.rounds):
+        for name, tree in trees:  # alternating: both see the same machine
+            got = run_child(__file__, tree, child_args(args), "the node's windows")
+            found[name] += got
+            print(f"round {run + 1}, {name}: " + ", ".join(f"{v:.2f}" for v in got) + " %",
+                  flush=True)
+    print()
+    for name, values in found.items():
+        print(f"{name}: {summary(values)}")
+    if args.baseline is not None:
+        ours, theirs = (statistics.median(found[name]) for name, _ in trees)
+        print(f"ratio of the medians, this tree / baseline: x{ours / theirs:.2f}"
+              if theirs > 0 else "ratio: - (the baseline's median is 0)")
+    print(f"load average {os.getloadavg()[0]:.1f} after")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
