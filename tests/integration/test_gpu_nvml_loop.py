@@ -146,9 +146,17 @@ def test_the_gpu_loop_script_runs_and_judges_the_controller(fake_nvml: FakeNvml,
         strict = [json.loads(line) for line in (out / f"loop_{case}.jsonl").read_text()
                   .splitlines()]
         for container, goal in ((0, 30), (1, 50)):
-            tail = [r["share"] for r in strict if r["container"] == container and r["t"] >= 5]
+            # (the windows before a replacing process first spent are no share to hold)
+            tail = [r["share"] for r in strict if r["container"] == container and r["t"] >= 5
+                    and not r["starting"]]
             assert tail and sum(tail) / len(tail) == pytest.approx(goal, abs=5), case
             assert all(r["rate"] for r in strict if r["container"] == container and r["t"] >= 2)
+    # only the replaced process's own windows, and only until it spent, are marked starting
+    phase = [json.loads(line) for line in (out / "loop_strict20_phase.jsonl").read_text()
+             .splitlines()]
+    marked = [r for r in phase if r["starting"]]
+    assert all(r["container"] == 0 and r["t"] >= 4 for r in marked), marked
+    assert len(marked) < 4, marked
     lending = [json.loads(line) for line in (out / "loop_lending20.jsonl").read_text().splitlines()]
     tail = [r["share"] for r in lending if r["t"] >= 5]
     assert sum(tail) / (len(tail) / 2) > 60  # 20 + 20 granted, the idle rest lent out
