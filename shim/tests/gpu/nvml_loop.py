@@ -25,7 +25,9 @@ findings as it goes and writes its raw readings as JSON lines under --out:
 With --mps every process runs under an MPS control daemon of the run's own, and part 2 says for
 each case whether NVML gave every process samples of its own and what they add up to.
 
-Exit status 0 when every part ran and the controller held the strict shares within 5 points.
+Exit status 0 when every part ran and the controller held the strict shares within 5 points
+(where one container's process is replaced, `--phase`, the windows before the new one first
+spends are left out: a process starting up has no share to hold).
 """
 
 from __future__ import annotations
