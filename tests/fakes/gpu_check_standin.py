@@ -54,10 +54,12 @@ def main() -> int:
             owed -= int(owed)
             launches = spent // cost
             last = now
-            # as the shim keeps them: the device totals and its own process slot
-            put_totals(region, 0, spent, launches, 0)
+            # as the shim keeps them: its own process slot, then the device totals (the slot's
+            # gain goes into the totals too; set after it, they read what it spent, also where
+            # a process before it in the region left a slot fuller than this one's)
             writer.process(0, os.getpid(), os.getpid(), 0, launches=launches, tokens=spent,
                            last_launch_ns=time.monotonic_ns())
+            put_totals(region, 0, spent, launches, 0)
             time.sleep(STEP_S)
     finally:
         writer.close()
