@@ -250,8 +250,12 @@ def test_the_stand_in_spends_what_its_control_grants(tmp_path, rate, seconds):
         assert gpu_check_standin.main() == 0
     finally:
         del os.environ["VGPU_REGION_DIR"]
-    spent = layout.state_counters((region / "state").read_bytes(), 1)
+    state = (region / "state").read_bytes()
+    spent = layout.state_counters(state, 1)
     assert spent is not None and spent[0] == pytest.approx(rate * seconds, rel=0.2)
+    # as a shim's: the device's total is what its one process's slot says it spent, no more
+    (process,) = layout.decode_state(state, 1).processes
+    assert (spent[0], spent[1]) == (process.tokens_spent[0], process.launches[0])
 
 
 def test_the_hold_per_launch_is_fitted_only_from_one_unsaturated_figure():
