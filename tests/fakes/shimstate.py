@@ -107,8 +107,7 @@ class ShimWriter:
             # (a value no shim counts to is a hostile container's store: the total stays)
             gained = value - layout.load_u64(self._map, dev_base + o[field])
             if gained > 0 and value <= layout.PLAUSIBLE_COUNTER:
-                at = total_base + layout.STATE_DEVICE_OFFSETS[field]
-                store_words(self._map, at, layout.load_u64(self._map, at) + gained)
+                self._add(total_base + layout.STATE_DEVICE_OFFSETS[field], gained)
         for field, value in (("memory_used", memory), ("launches", launches),
                              ("tokens_spent", tokens), ("wait_ns", wait_ns),
                              ("last_launch_ns", last_launch_ns)):
@@ -123,12 +122,14 @@ class ShimWriter:
         total_base = layout.STATE_OFFSETS["devices"] + dev * layout.STATE_DEVICE_SIZE
         for field, value in (("launches", launches), ("wait_ns", wait_ns),
                              ("tokens_spent", tokens)):
-            for at in (slot_base + layout.PROC_DEVICE_OFFSETS[field],
-                       total_base + layout.STATE_DEVICE_OFFSETS[field]):
-                store_words(self._map, at, layout.load_u64(self._map, at) + value)
+            self._add(slot_base + layout.PROC_DEVICE_OFFSETS[field], value)
+            self._add(total_base + layout.STATE_DEVICE_OFFSETS[field], value)
         if last_launch_ns:
             store_words(self._map, slot_base + layout.PROC_DEVICE_OFFSETS["last_launch_ns"],
                         last_launch_ns)
+
+    def _add(self, at: int, value: int) -> None:
+        store_words(self._map, at, layout.load_u64(self._map, at) + value)
 
     def reclaim(self, slot: int) -> None:
         """The slot of a process that ended, reclaimed as the shim does: its counters zeroed

@@ -68,7 +68,9 @@ counters_at = python_counters_at if _statec is None else _statec.counters_at
 # stamps (`regions.readings_together`); None without the C read, or with a build from before
 # it had one (each region then read in a call of its own: slower, and said once, below)
 readings_many = None if _statec is None else getattr(_statec, "readings_many", None)
-NOT_BATCH_READ_REASON: str | None = (
-    NOT_NATIVE_READ_REASON if _statec is None
-    else "vgpu_agent.shm._statec was built before it had readings_many (rebuild it)"
-    if readings_many is None else None)
+NOT_BATCH_READ_REASON: str | None = None
+if _statec is None:
+    NOT_BATCH_READ_REASON = NOT_NATIVE_READ_REASON
+elif readings_many is None:
+    NOT_BATCH_READ_REASON = (
+        "vgpu_agent.shm._statec was built before it had readings_many (rebuild it)")

@@ -745,7 +745,7 @@ def settle_and_error(rows: list[dict], container: int, goal: float, band: float
                      ) -> tuple[float | None, float]:
     """When the share entered `band` points of `goal` for good, and the mean error after 5 s;
     the windows of a process starting up (`starting`) left out."""
-    mine = [r for r in rows if r["container"] == container and not r.get("starting")]
+    mine = [r for r in rows if r["container"] == container and not r["starting"]]
     settled = None
     for r in mine:
         if abs(r["share"] - goal) > band:
