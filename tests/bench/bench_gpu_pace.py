@@ -124,7 +124,9 @@ def main() -> int:
     trees = {"this tree": REPO}
     if args.baseline is not None:
         trees["baseline"] = args.baseline.resolve()
-    print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, 144 container-devices on "
+    from tests.bench import machine
+
+    print(f"{machine.describe()}, 144 container-devices on "
           f"8 GPUs, {args.rounds} rounds of {args.seconds:g} s after {SETTLE_S:g} s, load "
           f"average {os.getloadavg()[0]:.1f}")
     print(f"{'loop thread CPU, % of a core (median)':40}"

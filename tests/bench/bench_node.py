@@ -111,9 +111,10 @@ def main() -> int:
         print(json.dumps(windows(args)))
         return 0
     sys.path.insert(0, str(REPO))  # the parent's (`tests.bench`); a child's code is its tree's
+    from tests.bench import machine
     from tests.bench.children import run_child
 
-    print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.devices} "
+    print(f"{machine.describe()}, {args.devices} "
           f"container-devices, {args.attribution} drivers, "
           f"{'shares changing' if args.changing else 'steady'}, "
           + (f"a scrape every {args.scrape_every:g} s, " if args.scrape_every else "unscraped, ")

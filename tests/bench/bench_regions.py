@@ -26,7 +26,6 @@ import asyncio
 import logging
 import mmap
 import os
-import platform
 import shutil
 import statistics
 import struct
@@ -41,6 +40,7 @@ import structlog
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench import machine  # noqa: E402
 from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402
 from vgpu_agent.deviceplugin.allocation import Split, grant  # noqa: E402
 from vgpu_agent.deviceplugin.ids import format_device_id  # noqa: E402
@@ -247,15 +247,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in ln
-        ),
-        "?",
-    )
-    print(f"machine: {os.cpu_count()} CPUs, {cpu}, Python {platform.python_version()}")
+    print(f"machine: {machine.describe()}")
     for parent in [] if args.usage_only else args.dirs.split(","):
         root = Path(tempfile.mkdtemp(prefix="vgb-", dir=parent))
         fs = fs_type(root)

@@ -911,8 +911,10 @@ def main() -> int:
         asyncio.run(kubelet_side(args.root, args.port_file))
         return 0
 
+    from tests.bench import machine
+
     load_before = os.getloadavg()[0]
-    print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.gpus} GPUs, "
+    print(f"{machine.describe()}, {args.gpus} GPUs, "
           f"windows {args.seconds:g} s, {args.scrapes} scrapes, {args.allocates} Allocate calls, "
           f"NVML per-process call {args.nvml_call_ms:g} ms of CPU, containers {args.policy}"
           + (f", every {args.idle_every}th idle" if args.idle_every else ""))

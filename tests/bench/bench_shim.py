@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench import machine  # noqa: E402
 from vgpu_agent.shm import layout  # noqa: E402
 
 SHIM = ROOT / "shim"
@@ -125,15 +126,7 @@ def main() -> int:
         spent = {name: (tokens_spent(region), sum(k for _, _, k in results[name]))
                  for name, (_env, _mode, _base, region) in variants.items() if region is not None}
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    print(f"machine: {os.cpu_count()} CPUs, {cpu}, {platform.platform()}")
+    print(f"machine: {machine.describe()}, {platform.platform()}")
     print(f"{args.rounds} rounds x {args.blocks} blocks x 1000 kernels per variant, "
           f"graphs of {args.graph_kernels} kernels, fake driver, thread CPU time")
     print(f"{'variant':28} {'median ns':>10} {'p99 ns':>10} {'added ns':>10} {'ratio':>7}")

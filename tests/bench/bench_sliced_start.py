@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -73,7 +72,9 @@ def main() -> int:
         print(json.dumps(windows(args.windows, args.seconds)))
         return 0
     sys.path.insert(0, str(REPO))  # the parent's (`tests.bench`); a child's code is its tree's
-    print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, 144 container-devices, "
+    from tests.bench import machine
+
+    print(f"{machine.describe()}, 144 container-devices, "
           f"time-sliced drivers, windows of {args.seconds:g} s", flush=True)
     trees = [("this tree", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])
     for run in range(args.runs):

@@ -62,8 +62,6 @@ import argparse
 import asyncio
 import itertools
 import math
-import os
-import platform
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -72,6 +70,7 @@ from pathlib import Path
 # this tree's code, not whichever checkout is installed (comparisons run older trees)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bench import machine
 from vgpu_agent.logging import configure as configure_logging
 from vgpu_agent.simulation.bound import BoundSpec, Learner, median_bound, steady_error_bound
 from vgpu_agent.simulation.gpu import Workload
@@ -351,14 +350,7 @@ def main() -> int:
         if not 0 <= getattr(args, name) < 1_000:
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1000), "
                          f"got {getattr(args, name)}")
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                         model)
-    except OSError:
-        pass
-    print(f"machine: {os.cpu_count()} CPUs, {model}, Python {platform.python_version()}; "
+    print(f"machine: {machine.describe()}; "
           f"NVML attribution {args.attribution}"
           + (f", {args.launch_hold_us:g} us held per launch" if args.launch_hold_us else "")
           + (f", samples readable {args.sample_lag_ms:g} ms (+ up to "

@@ -189,7 +189,9 @@ def main() -> int:
                {"this tree": (REPO, args.attribution),
                 **({"baseline": (args.baseline, args.attribution)} if args.baseline else {})})
     names = list(columns)
-    print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.devices} "
+    from tests.bench import machine
+
+    print(f"{machine.describe()}, {args.devices} "
           f"container-devices, {args.ticks} ticks, {args.rounds} rounds, attribution "
           f"{args.attribution}, load average {os.getloadavg()[0]:.1f}")
     for changing in (False, True):
