@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench import machine  # noqa: E402
 from vgpu_agent._proto.dra.v1 import api_pb2, api_pb2_grpc  # noqa: E402
 from vgpu_agent.dra.claims import ClaimReader  # noqa: E402
 from vgpu_agent.kubelet.drastandin import DraKubeletStandIn  # noqa: E402
@@ -180,7 +180,7 @@ async def main(calls: int) -> None:
             await proc.wait()
     p50, p99 = statistics.median(prepare_s) * 1e3, pct(prepare_s, 99) * 1e3
     b50, b99 = statistics.median(bare_s) * 1e3, pct(bare_s, 99) * 1e3
-    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(f"machine: {machine.describe()}")
     print(f"NodePrepareResources, one claim ({len(prepare_s)} calls, API read included):")
     print(f"  agent  p50 {p50:.3f} ms  p99 {p99:.3f} ms")
     print(f"  bare   p50 {b50:.3f} ms  p99 {b99:.3f} ms")

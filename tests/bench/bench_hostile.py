@@ -22,7 +22,6 @@ import asyncio
 import json
 import mmap
 import os
-import platform
 import signal
 import statistics
 import struct
@@ -35,6 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+
+from tests.bench import machine  # noqa: E402
 
 GIB = 1 << 30
 HOST_PID_BASE = 300_000
@@ -272,7 +273,7 @@ def main() -> None:
             child.wait(timeout=30)
         result = json.loads(out_file.read_text())
     allocs = result["allocate_ms"]
-    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(f"machine: {machine.describe()}")
     print(f"{args.containers} containers, {args.rounds} rounds x {args.seconds:.0f} s per phase; "
           f"slot budgets at the end {result['budgets']}, identity rejections {result['rejected']}")
     print(f"{'phase':10} {'agent CPU %':>12} {'alloc p50':>10} {'alloc p99':>10} "

@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import platform
 import resource
 import signal
 import socket
@@ -47,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench import machine  # noqa: E402
 from tests.integration.hostile_clients import (  # noqa: E402
     close_all,
     get,
@@ -187,7 +187,7 @@ async def main(rounds: int, calls: int) -> None:
             await agent.stop()
             await kubelet.stop()
 
-    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}")
+    print(f"machine: {machine.describe()}")
     print(f"agent RLIMIT_NOFILE 1024/1024; {rounds} rounds x {calls} calls per condition")
     idle_alloc, idle_probe = results["idle"]
     print(f"{'condition':<15} {'Allocate p50':>13} {'p99':>9} {'ratio':>6}   "

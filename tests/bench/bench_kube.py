@@ -24,8 +24,6 @@ import argparse
 import asyncio
 import contextlib
 import multiprocessing as mp
-import os
-import platform
 import random
 import socket
 import statistics
@@ -41,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import structlog  # noqa: E402
 
+from tests.bench import machine  # noqa: E402
 from tests.fakes.kubeapi import NODE, Change, FakeKubeAPI, gpu  # noqa: E402
 from vgpu_agent.kube.node import NodeIntegration  # noqa: E402
 
@@ -155,7 +154,7 @@ def main() -> None:
         for proc in servers:
             proc.kill()
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    print(f"machine: {machine.describe()}")
     print(f"{args.rounds} rounds x {args.window}s per condition, interleaved")
     base = samples["idle"]
     header = f"{'condition':10} {'lag p50':>9} {'lag p99':>9} {'x idle p50':>10} {'x idle p99':>10}"

@@ -85,8 +85,6 @@ import argparse
 import asyncio
 import contextlib
 import math
-import os
-import platform
 import statistics
 import sys
 from collections.abc import Iterator
@@ -94,6 +92,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.bench import machine
 
 ALONE_S = 5.0  # each container alone this long first, one after the other
 CASES = (  # (limits, kernel seconds)
@@ -675,16 +675,14 @@ def main() -> int:
         if seconds < least:
             parser.error(f"--{name} must be >= {least:g} s, got {seconds}")
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-        print(f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
-              f"Python {platform.python_version()}; plant H200_TIME_SLICED, {args.seeds} seeds")
+        print(f"machine: {machine.describe()}; plant H200_TIME_SLICED, {args.seeds} seeds")
         run(seconds, args.seeds)
         return 0
     if args.long:
         if args.long < 60:
             parser.error(f"--long must be >= 60 s, got {args.long}")
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-        print(f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
-              f"Python {platform.python_version()}; plant H200_TIME_SLICED, {args.seeds} seeds; "
+        print(f"machine: {machine.describe()}; plant H200_TIME_SLICED, {args.seeds} seeds; "
               f"limits 30/30, 20 us kernels, the first alone first, {args.long:g} s together")
         for seed in range(args.seeds):
             asyncio.run(long_run(args.long, seed))
@@ -692,8 +690,7 @@ def main() -> int:
     if args.together < 10:
         parser.error(f"--together must be >= 10 s (the last 10 are judged), got {args.together}")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-    print(f"machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
-          f"Python {platform.python_version()}; plant H200_TIME_SLICED, {args.seeds} seeds")
+    print(f"machine: {machine.describe()}; plant H200_TIME_SLICED, {args.seeds} seeds")
     print("mean share over the last 10 s, median (lowest-highest) over seeds, per container")
     margin = timesliced.ALONE_MARGIN
     for limits, kernel_s in CASES:

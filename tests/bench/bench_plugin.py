@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import random
 import statistics
 import sys
@@ -34,6 +33,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench import machine  # noqa: E402
 from vgpu_agent._proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402
 from vgpu_agent.agent import Agent  # noqa: E402
 from vgpu_agent.config import Config  # noqa: E402
@@ -234,8 +234,7 @@ async def main() -> None:
     parser.add_argument("--restarts", type=int, default=30)
     args = parser.parse_args()
     print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, grpcio {grpc.__version__}"
+        f"machine: {machine.describe()}, grpcio {grpc.__version__}"
     )
     with tempfile.TemporaryDirectory(prefix="vgb-", dir="/tmp") as tmp:
         await bench_allocate(Path(tmp), args.calls)
