@@ -545,6 +545,8 @@ class Agent:
             solo_turns=lambda: self.controller.solo_turns_given,
             unmeasured=lambda: self.controller.unmeasured_containers,
             sample_periods=lambda: self.controller.nvml_sample_periods,
+            nvml_utilization_calls=lambda: self.controller.nvml_utilization_calls,
+            throttle_ticks=lambda: self.controller.ticks,
             registration=self._registration,
             nvml_errors=lambda: getattr(self.backend, "errors_by_call", {}),
             region_events=self._region_events,

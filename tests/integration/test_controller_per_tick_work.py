@@ -41,9 +41,11 @@ class Samples:
         self.util = util
         self.now_us = 1_000
         self.threads: set[int] = set()
+        self.asked: dict[str, int] = {}  # calls per GPU
 
     def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
         self.threads.add(threading.get_ident())
+        self.asked[uuid] = self.asked.get(uuid, 0) + 1
         self.now_us += 100_000
         return [ProcessSample(pid, self.now_us, util) for pid, util in self.util.items()]
 
@@ -230,6 +232,11 @@ async def test_slow_nvml_takes_one_worker_hop_per_tick_cheap_nvml_none_and_regio
             assert hops["n"] == controller.hops == 4  # two GPUs, three regions: one hop a tick
             assert threading.get_ident() not in backend.threads
         assert read_on == {threading.get_ident()}  # the regions, always on the loop
+        # every call counted for its GPU, made on the loop or in the worker
+        calls = controller.nvml_utilization_calls
+        assert {uuid: made for uuid, (made, _) in calls.items()} == backend.asked
+        assert set(backend.asked) == {UUID_A, UUID_B}
+        assert all(seconds > 0 for _, seconds in calls.values())
         status = controller.status
         assert status[(regions[0].alloc_id, 0)].measured_util == 30
         assert status[(regions[1].alloc_id, 0)].measured_util == 20
@@ -248,6 +255,7 @@ async def test_an_unexpected_nvml_failure_in_the_worker_is_counted_and_logged_on
 
     class Broken:
         def process_utilization(self, uuid: str, since_us: int) -> list[ProcessSample]:
+            time.sleep(0.002)  # a driver in trouble takes its time to fail
             raise RuntimeError("driver returned garbage")
 
     clock = ManualClock()
@@ -257,6 +265,9 @@ async def test_an_unexpected_nvml_failure_in_the_worker_is_counted_and_logged_on
             clock.advance(0.1)
             await controller.tick()
     assert controller.error_counts["nvml"] == 3
+    # failed calls cost the node too: counted with the time they took
+    made, seconds = controller.nvml_utilization_calls["GPU-x"]
+    assert made == 3 and seconds >= 3 * 0.002
     failures = [e for e in logs if e["event"] == "throttle_nvml_failed"]
     assert len(failures) == 3
     assert failures[0].get("exc_info")  # the first with its traceback
@@ -303,6 +314,8 @@ async def test_nvml_is_asked_once_a_period_not_every_tick(period_s, poll_periods
     await calls_in(5)  # learning the period (the simulated driver keeps no history before)
     polls = 10 / period_s / poll_periods
     assert polls - 1 <= await calls_in(10) <= polls + 2  # one a tick would be 100
+    # the controller's own count (`vgpu_gpu_nvml_utilization_calls_total`) is the driver's
+    assert controller.nvml_utilization_calls[SIM_UUID][0] == backend.calls
     assert [gpu.shares(p, 5)[-1][1] for p in procs] == pytest.approx([30, 50], abs=2)
 
 

@@ -115,6 +115,9 @@ class Snapshot:
     solo_turns: Mapping[str, int] | None = None  # turns alone given, per GPU
     unmeasured: Mapping[str, int] | None = None  # per time-sliced GPU: without a figure
     sample_periods: Mapping[str, float] | None = None  # NVML's sample period, s, per GPU read
+    # per GPU asked: NVML's per-process utilization calls and their seconds (None: no controller)
+    nvml_calls: Mapping[str, tuple[int, float]] | None = None
+    throttle_ticks: int | None = None
 
 
 # The rate the throttle controller writes for devices it does not limit; not worth a series.
@@ -322,6 +325,9 @@ def gather_snapshot(
         solo_turns=dict(sources.solo_turns()) if sources.solo_turns else None,
         unmeasured=dict(sources.unmeasured()) if sources.unmeasured else None,
         sample_periods=dict(sources.sample_periods()) if sources.sample_periods else None,
+        nvml_calls=(dict(sources.nvml_utilization_calls()) if sources.nvml_utilization_calls
+                    else None),
+        throttle_ticks=sources.throttle_ticks() if sources.throttle_ticks else None,
     )
     return PendingSnapshot(snapshot, picked, throttle)
 
@@ -451,9 +457,25 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "(throttle_solo_turns_impossible in the log).",
         GPU_LABELS,
     )
+    nvml_calls = _counter(
+        "vgpu_gpu_nvml_utilization_calls",
+        "NVML per-process utilization calls the throttle made for the GPU (one a sample period "
+        "while it steers the GPU fast, fewer while calm; failed calls included).",
+        GPU_LABELS,
+    )
+    nvml_seconds = _counter(
+        "vgpu_gpu_nvml_utilization_call_seconds",
+        "Seconds those calls took, wall time (about 2 ms a call on an H200, nearly all of it "
+        "CPU): what the throttle's samples cost the node, beside process_cpu_seconds_total.",
+        GPU_LABELS,
+    )
     for gpu in snap.gpus:
         labels = _gpu_labels(sets, snap, gpu)
         _put(mem_total, labels, gpu.memory_total)
+        if snap.nvml_calls is not None:
+            made, seconds = snap.nvml_calls.get(gpu.uuid, (0, 0.0))
+            _put(nvml_calls, labels, made)
+            _put(nvml_seconds, labels, seconds)
         _put(slices_total, labels, snap.slices_per_gpu)
         _put(slices_alloc, labels, snap.slices_allocated.get(gpu.uuid, 0))
         if snap.time_sliced is not None:
@@ -492,7 +514,7 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
     yield from (slices_total, slices_alloc, time_sliced, only_strangers, sample_period,
-                phase_changes, uncharged, solo_turns, unmeasured)
+                phase_changes, uncharged, solo_turns, unmeasured, nvml_calls, nvml_seconds)
 
 
 _KIND_LABELS = (*CONTAINER_LABELS, "kind")
@@ -718,6 +740,16 @@ def _agent_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family | Metric
             "vgpu_pod_resources_failures",
             "Failed PodResources List calls (container labels then keep their last known values).",
             snap.pod_resources_failures,
+            node,
+            sets,
+        )
+    if snap.throttle_ticks is not None:
+        yield _node_family(
+            "counter",
+            "vgpu_throttle_ticks",
+            "Ticks of the core-throttle controller: each steers the GPUs due, one every "
+            "throttle_tick_seconds while shares change, fewer while all is calm.",
+            snap.throttle_ticks,
             node,
             sets,
         )

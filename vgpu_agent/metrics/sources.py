@@ -124,6 +124,10 @@ class MetricsSources:
     # per GPU read so far, NVML's sample period in seconds (`ThrottleController.
     # nvml_sample_periods`)
     sample_periods: Callable[[], Mapping[str, float]] | None = None
+    # per GPU asked so far, NVML's per-process utilization calls and the seconds they took
+    # (`ThrottleController.nvml_utilization_calls`)
+    nvml_utilization_calls: Callable[[], Mapping[str, tuple[int, float]]] | None = None
+    throttle_ticks: Callable[[], int] | None = None  # the controller's ticks since start
     registration: Callable[[], RegistrationView | None] | None = None
     nvml_errors: Callable[[], Mapping[str, int]] = _empty
     region_events: Callable[[], Mapping[str, int]] = _empty  # created/adopted/removed/corrupt

@@ -476,6 +476,8 @@ class ThrottleController:
         self._looks = 0  # times they were looked at
         self._inline = False  # whether the last reads were cheap enough to do on the loop
         self.hops = 0  # ticks whose reads went to a worker thread
+        # per GPU: NVML's per-process utilization calls made, and the seconds they took
+        self._nvml_calls: dict[str, tuple[int, float]] = {}
         self.idle_tick_s = idle_tick_s
         self._idle = False  # the last tick found no region: sleep until `wake` or idle_tick_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -580,6 +582,12 @@ class ThrottleController:
         evidence a reading stands for; on a time-sliced GPU, whether a turn alone fits:
         `soloturn.turn_fits`)."""
         return self._sample_clock.periods_s()
+
+    @property
+    def nvml_utilization_calls(self) -> Mapping[str, tuple[int, float]]:
+        """Per GPU asked so far, NVML's per-process utilization calls made (failed ones too) and
+        the seconds they took: on a real driver, what the samples cost the node."""
+        return dict(self._nvml_calls)
 
     @property
     def solo_turns_given(self) -> Mapping[str, int]:
@@ -751,10 +759,14 @@ class ThrottleController:
             # after its result is back, and would hold the tick's readings that long.)
             uuids = tuple(by_gpu)
             if self._inline:
-                sampled = self._sample(uuids)
+                sampled, took = self._sample(uuids)
             else:
                 self.hops += 1
-                sampled = await asyncio.to_thread(self._sample, uuids)
+                sampled, took = await asyncio.to_thread(self._sample, uuids)
+            calls = self._nvml_calls  # (counted here, on the loop: the worker only reports)
+            for uuid, seconds in took.items():
+                made, spent_s = calls.get(uuid, (0, 0.0))
+                calls[uuid] = (made + 1, spent_s + seconds)
         steered: dict[str, tuple[bool, bool, list[_Watch]]] = {}
         for n, (uuid, entries) in enumerate(by_gpu.items()):
             if n:
@@ -964,28 +976,28 @@ class ThrottleController:
                 self._quicken.add(device.uuid)
         return bool(woke)
 
-    def _sample(self, uuids: tuple[str, ...]) -> dict[str, _Sampled]:
+    def _sample(self, uuids: tuple[str, ...]) -> tuple[dict[str, _Sampled], dict[str, float]]:
         """The new samples of every GPU in `uuids`, once their regions were read (in a worker
-        thread when slow)."""
-        started = time.perf_counter()
+        thread when slow), and the seconds each GPU's call took (the GPUs asked only)."""
         sampled: dict[str, _Sampled] = {}
-        calls = 0
+        took: dict[str, float] = {}
         clock = self._sample_clock
         for uuid in uuids:
             if not clock.due(uuid, self._now_ns):
                 sampled[uuid] = []  # NVML's next period is not over: nothing new to ask for
                 continue
-            calls += 1
+            started = time.perf_counter()
             try:
                 sampled[uuid] = self.backend.process_utilization(uuid, clock.since_us(uuid))
             except Exception as e:  # judged on the event loop, with the others
                 sampled[uuid] = e
-        if calls:
+            took[uuid] = time.perf_counter() - started
+        if took:
             # Cheap only if a tick that asks every GPU would be: a tick that asked one or
             # none says nothing of the next one that asks all (8 GPUs at 2 ms is 16 ms).
-            per_call_s = (time.perf_counter() - started) / calls
+            per_call_s = sum(took.values()) / len(took)
             self._inline = per_call_s * len(uuids) < self.inline_read_s
-        return sampled
+        return sampled, took
 
     def _gather(self, regions: list[RegionHandle], by_gpu: dict[str, _Entries],
                 due: set[str]) -> None:
