@@ -314,7 +314,7 @@ async def test_nvml_is_asked_once_a_period_not_every_tick(period_s, poll_periods
     await calls_in(5)  # learning the period (the simulated driver keeps no history before)
     polls = 10 / period_s / poll_periods
     assert polls - 1 <= await calls_in(10) <= polls + 2  # one a tick would be 100
-    # the controller's own count (`vgpu_gpu_nvml_utilization_calls_total`) is the driver's
+    # the controller's own count (`vgpu_gpu_nvml_process_utilization_calls_total`) is the driver's
     assert controller.nvml_utilization_calls[SIM_UUID][0] == backend.calls
     assert [gpu.shares(p, 5)[-1][1] for p in procs] == pytest.approx([30, 50], abs=2)
 

@@ -105,10 +105,10 @@ def test_prometheus_scrapes_vgpu_agent_simulate(
     # what the throttle's ticks and NVML samples cost the node, visible beside its CPU
     ticks = prometheus.query("vgpu_throttle_ticks_total")
     assert len(ticks) == 1 and float(ticks[0]["value"][1]) > 0
-    calls = prometheus.query("vgpu_gpu_nvml_utilization_calls_total")
+    calls = prometheus.query("vgpu_gpu_nvml_process_utilization_calls_total")
     assert {c["metric"]["gpu_uuid"] for c in calls} == set(gpu_memory)
     assert any(float(c["value"][1]) > 0 for c in calls), "the throttle never asked NVML"
-    seconds = prometheus.query("vgpu_gpu_nvml_utilization_call_seconds_total")
+    seconds = prometheus.query("vgpu_gpu_nvml_process_utilization_call_seconds_total")
     assert all(float(c["value"][1]) >= 0 for c in seconds) and len(seconds) == len(calls)
 
     with urllib.request.urlopen(f"http://127.0.0.1:{simulated_agent}/metrics", timeout=5) as r:

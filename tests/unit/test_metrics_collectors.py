@@ -508,11 +508,11 @@ async def test_nvml_calls_and_their_seconds_are_counters_of_the_gpu_and_ticks_of
     text = await node.scrape(nvml_utilization_calls=lambda: asked, throttle_ticks=lambda: 345)
     # a GPU the throttle has not asked yet reads 0, as a counter starts
     for uuid, (made, seconds) in {**asked, G2: (0, 0.0)}.items():
-        got = (value(text, "vgpu_gpu_nvml_utilization_calls_total", gpu_uuid=uuid),
-               value(text, "vgpu_gpu_nvml_utilization_call_seconds_total", gpu_uuid=uuid))
+        got = (value(text, "vgpu_gpu_nvml_process_utilization_calls_total", gpu_uuid=uuid),
+               value(text, "vgpu_gpu_nvml_process_utilization_call_seconds_total", gpu_uuid=uuid))
         assert got == (made, seconds), uuid
     assert value(text, "vgpu_throttle_ticks_total") == 345
     # without a throttle controller the series are absent, not 0
     bare = names(await node.scrape())
-    assert not bare & {"vgpu_gpu_nvml_utilization_calls_total", "vgpu_throttle_ticks_total",
-                       "vgpu_gpu_nvml_utilization_call_seconds_total"}
+    assert not bare & {"vgpu_gpu_nvml_process_utilization_calls_total", "vgpu_throttle_ticks_total",
+                       "vgpu_gpu_nvml_process_utilization_call_seconds_total"}

@@ -458,13 +458,13 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         GPU_LABELS,
     )
     nvml_calls = _counter(
-        "vgpu_gpu_nvml_utilization_calls",
+        "vgpu_gpu_nvml_process_utilization_calls",
         "NVML per-process utilization calls the throttle made for the GPU (one a sample period "
         "while it steers the GPU fast, fewer while calm; failed calls included).",
         GPU_LABELS,
     )
     nvml_seconds = _counter(
-        "vgpu_gpu_nvml_utilization_call_seconds",
+        "vgpu_gpu_nvml_process_utilization_call_seconds",
         "Seconds those calls took, wall time (about 2 ms a call on an H200, nearly all of it "
         "CPU): what the throttle's samples cost the node, beside process_cpu_seconds_total.",
         GPU_LABELS,
