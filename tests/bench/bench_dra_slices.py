@@ -31,6 +31,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bench import machine
 from tests.fakes.fakenvml import FakeNvml
 from tests.fakes.kubeapi import NODE, FakeKubeAPI
 from tests.fakes.resourceapi import Selector
@@ -141,7 +142,7 @@ async def main() -> None:
         sim.start()
         sim_change, sim_slice = await measure(sim, sim.inject_xid, args.events, Path(tmp))
 
-    print(f"machine: {os.cpu_count()} CPUs")
+    print(f"machine: {machine.describe()}")
     print(describe("XID -> HealthChange, NVML (fake lib)", nvml_change))
     print(describe("XID -> tainted slice, NVML (fake lib)", nvml_slice))
     print(describe("XID -> HealthChange, simulated", sim_change))

@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench import machine  # noqa: E402
 from vgpu_agent.shm import layout  # noqa: E402
 
 SHIM = ROOT / "shim"
@@ -108,7 +109,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=20000)
     args = parser.parse_args()
     subprocess.run(["make", "-s", "-C", str(SHIM), "all", "build/cuda_client"], check=True)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}")
+    print(f"machine: {machine.describe()}, {platform.platform()}")
 
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)

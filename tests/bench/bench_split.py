@@ -90,7 +90,9 @@ def main() -> int:
             runs[name].append(run_child(
                 __file__, tree, ["--containers", str(args.containers), "--batches",
                                  str(args.batches)], f"the {name}'s batches"))
-    print(f"nproc={os.cpu_count()}, python {sys.version.split()[0]}, {args.containers} "
+    from tests.bench import machine
+
+    print(f"{machine.describe()}, {args.containers} "
           f"containers sharing one time-sliced GPU, {args.batches} batches after their turns, "
           f"{args.rounds} rounds, load average {os.getloadavg()[0]:.1f}")
     print(f"\n{'us per batch':14}" + "".join(f"{name:>22}" for name in trees)

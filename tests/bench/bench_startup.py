@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import socket
 import statistics
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.bench import machine  # noqa: E402
 from vgpu_agent.kubelet.standin import KubeletStandIn  # noqa: E402
 
 
@@ -134,7 +134,7 @@ async def main() -> None:
                 base_cpus.append(base[1])
                 if base[2] is not None:
                     base_idle = base[2], base[3]
-    print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+    print(f"machine: {machine.describe()}, "
           f"load average {load:.1f} before / {os.getloadavg()[0]:.1f} after")
     print(f"start -> Register: median {statistics.median(starts):.2f} s "
           f"(runs: {', '.join(f'{s:.2f}' for s in starts)}); goal <= 0.70 s")

@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench import machine  # noqa: E402
 from tests.bench.bench_scrape import (  # noqa: E402 - after the path set-up
     PROMETHEUS_ACCEPT,
     ShimSide,
@@ -83,7 +84,7 @@ def main() -> int:
 
     print(f"\n{args.gpus} GPUs x {args.containers} containers "
           f"({sum(int(r['devices']) for r in rows)} container-devices), controller ticking; "
-          f"{args.requests} of each request, alternating; nproc={os.cpu_count()}, "
+          f"{args.requests} of each request, alternating; {machine.describe()}, "
           f"load average {load_before:.1f} before / {os.getloadavg()[0]:.1f} after")
     print(f"{'':28}{'/metrics (OM+gzip)':>20}{'/status (JSON)':>20}{'ratio':>10}")
     m, s = latency["/metrics"], latency["/status"]

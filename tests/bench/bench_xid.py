@@ -27,6 +27,7 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bench import machine
 from tests.fakes.fakenvml import FakeNvml
 from vgpu_agent.gpu.health import HealthMonitor
 from vgpu_agent.gpu.model import GpuBackend
@@ -96,7 +97,7 @@ async def main() -> None:
     sim.start()
     sim_ms = await measure(sim, sim.inject_xid, args.events)
 
-    print(f"machine: {os.cpu_count()} CPUs")
+    print(f"machine: {machine.describe()}")
     print(describe("XID -> Unhealthy, NVML (fake lib)", nvml_ms))
     print(describe("XID -> Unhealthy, simulated", sim_ms))
     ratio = statistics.median(nvml_ms) / statistics.median(sim_ms)
