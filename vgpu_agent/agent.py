@@ -37,6 +37,7 @@ import structlog
 from vgpu_agent import __version__, hostmemory
 from vgpu_agent.backoff import Backoff
 from vgpu_agent.config import Config, ConfigError
+from vgpu_agent.cpumeter import CpuMeter
 from vgpu_agent.deviceplugin.allocation import (
     Grant,
     SpillHostMemoryError,
@@ -105,11 +106,17 @@ def pod_policy_rules(config: Config) -> PodPolicyRules:
 
 @dataclass
 class TaskHealth:
-    """Liveness of the supervised tasks, for /healthz."""
+    """Liveness of the supervised tasks, for /healthz, and the CPU each spent on the loop."""
 
     restarts: dict[str, int] = field(default_factory=dict)
     running: set[str] = field(default_factory=set)
     loop_heartbeat: float = field(default_factory=time.monotonic)
+    meters: dict[str, CpuMeter] = field(default_factory=dict)
+
+    @property
+    def cpu_seconds(self) -> dict[str, float]:
+        """Per task, the event loop thread's CPU its own steps took, restarts included."""
+        return {name: meter.seconds for name, meter in list(self.meters.items())}
 
 
 def _simulated_host(backend: GpuBackend) -> HostEvidence | None:
@@ -666,10 +673,11 @@ class Agent:
 
         async def supervised() -> None:
             backoff = Backoff(initial=0.5, cap=30.0, jitter=0)
+            meter = self.tasks.meters.setdefault(name, CpuMeter())
             while True:
                 self.tasks.running.add(name)
                 try:
-                    await factory()
+                    await meter.run(factory())
                     log.info("task_finished", task=name)
                     return
                 except asyncio.CancelledError:

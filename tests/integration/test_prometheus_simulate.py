@@ -110,6 +110,9 @@ def test_prometheus_scrapes_vgpu_agent_simulate(
     assert any(float(c["value"][1]) > 0 for c in calls), "the throttle never asked NVML"
     seconds = prometheus.query("vgpu_gpu_nvml_process_utilization_call_seconds_total")
     assert all(float(c["value"][1]) >= 0 for c in seconds) and len(seconds) == len(calls)
+    cpu = {c["metric"]["task"]: float(c["value"][1])
+           for c in prometheus.query("vgpu_task_cpu_seconds_total")}
+    assert {"throttle", "health", "metrics-caches"} <= cpu.keys() and cpu["throttle"] > 0
 
     with urllib.request.urlopen(f"http://127.0.0.1:{simulated_agent}/metrics", timeout=5) as r:
         body = r.read()

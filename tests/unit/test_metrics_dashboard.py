@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -50,6 +50,7 @@ class Tasks:
     running: set[str]
     restarts: dict[str, int]
     loop_heartbeat: float = 0.0
+    cpu_seconds: dict[str, float] = field(default_factory=lambda: {"throttle": 1.5})
 
 
 async def _everything_emitted(tmp_path: Path) -> dict[str, set[str]]:
@@ -75,6 +76,8 @@ async def _everything_emitted(tmp_path: Path) -> dict[str, set[str]]:
         phase_changes=lambda: {uuid: 1},
         use_charged_to_nobody=lambda: {uuid: 12.5},
         solo_turns=lambda: {uuid: 1},
+        nvml_utilization_calls=lambda: {uuid: (3, 0.0066)},
+        throttle_ticks=lambda: 10,
         registration=lambda: Registration(),
         nvml_errors=lambda: {"nvmlDeviceGetPowerUsage": 1},
         region_events=lambda: {"created": 1},

@@ -13,6 +13,7 @@ class Tasks:
     running: set[str] = field(default_factory=lambda: {"device-plugin", "health"})
     restarts: dict[str, int] = field(default_factory=dict)
     loop_heartbeat: float = 100.0
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -105,6 +105,7 @@ class Snapshot:
     kubelet_restarts: int | None = None
     pod_resources_failures: int | None = None
     task_restarts: Mapping[str, int] = field(default_factory=dict)
+    task_cpu: Mapping[str, float] = field(default_factory=dict)
     now_ns: int = 0  # CLOCK_MONOTONIC, for launch ages
     # DRA: which container uses which claim (namespace, pod, container; claim ns, name, uid)
     claims: tuple[tuple[Identity, tuple[str, str, str]], ...] = ()
@@ -313,6 +314,7 @@ def gather_snapshot(
             sources.pod_resources_failures() if sources.pod_resources_failures else None
         ),
         task_restarts=dict(tasks.restarts) if tasks is not None else {},
+        task_cpu=dict(tasks.cpu_seconds) if tasks is not None else {},
         now_ns=time.monotonic_ns() if now_ns is None else now_ns,
         claims=claims,
         time_sliced=(frozenset(sources.time_sliced_gpus()) if sources.time_sliced_gpus
@@ -761,7 +763,7 @@ def _agent_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family | Metric
         node,
         sets,
     )
-    by_key: list[tuple[str, str, str, str, Mapping[str, int]]] = [
+    by_key: list[tuple[str, str, str, str, Mapping[str, int] | Mapping[str, float]]] = [
         ("vgpu_nvml_errors", "NVML calls that failed, by call.", "call", "counter",
          snap.nvml_errors),
         ("vgpu_region_events",
@@ -776,6 +778,10 @@ def _agent_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family | Metric
          snap.regions_by_state),
         ("vgpu_task_restarts", "Restarts of the agent's supervised tasks.", "task", "counter",
          snap.task_restarts),
+        ("vgpu_task_cpu_seconds",
+         "CPU of the event loop's thread spent in each supervised task's own steps (between "
+         "two of its awaits), restarts included; what it hands to worker threads is not in it.",
+         "task", "counter", snap.task_cpu),
     ]
     for name, doc, key, kind, counts in by_key:
         family = (_counter if kind == "counter" else _gauge)(name, doc, ["node", key])

@@ -78,6 +78,10 @@ class TaskView(Protocol):
     def restarts(self) -> dict[str, int]: ...
 
     @property
+    def cpu_seconds(self) -> dict[str, float]:
+        """Per task, the event loop thread's CPU its own steps took (`cpumeter.CpuMeter`)."""
+
+    @property
     def loop_heartbeat(self) -> float:
         """`time.monotonic()` of the event loop's last heartbeat."""
 
