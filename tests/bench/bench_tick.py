@@ -6,10 +6,11 @@
 `bench_scrape.py`'s node (8 simulated GPUs, real region files, a shim-like writer moving every
 region's counters) with NVML samples of its own every 1/6 s (steady or flipping between 5 and
 10 % every 2 s, whatever the containers spend: not `bench_scrape`'s spend-driven accounting),
-with the controller ticked directly every 100 ms of its clock and its NVML calls kept on the loop,
-so that each part can be timed: the law, the reads (`state` headers, `control`, NVML) and the
-steering glue (everything else of a GPU's steering: observations, change test, rate writes).
-CPU time per tick for the whole tick, wall time per part. With `--baseline DIR` the same runs
+with the controller ticked directly every 100 ms of the monotonic clock (as on a node, where
+its regions' headers are read in one batch) and its NVML calls kept on the loop, so that each
+part can be timed: the law, the reads (`state` headers, `control`, NVML) and the steering glue
+(everything else of a GPU's steering: observations, change test, rate writes). CPU time per
+tick for the whole tick, wall time per part. A run ticks for real: (`--ticks` + 50) / 10 s. With `--baseline DIR` the same runs
 are made with the code in DIR (another checkout), alternating, and the medians are printed side
 by side with their ratio.
 
@@ -66,16 +67,15 @@ def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
             for dev, uuid in enumerate(region.device_uuids):
                 pids.setdefault(uuid, []).append(int(row["host_pid"]))
                 on_gpu.setdefault(uuid, []).append((n, dev))
-        clock = [0]
-        try:  # the shims on the controller's clock
-            shim, shifted = node.ShimSide(root, rows, clock=lambda: clock[0]), False
-        except TypeError:  # a baseline tree whose shims read the monotonic clock
-            shim, shifted = node.ShimSide(root, rows), True
+        # The monotonic clock, as on a node: the controller reads its regions' headers in one
+        # batch only on that clock, whose stamps the batch read takes (on a clock of its own it
+        # reads them one by one, which the node does not).
+        shim = node.ShimSide(root, rows)
 
         spent_at: dict[str, list[int]] = {}  # per GPU: its containers' tokens at its last sample
 
         def samples(uuid: str, since_us: int) -> list[ProcessSample]:
-            now_us = clock[0] // 1000 + 10**9
+            now_us = time.monotonic_ns() // 1000
             if since_us and now_us - since_us < 166_000:
                 return []
             flip = now_us // 2_000_000
@@ -94,7 +94,7 @@ def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
         for row in rows:
             host.container_process(int(row["host_pid"]), root / str(row["alloc_id"]))
         controller = ThrottleController(backend, lambda: regions, tick_s=0.1,
-                                        proc_root=host.path, clock=lambda: clock[0])
+                                        proc_root=host.path)
         controller.inline_read_s = 10.0  # NVML on the loop: timed here, not in a thread
         spent = dict.fromkeys(PARTS, 0.0)
         counting = [False]
@@ -117,10 +117,10 @@ def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
         controller._steer_gpu = timed("glue", steer)  # type: ignore[method-assign]
 
         async def run() -> None:
+            next_at = time.monotonic()
             for n in range(ticks + 50):
-                clock[0] += 100_000_000
-                if shifted:
-                    shim.started_ns -= 100_000_000  # its counters move by 100 ms of spending
+                next_at += 0.1
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
                 shim.tick()
                 counting[0] = n >= 50
                 started = time.process_time()
