@@ -8,11 +8,12 @@ region's counters) with NVML samples of its own every 1/6 s (steady or flipping 
 10 % every 2 s, whatever the containers spend: not `bench_scrape`'s spend-driven accounting),
 with the controller ticked directly every 100 ms of the monotonic clock (as on a node, where
 its regions' headers are read in one batch) and its NVML calls kept on the loop, so that each
-part can be timed: the law, the reads (`state` headers, `control`, NVML) and the steering glue
-(everything else of a GPU's steering: observations, change test, rate writes). CPU time per
-tick for the whole tick, wall time per part. A run ticks for real: (`--ticks` + 50) / 10 s. With `--baseline DIR` the same runs
-are made with the code in DIR (another checkout), alternating, and the medians are printed side
-by side with their ratio.
+part can be timed: the law, the reads (`state` headers, `control`, NVML; `headers` alone: the
+batched read of the regions' headers) and the steering glue (everything else of a GPU's
+steering: observations, change test, rate writes). CPU time per tick for the whole tick, wall
+time per part. A run ticks for real: (`--ticks` + 50) / 10 s. With `--baseline DIR` the same
+runs are made with the code in DIR (another checkout), alternating, and the medians are printed
+side by side with their ratio.
 
 `--attribution time-sliced` has the simulated driver sample as an H200 without MPS does: each
 sample period goes whole to one process (in turn, every container's process that spent since
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING
 REPO = Path(__file__).resolve().parents[2]
 if TYPE_CHECKING:
     from vgpu_agent.gpu.model import ProcessSample
-PARTS = ("tick_cpu", "law", "reads", "glue")
+PARTS = ("tick_cpu", "law", "reads", "headers", "glue")
 
 
 def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
@@ -115,6 +116,10 @@ def measure(devices: int, ticks: int, changing: bool, sliced: bool = False
         for reads in ("_read",) if hasattr(controller, "_read") else ("_gather", "_sample"):
             setattr(controller, reads, timed("reads", getattr(controller, reads)))
         controller._steer_gpu = timed("glue", steer)  # type: ignore[method-assign]
+        # of the reads, the regions' headers read in one batch (a tree without it: 0)
+        if hasattr(Region, "readings_together"):
+            Region.readings_together = staticmethod(  # type: ignore[method-assign]
+                timed("headers", Region.readings_together))
 
         async def run() -> None:
             next_at = time.monotonic()
