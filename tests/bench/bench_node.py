@@ -3,7 +3,7 @@
     python tests/bench/bench_node.py [--devices 144] [--attribution per-process|time-sliced]
                                      [--changing] [--scrape-every 0] [--windows 3]
                                      [--seconds 20] [--settle 30] [--rounds 3]
-                                     [--baseline DIR]
+                                     [--baseline DIR] [--by-part]
 
 `bench_scrape.py`'s node (8 simulated GPUs, strict containers, honest shims whose spending the
 simulated drivers turn into NVML samples) with the whole agent in a child process: after
@@ -17,11 +17,18 @@ moves by half from one day to the next, and two runs minutes apart differ by mor
 changes do. With `--baseline DIR` every run is made with the code in DIR (another checkout)
 too, alternating run by run, so that both see the same machine; the medians of all windows are
 printed side by side with their ratio.
+
+`--by-part`: each window's CPU is also split by part (`tests/bench/nodeparts.py`: the agent's
+supervised tasks and NVML's calls, from its own metrics, and its threads, from /proc), the
+medians printed per tree. The agent is scraped at both ends of each window for it (about 10 ms
+of its CPU each time): the parts' `agent` includes the scrape that ends the window, the
+window's own figure neither.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -29,17 +36,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def windows(args: argparse.Namespace) -> list[float]:
-    """CPU % of a core per window, on this checkout's code."""
+def windows(args: argparse.Namespace) -> list[float] | dict[str, list[Any]]:
+    """CPU % of a core per window, on this checkout's code; with `--by-part`, those as `cpu`
+    and each window's parts as `parts`."""
     from tests.bench import bench_scrape as node
     from vgpu_agent.shm.regions import REGIONS_DIR
 
+    nodeparts = _nodeparts()
+
     sliced = args.attribution == "time-sliced"
     out = []
+    parts: list[dict[str, float]] = []
+
+    def read_parts(pid: int, port: int) -> dict[str, float]:
+        return nodeparts.read(pid, node.scrape(port)[1].decode())
     with tempfile.TemporaryDirectory(prefix="bench-node-") as tmp:
         root = Path(tmp)
         regions = root / "state" / REGIONS_DIR
@@ -51,6 +66,7 @@ def windows(args: argparse.Namespace) -> list[float]:
                 child, port):
             node.pause_with_shim(shim, args.settle)
             for _ in range(args.windows):
+                at_start = read_parts(child.pid, port) if args.by_part else {}
                 before, started = node.cpu_seconds(child.pid), time.monotonic()
                 while time.monotonic() - started < args.seconds:
                     if args.scrape_every:
@@ -59,14 +75,46 @@ def windows(args: argparse.Namespace) -> list[float]:
                     node.pause_with_shim(shim, min(left, args.scrape_every or left))
                 took = time.monotonic() - started
                 out.append(round((node.cpu_seconds(child.pid) - before) / took * 100, 3))
-    return out
+                if args.by_part:
+                    parts.append(nodeparts.shares(at_start, read_parts(child.pid, port),
+                                                  time.monotonic() - started))
+    return {"cpu": out, "parts": parts} if args.by_part else out
+
+
+def _nodeparts() -> Any:
+    """This script's own `nodeparts` (a baseline tree's child runs this script on that tree's
+    code, which may be older than the module)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_nodeparts", Path(__file__).resolve().parent / "nodeparts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def child_args(args: argparse.Namespace) -> list[str]:
     return ["--devices", str(args.devices), "--attribution", args.attribution,
             *(["--changing"] if args.changing else []), "--scrape-every",
             str(args.scrape_every), "--windows", str(args.windows), "--seconds",
-            str(args.seconds), "--settle", str(args.settle)]
+            str(args.seconds), "--settle", str(args.settle),
+            *(["--by-part"] if args.by_part else [])]
+
+
+def part_table(by_part: dict[str, list[dict[str, float]]]) -> str:
+    """Each part's median over the windows, % of a core, a column per tree; a part a tree's
+    agent does not export is "-". Tasks run on the event loop's thread, within its figure."""
+    names = list(by_part)
+    parts = sorted({part for windows in by_part.values() for w in windows for part in w},
+                   key=lambda p: (p != "agent", p))
+    lines = ["CPU by part, median over the windows, % of a core (task: within the event "
+             "loop's thread)", f"{'':34}" + "".join(f"{name:>14}" for name in names)]
+    for part in parts:
+        cells = []
+        for name in names:
+            values = [w[part] for w in by_part[name] if part in w]
+            cells.append(f"{statistics.median(values):>14.2f}" if values else f"{'-':>14}")
+        lines.append(f"{part:34}" + "".join(cells))
+    return "\n".join(lines) + "\n"
 
 
 def summary(values: list[float]) -> str:
@@ -92,6 +140,8 @@ def main() -> int:
                              "3 with --changing)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="another checkout to compare with")
+    parser.add_argument("--by-part", action="store_true",
+                        help="split each window's CPU by task, NVML's calls and thread")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.settle is None:
@@ -122,13 +172,19 @@ def main() -> int:
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     trees = [("this tree", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])
     found: dict[str, list[float]] = {name: [] for name, _ in trees}
+    by_part: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     for run in range(args.rounds):
         for name, tree in trees:  # alternating: both see the same machine
             got = run_child(__file__, tree, child_args(args), "the node's windows")
+            if args.by_part:
+                by_part[name] += got["parts"]
+                got = got["cpu"]
             found[name] += got
             print(f"round {run + 1}, {name}: " + ", ".join(f"{v:.2f}" for v in got) + " %",
                   flush=True)
     print()
+    if args.by_part:
+        print(part_table(by_part))
     for name, values in found.items():
         print(f"{name}: {summary(values)}")
     if args.baseline is not None:
