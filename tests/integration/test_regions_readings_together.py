@@ -46,10 +46,17 @@ def _regions(tmp_path: Path, count: int) -> list[Region]:
     return out
 
 
-@pytest.fixture
-def native() -> None:
+@pytest.fixture(params=["loop in C", "loop in Python"])
+def native(request, monkeypatch) -> None:
+    """The batch read, its loop over the regions in C (`readings_of`) and in Python (the
+    reference): every test that takes it holds both to the same behaviour."""
     if regions.readings_many is None:
         pytest.skip("the C read was not built")
+    if request.param == "loop in C":
+        if regions.readings_of is None:
+            pytest.skip("the C read was built without its loop")
+    else:
+        monkeypatch.setattr(regions, "readings_of", None)
 
 
 def test_the_same_counters_and_controls_as_each_regions_own_each_between_its_stamps(
@@ -66,6 +73,8 @@ def test_the_same_counters_and_controls_as_each_regions_own_each_between_its_sta
     before = time.monotonic_ns()
     got = Region.readings_together([rs[0], Fake(), rs[1], rs[2], rs[3]])
     after = time.monotonic_ns()
+    # every lock given back (a lock kept would hang the reads below, not fail them)
+    assert not any(region._fd_lock.locked() for region in rs)
     assert got[1] is None and got[4] is None
     read = [got[0], got[2], got[3]]
     assert [r[0] for r in read] == [rs[n].counters() for n in range(3)]  # type: ignore[index]
@@ -235,5 +244,51 @@ def test_a_batch_that_fails_leaves_every_region_to_its_own_read(tmp_path, native
     assert [reading[0] for _, reading in by_gpu[UUID]] == [(1000, 10, 0), (2000, 20, 1)]
     assert controller.errors["region_usage"] == 1
     assert [e["event"] for e in logs] == ["throttle_region_batch_read_failed"]
+    for region in rs:
+        region.close()
+
+
+def test_the_loop_in_c_reads_what_the_loop_in_python_reads(tmp_path, monkeypatch):
+    if regions.readings_of is None:
+        pytest.skip("the C read was built without its loop")
+    rs = _regions(tmp_path, 5)
+    rs[4].close()
+    rs[1].set_rate(0, 777, 55)
+    rs[2].set_policy("work-conserving", 3)
+    with open(rs[3].path / STATE_FILE, "r+b") as f:
+        f.write(b"\0" * 8)  # corrupt
+    rs[0]._policed_ns = time.monotonic_ns() - 10**9  # checks due, finding nothing
+
+    class Fake:
+        closed = False
+
+    mixed = [rs[0], Fake(), rs[1], rs[2], rs[3], rs[4]]
+    in_c = Region.readings_together(mixed)
+    monkeypatch.setattr(regions, "readings_of", None)
+    in_python = Region.readings_together(mixed)
+    assert [None if r is None else r[:4] for r in in_c] == \
+        [None if r is None else r[:4] for r in in_python]
+    assert [r is None for r in in_c] == [False, True, False, False, False, True]
+    assert in_c[4][0] is None and rs[3].corrupt_reads == 2  # type: ignore[index]
+    assert not any(region._fd_lock.locked() for region in rs)
+    for region in rs:
+        region.close()
+
+
+def test_an_error_within_the_loop_gives_every_lock_back(tmp_path, native, monkeypatch):
+    rs = _regions(tmp_path, 3)
+    long_ago = time.monotonic_ns() - 10**9
+    rs[1]._policed_ns = long_ago
+
+    def broken(now_ns: int) -> bool:
+        raise OSError("the checks failed")
+
+    monkeypatch.setattr(rs[1], "_checks_find_nothing", broken)
+    with pytest.raises(OSError, match="the checks failed"):
+        Region.readings_together(rs)
+    assert not any(region._fd_lock.locked() for region in rs)
+    monkeypatch.undo()
+    rs[1]._policed_ns = time.monotonic_ns()
+    assert all(r is not None for r in Region.readings_together(rs))
     for region in rs:
         region.close()

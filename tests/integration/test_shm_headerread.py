@@ -277,6 +277,61 @@ CHILD = textwrap.dedent("""
         finally:
             os.close(fd)
         agreed += want is not None
+
+    # `readings_of`: the regions' loop, over stand-ins with a region's fields, every branch
+    import threading
+
+    class Stand:
+        def __init__(self, fd, count, policed, finds=True):
+            self._view, self._fd_lock, self._policed_ns = object(), threading.Lock(), policed
+            self._state_fd, self._finds = fd, finds
+            self._words = memoryview(bytearray(8 * 4 * count)).cast("Q")
+            self._in_force = (("strict",) * count, 0)
+
+        def _checks_find_nothing(self, now_ns):
+            if self._finds is None:
+                raise OSError("checks")
+            return self._finds
+
+    good = bytes(layout.encode_state(2)[: layout.STATE_HEADER_SIZE])
+    bad = bytes(len(good))
+    for name, data in (("good", good), ("bad", bad)):
+        with open(path + name, "wb") as f:
+            f.write(data)
+    fds = [os.open(path + name, os.O_RDONLY) for name in ("good", "bad")]
+    try:
+        for trial in range(300):
+            now = 10**12
+            stands = []
+            for _ in range(rng.randint(0, 12)):
+                kind = rng.randrange(8)
+                one = Stand(fds[kind % 2], 2, now - rng.choice([0, 10**9]),
+                            rng.choice([True, False]))
+                if kind == 2:
+                    one._view = None
+                elif kind == 3:
+                    one._fd_lock.acquire()
+                elif kind == 4:
+                    one._state_fd = None
+                elif kind == 5:
+                    one._in_force = ("strict", 0)  # not a tuple of policies: refused
+                elif kind == 6:
+                    one._finds = None  # its checks raise
+                stands.append(rng.choice([one, one, "not a region"]))
+            held_before = [one for one in stands
+                           if isinstance(one, Stand) and one._fd_lock.locked()]
+            try:
+                read, corrupt = module.readings_of(stands, Stand, now, 5 * 10**8, (1, 2, 4))
+                assert len(read) == len(stands)
+                assert all(read[i][0] is None for i in corrupt)
+            except (OSError, TypeError):
+                pass
+            for one in stands:  # every lock it took given back, error or not
+                if isinstance(one, Stand):
+                    assert one._fd_lock.locked() == (one in held_before)
+    finally:
+        for fd in fds:
+            os.close(fd)
     print("agreed", agreed)
 """)
 

@@ -181,6 +181,33 @@ done:
     return out;
 }
 
+/* One region's reading: its header read from `fd` between two monotonic stamps, and its rates
+ * in force from `words`, the device count being the policies' (a tuple):
+ * (counters or None, rates, policies, priority, before, after), or NULL with an error set. */
+static PyObject *read_one(int fd, PyObject *words, PyObject *policies, PyObject *priority,
+                          Py_ssize_t rate_word, Py_ssize_t burst_word, Py_ssize_t device_words)
+{
+    Py_ssize_t devices = PyTuple_GET_SIZE(policies);
+    if (devices < 1 || devices > layout.max_devices) {
+        PyErr_Format(PyExc_ValueError, "readings: %zd devices (allowed 1..%d)", devices,
+                     layout.max_devices);
+        return NULL;
+    }
+    PyObject *rates = rates_of(words, devices, rate_word, burst_word, device_words);
+    if (rates == NULL)
+        return NULL;
+    unsigned char header[MAX_HEADER];
+    long long before = monotonic_ns();
+    Py_ssize_t got = read_header(fd, header);
+    long long after = monotonic_ns();
+    PyObject *counters = got < 0 ? NULL : decode(header, got, (long)devices);
+    if (counters == NULL) {
+        Py_DECREF(rates);
+        return NULL;
+    }
+    return Py_BuildValue("(NNOOLL)", counters, rates, policies, priority, before, after);
+}
+
 /* readings_many(fds, controls, (rate_word, burst_word, device_words)): per region, its
  * header read from its `state` descriptor between two monotonic stamps, and its controls in
  * force: `controls` holds per region (the words of its `control`, its policies, its
@@ -210,7 +237,6 @@ static PyObject *readings_many(PyObject *module, PyObject *args)
     PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
-    unsigned char header[MAX_HEADER];
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *control = PyList_GET_ITEM(controls, i);
         long fd = PyLong_AsLong(PyList_GET_ITEM(fds, i));
@@ -226,34 +252,191 @@ static PyObject *readings_many(PyObject *module, PyObject *args)
                             "readings_many: each control must be (words, policies, priority)");
             goto failed;
         }
-        PyObject *policies = PyTuple_GET_ITEM(control, 1);
-        Py_ssize_t devices = PyTuple_GET_SIZE(policies);
-        if (devices < 1 || devices > layout.max_devices) {
-            PyErr_Format(PyExc_ValueError, "readings_many: %zd devices (allowed 1..%d)", devices,
-                         layout.max_devices);
+        PyObject *read = read_one((int)fd, PyTuple_GET_ITEM(control, 0),
+                                  PyTuple_GET_ITEM(control, 1), PyTuple_GET_ITEM(control, 2),
+                                  rate_word, burst_word, device_words);
+        if (read == NULL)
             goto failed;
-        }
-        PyObject *rates = rates_of(PyTuple_GET_ITEM(control, 0), devices, rate_word,
-                                   burst_word, device_words);
-        if (rates == NULL)
-            goto failed;
-        long long before = monotonic_ns();
-        Py_ssize_t got = read_header((int)fd, header);
-        long long after = monotonic_ns();
-        PyObject *counters = got < 0 ? NULL : decode(header, got, (long)devices);
-        PyObject *read = counters == NULL ? NULL
-            : Py_BuildValue("(NNOOLL)", counters, rates, policies, PyTuple_GET_ITEM(control, 2),
-                            before, after);
-        if (read == NULL) {
-            if (counters == NULL)
-                Py_DECREF(rates);
-            goto failed;
-        }
         PyList_SET_ITEM(out, i, read);
     }
     return out;
 failed:
     Py_DECREF(out);
+    return NULL;
+}
+
+/* Names `readings_of` looks up on a region, interned once. */
+static PyObject *name_view, *name_lock, *name_policed, *name_fd, *name_words, *name_in_force,
+    *name_acquire, *name_release, *name_checks;
+
+static int intern_names(void)
+{
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&name_view, "_view"}, {&name_lock, "_fd_lock"}, {&name_policed, "_policed_ns"},
+        {&name_fd, "_state_fd"}, {&name_words, "_words"}, {&name_in_force, "_in_force"},
+        {&name_acquire, "acquire"}, {&name_release, "release"},
+        {&name_checks, "_checks_find_nothing"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(
+                                           names[i].text)) == NULL)
+            return 0;
+    return 1;
+}
+
+/* Gives `lock` back, keeping whatever error is set: 0 where the release itself failed (its
+ * error then set, unless one was set before). */
+static int release(PyObject *lock)
+{
+    PyObject *type, *value, *trace;
+    PyErr_Fetch(&type, &value, &trace);
+    PyObject *done = PyObject_CallMethodNoArgs(lock, name_release);
+    Py_XDECREF(done);
+    if (type != NULL) {
+        PyErr_Clear();
+        PyErr_Restore(type, value, trace);
+    }
+    return done != NULL;
+}
+
+/* One region of `readings_of`, whose lock is held: its reading, Py_None where it is left to
+ * its own read (closed meanwhile, no descriptor, checks due that find something), or NULL with
+ * an error set. */
+static PyObject *read_held(PyObject *region, PyObject *now, long long now_ns, long long police_ns,
+                           Py_ssize_t rate_word, Py_ssize_t burst_word, Py_ssize_t device_words)
+{
+    PyObject *out = NULL, *view = NULL, *policed = NULL, *fd = NULL, *words = NULL,
+             *in_force = NULL;
+    if ((view = PyObject_GetAttr(region, name_view)) == NULL
+        || (policed = PyObject_GetAttr(region, name_policed)) == NULL
+        || (fd = PyObject_GetAttr(region, name_fd)) == NULL
+        || (words = PyObject_GetAttr(region, name_words)) == NULL)
+        goto done;
+    if (view == Py_None || fd == Py_None || words == Py_None || policed == Py_None) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    long long at = PyLong_AsLongLong(policed);
+    if (at == -1 && PyErr_Occurred())
+        goto done;
+    if (now_ns - at >= police_ns) { /* (as Python's ints: no overflow for clock values) */
+        PyObject *found = PyObject_CallMethodOneArg(region, name_checks, now);
+        if (found == NULL)
+            goto done;
+        int nothing = PyObject_IsTrue(found);
+        Py_DECREF(found);
+        if (nothing < 0)
+            goto done;
+        if (!nothing) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    long descriptor = PyLong_AsLong(fd);
+    if (descriptor == -1 && PyErr_Occurred())
+        goto done;
+    if (descriptor < 0 || descriptor > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "readings_of: %ld is no file descriptor", descriptor);
+        goto done;
+    }
+    if ((in_force = PyObject_GetAttr(region, name_in_force)) == NULL)
+        goto done;
+    if (!PyTuple_CheckExact(in_force) || PyTuple_GET_SIZE(in_force) != 2
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(in_force, 0))) {
+        PyErr_SetString(PyExc_TypeError, "readings_of: a region's controls in force must be "
+                                         "(policies, priority)");
+        goto done;
+    }
+    out = read_one((int)descriptor, words, PyTuple_GET_ITEM(in_force, 0),
+                   PyTuple_GET_ITEM(in_force, 1), rate_word, burst_word, device_words);
+done:
+    Py_XDECREF(view);
+    Py_XDECREF(policed);
+    Py_XDECREF(fd);
+    Py_XDECREF(words);
+    Py_XDECREF(in_force);
+    return out;
+}
+
+/* readings_of(regions, region_type, now_ns, police_ns, (rate_word, burst_word, device_words)):
+ * `Region.readings_together`'s loop, region by region under its readers' lock: the readings
+ * (None for a region left to its own read) and the indexes of those whose header was corrupt.
+ * An error gives every lock taken back and is raised. */
+static PyObject *readings_of(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *sequence, *region_type, *now;
+    long long police_ns;
+    Py_ssize_t rate_word, burst_word, device_words;
+    if (!PyArg_ParseTuple(args, "OO!O!L(nnn):readings_of", &sequence, &PyType_Type,
+                          &region_type, &PyLong_Type, &now, &police_ns, &rate_word, &burst_word,
+                          &device_words)
+        || !check_bound() || !intern_names())
+        return NULL;
+    if (rate_word < 0 || burst_word < 0 || device_words < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "readings_of: word indexes must be >= 0 and words per device >= 1, got "
+                     "%zd, %zd, %zd", rate_word, burst_word, device_words);
+        return NULL;
+    }
+    long long now_ns = PyLong_AsLongLong(now);
+    if (now_ns == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *regions = PySequence_Fast(sequence, "readings_of: regions must be a sequence");
+    if (regions == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(regions);
+    PyObject *out = PyList_New(n), *corrupt = PyList_New(0);
+    if (out == NULL || corrupt == NULL)
+        goto failed;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *region = PySequence_Fast_GET_ITEM(regions, i);
+        PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
+        if (Py_TYPE(region) != (PyTypeObject *)region_type)
+            continue; /* not a `Region`: read the usual way */
+        PyObject *view = PyObject_GetAttr(region, name_view);
+        if (view == NULL)
+            goto failed;
+        Py_DECREF(view);
+        if (view == Py_None)
+            continue; /* closed (the reference outlives the object: compared only) */
+        PyObject *lock = PyObject_GetAttr(region, name_lock);
+        if (lock == NULL)
+            goto failed;
+        PyObject *taken = PyObject_CallMethodOneArg(lock, name_acquire, Py_False);
+        int held = taken == NULL ? -1 : PyObject_IsTrue(taken);
+        Py_XDECREF(taken);
+        if (held <= 0) {
+            Py_DECREF(lock);
+            if (held < 0)
+                goto failed;
+            continue; /* another reader may be reopening its file: read it the usual way */
+        }
+        PyObject *read = read_held(region, now, now_ns, police_ns, rate_word, burst_word,
+                                   device_words);
+        int released = release(lock);
+        Py_DECREF(lock);
+        if (read == NULL || !released) {
+            Py_XDECREF(read);
+            goto failed;
+        }
+        if (read != Py_None && PyTuple_GET_ITEM(read, 0) == Py_None) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            int added = index == NULL ? -1 : PyList_Append(corrupt, index);
+            Py_XDECREF(index);
+            if (added < 0) {
+                Py_DECREF(read);
+                goto failed;
+            }
+        }
+        PyList_SetItem(out, i, read); /* (steals `read`, drops the None) */
+    }
+    Py_DECREF(regions);
+    return Py_BuildValue("(NN)", out, corrupt);
+failed:
+    Py_DECREF(regions);
+    Py_XDECREF(out);
+    Py_XDECREF(corrupt);
     return NULL;
 }
 
@@ -323,6 +506,10 @@ static PyMethodDef methods[] = {
      "readings_many(fds, controls, (rate_word, burst_word, device_words)): per region, "
      "(counters, rates, policies, priority, monotonic ns before its read, after), `controls` "
      "holding (control words, policies, priority) per region."},
+    {"readings_of", readings_of, METH_VARARGS,
+     "readings_of(regions, region_type, now_ns, police_ns, (rate_word, burst_word, "
+     "device_words)): `Region.readings_together`'s loop; (readings, indexes of corrupt "
+     "headers)."},
     {"decode", decode_header, METH_VARARGS,
      "decode(header, device_count): `layout.state_counters(header, device_count)`."},
     {NULL, NULL, 0, NULL},

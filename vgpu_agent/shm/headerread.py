@@ -68,6 +68,9 @@ counters_at = python_counters_at if _statec is None else _statec.counters_at
 # stamps (`regions.readings_together`); None without the C read, or with a build from before
 # it had one (each region then read in a call of its own: slower, and said once, below)
 readings_many = None if _statec is None else getattr(_statec, "readings_many", None)
+# ... and `Region.readings_together`'s loop over the regions (their locks, fields and checks)
+# in the same call; None without it (the loop then runs in Python, the reference)
+readings_of = None if readings_many is None else getattr(_statec, "readings_of", None)
 NOT_BATCH_READ_REASON: str | None = None
 if _statec is None:
     NOT_BATCH_READ_REASON = NOT_NATIVE_READ_REASON

@@ -76,7 +76,7 @@ from vgpu_agent.deviceplugin.allocation import Grant, GrantedDevice
 from vgpu_agent.deviceplugin.server import Extras
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionHandle, RegionUsage
-from vgpu_agent.shm.headerread import counters_at, readings_many
+from vgpu_agent.shm.headerread import counters_at, readings_many, readings_of
 
 log = structlog.get_logger(__name__)
 
@@ -488,10 +488,28 @@ class Region:
         find something or for the directory's sweep, its `state` not open, its lock held by
         another reader, or no native read built). A region whose checks are due and find
         nothing is checked here (`_checks_find_nothing`). Each region is held under its
-        readers' lock while its files are checked and read, as in `counters`."""
+        readers' lock while its files are checked and read, as in `counters`.
+
+        Where the C read has it, the loop over the regions is in C too (`readings_of`: the
+        Python around each region's read cost the controller as much as the read); the loop
+        below is the reference, and the tests run both."""
         out: list[Reading | None] = [None] * len(regions)
         if readings_many is None:
             return out
+        if readings_of is not None:
+            read_each, corrupt = readings_of(regions, Region, time.monotonic_ns(),
+                                             _LEAN_POLICE_NS, _CONTROL_WORDS)
+            for n in corrupt:
+                regions[n]._lean_read_corrupt()  # type: ignore[attr-defined]
+            return read_each  # type: ignore[no-any-return]
+        return Region._readings_in_python(regions, out)
+
+    @staticmethod
+    def _readings_in_python(regions: Sequence[object], out: list[Reading | None]
+                            ) -> list[Reading | None]:
+        """`readings_together`'s loop in Python (the reference), the headers read in one
+        `readings_many` call with every region taken held meanwhile."""
+        assert readings_many is not None
         held: list[threading.Lock] = []
         fds: list[int] = []
         controls: list[tuple[memoryview, tuple[CorePolicy, ...], int]] = []
@@ -504,13 +522,13 @@ class Region:
                 lock = region._fd_lock
                 if not lock.acquire(blocking=False):
                     continue  # another reader may be reopening its file: read it the usual way
+                held.append(lock)  # (before the checks: given back should they raise)
                 policed, fd, words = region._policed_ns, region._state_fd, region._words
                 if (region._view is None or fd is None or words is None or policed is None
                         or (now_ns - policed >= _LEAN_POLICE_NS
                             and not region._checks_find_nothing(now_ns))):
-                    lock.release()
+                    held.pop().release()
                     continue
-                held.append(lock)
                 fds.append(fd)
                 controls.append((words, *region._in_force))
                 where.append(n)
