@@ -15,6 +15,8 @@
  *
  * `readings_many` reads many regions at once, each with its rates in force from the words of
  * its `control` (the agent's own file, mapped by the caller): what `Region.controls` gives.
+ * `readings_of` is `Region.readings_together`'s loop around that read: each region's lock,
+ * fields and file checks, looked up on the region object as the Python loop does.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
