@@ -137,7 +137,8 @@ def test_poll_periods_outside_one_to_ten_are_refused_by_name(periods: object):
 @given(period_ms=st.integers(min_value=50, max_value=1_000),
        gaps=st.lists(st.integers(min_value=1, max_value=4), min_size=2, max_size=30),
        per_batch=st.integers(min_value=1, max_value=3),
-       delays_ms=st.lists(st.integers(min_value=0, max_value=40), min_size=30, max_size=30))
+       # a delay for every batch: up to 31 stamps (the first and 30 gaps), one a batch
+       delays_ms=st.lists(st.integers(min_value=0, max_value=40), min_size=31, max_size=31))
 def test_read_on_any_schedule_the_period_and_spans_follow_the_stamps(period_ms, gaps, per_batch,
                                                                      delays_ms):
     # NVML stamps a period every `period_ms`; some are missed (gaps of several periods), and a
