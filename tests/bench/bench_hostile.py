@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.bench import machine  # noqa: E402
+from tests.bench.nodeparts import cpu_seconds  # noqa: E402
 
 GIB = 1 << 30
 HOST_PID_BASE = 300_000
@@ -202,11 +203,6 @@ async def serve(root: Path, port_file: Path, phase_file: Path, out_file: Path,
 
 
 # ------------------------------------------------------------------ measuring (parent)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def healthz(port: int) -> float:

@@ -96,6 +96,8 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench.nodeparts import cpu_seconds  # noqa: E402  (bench_node's windows use it too)
+
 GIB = 1 << 30
 # Slices per GPU the agent advertises: more than the largest node's containers hold (32 per GPU
 # at 256), so that Allocate has free devices to be asked for, as a kubelet asks.
@@ -551,11 +553,6 @@ async def kubelet_side(root: Path, ready_file: Path) -> None:
 
 
 # ------------------------------------------------------------------ measuring (parent)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> tuple[float, float]:

@@ -58,13 +58,19 @@ def from_threads(pid: int, proc: Path = Path("/proc")) -> dict[str, float]:
         except OSError:
             continue
         name = LOOP_THREAD if task.name == str(pid) else name
-        out[f"thread:{name}#{task.name}"] = _cpu_seconds(stat, tick)
-    out["agent"] = _cpu_seconds((proc / str(pid) / "stat").read_text(), tick)
+        out[f"thread:{name}#{task.name}"] = stat_cpu_seconds(stat, tick)
+    out["agent"] = cpu_seconds(pid, proc)
     return out
 
 
-def _cpu_seconds(stat: str, tick: int) -> float:
-    """utime + stime of a `/proc` stat line (the fields after the command's closing paren)."""
+def cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float:
+    """A process's CPU seconds so far (user and system), from `proc`."""
+    return stat_cpu_seconds((proc / str(pid) / "stat").read_text(), os.sysconf("SC_CLK_TCK"))
+
+
+def stat_cpu_seconds(stat: str, tick: int) -> float:
+    """utime + stime of a `/proc` stat line (the fields after the command's closing paren), in
+    seconds of `tick` clock ticks each."""
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / tick
 

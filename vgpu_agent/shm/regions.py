@@ -493,23 +493,22 @@ class Region:
         Where the C read has it, the loop over the regions is in C too (`readings_of`: the
         Python around each region's read cost the controller as much as the read); the loop
         below is the reference, and the tests run both."""
-        out: list[Reading | None] = [None] * len(regions)
         if readings_many is None:
-            return out
+            return [None] * len(regions)
         if readings_of is not None:
             read_each, corrupt = readings_of(regions, Region, time.monotonic_ns(),
                                              _LEAN_POLICE_NS, _CONTROL_WORDS)
             for n in corrupt:
                 regions[n]._lean_read_corrupt()  # type: ignore[attr-defined]
             return read_each  # type: ignore[no-any-return]
-        return Region._readings_in_python(regions, out)
+        return Region._readings_in_python(regions)
 
     @staticmethod
-    def _readings_in_python(regions: Sequence[object], out: list[Reading | None]
-                            ) -> list[Reading | None]:
+    def _readings_in_python(regions: Sequence[object]) -> list[Reading | None]:
         """`readings_together`'s loop in Python (the reference), the headers read in one
         `readings_many` call with every region taken held meanwhile."""
         assert readings_many is not None
+        out: list[Reading | None] = [None] * len(regions)
         held: list[threading.Lock] = []
         fds: list[int] = []
         controls: list[tuple[memoryview, tuple[CorePolicy, ...], int]] = []
