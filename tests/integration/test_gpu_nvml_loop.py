@@ -312,6 +312,36 @@ def test_a_paused_process_holds_its_context_and_is_stopped_after_its_case(fake_n
     assert paused[0] < full[20] / 100
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_process_slow_to_start_is_measured_from_its_first_spending(fake_nvml: FakeNvml,
+                                                                    tmp_path, capsys):
+    # as on a loaded machine: the process spends nothing for its first 2.5 s, where the window
+    # would have begun (1.5 s) and ended (2 s); it was measured at 0 tokens a second
+    check, out, driver = _stand_ins(fake_nvml, tmp_path)
+    late = tmp_path / "gpu_check_late"
+    late.write_text(f"#!/bin/sh\nsleep 2.5\nexec {check} \"$@\"\n")
+    late.chmod(0o755)
+    script = load_script()
+    backend = script.NvmlBackend(str(fake_nvml.library_path))
+    backend.start()
+    try:
+        uuid = backend.discover().gpus[0].uuid
+        full = {20: 1_000_000.0}
+        (held, _, _), = script.hold(str(late), "", backend, out / "regions", uuid,
+                                    (script.Held(50, 20),), full, 3.0)
+        # a process that ends before it spent: no window, said, and 0
+        (never, _, _), = script.hold(str(late), "", backend, out / "regions", uuid,
+                                     (script.Held(50, 20),), full, 0.0)
+    finally:
+        backend.shutdown()
+        driver.stopped.set()
+        driver.join()
+    assert held == pytest.approx(500_000, rel=0.2)
+    assert never == 0.0
+    assert "no window measured" in capsys.readouterr().out
+
+
 def test_periods_together_tell_per_process_from_time_sliced_attribution():
     script = load_script()
     per_process = [[{"ts_us": t, "sm": 48} for t in (1, 2, 3)],

@@ -286,8 +286,12 @@ def hold(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
     while all(p.poll() is None for p in procs):
         sampler.poll()
         now = time.monotonic()
-        if begin is None and now - t0 >= 1.5:  # past start-up and the first samples
-            begin, spent0 = now, [tokens(r) for r in regions]
+        # past start-up and the first samples, and every process not paused spending: on a
+        # loaded machine a process's start may take seconds, and a window before it measured 0
+        if begin is None and now - t0 >= 1.5:
+            spent0 = [tokens(r) for r in regions]
+            if all(n > 0 for n, h in zip(spent0, held, strict=True) if h.pct != 0):
+                begin = now
         if begin is not None:
             device.append(backend.readings(uuid).utilization)
             if now - begin >= seconds - 2.5:
@@ -295,6 +299,9 @@ def hold(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
         time.sleep(0.02)
     end = time.monotonic()
     spent1 = [tokens(r) for r in regions]
+    if begin is None:
+        say(f"  no window measured: a process ended {end - t0:.1f} s after the start, before "
+            "every process not paused had spent")
     for proc, h in zip(procs, held, strict=True):
         if h.pct == 0:  # paused for good: it would wait for tokens past its run
             proc.kill()
