@@ -31,7 +31,7 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY vgpu_agent/ vgpu_agent/
 RUN pip wheel --no-cache-dir --disable-pip-version-check --wheel-dir /wheels . \
- && python -c "import zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/vgpu_agent-*.whl')[0]).namelist(); missing = [m for m in ('_lawc', '_steerc', '_splitc', '_statec') if not any(m in n for n in names)]; assert not missing, f'not built in C: {missing}'"
+ && python -c "import zipfile, glob; names = zipfile.ZipFile(glob.glob('/wheels/vgpu_agent-*.whl')[0]).namelist(); missing = [m for m in ('_lawc', '_steerc', '_splitc', '_statec', '_usagec') if not any(m in n for n in names)]; assert not missing, f'not built in C: {missing}'"
 
 # --- runtime: no compiler, no build tools, no sources -------------------------------------------
 FROM python:3.11.7-slim-bookworm

@@ -1,11 +1,12 @@
 """The native part of the package: the control law in C (`vgpu_agent/throttle/_lawc.c`), the
 common path of the steering around it (`vgpu_agent/throttle/_steerc.c`), the time-sliced
-split's loops over a GPU's containers (`vgpu_agent/throttle/_splitc.c`) and the lean read of a
-`state` header (`vgpu_agent/shm/_statec.c`).
+split's loops over a GPU's containers (`vgpu_agent/throttle/_splitc.c`), the lean read of a
+`state` header (`vgpu_agent/shm/_statec.c`) and the metrics' read of a whole `state`
+(`vgpu_agent/shm/_usagec.c`).
 
 Everything else is in pyproject.toml. The extensions are optional: where no C compiler is
 found the package installs without them and the agent runs the same law and the same read in
-Python (`nativelaw.NATIVE` and `headerread.NATIVE_READ` say which runs).
+Python (`nativelaw.NATIVE`, `headerread.NATIVE_READ` and `usageread.NATIVE_USAGE` say which runs).
 """
 
 from setuptools import Extension, setup
@@ -27,5 +28,6 @@ setup(
         native("throttle._steerc", *PYTHON_FLOATS),
         native("throttle._splitc", *PYTHON_FLOATS),
         native("shm._statec"),
+        native("shm._usagec"),
     ]
 )

@@ -8,12 +8,15 @@ whose code (`LOADER` first) loads that build in place of the installed module.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
 import sysconfig
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +68,16 @@ def run(code: str, *args: str, cwd: Path) -> str:
     assert child.returncode == 0, child.stderr[-4000:]
     assert "runtime error" not in child.stderr and "AddressSanitizer" not in child.stderr
     return child.stdout
+
+
+def fresh_copy(module: Any) -> Any:
+    """Another module object from `module`'s built file, its own `bind` not yet called (its C
+    state is the process's one copy all the same); skipped where nothing was built."""
+    if module is None:
+        pytest.skip("the C part was not built")
+    loader = importlib.machinery.ExtensionFileLoader(module.__name__, module.__file__)
+    spec = importlib.util.spec_from_file_location(module.__name__, module.__file__, loader=loader)
+    assert spec is not None
+    copy = importlib.util.module_from_spec(spec)
+    loader.exec_module(copy)
+    return copy

@@ -278,6 +278,7 @@ def test_wheels_stage_builds_an_installable_agent(tmp_path: Path) -> None:
     assert not any(n.startswith("tests/") for n in names)
     # the extensions are built in, and their sources left out
     for native in ("vgpu_agent/throttle/_lawc", "vgpu_agent/throttle/_steerc",
-                   "vgpu_agent/throttle/_splitc", "vgpu_agent/shm/_statec"):
+                   "vgpu_agent/throttle/_splitc", "vgpu_agent/shm/_statec",
+                   "vgpu_agent/shm/_usagec"):
         assert any(n.startswith(native) and n.endswith(".so") for n in names), native
     assert not any(n.endswith(".c") for n in names)

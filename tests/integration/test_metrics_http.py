@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from tests.fakes.fakenvml import NVML_ERROR_GPU_IS_LOST, FakeNvml
 from tests.fakes.promtext import series, value
@@ -248,3 +249,18 @@ async def test_corrupt_state_file_keeps_the_endpoint_serving(node: Node, tmp_pat
     assert value(text, "vgpu_container_memory_used_bytes", kind="data", pod="bad") is None
     assert value(text, "vgpu_container_memory_used_bytes", kind="data", pod="good") == 2 * GIB
     assert value(text, "vgpu_container_kernel_launches_total", pod="good") == 5
+
+
+@pytest.mark.parametrize("reason", [None, "vgpu_agent.shm._usagec was not built"])
+async def test_a_round_read_in_python_is_said_once_at_start(monkeypatch, reason) -> None:
+    import vgpu_agent.metrics.http as http
+
+    monkeypatch.setattr(http, "NOT_NATIVE_USAGE_REASON", reason)
+    sources = MetricsSources(node="node-1", gpus=list, slices_per_gpu=4, regions=list,
+                             identity=lambda alloc_id: None)
+    service = MetricsService(sources, host="127.0.0.1", port=0)
+    with capture_logs() as logs:
+        await service.start()
+    await service.stop()
+    said = [(e["event"], e.get("reason")) for e in logs if "not_native" in e["event"]]
+    assert said == ([] if reason is None else [("metrics_usage_read_not_native", reason)])

@@ -5,8 +5,7 @@ UBSan (it runs inside the agent's process)."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
+import importlib
 import os
 import shutil
 import struct
@@ -174,15 +173,7 @@ def test_a_batch_reads_each_descriptor_between_its_two_stamps(tmp_path):
 
 
 def fresh_statec():  # type: ignore[no-untyped-def]
-    """Another copy of the built module, not bound yet."""
-    if headerread._statec is None:
-        pytest.skip("the C read was not built")
-    path = headerread._statec.__file__
-    loader = importlib.machinery.ExtensionFileLoader("vgpu_agent.shm._statec", path)
-    spec = importlib.util.spec_from_file_location("vgpu_agent.shm._statec", path, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sanitized.fresh_copy(headerread._statec)
 
 
 def test_layouts_the_c_read_cannot_hold_are_refused_by_name():

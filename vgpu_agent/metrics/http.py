@@ -37,6 +37,7 @@ from vgpu_agent.metrics.poller import GpuPoller, RegionCache, step_aside
 from vgpu_agent.metrics.probes import liveness, readiness
 from vgpu_agent.metrics.sources import MetricsSources
 from vgpu_agent.metrics.status import build_status
+from vgpu_agent.shm.usageread import NOT_NATIVE_USAGE_REASON
 
 log = structlog.get_logger(__name__)
 
@@ -187,6 +188,9 @@ class MetricsService:
             max_per_peer=self.connections.max_per_peer,
             header_timeout_s=self.connections.header_timeout_s,
         )
+        if NOT_NATIVE_USAGE_REASON is not None:  # each round then costs about twice the CPU
+            log.warning("metrics_usage_read_not_native", reason=NOT_NATIVE_USAGE_REASON,
+                        read="python")
 
     async def stop(self) -> None:
         server, self._server = self._server, None

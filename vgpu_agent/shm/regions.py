@@ -77,6 +77,7 @@ from vgpu_agent.deviceplugin.server import Extras
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, RegionHandle, RegionUsage
 from vgpu_agent.shm.headerread import counters_at, readings_many, readings_of
+from vgpu_agent.shm.usageread import usage_at, usage_of
 
 log = structlog.get_logger(__name__)
 
@@ -759,6 +760,13 @@ class Region:
         """
         if self._state_fd is None and not self._open_state():
             return RegionUsage(corrupt=True)
+        assert self._state_fd is not None
+        if usage_at is not None:  # the same reads and decode in C (`usageread`)
+            return usage_of(usage_at(self._state_fd, self.device_count, self._slot_budget))
+        return self._read_usage_in_python()
+
+    def _read_usage_in_python(self) -> RegionUsage:
+        """`_read_usage` in Python (the reference, and where the C read was not built)."""
         assert self._state_fd is not None
         buffer = _read_buffer()
         header = layout.STATE_HEADER_SIZE
