@@ -191,6 +191,9 @@ def test_layouts_the_c_read_cannot_hold_are_not_used_and_say_why(monkeypatch):
             "vgpu_agent.shm._usagec was built for another state layout: ")
         assert says in reason, reason
         monkeypatch.undo()
+    monkeypatch.setattr(layout, "PLAUSIBLE_BYTES", 1 << 60)  # 1,024 slots of it pass 64 bits
+    assert "summed within 64 bits" in str(usageread.bind(module))
+    monkeypatch.undo()
     monkeypatch.setitem(layout.PROC_DEVICE_OFFSETS, "last_launch_ns", 36)
     reason = usageread.bind(module)
     assert reason is not None and "process offset 36 not an aligned field" in reason

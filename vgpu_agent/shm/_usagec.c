@@ -506,12 +506,14 @@ static PyObject *bind(PyObject *module, PyObject *args)
         || size[SIZE_DEVICES_AT] + (Py_ssize_t)max_devices * size[SIZE_DEVICE] > size[SIZE_HEADER]
         || size[SIZE_SLOT_DEVICES_AT] < 0
         || size[SIZE_SLOT_DEVICES_AT] + (Py_ssize_t)max_devices * size[SIZE_PROC] > size[SIZE_SLOT]
-        || size[SIZE_EXT_AT] < size[SIZE_HEADER]) {
+        || size[SIZE_EXT_AT] < size[SIZE_HEADER]
+        /* the slots' memory is summed in 64 bits: every slot at the bound must fit */
+        || limits[5] > UINT64_MAX / max_procs) {
         PyErr_Format(PyExc_ValueError,
                      "a state layout this reader cannot hold: header %zd bytes (64..%d), "
                      "%llu devices (1..%d), %llu slots (1..%d), slots of %zd bytes (at most %d), "
                      "extension records of %zd bytes (%d in all at most), records inside what "
-                     "holds them",
+                     "holds them, the slots' memory summed within 64 bits",
                      size[SIZE_HEADER], MAX_HEADER, max_devices, MAX_DEVICES_BOUND, max_procs,
                      MAX_PROCS_BOUND, size[SIZE_SLOT], MAX_RECORD, size[SIZE_EXT_DEVICE],
                      MAX_EXTENSION);
