@@ -55,7 +55,7 @@ from vgpu_agent.shm.regions import Region, RegionStore
 from vgpu_agent.shm.spill import SpillNotice, SpillReports
 from vgpu_agent.throttle.attribution import HostEvidence
 from vgpu_agent.throttle.backstop import Breach
-from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.controller import ThrottleController, unlent_tick
 from vgpu_agent.throttle.figurefile import FILE_NAME as FIGURE_FILE_NAME
 from vgpu_agent.throttle.figurefile import FigureFile
 from vgpu_agent.throttle.identity import Attributor, NamespacePidResolver, ProcEvidence
@@ -168,11 +168,14 @@ class Agent:
             dra_driver=config.dra_driver_name if config.mode == "dra" else None,
         )
         self.dra: DraFrontDoor | None = None
+        max_tick_s = config.throttle_tick_seconds * config.throttle_calm_slowdown
         self.controller = ThrottleController(
             self.backend,
             self.regions.regions,
             tick_s=config.throttle_tick_seconds,
-            max_tick_s=config.throttle_tick_seconds * config.throttle_calm_slowdown,
+            max_tick_s=max_tick_s,
+            unlent_tick_s=unlent_tick(config.throttle_tick_seconds, max_tick_s,
+                                      config.throttle_settled_tick_seconds),
             nvml_poll_periods=config.throttle_nvml_poll_periods,
             solo_turns=config.throttle_solo_turns,
             solo_turn_spare_priority=config.throttle_solo_turn_spare_priority,

@@ -115,6 +115,8 @@ class Config:
     throttle_tick_seconds: float = 0.1
     # how many times longer the tick grows while every container is settled (1: never slower)
     throttle_calm_slowdown: int = 4
+    # the longest tick of a GPU where every container is settled and nothing is lent
+    throttle_settled_tick_seconds: float = 2.0
     # NVML's per-process samples asked for once every this many sample periods
     throttle_nvml_poll_periods: int = 1
     # a container sharing a time-sliced GPU, never seen alone there, is given a turn alone
@@ -477,6 +479,7 @@ _CHECKS: dict[str, Callable[[str, object, str], Any]] = {
         "must be a number between 0.01 and 10", lambda v: 0.01 <= v <= 10
     ),
     "throttle_calm_slowdown": _as_int(1, 10),
+    "throttle_settled_tick_seconds": _seconds(0.1, 60),
     "throttle_nvml_poll_periods": _as_int(1, 5),
     "throttle_solo_turns": _as_bool,
     "throttle_solo_turn_spare_priority": _as_optional_priority,

@@ -76,6 +76,10 @@ def test_an_alias_bomb_spread_over_keys_is_rejected_too():
         ("throttle_calm_slowdown: 0\n", "throttle_calm_slowdown"),
         ("throttle_calm_slowdown: 11\n", "throttle_calm_slowdown"),
         ("throttle_calm_slowdown: 2.5\n", "throttle_calm_slowdown"),
+        ("throttle_settled_tick_seconds: 0.05\n", "throttle_settled_tick_seconds"),
+        ("throttle_settled_tick_seconds: 61\n", "throttle_settled_tick_seconds"),
+        ("throttle_settled_tick_seconds: .nan\n", "throttle_settled_tick_seconds"),
+        ("throttle_settled_tick_seconds: four\n", "throttle_settled_tick_seconds"),
         ("throttle_nvml_poll_periods: 0\n", "throttle_nvml_poll_periods"),
         ("throttle_nvml_poll_periods: 6\n", "throttle_nvml_poll_periods"),
         ("throttle_nvml_poll_periods: true\n", "throttle_nvml_poll_periods"),
@@ -170,6 +174,24 @@ def test_the_calm_slowdown_sets_how_slow_the_settled_controller_ticks():
             "VGPU_AGENT_BACKEND": "sim"}))
         controller = Agent(config).controller
         assert controller.max_tick_s == pytest.approx(expected)
+        assert controller.unlent_tick_s == pytest.approx(unlent)
+
+
+def test_the_settled_tick_sets_how_slow_a_gpu_lending_nothing_ticks():
+    """2 s by default; longer saves CPU and NVML calls, costing how soon spare share is lent
+    and how soon a change no look sees is steered; never below the calm tick, and a tick kept
+    fast (slowdown 1) stays fast."""
+    from vgpu_agent.agent import Agent
+
+    assert build_config(ConfigSources()).throttle_settled_tick_seconds == 2.0
+    # the tick at 0.2 s: calm ticks up to 0.2 x the slowdown
+    for slowdown, settled, unlent in (("4", "4", 4.0), ("4", "0.1", 0.8), ("10", "2", 2.0),
+                                      ("1", "8", 0.2)):
+        config = build_config(ConfigSources(env={
+            "VGPU_AGENT_THROTTLE_CALM_SLOWDOWN": slowdown,
+            "VGPU_AGENT_THROTTLE_SETTLED_TICK_SECONDS": settled,
+            "VGPU_AGENT_THROTTLE_TICK_SECONDS": "0.2", "VGPU_AGENT_BACKEND": "sim"}))
+        controller = Agent(config).controller
         assert controller.unlent_tick_s == pytest.approx(unlent)
 
 

@@ -56,7 +56,8 @@ What a tick costs, and how often it runs:
   real differences, and pooled they cost accuracy (BENCHMARKS.md, "Calm on a crowded
   time-sliced GPU").
   The calm tick may grow further, to `unlent_tick_s` (by default `UNLENT_TICK_S`, 2 s, which
-  the defaults reach after 19 s of calm), where nothing is lent: on that GPU no container
+  the defaults reach after 19 s of calm; the agent's `throttle_settled_tick_seconds`), where
+  nothing is lent: on that GPU no container
   runs above its limit, the limits fit in the GPU (both to `_SHARE_EPS`, a hundredth of a
   point: limits kept in parts per million leave equal slices a hair off 100 %), none is `off`
   (its use could grow into the others' at any moment) and each has a rate (a container not
@@ -203,6 +204,13 @@ NVML_ERROR_NOT_SUPPORTED = 3  # pynvml.NVML_ERROR_NOT_SUPPORTED
 # waits on it; at 144 busy devices 2 s rather than 1 s saves the settled agent half a point of
 # a core (BENCHMARKS.md).
 UNLENT_TICK_S = 2.0
+
+
+def unlent_tick(tick_s: float, max_tick_s: float, ceiling_s: float = UNLENT_TICK_S) -> float:
+    """The calm tick where nothing is lent: `ceiling_s` (the operator's
+    `throttle_settled_tick_seconds`), never below `max_tick_s`; a tick kept fast on purpose
+    (`max_tick_s` at `tick_s`) stays fast."""
+    return max(max_tick_s, ceiling_s) if max_tick_s > tick_s else tick_s
 # Where this many containers or more spend on a GPU whose use is split (time-sliced), a tick is
 # calm unless their rates together moved by `calm_rate_fraction` (see the module note)
 CALM_POOLED_AT = 8
@@ -368,8 +376,8 @@ class ThrottleController:
             raise ValueError(
                 f"need tick_s <= max_tick_s, heartbeat_s > 0 and calm_ticks >= 1, got "
                 f"{tick_s!r}, {max_tick_s!r}, {heartbeat_s!r}, {calm_ticks!r}")
-        if unlent_tick_s is None:  # a tick kept fast on purpose stays fast
-            unlent_tick_s = max(max_tick_s, UNLENT_TICK_S) if max_tick_s > tick_s else tick_s
+        if unlent_tick_s is None:
+            unlent_tick_s = unlent_tick(tick_s, max_tick_s)
         if not max_tick_s <= unlent_tick_s < math.inf:
             raise ValueError(f"unlent tick must be finite and >= max_tick_s ({max_tick_s!r} s), "
                              f"got {unlent_tick_s!r}")
