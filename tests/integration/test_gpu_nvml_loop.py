@@ -337,7 +337,9 @@ def test_a_process_slow_to_start_is_measured_from_its_first_spending(fake_nvml: 
         backend.shutdown()
         driver.stopped.set()
         driver.join()
-    assert held == pytest.approx(500_000, rel=0.2)
+    # its rate, within what a loaded machine's late steps at the window's two ends can move a
+    # 0.5 s window (the old window read 0.0)
+    assert 500_000 * 0.6 < held < 500_000 * 1.4
     assert never == 0.0
     assert "no window measured" in capsys.readouterr().out
 
