@@ -293,7 +293,9 @@ def hold(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: str,
             if all(n > 0 for n, h in zip(spent0, held, strict=True) if h.pct != 0):
                 begin = now
         if begin is not None:
-            device.append(backend.readings(uuid).utilization)
+            utilization = backend.readings(uuid).utilization
+            if utilization is not None:  # (NVML could not say: no reading, not a 0)
+                device.append(utilization)
             if now - begin >= seconds - 2.5:
                 break
         time.sleep(0.02)
@@ -391,16 +393,16 @@ def describe_samples(label: str, rows: list[dict], truth_pct: float, device: lis
     stamps = sorted({r["ts_us"] for r in rows})
     gaps = [(b - a) / 1000 for a, b in itertools.pairwise(stamps)]
     values = [r["sm"] for r in rows]
-    found = {
+    stdev = statistics.stdev(values) if len(values) > 1 else None
+    found: dict[str, object] = {
         "label": label, "truth_pct": round(truth_pct, 1), "samples": len(rows),
         "period_ms_median": statistics.median(gaps) if gaps else None,
         "period_ms_p90": percentile(gaps, 90) if gaps else None,
         "sm_mean": statistics.fmean(values) if values else None,
-        "sm_stdev": statistics.stdev(values) if len(values) > 1 else None,
+        "sm_stdev": stdev,
         "sm_values": sorted(set(values)),
         "device_util_mean": statistics.fmean(device) if device else None,
     }
-    stdev = found["sm_stdev"]
     say(f"  {label}: shim counters say {truth_pct:.1f} %; NVML {len(rows)} samples, "
         f"period ms {summary(gaps)}; sm {summary(values)}, stdev "
         f"{'-' if stdev is None else round(stdev, 2)}; device util mean "
@@ -470,7 +472,7 @@ def part_samples(check: str, shim: str, backend: NvmlBackend, root: Path, uuid: 
     """The unthrottled rate per kernel length (the first case of each alone), then each case."""
     full: dict[int, float] = {}
     rows: list[dict] = []
-    found = []
+    found: list[dict] = []
     for case in cases:
         others: list[dict] = []
         results = hold(check, shim, backend, root, uuid, case, full, seconds, others)
@@ -632,7 +634,7 @@ def launch_hold_us(case: Sequence[Held], found: Sequence[dict], together: float,
     busy = statistics.fmean(means)
     if max(means) - min(means) > 3 or not together + 2 <= busy < 97:
         return None
-    launches_per_s = sum(h.pct / 100 * full[h.spin_us] / COST for h in case)  # type: ignore[operator]
+    launches_per_s = sum((h.pct or 0.0) / 100 * full[h.spin_us] / COST for h in case)
     return (busy - together) / 100 / launches_per_s * 1e6
 
 
