@@ -15,7 +15,10 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -285,26 +288,33 @@ def test_fixed_rate_cases_are_read_from_the_command_line():
             script.parse_cases(bad)
 
 
+@contextmanager
+def _backend_on(fake_nvml: FakeNvml, driver: FakeDriver) -> Iterator[tuple[Any, Any, str]]:
+    """The script, its NVML backend started on the fake library, and the first GPU's UUID; the
+    backend and the fake driver stopped after."""
+    script = load_script()
+    backend = script.NvmlBackend(str(fake_nvml.library_path))
+    backend.start()
+    try:
+        yield script, backend, backend.discover().gpus[0].uuid
+    finally:
+        backend.shutdown()
+        driver.stopped.set()
+        driver.join()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_paused_process_holds_its_context_and_is_stopped_after_its_case(fake_nvml: FakeNvml,
                                                                          tmp_path):
     check, out, driver = _stand_ins(fake_nvml, tmp_path)
-    script = load_script()
-    backend = script.NvmlBackend(str(fake_nvml.library_path))
-    backend.start()
-    try:
-        uuid = backend.discover().gpus[0].uuid
+    with _backend_on(fake_nvml, driver) as (script, backend, uuid):
         full = {20: 0.0}
         (full[20], _, _), = script.hold(str(check), "", backend, out / "regions", uuid,
                                        (script.Held(None, 20),), full, 3.0)
         started = time.monotonic()
         busy, paused = script.hold(str(check), "", backend, out / "regions", uuid,
                                    (script.Held(50, 20), script.Held(0, 20)), full, 3.0)
-    finally:
-        backend.shutdown()
-        driver.stopped.set()
-        driver.join()
     assert time.monotonic() - started < 10  # not left to run out its 30 s wait
     # Held at half of the full run's rate: never above it; below it only as far as a machine
     # loaded between the two runs slows the stand-in (its launches are paced by sleeps).
@@ -322,21 +332,13 @@ def test_a_process_slow_to_start_is_measured_from_its_first_spending(fake_nvml: 
     late = tmp_path / "gpu_check_late"
     late.write_text(f"#!/bin/sh\nsleep 2.5\nexec {check} \"$@\"\n")
     late.chmod(0o755)
-    script = load_script()
-    backend = script.NvmlBackend(str(fake_nvml.library_path))
-    backend.start()
-    try:
-        uuid = backend.discover().gpus[0].uuid
+    with _backend_on(fake_nvml, driver) as (script, backend, uuid):
         full = {20: 1_000_000.0}
         (held, _, _), = script.hold(str(late), "", backend, out / "regions", uuid,
                                     (script.Held(50, 20),), full, 3.0)
         # a process that ends before it spent: no window, said, and 0
         (never, _, _), = script.hold(str(late), "", backend, out / "regions", uuid,
                                      (script.Held(50, 20),), full, 0.0)
-    finally:
-        backend.shutdown()
-        driver.stopped.set()
-        driver.join()
     # its rate, within what a loaded machine's late steps at the window's two ends can move a
     # 0.5 s window (the old window read 0.0)
     assert 500_000 * 0.6 < held < 500_000 * 1.4

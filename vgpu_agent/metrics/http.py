@@ -188,7 +188,7 @@ class MetricsService:
             max_per_peer=self.connections.max_per_peer,
             header_timeout_s=self.connections.header_timeout_s,
         )
-        if NOT_NATIVE_USAGE_REASON is not None:  # each round then costs about twice the CPU
+        if NOT_NATIVE_USAGE_REASON is not None:  # each round then costs about 1.4x the CPU
             log.warning("metrics_usage_read_not_native", reason=NOT_NATIVE_USAGE_REASON,
                         read="python")
 

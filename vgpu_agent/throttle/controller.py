@@ -57,9 +57,9 @@ What a tick costs, and how often it runs:
   time-sliced GPU").
   The calm tick may grow further, to `unlent_tick_s` (by default `UNLENT_TICK_S`, 2 s, which
   the defaults reach after 19 s of calm; the agent's `throttle_settled_tick_seconds`), where
-  nothing is lent: on that GPU no container
-  runs above its limit, the limits fit in the GPU (both to `_SHARE_EPS`, a hundredth of a
-  point: limits kept in parts per million leave equal slices a hair off 100 %), none is `off`
+  nothing is lent: on that GPU no container runs above its limit, the limits fit in the GPU
+  (both to `_SHARE_EPS`, a hundredth of a point: limits kept in parts per million leave equal
+  slices a hair off 100 %), none is `off`
   (its use could grow into the others' at any moment) and each has a rate (a container not
   yet throttled runs unthrottled once it spends). Then a container that wakes needs nobody's
   rate lowered: its own rate already allows its share, so the slower tick costs only how soon
@@ -211,6 +211,8 @@ def unlent_tick(tick_s: float, max_tick_s: float, ceiling_s: float = UNLENT_TICK
     `throttle_settled_tick_seconds`), never below `max_tick_s`; a tick kept fast on purpose
     (`max_tick_s` at `tick_s`) stays fast."""
     return max(max_tick_s, ceiling_s) if max_tick_s > tick_s else tick_s
+
+
 # Where this many containers or more spend on a GPU whose use is split (time-sliced), a tick is
 # calm unless their rates together moved by `calm_rate_fraction` (see the module note)
 CALM_POOLED_AT = 8
