@@ -13,6 +13,7 @@ import os
 import threading
 from typing import Any
 
+from vgpu_agent import native
 from vgpu_agent.shm import layout
 
 
@@ -33,18 +34,9 @@ def bind(module: Any) -> str | None:
     return None
 
 
-try:
-    from vgpu_agent.shm import _statec  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the Python read
-    _statec = None
-    NOT_NATIVE_READ_REASON: str | None = (
-        "vgpu_agent.shm._statec was not built (no C compiler at install)")
-else:
-    # a stale build cannot read this layout's headers: the Python read, and the controller
-    # says why
-    NOT_NATIVE_READ_REASON = bind(_statec)
-    if NOT_NATIVE_READ_REASON is not None:
-        _statec = None
+# not built, or a stale build that cannot read this layout's headers: the Python read, and
+# the controller says why
+_statec, NOT_NATIVE_READ_REASON = native.load("vgpu_agent.shm._statec", bind)
 
 NATIVE_READ = _statec is not None
 _buffers = threading.local()

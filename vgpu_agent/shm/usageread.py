@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vgpu_agent import native
 from vgpu_agent.shm import layout
 from vgpu_agent.shm.api import ProcessUsage, RegionUsage
 
@@ -71,16 +72,7 @@ def usage_of(decoded: tuple | None) -> RegionUsage:  # type: ignore[type-arg]
     )
 
 
-try:
-    from vgpu_agent.shm import _usagec  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the Python read
-    _usagec = None
-    NOT_NATIVE_USAGE_REASON: str | None = (
-        "vgpu_agent.shm._usagec was not built (no C compiler at install)")
-else:
-    NOT_NATIVE_USAGE_REASON = bind(_usagec)
-    if NOT_NATIVE_USAGE_REASON is not None:
-        _usagec = None
+_usagec, NOT_NATIVE_USAGE_REASON = native.load("vgpu_agent.shm._usagec", bind)
 
 NATIVE_USAGE = _usagec is not None
 # usage_at(fd, device_count, slot_budget): the plain values of `Region._read_usage`'s result

@@ -124,6 +124,7 @@ from typing import Any, Protocol, cast
 
 import structlog
 
+from vgpu_agent import native
 from vgpu_agent.gpu.model import GpuError, ProcessSample
 from vgpu_agent.shm.api import CORE_POLICIES, CorePolicy, ProcessUsage, RegionHandle, RegionUsage
 from vgpu_agent.shm.headerread import NATIVE_READ, NOT_BATCH_READ_REASON, NOT_NATIVE_READ_REASON
@@ -172,15 +173,6 @@ from vgpu_agent.throttle.timesliced import (
     read_as_periods,
 )
 from vgpu_agent.throttle.turnkeeper import TurnKeeper
-
-try:
-    from vgpu_agent.throttle import _steerc  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the steering in Python
-    _steerc = None
-    NOT_NATIVE_STEERING_REASON: str | None = (
-        "vgpu_agent.throttle._steerc was not built (no C compiler at install)")
-else:
-    NOT_NATIVE_STEERING_REASON = None  # unless `bind_steering` refuses, below
 
 # One tick of the law for one GPU's containers: `control.control_step`'s signature.
 Law = Callable[
@@ -1786,12 +1778,9 @@ def bind_steering(module: Any) -> str | None:
     return None
 
 
-if _steerc is not None:
-    # a stale build would read the law's records by the wrong positions: the steering in
-    # Python instead, and the controller says why
-    NOT_NATIVE_STEERING_REASON = bind_steering(_steerc)
-    if NOT_NATIVE_STEERING_REASON is not None:
-        _steerc = None
+# Not built, or a stale build that would read the law's records by the wrong positions: the
+# steering in Python instead, and the controller says why.
+_steerc, NOT_NATIVE_STEERING_REASON = native.load("vgpu_agent.throttle._steerc", bind_steering)
 # whether `_steer_gpu` runs its common path in C (`_steerc.c`)
 NATIVE_STEERING = _steerc is not None
 LIAR_HOLD_NS = int(LIAR_HOLD_S * 1e9)

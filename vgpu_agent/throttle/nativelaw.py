@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vgpu_agent import native
 from vgpu_agent.throttle import control
 from vgpu_agent.throttle.control import ControlParams, Decision, LoopState, Observation
 from vgpu_agent.throttle.fastlaw import control_step_gpu
@@ -61,18 +62,9 @@ def bind(module: Any) -> str | None:
     return None
 
 
-try:
-    from vgpu_agent.throttle import _lawc  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the Python law
-    _lawc = None
-    NOT_NATIVE_REASON: str | None = (
-        "vgpu_agent.throttle._lawc was not built (no C compiler at install)")
-else:
-    # A stale build would disagree with the reference in the branches that use the constants
-    # it compiled in: the Python law decides instead, and the controller says why.
-    NOT_NATIVE_REASON = bind(_lawc)
-    if NOT_NATIVE_REASON is not None:
-        _lawc = None
+# A stale build would disagree with the reference in the branches that use the constants it
+# compiled in: the Python law decides instead, and the controller says why.
+_lawc, NOT_NATIVE_REASON = native.load("vgpu_agent.throttle._lawc", bind)
 
 NATIVE = _lawc is not None
 _DEFAULT_PARAMS = ControlParams()

@@ -14,14 +14,9 @@ import math
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
 
-try:
-    from vgpu_agent.throttle import _splitc  # type: ignore[attr-defined]
-except ImportError:  # built without a C compiler: the loops in Python
-    _splitc = None
-    NOT_NATIVE_SPLIT_REASON: str | None = (
-        "vgpu_agent.throttle._splitc was not built (no C compiler at install)")
-else:
-    NOT_NATIVE_SPLIT_REASON = None
+from vgpu_agent import native
+
+_splitc, NOT_NATIVE_SPLIT_REASON = native.load("vgpu_agent.throttle._splitc")
 # whether the split's loops over a GPU's containers run in C (`_splitc.c`), float for float
 # with their Python references (`_newton_steps`, `ChangeWatch._judge`, `_age_parts`)
 NATIVE_SPLIT = _splitc is not None
