@@ -15,11 +15,15 @@ from setuptools import Extension, setup
 PYTHON_FLOATS = ["-ffp-contract=off", "-fno-fast-math"]
 
 
-def native(name: str, *flags: str) -> Extension:
-    """The optional C module `vgpu_agent.<name>`, from `vgpu_agent/<name>.c`."""
+def native(name: str, *flags: str, depends: tuple[str, ...] = ()) -> Extension:
+    """The optional C module `vgpu_agent.<name>`, from `vgpu_agent/<name>.c` (and the headers
+    it includes, `depends`: rebuilt when they change, shipped in the sdist)."""
     return Extension(f"vgpu_agent.{name}", [f"vgpu_agent/{name.replace('.', '/')}.c"],
                      extra_compile_args=["-std=c11", "-O2", *flags, "-Wall", "-Wextra"],
-                     optional=True)
+                     depends=list(depends), optional=True)
+
+
+ABI_WORDS = ("vgpu_agent/shm/_abiwords.h",)
 
 
 setup(
@@ -27,7 +31,7 @@ setup(
         native("throttle._lawc", *PYTHON_FLOATS),
         native("throttle._steerc", *PYTHON_FLOATS),
         native("throttle._splitc", *PYTHON_FLOATS),
-        native("shm._statec"),
-        native("shm._usagec"),
+        native("shm._statec", depends=ABI_WORDS),
+        native("shm._usagec", depends=ABI_WORDS),
     ]
 )

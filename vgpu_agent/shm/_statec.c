@@ -21,6 +21,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_abiwords.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdint.h>
@@ -44,29 +46,16 @@ static struct {
     int max_devices;
 } layout;
 
-static uint64_t u64_at(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint32_t u32_at(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* `layout.state_counters(header, device_count)`: a new tuple, or None (a new reference). */
 static PyObject *decode(const unsigned char *header, Py_ssize_t size, long device_count)
 {
     if (size < layout.header_size || device_count < 1 || device_count > layout.max_devices)
         Py_RETURN_NONE;
     /* magic u64, major u32, header_size u32, device_count u32, total_size u64 */
-    uint64_t header_size = u32_at(header + layout.at[2]), total = u64_at(header + layout.at[4]);
-    if (u64_at(header + layout.at[0]) != layout.magic
-        || u32_at(header + layout.at[1]) != layout.major
-        || u32_at(header + layout.at[3]) != (uint32_t)device_count
+    uint64_t header_size = abi_u32(header + layout.at[2]), total = abi_u64(header + layout.at[4]);
+    if (abi_u64(header + layout.at[0]) != layout.magic
+        || abi_u32(header + layout.at[1]) != layout.major
+        || abi_u32(header + layout.at[3]) != (uint32_t)device_count
         || header_size < (uint64_t)layout.header_size || total < header_size)
         Py_RETURN_NONE;
     uint64_t values[3 * MAX_DEVICES_BOUND];
@@ -74,7 +63,7 @@ static PyObject *decode(const unsigned char *header, Py_ssize_t size, long devic
         const unsigned char *at =
             header + layout.devices_offset + dev * layout.device_size + layout.spent_offset;
         for (int word = 0; word < 3; word++) {
-            uint64_t value = u64_at(at + 8 * word);
+            uint64_t value = abi_u64(at + 8 * word);
             if (value > layout.plausible)
                 Py_RETURN_NONE;
             values[3 * dev + word] = value;

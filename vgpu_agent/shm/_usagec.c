@@ -19,6 +19,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "_abiwords.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -53,20 +55,6 @@ struct usage_layout {
 };
 
 static struct usage_layout L;
-
-static uint64_t u64_at(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v); /* the ABI is little-endian, as every host `layout` accepts */
-    return v;
-}
-
-static uint64_t u32_at(const unsigned char *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 static uint64_t min_u64(uint64_t a, uint64_t b)
 {
@@ -103,7 +91,7 @@ static PyObject *words_tuple(const unsigned char *at, Py_ssize_t stride, uint64_
     if (out == NULL)
         return NULL;
     for (uint64_t i = 0; i < count; i++) {
-        PyObject *value = PyLong_FromUnsignedLongLong(at == NULL ? 0 : u64_at(at + i * stride));
+        PyObject *value = PyLong_FromUnsignedLongLong(at == NULL ? 0 : abi_u64(at + i * stride));
         if (value == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -148,7 +136,7 @@ static PyObject *process_of(const unsigned char *slot, uint64_t count, uint64_t 
     return Py_BuildValue("(KKNNNNNK)", (unsigned long long)pid, (unsigned long long)host_pid,
                          fields[PROC_MEMORY], fields[PROC_LAUNCHES], fields[PROC_SPENT],
                          fields[PROC_WAIT], fields[PROC_LAST],
-                         (unsigned long long)u64_at(slot + L.slot[SLOT_START]));
+                         (unsigned long long)abi_u64(slot + L.slot[SLOT_START]));
 }
 
 /* `layout.decode_state(buf, device_count, slots_read, extension)` as plain values: None for a
@@ -160,18 +148,18 @@ static PyObject *decode_usage(const unsigned char *buf, Py_ssize_t len, long lon
 {
     if (len < L.size[SIZE_HEADER])
         Py_RETURN_NONE;
-    uint64_t minor = u32_at(buf + L.prefix[PREFIX_MINOR]);
-    uint64_t count = u32_at(buf + L.prefix[PREFIX_DEVICES]);
-    uint64_t total = u64_at(buf + L.prefix[PREFIX_TOTAL]);
-    if (u64_at(buf + L.prefix[PREFIX_MAGIC]) != L.magic
-        || u32_at(buf + L.prefix[PREFIX_MAJOR]) != L.major
-        || u32_at(buf + L.prefix[PREFIX_HEADER_SIZE]) != (uint64_t)L.size[SIZE_HEADER]
+    uint64_t minor = abi_u32(buf + L.prefix[PREFIX_MINOR]);
+    uint64_t count = abi_u32(buf + L.prefix[PREFIX_DEVICES]);
+    uint64_t total = abi_u64(buf + L.prefix[PREFIX_TOTAL]);
+    if (abi_u64(buf + L.prefix[PREFIX_MAGIC]) != L.magic
+        || abi_u32(buf + L.prefix[PREFIX_MAJOR]) != L.major
+        || abi_u32(buf + L.prefix[PREFIX_HEADER_SIZE]) != (uint64_t)L.size[SIZE_HEADER]
         || count > L.max_devices || (device_count >= 0 && count != (uint64_t)device_count))
         Py_RETURN_NONE;
 
     uint64_t skipped = 0;
-    uint64_t slot_count = u32_at(buf + L.prefix[PREFIX_SLOT_COUNT]);
-    uint64_t mark = u64_at(buf + L.prefix[PREFIX_MARK]);
+    uint64_t slot_count = abi_u32(buf + L.prefix[PREFIX_SLOT_COUNT]);
+    uint64_t mark = abi_u64(buf + L.prefix[PREFIX_MARK]);
     uint64_t capacity = min_u64(slot_count, L.max_procs);
     if (mark > capacity) {
         skipped++; /* a mark past the last slot is damage: read the slots there are */
@@ -199,10 +187,10 @@ static PyObject *decode_usage(const unsigned char *buf, Py_ssize_t len, long lon
     const uint64_t reclaiming = (uint64_t)1 << 63;
     for (uint64_t index = 0; index < to_read; index++) {
         const unsigned char *slot = buf + L.size[SIZE_HEADER] + index * L.size[SIZE_SLOT];
-        uint64_t pid = u64_at(slot + L.slot[SLOT_PID]);
+        uint64_t pid = abi_u64(slot + L.slot[SLOT_PID]);
         if (pid == 0)
             continue;
-        uint64_t host_pid = u64_at(slot + L.slot[SLOT_HOST_PID]);
+        uint64_t host_pid = abi_u64(slot + L.slot[SLOT_HOST_PID]);
         if (pid & reclaiming) {
             /* being reclaimed right now by the process in the low bits: not in use */
             uint64_t owner = pid & ~reclaiming;
@@ -214,9 +202,9 @@ static PyObject *decode_usage(const unsigned char *buf, Py_ssize_t len, long lon
         const unsigned char *devices = slot + L.size[SIZE_SLOT_DEVICES_AT];
         for (uint64_t d = 0; plausible && d < count; d++) {
             const unsigned char *record = devices + d * L.size[SIZE_PROC];
-            plausible = u64_at(record + L.proc[PROC_MEMORY]) <= L.plausible_bytes;
+            plausible = abi_u64(record + L.proc[PROC_MEMORY]) <= L.plausible_bytes;
             for (int f = 0; plausible && f < PROC_FIELDS; f++)
-                plausible = u64_at(record + L.proc[f]) <= L.plausible_counter;
+                plausible = abi_u64(record + L.proc[f]) <= L.plausible_counter;
         }
         if (!plausible) {
             skipped++;
@@ -231,8 +219,8 @@ static PyObject *decode_usage(const unsigned char *buf, Py_ssize_t len, long lon
         Py_DECREF(process);
         for (uint64_t d = 0; d < count; d++) {
             const unsigned char *record = devices + d * L.size[SIZE_PROC];
-            slot_mem[d] += u64_at(record + L.proc[PROC_MEMORY]);
-            add_to(&tokens_high[d], &tokens_low[d], u64_at(record + L.proc[PROC_SPENT]));
+            slot_mem[d] += abi_u64(record + L.proc[PROC_MEMORY]);
+            add_to(&tokens_high[d], &tokens_low[d], abi_u64(record + L.proc[PROC_SPENT]));
         }
     }
 
@@ -241,11 +229,11 @@ static PyObject *decode_usage(const unsigned char *buf, Py_ssize_t len, long lon
     int spent_from_slots[MAX_DEVICES_BOUND] = {0};
     for (uint64_t d = 0; d < count; d++) {
         const unsigned char *record = buf + L.size[SIZE_DEVICES_AT] + d * L.size[SIZE_DEVICE];
-        memory[d] = u64_at(record + L.device[DEV_MEMORY]);
-        spent[d] = u64_at(record + L.device[DEV_SPENT]);
-        int64_t balance = (int64_t)u64_at(record + L.device[DEV_BALANCE]);
-        launches[d] = u64_at(record + L.device[DEV_LAUNCHES]);
-        waited[d] = u64_at(record + L.device[DEV_WAIT]);
+        memory[d] = abi_u64(record + L.device[DEV_MEMORY]);
+        spent[d] = abi_u64(record + L.device[DEV_SPENT]);
+        int64_t balance = (int64_t)abi_u64(record + L.device[DEV_BALANCE]);
+        launches[d] = abi_u64(record + L.device[DEV_LAUNCHES]);
+        waited[d] = abi_u64(record + L.device[DEV_WAIT]);
         if (memory[d] > L.plausible_bytes) {
             skipped++;
             memory[d] = slot_mem[d];
@@ -291,7 +279,7 @@ static PyObject *decode_usage(const unsigned char *buf, Py_ssize_t len, long lon
         for (uint64_t d = 0; d < count; d++) {
             const unsigned char *record = source + d * L.size[SIZE_EXT_DEVICE];
             for (int f = 0; f < EXT_FIELDS; f++) {
-                uint64_t value = u64_at(record + L.ext[f]);
+                uint64_t value = abi_u64(record + L.ext[f]);
                 uint64_t bound = f == EXT_GRAPHS ? L.plausible_counter : L.plausible_bytes;
                 if (value > bound) {
                     skipped++;
@@ -377,14 +365,14 @@ static PyObject *usage_at(PyObject *module, PyObject *args)
         return decode_usage(head, got, device_count, 0, NULL, 0); /* unreadable */
     /* the slots to read: below the mark, clamped as `layout.state_slots_to_read`, then to the
      * region's budget */
-    uint64_t slots = min_u64(min_u64(u64_at(head + L.prefix[PREFIX_MARK]),
-                                     u32_at(head + L.prefix[PREFIX_SLOT_COUNT])),
+    uint64_t slots = min_u64(min_u64(abi_u64(head + L.prefix[PREFIX_MARK]),
+                                     abi_u32(head + L.prefix[PREFIX_SLOT_COUNT])),
                              min_u64(L.max_procs, (uint64_t)budget));
     unsigned char extension[MAX_EXTENSION];
     unsigned char *ext = NULL;
     Py_ssize_t ext_len = 0;
-    if (u32_at(head + L.prefix[PREFIX_MINOR]) >= 1
-        && u64_at(head + L.prefix[PREFIX_TOTAL]) >= L.state_size) {
+    if (abi_u32(head + L.prefix[PREFIX_MINOR]) >= 1
+        && abi_u64(head + L.prefix[PREFIX_TOTAL]) >= L.state_size) {
         ext_len = read_at(fd, extension, (Py_ssize_t)L.max_devices * L.size[SIZE_EXT_DEVICE],
                           L.size[SIZE_EXT_AT]);
         if (ext_len < 0)
