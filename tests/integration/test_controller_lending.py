@@ -106,3 +106,27 @@ async def test_a_tenant_keeping_its_k_uncertain_does_not_cut_its_neighbours_loan
     assert _mean_share(hostile, "flipper", 10.0) <= beside_flipper + 1.0
     for run in (honest, hostile):
         assert "tokens_overclaimed" not in run.controller.error_counts
+
+
+async def test_a_borrower_the_gpu_holds_back_keeps_its_rate_and_lets_the_tick_slow():
+    # A light neighbour (limit 40, kernels that keep a quarter of the SMs) and a borrower
+    # (limit 60) that the GPU, not its bucket, holds at about 50 %: spending 50 of its 60 it
+    # was lent the light one's spare share, read as not limited under the lent rate, lost the
+    # loan, and so on every tick: its rate written 591 times in 30 s, the GPU's tick held at
+    # 0.1 s for good.
+    plant = PlantSpec(replace(REAL, nvml_sigma=3.0), 1 / 6, seed=0)
+    light = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256, occupancy=0.25)
+    run = ControlledRun((ContainerSpec("light", 40.0, light), ContainerSpec("heavy", 60.0, LONG)),
+                        plant=plant, paced=True)
+    writes: dict[str, int] = {}
+    apply = run.controller._apply
+
+    def counted(device, rate, burst):  # type: ignore[no-untyped-def]
+        if run.gpu.elapsed_s > 10.0:
+            writes[device.alloc_id] = writes.get(device.alloc_id, 0) + 1
+        apply(device, rate, burst)
+
+    run.controller._apply = counted  # type: ignore[method-assign]
+    await run.advance(30.0)
+    assert writes.get("heavy", 0) <= 20, writes  # 20 s of ticks: 200 at the fastest
+    assert run.controller.interval_s > run.tick_s  # calm: the tick slowed down

@@ -697,10 +697,19 @@ static PyObject *step(PyObject *module, PyObject *args)
         int waited = c->waited >= wait_fraction;
         Py_ssize_t recent = h_len < p.demand_ticks ? h_len : (Py_ssize_t)p.demand_ticks;
         double fraction = p.spend_fraction - (c->prev_hungry ? p.hysteresis : 0.0);
+        /* `control._judged_rate`: no more than its own limit's rate where a loan raised it */
+        double judged = (double)c->rate;
+        if (c->prev_hungry && c->prev_k > 0) {
+            double prev_target;
+            if (!as_double(PyTuple_GET_ITEM(prev, S_TARGET), &prev_target))
+                goto bail;
+            if (prev_target > c->limit)
+                judged = py_min(judged, c->prev_k * c->limit);
+        }
         int hungry = waited
             || (c->rate < UNLIMITED
                 && py_max(spend_rate, py_sum(hist + h_len - recent, recent) / (double)recent)
-                       >= fraction * (double)c->rate);
+                       >= fraction * judged);
 
         double k = c->prev_k, spread = prev_spread, k_floor = prev_floor;
         double noise = prev_noise != 0.0 ? prev_noise : p.noise_prior;

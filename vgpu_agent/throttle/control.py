@@ -18,7 +18,10 @@ container, in percent of the GPU's SM time:
 
 "Waiting for tokens" (hungry) means it waited, or spent most of its rate over the last few
 ticks; once hungry it stays so until it spends clearly less (`hungry_hysteresis`), so that a
-container using just about its rate does not flip every tick. A GPU in use to within
+container using just about its rate does not flip every tick. Less than what: its rate, or,
+where a loan raised that above its own limit's, its own limit's rate; a borrower the GPU holds
+back spends the same under the loan as without, and keeps the loan rather than lose it at one
+tick and get it back at the next. A GPU in use to within
 `saturation_margin` of 100 % has nothing to lend: every container spending there counts as
 waiting, since the GPU, not its bucket, holds it back. Use is judged by spending / k, which
 NVML's noise does not shake from tick to tick, but `k` learned from a few noisy samples may
@@ -556,7 +559,8 @@ def _observe(
     fraction = params.hungry_spend_fraction - (params.hungry_hysteresis if prev.hungry else 0.0)
     spent_all = (
         rate_in_force < UNLIMITED_RATE
-        and max(spend_rate, sum(recent) / len(recent)) >= fraction * rate_in_force
+        and max(spend_rate, sum(recent) / len(recent))
+        >= fraction * _judged_rate(rate_in_force, obs.limit, prev)
     )
     hungry = waited or spent_all
 
@@ -882,6 +886,17 @@ def guess_newcomers(
         demands[i] = max(learned[2][-params.demand_ticks :], default=0.0) / k \
             + params.demand_margin
     return True
+
+
+def _judged_rate(rate_in_force: int, limit: float, prev: LoopState) -> float:
+    """The rate a hungry container's spending is held against to stay hungry: its rate in
+    force, but no more than its own limit's where a loan raised it above (see the module
+    note). One held back by the GPU, not its bucket, spends the same under a loan as without:
+    judged against the lent rate it read as not limited, the loan went, and its rate flipped
+    between the two every tick for as long as it ran (simulated: 591 rate writes in 30 s)."""
+    if prev.hungry and prev.tokens_per_pct > 0 and prev.target > limit:
+        return min(rate_in_force, prev.tokens_per_pct * limit)
+    return rate_in_force
 
 
 def gpu_full(learned_all: Sequence[_Learned], params: ControlParams) -> bool:

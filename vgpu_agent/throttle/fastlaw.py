@@ -43,6 +43,7 @@ from vgpu_agent.throttle.control import (
     Observation,
     _by_priority,
     _clamp_tokens,
+    _judged_rate,
     _Learned,
     _noise_shape,
     gpu_full,
@@ -198,7 +199,8 @@ def control_step_gpu(
         fraction = spend_fraction - (hysteresis if prev.hungry else 0.0)
         hungry = waited or (
             rate_in_force < UNLIMITED_RATE
-            and max(spend_rate, sum(recent) / len(recent)) >= fraction * rate_in_force
+            and max(spend_rate, sum(recent) / len(recent))
+            >= fraction * _judged_rate(rate_in_force, o.limit, prev)
         )
 
         k, lower_bound, learned = prev.tokens_per_pct, prev.lower_bound, prev.learned
