@@ -21,25 +21,27 @@ LAWS = [control_step, control_step_gpu, control_step_native]
 K = 1e6  # tokens a second for one percent, both containers
 DT = 0.1
 LIMITS = {"light": 40.0, "heavy": 60.0}
-USE = {"light": 13.0, "heavy": 50.0}  # what the GPU lets each use, whatever its rate
+LIGHT_USE = 13.0  # what the GPU lets light use, whatever its rate
 
 
-def ticks(law, count: int, waits: dict[str, float], heavy_from: tuple[int, float] = (0, 0.0)
-          ) -> list[dict[str, tuple[int, float]]]:
-    """`count` ticks of the law on a plant where each container spends its `USE` (at most its
-    rate; heavy from tick `heavy_from[0]` on, `heavy_from[1]` where given) and reports `waits`
+def ticks(law, count: int, waits: dict[str, float], heavy: float = 50.0,
+          heavy_later: tuple[int, float] | None = None) -> list[dict[str, tuple[int, float]]]:
+    """`count` ticks of the law on a plant where light spends LIGHT_USE and heavy `heavy` (from
+    tick `heavy_later[0]` on, `heavy_later[1]`), each at most its rate, each reporting `waits`
     seconds waited a tick: per tick, each one's (rate, target)."""
-    states = {key: LoopState(tokens_per_pct=K, spend_history=(K * USE[key],) * 5,
-                             spread=0.001**2, noise=9.0, noise_pairs=20, util=USE[key],
+    use_at_start = {"light": LIGHT_USE, "heavy": heavy}
+    states = {key: LoopState(tokens_per_pct=K, spend_history=(K * use,) * 5,
+                             spread=0.001**2, noise=9.0, noise_pairs=20, util=use,
                              target=LIMITS[key], learned=40, tick_lengths=(DT,) * 5)
-              for key in LIMITS}
+              for key, use in use_at_start.items()}
     rates = {key: int(K * LIMITS[key]) for key in LIMITS}
     out = []
     for n in range(count):
         observations = []
         for key, limit in LIMITS.items():
-            use = heavy_from[1] if key == "heavy" and heavy_from[1] and n >= heavy_from[0] \
-                else USE[key]
+            use = use_at_start[key]
+            if key == "heavy" and heavy_later is not None and n >= heavy_later[0]:
+                use = heavy_later[1]
             spent = min(K * use, rates[key]) * DT
             observations.append(Observation(
                 key, limit, "work-conserving", spent=int(spent), launches=100,
@@ -65,7 +67,7 @@ def test_a_borrower_the_gpu_holds_back_keeps_one_rate(law):
 def test_a_borrower_that_spends_clearly_less_than_its_own_share_gives_the_loan_back(law):
     # lent from the first ticks on, then half its limit from tick 8: under
     # `hungry_hysteresis` of its own limit's rate
-    seen = ticks(law, 20, {"light": 0.0, "heavy": 0.0}, heavy_from=(8, 30.0))
+    seen = ticks(law, 20, {"light": 0.0, "heavy": 0.0}, heavy_later=(8, 30.0))
     assert all(tick["heavy"][1] > LIMITS["heavy"] + 10 for tick in seen[2:8])
     assert all(tick["heavy"][1] <= LIMITS["heavy"] for tick in seen[10:])
 
@@ -73,11 +75,7 @@ def test_a_borrower_that_spends_clearly_less_than_its_own_share_gives_the_loan_b
 @pytest.mark.parametrize("law", LAWS)
 def test_a_container_its_bucket_holds_back_is_lent_the_spare_share(law):
     # the same spending, its whole rate's worth, with launches waiting for tokens: rate-limited
-    USE["heavy"] = 60.0
-    try:
-        seen = ticks(law, 16, {"light": 0.0, "heavy": 0.02})
-    finally:
-        USE["heavy"] = 50.0
+    seen = ticks(law, 16, {"light": 0.0, "heavy": 0.02}, heavy=60.0)
     _, target = seen[-1]["heavy"]
     assert target > LIMITS["heavy"] + 10  # light's unused share, less its margin
 
