@@ -21,6 +21,22 @@ def test_an_extension_not_built_is_named_with_the_likely_cause():
     assert reason == "vgpu_agent.no_such_extension was not built (no C compiler at install)"
 
 
+@pytest.mark.parametrize(("source", "said"), [
+    # a shared object the loader refuses (what the loader says, whatever it is)
+    ('raise ImportError("undefined symbol: PyUnicode_New")', "undefined symbol: PyUnicode_New"),
+    # one that needs a module that is missing: that module is named, not the extension
+    ("import vgpu_agent_missing_dependency", "No module named 'vgpu_agent_missing_dependency'"),
+])
+def test_a_build_that_does_not_load_is_not_called_unbuilt(tmp_path, monkeypatch, source,
+                                                           said):
+    (tmp_path / "vgpu_broken_extension.py").write_text(source + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module, reason = native.load("vgpu_broken_extension")
+    assert module is None
+    assert reason == f"vgpu_broken_extension was built but does not load: {said}"
+    sys.modules.pop("vgpu_broken_extension", None)
+
+
 def test_a_build_its_bind_refuses_is_not_used_and_the_refusal_is_the_reason():
     seen = []
 
