@@ -107,7 +107,7 @@ def part_table(by_part: dict[str, list[dict[str, float]]]) -> str:
     parts = sorted({part for windows in by_part.values() for w in windows for part in w},
                    key=lambda p: (p != "agent", p))
     lines = ["CPU by part, median over the windows, % of a core (task: within the event "
-             "loop's thread)", f"{'':34}" + "".join(f"{name:>14}" for name in names)]
+             "loop's thread; per s: a count a second, not CPU)", f"{'':34}" + "".join(f"{name:>14}" for name in names)]
     for part in parts:
         cells = []
         for name in names:

@@ -10,7 +10,10 @@ agent at both ends of a window; `shares` turns the two into % of a core per part
 - `thread:<name>`: the threads' CPU from `/proc`, by name, summed where several share one
   (the event loop's thread is `thread:event loop`); a thread that ended within the window is
   not counted;
-- `agent`: the whole process.
+- `agent`: the whole process;
+- `per s:throttle ticks` and `per s:nvml calls`: not CPU, but how many of each the window saw a
+  second (`vgpu_throttle_ticks_total`; `vgpu_gpu_nvml_process_utilization_calls_total`, summed),
+  what the CPU parts are made of.
 The tasks run on the event loop's thread, so `task:` parts are within `thread:event loop`.
 A part an agent does not export (a tree older than the metric) is left out, not read as 0.
 """
@@ -25,24 +28,25 @@ from prometheus_client.parser import text_string_to_metric_families
 
 TASK_FAMILY = "vgpu_task_cpu_seconds"
 NVML_FAMILY = "vgpu_gpu_nvml_process_utilization_call_seconds"
+NVML_CALLS_FAMILY = "vgpu_gpu_nvml_process_utilization_calls"
+TICKS_FAMILY = "vgpu_throttle_ticks"
+PER_SECOND = "per s:"  # a count per second, not % of a core
 LOOP_THREAD = "event loop"
 
 
 def from_metrics(body: str) -> dict[str, float]:
-    """`task:<name>` and `nvml calls` seconds from a text-format exposition."""
+    """`task:<name>` and `nvml calls` seconds, and the counts of ticks and NVML calls, from
+    a text-format exposition."""
     out: dict[str, float] = {}
-    nvml: float | None = None
+    summed = {NVML_FAMILY: "nvml calls", NVML_CALLS_FAMILY: f"{PER_SECOND}nvml calls",
+              TICKS_FAMILY: f"{PER_SECOND}throttle ticks"}
     for family in text_string_to_metric_families(body):
+        totals = [s for s in family.samples if s.name.endswith("_total")]
         if family.name == TASK_FAMILY:
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    out[f"task:{sample.labels['task']}"] = sample.value
-        elif family.name == NVML_FAMILY:
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    nvml = (nvml or 0.0) + sample.value
-    if nvml is not None:
-        out["nvml calls"] = nvml
+            for sample in totals:
+                out[f"task:{sample.labels['task']}"] = sample.value
+        elif family.name in summed and totals:
+            out[summed[family.name]] = sum([sample.value for sample in totals])
     return out
 
 
@@ -92,4 +96,5 @@ def shares(before: dict[str, float], after: dict[str, float], seconds: float
         start = before.get(part, 0.0 if thread else None)
         if start is not None:
             spent[part.rsplit("#", 1)[0] if thread else part] += end - start
-    return {part: round(value / seconds * 100, 3) for part, value in spent.items()}
+    return {part: round(value / seconds * (1 if part.startswith(PER_SECOND) else 100), 3)
+            for part, value in spent.items()}

@@ -13,7 +13,7 @@ from tests.fakes.shimstate import DeviceSpec, make_region, put_totals
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm.regions import Region, format_alloc_id
 from vgpu_agent.throttle.control import Decision, LoopState
-from vgpu_agent.throttle.controller import ThrottleController
+from vgpu_agent.throttle.controller import ThrottleController, on_grid
 
 CALM, BUSY = (f"GPU-eeeeeeee-0000-0000-0000-00000000000{n}" for n in range(2))
 
@@ -118,6 +118,38 @@ async def test_a_calm_gpu_slows_down_beside_one_that_keeps_changing(two_gpus):
     assert calm.heartbeat_ns >= node.clock.ns - 2_100_000_000
 
 
+@pytest.mark.parametrize("calm_from_s", [7.33, 12.05, 15.0])
+async def test_gpus_that_settled_at_different_moments_share_their_ticks(two_gpus, calm_from_s):
+    """Each GPU settled at the unlent tick is due on that interval's grid: the node ticks once
+    in 2 s for both, not once for each, whenever each calmed down."""
+    node, calm, busy = two_gpus
+    await node.run(calm_from_s)
+    node.law.moving.clear()  # the changing GPU calms down too, out of step with the other
+    await node.run(40.0)
+    paces = node.controller._paces
+    assert paces[CALM].interval_s == paces[BUSY].interval_s == pytest.approx(2.0)
+    assert paces[CALM].due_ns == paces[BUSY].due_ns
+    assert paces[CALM].due_ns % 2_000_000_000 == 0
+    seen = dict(node.law.seen)
+    intervals = await node.run(10.0)
+    assert intervals == pytest.approx([2.0] * 5)
+    for region in (calm, busy):  # both steered at each of those ticks
+        assert node.law.seen[node.key(region)] - seen[node.key(region)] == 5
+
+
+def test_the_grid_brings_a_gpu_due_within_its_interval_and_a_share_window():
+    """Off the grid, the next tick is the grid's next instant beyond the share window; on it,
+    or up to the window late or early, one interval on."""
+    second, window = 2_000_000_000, 50_000_000
+    assert on_grid(10 * second, second, window) == 11 * second
+    assert on_grid(10 * second + window - 1, second, window) == 11 * second  # late
+    assert on_grid(10 * second - window, second, window) == 11 * second  # early, shared
+    assert on_grid(10 * second - window - 1, second, window) == 10 * second
+    for now in range(0, 3 * second, 7_777_777):
+        due = on_grid(now, second, window)
+        assert due % second == 0 and window < due - now <= second + window
+
+
 async def test_without_pacing_every_gpu_is_steered_every_tick(two_gpus):
     node, calm, busy = two_gpus
     for _ in range(100):
@@ -177,7 +209,9 @@ async def test_an_idle_container_on_a_calm_gpu_is_watched_while_another_gpu_tick
     node.regions.append(sleeper)
     node.law.fixed[node.key(calm)] = (40.0, True)  # borrowing the sleeper's share
     node.law.fixed[node.key(sleeper)] = (20.0, False)
-    await node.run(30.0)
+    # (just past the calm GPU's tick on its 2 s grid, at 30 s: the wake below comes 0.8 s
+    # before its next one, so that only the watch between ticks serves it in time)
+    await node.run(30.2)
     controller = node.controller
     assert controller._paces[CALM].interval_s == pytest.approx(2.0)
     assert [w[0].key for w in controller._watched] == [node.key(sleeper)]

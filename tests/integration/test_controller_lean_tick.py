@@ -4,6 +4,7 @@ the heartbeat at its own rate, a tick that slows down while all is calm, nothing
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -475,7 +476,8 @@ async def test_limits_rounded_to_parts_per_million_are_no_loan(ppm, lends):
     controller = paced_controller(gpu, regions)
     intervals = await pace(controller, gpu, 150)
     assert max(intervals) == pytest.approx(UNLENT_TICK_S)
-    assert controller.watch_s is None  # nobody idle to watch
+    # nobody idle to watch: the busy are watched for their launches' cost alone
+    assert controller._watched and all(w[2] == math.inf for w in controller._watched)
     statuses = controller.status.values()
     assert any(d.target > d.limit + 0.01 for d in statuses) == lends
     for process in gpu.processes:  # and every third still gets its share

@@ -25,6 +25,10 @@ vgpu_gpu_nvml_process_utilization_call_seconds_total{uuid="GPU-b"} 2.0
 # HELP vgpu_throttle_ticks_total Ticks.
 # TYPE vgpu_throttle_ticks_total counter
 vgpu_throttle_ticks_total 400.0
+# HELP vgpu_gpu_nvml_process_utilization_calls_total NVML's calls.
+# TYPE vgpu_gpu_nvml_process_utilization_calls_total counter
+vgpu_gpu_nvml_process_utilization_calls_total{uuid="GPU-a"} 30.0
+vgpu_gpu_nvml_process_utilization_calls_total{uuid="GPU-b"} 12.0
 """
 
 
@@ -47,7 +51,8 @@ def _proc(root: Path, pid: int, threads: dict[int, tuple[str, int]]) -> Path:
 
 def test_tasks_and_nvml_calls_come_from_the_exposition() -> None:
     assert nodeparts.from_metrics(BODY) == {
-        "task:throttle": 12.5, "task:backstop": 0.25, "nvml calls": 3.5}
+        "task:throttle": 12.5, "task:backstop": 0.25, "nvml calls": 3.5,
+        "per s:throttle ticks": 400.0, "per s:nvml calls": 42.0}
 
 
 def test_an_agent_without_the_families_gives_no_parts_not_zeros() -> None:
@@ -81,6 +86,13 @@ def test_shares_are_per_cent_of_a_core_threads_summed_by_name() -> None:
              "nvml calls": 1.4}
     assert nodeparts.shares(before, after, 20.0) == pytest.approx(
         {"agent": 10.0, "task:throttle": 5.0, "thread:python3": 6.0, "nvml calls": 2.0})
+
+
+def test_counts_are_per_second_not_per_cent() -> None:
+    before = {"agent": 10.0, "per s:throttle ticks": 400.0, "per s:nvml calls": 42.0}
+    after = {"agent": 11.0, "per s:throttle ticks": 410.0, "per s:nvml calls": 82.0}
+    assert nodeparts.shares(before, after, 20.0) == pytest.approx(
+        {"agent": 5.0, "per s:throttle ticks": 0.5, "per s:nvml calls": 2.0})
 
 
 @pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan")])

@@ -37,7 +37,11 @@ What a tick costs, and how often it runs:
   and steers every GPU due within half a `tick_s` (GPUs on one pace share ticks); a region not
   seen before brings its GPUs' tick at once, and a region gone brings the tick of the GPU it
   left. A region is read when one of its devices' GPUs is due. (`tick` without `paced`, as the
-  simulator's unpaced runs call it, steers every GPU.)
+  simulator's unpaced runs call it, steers every GPU.) A GPU at its longest interval
+  (`max_tick_s` where something is lent, `unlent_tick_s` where not: below) is due on that
+  interval's grid of the clock (`on_grid`), so that GPUs which settled at different moments
+  share their ticks: a node of settled GPUs ticks once per interval, not once per GPU, and
+  pays a tick's fixed part (the regions listed, paces, heartbeats, figures) that much less.
 - A GPU's tick slows down while nothing changes on it: after `calm_ticks` * `tick_s` seconds of
   calm ticks in a row the interval grows by one `tick_s`, and by one more per further such span,
   up to `max_tick_s` (counted in time, not ticks: with the defaults 0.1 s, 0.2 s after 1 s of
@@ -882,6 +886,7 @@ class ThrottleController:
         # the calm a GPU's interval is `max_tick_s` at (the steps below, the other way)
         quick_calm_s = (max(1.0, self.max_tick_s / self.tick_s) - 1) \
             * self.calm_ticks * self.tick_s
+        share_ns = round(self.tick_s * 5e8)  # GPUs due within it share a tick (`_due_gpus`)
         for uuid in due & self._present:
             # a GPU none of whose devices could be steered is not known to be calm
             gpu_changed, lent, watching = steered.get(uuid, (False, True, []))
@@ -898,8 +903,13 @@ class ThrottleController:
             # a hair under the span, so that float sums of intervals reach it on time
             steps = int(pace.calm_s / (self.calm_ticks * self.tick_s) + 1e-9)
             ceiling = self.max_tick_s if lent else self.unlent_tick_s
-            pace.interval_s = min(ceiling, self.tick_s * (1 + steps))
-            pace.due_ns = now_ns + round(pace.interval_s * 1e9)
+            wanted_s = self.tick_s * (1 + steps)
+            pace.interval_s = min(ceiling, wanted_s)
+            interval_ns = round(pace.interval_s * 1e9)
+            if wanted_s >= ceiling * (1 - 1e-9) and ceiling > self.tick_s * (1 + 1e-9):
+                pace.due_ns = on_grid(now_ns, interval_ns, share_ns)
+            else:
+                pace.due_ns = now_ns + interval_ns
             pace.steered_ns = now_ns
             pace.watching = watching
         for uuid in changed - due:
@@ -1797,6 +1807,16 @@ async def _nap(woken: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await woken.wait()
     return woken.is_set()
+
+
+def on_grid(now_ns: int, interval_ns: int, share_ns: int) -> int:
+    """When a GPU settled at `interval_ns` is due next: the first multiple of it on the clock
+    after `now_ns` + `share_ns` (the window within which GPUs share a tick), so that the GPUs
+    settled at one interval are due at the same instants, whenever each settled. The interval
+    that gets a GPU onto the grid is shorter than `interval_ns` by up to all but `share_ns`, or
+    longer by up to `share_ns`; on the grid (a tick up to `share_ns` late included) each is
+    `interval_ns`."""
+    return ((now_ns + share_ns) // interval_ns + 1) * interval_ns
 
 
 def _rates_moved(steered: list[tuple[_Device, int, int]], fraction: float
