@@ -327,3 +327,27 @@ async def test_a_tenant_flipping_its_kernels_ticks_its_gpu_no_faster_than_a_lend
     steady = gpu.processes[2]
     shares = [share for t, share in gpu.shares(steady, 5) if t > 20]
     assert min(shares) == pytest.approx(60, abs=3)
+
+
+async def test_launch_costs_are_noted_only_where_a_look_comes_before_the_next_tick(
+        monkeypatch):
+    """Noting each launching device's tokens per launch costs the tick's time: it is done for
+    a GPU whose next tick is further off than `max_tick_s` (a look between ticks reads them),
+    not at its fast ticks, which see a change of kernels themselves."""
+    noted: list[int] = []
+    original = module._watch_launch_costs
+
+    def counting(watching, steered):  # type: ignore[no-untyped-def]
+        noted.append(len(steered))
+        original(watching, steered)
+
+    monkeypatch.setattr(module, "_watch_launch_costs", counting)
+    gpu, regions = two_busy(BUSY)
+    controller = paced_controller(gpu, regions)
+    intervals = await calm_until(controller, gpu, 1.2)  # the first ticks: 0.1 s, then slower
+    assert intervals and max(intervals) <= controller.max_tick_s + 1e-9
+    assert noted == []
+    intervals = await calm_until(controller, gpu, 30.0)
+    assert intervals[-1] == pytest.approx(UNLENT_TICK_S)
+    assert noted and set(noted) == {2}  # both devices, at each slow tick
+    assert sorted(w[0].key for w in controller._watched) == ["a/0", "b/0"]

@@ -339,6 +339,10 @@ _RegionReading = tuple[tuple[int, ...], tuple[int, ...], tuple[str, ...], int, i
 _Entries = list[tuple[_Device, _RegionReading]]
 # A GPU's new samples, or what prevented them.
 _Sampled = list[ProcessSample] | BaseException
+# What a GPU's steering left for its pace: whether it changed, whether it may have to reclaim,
+# its devices to watch between slow ticks, and its devices to watch for their launches' cost
+# where its next tick is far enough for a look between (`_pace`).
+_Steered = tuple[bool, bool, list[_Watch], list[tuple[_Device, int, int]]]
 
 
 class ThrottleController:
@@ -472,9 +476,12 @@ class ThrottleController:
         # The GPU being steered: whether it may have to reclaim so (see the note), its devices
         # to look at between slow ticks (`watched_woke`, as `_Watch`: idle ones of a GPU that
         # lends or has one not yet throttled, for their spending; launching ones of a GPU
-        # that does not lend, for their launches' cost), and whether it saw a change.
+        # that does not lend, for their launches' cost: the devices steered, of which
+        # `_pace` watches those where the GPU's next tick is far enough for a look between),
+        # and whether it saw a change.
         self._lent = False
         self._watching: list[_Watch] = []
+        self._launching: list[tuple[_Device, int, int]] = []
         self._changed = False
         # the watched devices of the GPUs whose next tick is further than `max_tick_s`
         self._watched: list[_Watch] = []
@@ -773,7 +780,7 @@ class ThrottleController:
             for uuid, seconds in took.items():
                 made, spent_s = calls.get(uuid, (0, 0.0))
                 calls[uuid] = (made + 1, spent_s + seconds)
-        steered: dict[str, tuple[bool, bool, list[_Watch]]] = {}
+        steered: dict[str, _Steered] = {}
         for n, (uuid, entries) in enumerate(by_gpu.items()):
             if n:
                 # One GPU at a time on the loop: Allocate and scrapes wait for one GPU's
@@ -785,14 +792,14 @@ class ThrottleController:
             pace = self._paces.get(uuid)
             dt_s = self.tick_s if pace is None else (now_ns - pace.steered_ns) / 1e9
             unsure = self._unsure
-            self._changed, self._watching = False, []
+            self._changed, self._watching, self._launching = False, [], []
             self._lent = unsure is None or uuid in unsure
             try:
                 self._steer_gpu(uuid, entries, samples, max(dt_s, 1e-3))
             except Exception:
                 self._lent = True  # not known: watched as closely as a lending GPU
                 self._failed("gpu", "throttle_gpu_failed", uuid=uuid)
-            steered[uuid] = (self._changed, self._lent, self._watching)
+            steered[uuid] = (self._changed, self._lent, self._watching, self._launching)
         regions = [r for r in regions if not r.closed]
         if self._last_beat_ns is None or now_ns - self._last_beat_ns >= self.heartbeat_ns:
             self._last_beat_ns = now_ns
@@ -875,7 +882,7 @@ class ThrottleController:
         return layout
 
     def _pace(self, now_ns: int, due: set[str],
-              steered: Mapping[str, tuple[bool, bool, list[_Watch]]],
+              steered: Mapping[str, _Steered],
               changed: set[str]) -> None:
         """Each GPU's interval to its next tick (see the module note), and the loop's: until
         the first GPU is due."""
@@ -887,9 +894,10 @@ class ThrottleController:
         quick_calm_s = (max(1.0, self.max_tick_s / self.tick_s) - 1) \
             * self.calm_ticks * self.tick_s
         share_ns = round(self.tick_s * 5e8)  # GPUs due within it share a tick (`_due_gpus`)
+        beyond_ns = now_ns + round(self.max_tick_s * 1e9)  # a look between ticks before it
         for uuid in due & self._present:
             # a GPU none of whose devices could be steered is not known to be calm
-            gpu_changed, lent, watching = steered.get(uuid, (False, True, []))
+            gpu_changed, lent, watching, launching = steered.get(uuid, (False, True, [], []))
             pace = paces.get(uuid)
             if pace is None:
                 pace = paces[uuid] = _Pace(self.tick_s)
@@ -911,6 +919,8 @@ class ThrottleController:
             else:
                 pace.due_ns = now_ns + interval_ns
             pace.steered_ns = now_ns
+            if launching and pace.due_ns > beyond_ns:
+                _watch_launch_costs(watching, launching)
             pace.watching = watching
         for uuid in changed - due:
             # a container gone from a GPU not steered this tick: its share is to be lent
@@ -921,7 +931,6 @@ class ThrottleController:
         first_ns = min([pace.due_ns for pace in paces.values()], default=None)
         self.interval_s = (self.tick_s if first_ns is None
                            else max(0.0, (first_ns - now_ns) / 1e9))
-        beyond_ns = now_ns + round(self.max_tick_s * 1e9)
         self._watched = [w for pace in paces.values() if pace.due_ns > beyond_ns
                          for w in pace.watching]
 
@@ -1489,7 +1498,7 @@ class ThrottleController:
         if crowd_calm:
             self._lent = True  # no slower than `max_tick_s` (see the module note)
         if not self._lent:
-            _watch_launch_costs(self._watching, steered)
+            self._launching = steered  # watched for their launches' cost where ticks are slow
         if self.solo_turns and sliced and not liars and keeper.offer(
                 uuid, self._sliced[uuid], steered, spent_by, self._now_ns,
                 self._sample_clock.period_us(uuid) / 1e6, uuid in self._beyond_work_logged):
