@@ -11,7 +11,6 @@ import pytest
 from tests.fakes.clock import ManualClock
 from tests.fakes.shimstate import DeviceSpec, make_region, put_totals
 from vgpu_agent.gpu.model import ProcessSample
-from vgpu_agent.shm import regions as regions_module
 from vgpu_agent.shm.regions import Region, format_alloc_id
 from vgpu_agent.throttle.control import Decision, LoopState
 from vgpu_agent.throttle.controller import ThrottleController, on_grid
@@ -225,43 +224,3 @@ async def test_an_idle_container_on_a_calm_gpu_is_watched_while_another_gpu_tick
     while node.law.seen[node.key(sleeper)] == seen:
         await node.run(0.1)
     assert node.elapsed_s - woke_at <= controller.max_tick_s + 0.1 + 1e-9
-
-
-@pytest.mark.parametrize("batch", [True, False])
-async def test_the_looks_read_the_watched_headers_in_one_batch_without_file_checks(
-        tmp_path, two_gpus, monkeypatch, batch):
-    """Between slow ticks the watched headers are read in one batch read made without the
-    file checks (as `peek_counters` reads one); where the batch leaves a region (here: every
-    one), it is peeked at alone. Either way the waking container is served in time."""
-    if batch and regions_module.readings_many is None:
-        pytest.skip("the C read was not built")
-    node, calm, _ = two_gpus
-    sleeper = file_region(tmp_path, 3, CALM)
-    node.regions.append(sleeper)
-    node.law.fixed[node.key(calm)] = (40.0, True)
-    node.law.fixed[node.key(sleeper)] = (20.0, False)
-    await node.run(30.2)
-    peeked: list[Region] = []
-    policed: list[bool] = []
-    own_peek, own_batch = Region.peek_counters, Region.readings_together
-
-    def peek(self: Region) -> tuple[int, ...] | None:
-        peeked.append(self)
-        return own_peek(self)
-
-    def together(regions: list[object], police: bool = True) -> list[object]:
-        policed.append(police)
-        return own_batch(regions, police) if batch else [None] * len(regions)
-
-    monkeypatch.setattr(Region, "peek_counters", peek)
-    monkeypatch.setattr(Region, "readings_together", staticmethod(together))
-    checked = sleeper._reads
-    await node.run(1.0)  # two looks at the sleeper, the calm GPU's tick not yet due
-    assert policed == [False, False]
-    assert peeked == ([] if batch else [sleeper, sleeper])
-    assert sleeper._reads == checked  # no file checks between ticks
-    put_totals(sleeper.path, 0, 5_000_000, 50, 0)  # it wakes
-    woke_at, seen = node.elapsed_s, node.law.seen[node.key(sleeper)]
-    while node.law.seen[node.key(sleeper)] == seen:
-        await node.run(0.1)
-    assert node.elapsed_s - woke_at <= node.controller.max_tick_s + 0.1 + 1e-9

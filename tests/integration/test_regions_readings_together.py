@@ -166,35 +166,6 @@ def test_file_checks_due_are_made_in_the_batch_where_they_find_nothing(tmp_path,
         region.close()
 
 
-def test_without_police_no_check_is_made_however_due_as_peek_counters_reads(tmp_path,
-                                                                            native):
-    """The controller's looks between slow ticks: the headers as `peek_counters` reads them,
-    every region's checks due (the sweep's among them) left unmade and uncounted, a replaced
-    `state` not followed until a read that checks."""
-    rs = _regions(tmp_path, 3)
-    long_ago = time.monotonic_ns() - 10**9
-    for region in rs:
-        region._policed_ns = long_ago
-    rs[2]._reads = regions._POLICE_EVERY  # the sweep due too
-    (rs[2].path / "planted").write_bytes(b"x")
-    replacement = rs[1].path / "elsewhere"
-    replacement.write_bytes((rs[1].path / STATE_FILE).read_bytes())
-    replacement.rename(rs[1].path / STATE_FILE)
-    _spend(rs[1].path, 10**6, 1, 0)  # into the new file: the agent still holds the old one
-    reads = [region._reads for region in rs]
-    got = Region.readings_together(rs, police=False)
-    assert [g[0] for g in got] == [rs[n].peek_counters() for n in range(3)]  # type: ignore[index]
-    assert got[1][0] == (2000, 20, 1)  # type: ignore[index]  # the file held, not the new one
-    assert [region._reads for region in rs] == reads  # nothing checked, nothing counted
-    assert all(region._policed_ns == long_ago for region in rs)
-    assert (rs[2].path / "planted").exists()
-    assert not any(region._fd_lock.locked() for region in rs)
-    # with the checks, as before: those due act (each left to its own read)
-    assert Region.readings_together(rs)[1:] == [None, None]
-    for region in rs:
-        region.close()
-
-
 def test_a_corrupt_header_is_counted_and_told_once(tmp_path, native):
     rs = _regions(tmp_path, 2)
     with open(rs[1].path / STATE_FILE, "r+b") as f:

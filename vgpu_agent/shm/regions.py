@@ -107,7 +107,6 @@ _POLICE_EVERY = 16  # checks of `state` between checks of the cache file and the
 # read): a replaced or grown `state` is found at the first read after this (a settled node
 # reads every 2 s, so there at that read). Full reads (`usage`) check every time.
 _LEAN_POLICE_NS = 500_000_000
-_NEVER_POLICED_NS = 1 << 62  # a batch read without the file checks (`readings_together`)
 _SWEEP_BATCH = 64  # foreign entries removed from a region directory per check
 _REGION_FILES = frozenset({"control", "state", "hami.cache"})
 DIR_MODE = 0o755
@@ -482,8 +481,7 @@ class Region:
         return counters
 
     @staticmethod
-    def readings_together(regions: Sequence[object], police: bool = True
-                          ) -> list[Reading | None]:
+    def readings_together(regions: Sequence[object]) -> list[Reading | None]:
         """`Region.counters` and `Region.controls` of many regions in one native call
         (`headerread.readings_many`), each header read between `time.monotonic_ns` stamps of its
         own: per region (counters or None, rates, policies, priority, before, after), or None
@@ -493,26 +491,21 @@ class Region:
         nothing is checked here (`_checks_find_nothing`). Each region is held under its
         readers' lock while its files are checked and read, as in `counters`.
 
-        Without `police`, no region's file checks are made, due or not: the headers as
-        `peek_counters` reads them, for the controller's looks between slow ticks.
-
         Where the C read has it, the loop over the regions is in C too (`readings_of`: the
         Python around each region's read cost the controller as much as the read); the loop
         below is the reference, and the tests run both."""
         if readings_many is None:
             return [None] * len(regions)
-        police_ns = _LEAN_POLICE_NS if police else _NEVER_POLICED_NS
         if readings_of is not None:
             read_each, corrupt = readings_of(regions, Region, time.monotonic_ns(),
-                                             police_ns, _CONTROL_WORDS)
+                                             _LEAN_POLICE_NS, _CONTROL_WORDS)
             for n in corrupt:
                 regions[n]._lean_read_corrupt()  # type: ignore[attr-defined]
             return read_each  # type: ignore[no-any-return]
-        return Region._readings_in_python(regions, police_ns)
+        return Region._readings_in_python(regions)
 
     @staticmethod
-    def _readings_in_python(regions: Sequence[object], police_ns: int = _LEAN_POLICE_NS
-                            ) -> list[Reading | None]:
+    def _readings_in_python(regions: Sequence[object]) -> list[Reading | None]:
         """`readings_together`'s loop in Python (the reference), the headers read in one
         `readings_many` call with every region taken held meanwhile."""
         assert readings_many is not None
@@ -532,7 +525,7 @@ class Region:
                 held.append(lock)  # (before the checks: given back should they raise)
                 policed, fd, words = region._policed_ns, region._state_fd, region._words
                 if (region._view is None or fd is None or words is None or policed is None
-                        or (now_ns - policed >= police_ns
+                        or (now_ns - policed >= _LEAN_POLICE_NS
                             and not region._checks_find_nothing(now_ns))):
                     held.pop().release()
                     continue

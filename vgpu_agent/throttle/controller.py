@@ -969,22 +969,17 @@ class ThrottleController:
         now = self._looked_ns = self.clock()
         woke = self._due_now
         skip = self._looks % LAUNCH_LOOKS
-        looked = [w for w in watched if not (
-            w[0].region.closed or w[0].uuid in woke
-            or (w[2] == math.inf and w[0].turn % LAUNCH_LOOKS != skip))]
-        peeked = _peeks([w[0].region for w in looked])
-        for (device, k, demand, per_launch), reading in zip(looked, peeked, strict=True):
-            if device.uuid in woke:  # another of its GPU's devices woke it meanwhile
+        for device, k, demand, per_launch in watched:
+            region = device.region
+            if region.closed or device.uuid in woke or (
+                    demand == math.inf and device.turn % LAUNCH_LOOKS != skip):
                 continue
             previous, read_ns = device.previous, device.read_ns
-            if reading is not None:
-                counters = reading[0]
-            else:
-                try:
-                    counters = _counters(device.region, peek=True)
-                except Exception:
-                    woke.add(device.uuid)
-                    continue
+            try:
+                counters = _counters(region, peek=True)
+            except Exception:
+                woke.add(device.uuid)
+                continue
             if counters is None or previous is None or read_ns is None:
                 woke.add(device.uuid)
                 continue
@@ -1929,20 +1924,6 @@ def _launch_cost_moved(device: _Device, spent_total: int, launches_total: int,
     device.looked = (device.read_ns, spent_total, launches_total)
     moved = spent / launches / per_launch
     return not 1 / LAUNCH_COST_MOVE <= moved <= LAUNCH_COST_MOVE
-
-
-def _peeks(regions: list[RegionHandle]) -> list[Any]:
-    """The regions' headers as `peek_counters` reads them, in one native call where their type
-    has the batch read (`readings_together` without the file checks): per region its reading
-    (counters first, None where the header is corrupt), or None for one to be read alone (not
-    such a region, closed, not yet checked, its lock held elsewhere, or the batch failing)."""
-    read_all = getattr(type(regions[0]), "readings_together", None) if regions else None
-    if read_all is not None:
-        try:
-            return list(read_all(regions, police=False))
-        except Exception:  # each read on its own then, its failures its own
-            pass
-    return [None] * len(regions)
 
 
 def _counters(region: RegionHandle, peek: bool = False) -> tuple[int, ...] | None:
