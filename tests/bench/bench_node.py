@@ -3,7 +3,7 @@
     python tests/bench/bench_node.py [--devices 144] [--attribution per-process|time-sliced]
                                      [--changing] [--scrape-every 0] [--windows 3]
                                      [--seconds 20] [--settle 30] [--rounds 3]
-                                     [--baseline DIR] [--by-part]
+                                     [--baseline DIR] [--by-part] [--nvml-call-ms 0]
 
 `bench_scrape.py`'s node (8 simulated GPUs, strict containers, honest shims whose spending the
 simulated drivers turn into NVML samples) with the whole agent in a child process: after
@@ -62,7 +62,8 @@ def windows(args: argparse.Namespace) -> list[float] | dict[str, list[Any]]:
         rows = node.build_regions(root, 8, node.containers_for(args.devices), regions, "strict")
         shim = node.ShimSide(regions, rows, accounting=node.Accounting(root / "nvml", rows))
         shim.accounting.changing = args.changing
-        with shim.moving(), node.running_node(root, 8, args.changing, sliced=sliced) as (
+        with shim.moving(), node.running_node(root, 8, args.changing, sliced=sliced,
+                                          nvml_call_ms=args.nvml_call_ms) as (
                 child, port):
             node.pause_with_shim(shim, args.settle)
             for _ in range(args.windows):
@@ -97,7 +98,8 @@ def child_args(args: argparse.Namespace) -> list[str]:
             *(["--changing"] if args.changing else []), "--scrape-every",
             str(args.scrape_every), "--windows", str(args.windows), "--seconds",
             str(args.seconds), "--settle", str(args.settle),
-            *(["--by-part"] if args.by_part else [])]
+            *(["--by-part"] if args.by_part else []),
+            *(["--nvml-call-ms", str(args.nvml_call_ms)] if args.nvml_call_ms else [])]
 
 
 def part_table(by_part: dict[str, list[dict[str, float]]]) -> str:
@@ -140,6 +142,9 @@ def main() -> int:
                              "3 with --changing)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="another checkout to compare with")
+    parser.add_argument("--nvml-call-ms", type=float, default=0.0,
+                        help="CPU each NVML per-process call burns, as a real driver's do "
+                             "(about 2.2 ms on an H200); 0: the simulated driver's own")
     parser.add_argument("--by-part", action="store_true",
                         help="split each window's CPU by task, NVML's calls and thread")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.throttle.sampleclock import (
+    ASK_EARLY_NS,
     LAG_READINGS,
     SAME_INSTANT_US,
     SampleClock,
@@ -85,8 +86,8 @@ def test_nvml_is_not_asked_again_before_its_next_period_is_over():
     # stamps 200 ms apart, each first read 30 ms after its stamp
     clock.span(GPU, _at(1_000 * MS), now_ns=1_030 * MS * 1_000)
     clock.span(GPU, _at(1_200 * MS), now_ns=1_230 * MS * 1_000)
-    # next: 1,400 ms plus the least delay (30 ms), less a quarter tick (25 ms)
-    due_ns = (1_400 + 30 - 25) * MS * 1_000
+    # next: 1,400 ms plus the least delay (30 ms), less the margin (a millisecond)
+    due_ns = (1_400 + 30) * MS * 1_000 - ASK_EARLY_NS
     assert not clock.due(GPU, now_ns=due_ns - 1)
     assert clock.due(GPU, now_ns=due_ns)
 
@@ -100,7 +101,7 @@ def test_the_least_delay_of_recent_readings_sets_the_schedule():
         stamp += 200 * MS
         clock.span(GPU, _at(stamp), now_ns=(stamp + 90 * MS) * 1_000)
         least_ms = 10 if reading < LAG_READINGS - 1 else 90
-        due_ns = (stamp + 200 * MS + (least_ms - 25) * MS) * 1_000
+        due_ns = (stamp + 200 * MS + least_ms * MS) * 1_000 - ASK_EARLY_NS
         assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (
             False, True), reading
 
@@ -110,7 +111,7 @@ def test_asked_every_few_periods_where_the_operator_says_so():
     clock.due(GPU, now_ns=0)
     clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
     clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
-    due_ns = (1_200 + 3 * 200 - 25) * MS * 1_000
+    due_ns = (1_200 + 3 * 200) * MS * 1_000 - ASK_EARLY_NS
     assert not clock.due(GPU, now_ns=due_ns - 1)
     assert clock.due(GPU, now_ns=due_ns)
 
