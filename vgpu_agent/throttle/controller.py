@@ -1036,7 +1036,6 @@ class ThrottleController:
                 together = read_all(regions)
             except Exception:  # each read on its own then, its failures its own
                 self._failed("region_usage", "throttle_region_batch_read_failed")
-        by_region = self._by_region
         for region, reading in zip(regions, together, strict=True):
             # A region that cannot be read is not steered this tick, and what it does is not
             # known: the tick is kept as short as where something is lent. Its devices are
@@ -1052,18 +1051,14 @@ class ThrottleController:
                 self._unsure_of(region)
                 self.errors["region_corrupt"] += 1
                 continue
-            known = by_region.get(id(region))  # (`_devices_of`'s own lookup, inline)
-            if known is not None and known[0] is region:
-                devices = known[1]
-            else:
-                try:
-                    devices = self._devices_of(region)
-                except Exception:
-                    self._unsure_of(region)
-                    self._failed(
-                        "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
-                    )
-                    continue
+            try:
+                devices = self._devices_of(region)
+            except Exception:
+                self._unsure_of(region)
+                self._failed(
+                    "region_usage", "throttle_region_unreadable", alloc_id=_alloc_id(region)
+                )
+                continue
             for device in devices:
                 device.seen = tick
                 if device.uuid in due:
