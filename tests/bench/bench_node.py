@@ -1,7 +1,8 @@
 """The whole agent's CPU, window by window, this tree beside another checkout.
 
     python tests/bench/bench_node.py [--devices 144] [--attribution per-process|time-sliced]
-                                     [--changing] [--scrape-every 0] [--windows 3]
+                                     [--changing | --phase-every S] [--scrape-every 0]
+                                     [--windows 3]
                                      [--seconds 20] [--settle 30] [--rounds 3]
                                      [--baseline DIR] [--by-part] [--nvml-call-ms 0]
 
@@ -10,7 +11,17 @@ simulated drivers turn into NVML samples) with the whole agent in a child proces
 `--settle` seconds (3 with `--changing`, as `bench_scrape.py` waits), its CPU in % of a core over
 each of `--windows` windows of `--seconds`. `--changing`: the work a token buys changes every
 other 2 s for every container and the agent's tick is held at 100 ms (`bench_scrape.py`'s
-"changing"). `--scrape-every S`: a scrape every S seconds during the windows (0: none).
+"changing"). `--phase-every S`: each container's work a token buys doubles or halves every
+S seconds, at a moment of its own within them, and the agent runs at its own pace, as it would
+on a node whose applications change phase now and then (at 18 containers a GPU and S = 30, a
+GPU sees a change every 1.7 s on average). `--scrape-every S`: a scrape every S seconds during
+the windows (0: none).
+
+Beside each window's CPU, how closely the agent held the containers to their shares over it:
+the mean of |exact use - limit| over every container-device's sample periods, in points of a
+GPU (`Accounting.tracking`: the use the simulated drivers derive from the tokens spent, before
+NVML's rounding; every container wants more than its share, so its share is what it should
+get).
 
 The goals at 144 container-devices are absolute (`bench_scrape.py`), but this machine's pace
 moves by half from one day to the next, and two runs minutes apart differ by more than most
@@ -41,9 +52,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
-def windows(args: argparse.Namespace) -> list[float] | dict[str, list[Any]]:
-    """CPU % of a core per window, on this checkout's code; with `--by-part`, those as `cpu`
-    and each window's parts as `parts`."""
+def windows(args: argparse.Namespace) -> dict[str, list[Any]]:
+    """Per window, on this checkout's code: CPU % of a core (`cpu`), how far the containers
+    were held off their shares (`track`, points; None where no sample period ended) and, with
+    `--by-part`, the CPU by part (`parts`; else empty)."""
     from tests.bench import bench_scrape as node
     from vgpu_agent.shm.regions import REGIONS_DIR
 
@@ -60,14 +72,22 @@ def windows(args: argparse.Namespace) -> list[float] | dict[str, list[Any]]:
         regions = root / "state" / REGIONS_DIR
         regions.mkdir(parents=True)
         rows = node.build_regions(root, 8, node.containers_for(args.devices), regions, "strict")
-        shim = node.ShimSide(regions, rows, accounting=node.Accounting(root / "nvml", rows))
-        shim.accounting.changing = args.changing
+        accounting = node.Accounting(root / "nvml", rows)
+        shim = node.ShimSide(regions, rows, accounting=accounting)
+        accounting.changing = args.changing or bool(args.phase_every)
+        if args.phase_every:
+            if not hasattr(accounting, "phase_every_us"):
+                raise SystemExit("this tree's bench node has no --phase-every")
+            accounting.phase_every_us = round(args.phase_every * 1e6)
+        tracked = getattr(accounting, "tracking", lambda: (0.0, 0))
+        track: list[float | None] = []
         with shim.moving(), node.running_node(root, 8, args.changing, sliced=sliced,
                                           nvml_call_ms=args.nvml_call_ms) as (
                 child, port):
             node.pause_with_shim(shim, args.settle)
             for _ in range(args.windows):
                 at_start = read_parts(child.pid, port) if args.by_part else {}
+                error_before = tracked()
                 before, started = node.cpu_seconds(child.pid), time.monotonic()
                 while time.monotonic() - started < args.seconds:
                     if args.scrape_every:
@@ -76,10 +96,14 @@ def windows(args: argparse.Namespace) -> list[float] | dict[str, list[Any]]:
                     node.pause_with_shim(shim, min(left, args.scrape_every or left))
                 took = time.monotonic() - started
                 out.append(round((node.cpu_seconds(child.pid) - before) / took * 100, 3))
+                error_after = tracked()
+                periods = error_after[1] - error_before[1]
+                track.append(round((error_after[0] - error_before[0]) / periods, 3)
+                             if periods else None)
                 if args.by_part:
                     parts.append(nodeparts.shares(at_start, read_parts(child.pid, port),
                                                   time.monotonic() - started))
-    return {"cpu": out, "parts": parts} if args.by_part else out
+    return {"cpu": out, "parts": parts, "track": track}
 
 
 def _nodeparts() -> Any:
@@ -95,7 +119,9 @@ def _nodeparts() -> Any:
 
 def child_args(args: argparse.Namespace) -> list[str]:
     return ["--devices", str(args.devices), "--attribution", args.attribution,
-            *(["--changing"] if args.changing else []), "--scrape-every",
+            *(["--changing"] if args.changing else []),
+            *(["--phase-every", str(args.phase_every)] if args.phase_every else []),
+            "--scrape-every",
             str(args.scrape_every), "--windows", str(args.windows), "--seconds",
             str(args.seconds), "--settle", str(args.settle),
             *(["--by-part"] if args.by_part else []),
@@ -131,8 +157,12 @@ def main() -> int:
     parser.add_argument("--attribution", choices=("per-process", "time-sliced"),
                         default="per-process",
                         help="how the simulated drivers attribute each sample period")
-    parser.add_argument("--changing", action="store_true",
-                        help="what a token buys changes, the tick held at 100 ms")
+    changes = parser.add_mutually_exclusive_group()
+    changes.add_argument("--changing", action="store_true",
+                         help="what a token buys changes, the tick held at 100 ms")
+    changes.add_argument("--phase-every", type=float, default=0.0,
+                         help="each container changes phase every this many seconds, the "
+                              "agent at its own pace; 0: never")
     parser.add_argument("--scrape-every", type=float, default=0.0,
                         help="a scrape every this many seconds in the windows; 0: none")
     parser.add_argument("--windows", type=int, default=3)
@@ -154,7 +184,7 @@ def main() -> int:
     for name in ("devices", "windows", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be 1 or more, got {getattr(args, name)!r}")
-    for name in ("seconds", "settle", "scrape_every"):
+    for name in ("seconds", "settle", "scrape_every", "phase_every"):
         value = getattr(args, name)
         if not 0 <= value < float("inf") or (name == "seconds" and value == 0):
             parser.error(f"--{name.replace('_', '-')} must be a number of seconds "
@@ -171,27 +201,33 @@ def main() -> int:
 
     print(f"{machine.describe()}, {args.devices} "
           f"container-devices, {args.attribution} drivers, "
-          f"{'shares changing' if args.changing else 'steady'}, "
+          + ("shares changing, " if args.changing else
+             f"each container changing phase every {args.phase_every:g} s, "
+             if args.phase_every else "steady, ")
           + (f"a scrape every {args.scrape_every:g} s, " if args.scrape_every else "unscraped, ")
           + f"{args.windows} windows of {args.seconds:g} s after {args.settle:g} s, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     trees = [("this tree", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])
     found: dict[str, list[float]] = {name: [] for name, _ in trees}
+    tracks: dict[str, list[float]] = {name: [] for name, _ in trees}
     by_part: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
     for run in range(args.rounds):
         for name, tree in trees:  # alternating: both see the same machine
             got = run_child(__file__, tree, child_args(args), "the node's windows")
-            if args.by_part:
-                by_part[name] += got["parts"]
-                got = got["cpu"]
-            found[name] += got
-            print(f"round {run + 1}, {name}: " + ", ".join(f"{v:.2f}" for v in got) + " %",
+            by_part[name] += got["parts"]
+            tracks[name] += [t for t in got["track"] if t is not None]
+            found[name] += got["cpu"]
+            print(f"round {run + 1}, {name}: " + ", ".join(f"{v:.2f}" for v in got["cpu"])
+                  + " %; off their shares by " + ", ".join(
+                      "-" if t is None else f"{t:.2f}" for t in got["track"]) + " points",
                   flush=True)
     print()
     if args.by_part:
         print(part_table(by_part))
     for name, values in found.items():
-        print(f"{name}: {summary(values)}")
+        print(f"{name}: {summary(values)}; off their shares by "
+              + (f"{statistics.median(tracks[name]):.2f} points (median of the windows)"
+                 if tracks[name] else "- (no sample period ended in a window)"))
     if args.baseline is not None:
         ours, theirs = (statistics.median(found[name]) for name, _ in trees)
         print(f"ratio of the medians, this tree / baseline: x{ours / theirs:.2f}"

@@ -347,6 +347,14 @@ class Accounting:
         self.directory = directory
         self.changing = False
         self.changing_gpus: set[str] | None = None  # None: all of them
+        # While changing: 0, the work a token buys flips every other 2 s, half the containers
+        # out of step with the others; else each container's flips every this many us, at a
+        # moment of its own within that interval (its phases changing at its own pace).
+        self.phase_every_us = 0
+        # |exact use - limit| summed over container-device periods, and their count: how
+        # closely the agent holds each to its share (`tracking`)
+        self.error_sum = 0.0
+        self.error_count = 0
         self.on_gpu = devices_on_gpus(rows)
         self.period = time.time_ns() // 1000 // SAMPLE_PERIOD_US
         self.read_us = time.time_ns() // 1000
@@ -354,10 +362,20 @@ class Accounting:
         self.kept: dict[str, list[bytes]] = {uuid: [] for uuid in self.on_gpu}
 
     def per_percent(self, uuid: str, pid: int, stamp_us: int) -> float:
-        if self.changing and (self.changing_gpus is None or uuid in self.changing_gpus) \
-                and (stamp_us // 2_000_000 + pid) % 2:
-            return TOKENS_PER_PERCENT / 2
-        return TOKENS_PER_PERCENT
+        if not self.changing or (self.changing_gpus is not None
+                                 and uuid not in self.changing_gpus):
+            return TOKENS_PER_PERCENT
+        every = self.phase_every_us
+        flips = ((stamp_us + pid * 7_919_000 % every) // every if every
+                 else stamp_us // 2_000_000 + pid)
+        return TOKENS_PER_PERCENT / 2 if flips % 2 else TOKENS_PER_PERCENT
+
+    def tracking(self) -> tuple[float, int]:
+        """(|use - limit| summed in points, container-device periods) so far: each period's
+        exact use (not NVML's whole percents) against the device's limit, the GPU's share
+        among the container-devices on it (the bench node's strict containers all want more
+        than that)."""
+        return self.error_sum, self.error_count
 
     def update(self, totals: dict[tuple[int, int], list[int]]) -> None:
         """After the shims moved: the periods that ended since the last call, each given the
@@ -370,11 +388,14 @@ class Accounting:
         ended = range(max(self.period + 1, newest - self.HISTORY + 1), newest + 1)
         for uuid, pairs in self.on_gpu.items():
             kept = self.kept[uuid]
+            limit = 100 / len(pairs)
             for n in ended:
-                values = [
-                    min(100, round((totals[pair][0] - self.spent.get(pair, totals[pair][0]))
-                                   / elapsed_s / self.per_percent(uuid, pid, n * SAMPLE_PERIOD_US)))
-                    for pair, pid in pairs]
+                uses = [(totals[pair][0] - self.spent.get(pair, totals[pair][0]))
+                        / elapsed_s / self.per_percent(uuid, pid, n * SAMPLE_PERIOD_US)
+                        for pair, pid in pairs]
+                self.error_sum += sum([abs(min(100.0, use) - limit) for use in uses])
+                self.error_count += len(uses)
+                values = [min(100, round(use)) for use in uses]
                 kept.append(self.RECORD.pack(n) + struct.pack(f"<{len(values)}H", *values))
             del kept[:-self.HISTORY]
             scratch = self.directory / f".{uuid}"
