@@ -256,10 +256,9 @@ class _Device:
     region); the counters are the cumulative totals of the previous tick.
     """
 
-    __slots__ = ("alloc_id", "bucket", "calm_ns", "dev", "key", "last", "launch_debt",
-                 "liar_cap", "limited", "limits", "long_hold", "looked", "overclaimed",
-                 "overuse", "overused", "paused", "previous", "read_ns", "region", "rest_ns",
-                 "seen", "steered_ns", "turn", "uuid")
+    __slots__ = ("alloc_id", "bucket", "dev", "key", "last", "launch_debt", "liar_cap", "limited",
+                 "limits", "long_hold", "looked", "overclaimed", "overuse", "overused",
+                 "paused", "previous", "read_ns", "region", "seen", "turn", "uuid")
 
     def __init__(self, region: RegionHandle, dev: int, alloc_id: str, uuid: str,
                  previous: tuple[int, int, int] | None):
@@ -295,12 +294,6 @@ class _Device:
         self.long_hold = False
         # paused for a neighbour's turn alone (`throttle/soloturn.py`): its claims not judged
         self.paused = False
-        # Its own pace on a GPU whose others change (see the module note): when it was last
-        # steered, since when its decisions have been calm, and, while it rests, when it is
-        # steered next (None: at every tick of its GPU).
-        self.steered_ns: int | None = None
-        self.calm_ns: int | None = None
-        self.rest_ns: int | None = None
 
 
 # One device looked at between slow ticks: (device, tokens per percent, demand, tokens per
@@ -473,14 +466,6 @@ class ThrottleController:
         self._due_now: set[str] = set()  # GPUs a watched device woke: due at the next tick
         # GPUs a device's launch costs woke: ticked at `max_tick_s` from there (see `_pace`)
         self._quicken: set[str] = set()
-        # Per GPU, its devices that rest (`_Device.rest_ns`: steered on a grid of
-        # `max_tick_s` while the GPU ticks faster for others), and the GPUs a tick found with
-        # only such devices, none due (see the module note).
-        self._resting: dict[str, set[_Device]] = {}
-        self._rested: set[str] = set()
-        # id(region) -> (the region, when its first device stops resting) where all of its
-        # devices rest: its read waits until then
-        self._rest_regions: dict[int, tuple[RegionHandle, int]] = {}
         self._present: set[str] = set()  # GPUs some region has a device on, as of this tick
         self._layout: _Layout | None = None  # the last tick's regions by GPU
         self._remapped = True  # this tick's regions were not the last tick's
@@ -773,18 +758,11 @@ class ThrottleController:
         self._idle = not regions
         self._unsure, self._unread = set(), []
         due, to_read = self._due_gpus(regions, now_ns, paced)
-        rest_until_ns = now_ns + round(self.tick_s * 5e8)  # (as GPUs share ticks)
-        if self._rest_regions:
-            at_rest = self._rest_regions
-            to_read = [r for r in to_read if (rests := at_rest.get(id(r))) is None
-                       or rests[0] is not r or rests[1] <= rest_until_ns]
         by_gpu: dict[str, _Entries] = defaultdict(list)
         for start in range(0, len(to_read), READ_CHUNK):
             if start:
                 await asyncio.sleep(0)  # Allocate and scrapes wait for a chunk's reads at most
             self._gather(to_read[start : start + READ_CHUNK], by_gpu, due)
-        self._rested = self._set_resting_aside(by_gpu, due, rest_until_ns) \
-            if self._resting else set()
         sampled: dict[str, _Sampled] = {}
         if by_gpu:
             # NVML's calls block (about 2 ms each on a real driver, longer when it is in
@@ -802,7 +780,7 @@ class ThrottleController:
             for uuid, seconds in took.items():
                 made, spent_s = calls.get(uuid, (0, 0.0))
                 calls[uuid] = (made + 1, spent_s + seconds)
-        steered: dict[str, _Steered] = dict.fromkeys(self._rested, (False, False, [], []))
+        steered: dict[str, _Steered] = {}
         for n, (uuid, entries) in enumerate(by_gpu.items()):
             if n:
                 # One GPU at a time on the loop: Allocate and scrapes wait for one GPU's
@@ -878,36 +856,6 @@ class ThrottleController:
             chosen.update(layout.on_gpu.get(uuid, ()))
         return due, [regions[n] for n in sorted(chosen)]
 
-    def _mark_rest(self, region: RegionHandle) -> None:
-        """Note whether every device of `region` rests, and until when at least (its read
-        can wait until then: `tick`)."""
-        known = self._by_region.get(id(region))
-        if known is not None and known[0] is region and known[1] and all(
-                [d.rest_ns is not None for d in known[1]]):
-            self._rest_regions[id(region)] = (region, min([d.rest_ns for d in known[1]
-                                                           if d.rest_ns is not None]))
-        else:
-            self._rest_regions.pop(id(region), None)
-
-    def _set_resting_aside(self, by_gpu: dict[str, _Entries], due: set[str], until_ns: int
-                           ) -> set[str]:
-        """The devices that rest beyond `until_ns` taken out of this tick's steering (a
-        region read for another device of it may have brought them); the due GPUs left with
-        none to steer, whose states are kept all the same."""
-        for uuid, entries in list(by_gpu.items()):
-            if uuid in self._resting:
-                entries[:] = [e for e in entries
-                              if e[0].rest_ns is None or e[0].rest_ns <= until_ns]
-                if not entries:
-                    del by_gpu[uuid]
-        return {uuid for uuid in due if uuid in self._resting and uuid not in by_gpu}
-
-    def _wake(self, uuid: str) -> None:
-        """Every device of `uuid` steered at each of its ticks again."""
-        for device in self._resting.pop(uuid, ()):
-            device.rest_ns = None
-            self._rest_regions.pop(id(device.region), None)
-
     def _map_regions(self, regions: list[RegionHandle], key: list[int]) -> _Layout:
         """Which regions have a device on which GPU, as far as the devices are known."""
         layout = _Layout(key)
@@ -965,8 +913,6 @@ class ThrottleController:
             ceiling = self.max_tick_s if lent else self.unlent_tick_s
             wanted_s = self.tick_s * (1 + steps)
             pace.interval_s = min(ceiling, wanted_s)
-            if uuid in self._resting and pace.interval_s >= self.max_tick_s * (1 - 1e-9):
-                self._wake(uuid)  # ticking as slowly as they rest: all steered at each tick
             interval_ns = round(pace.interval_s * 1e9)
             if wanted_s >= ceiling * (1 - 1e-9) and ceiling > self.tick_s * (1 + 1e-9):
                 pace.due_ns = on_grid(now_ns, interval_ns, share_ns)
@@ -1222,7 +1168,7 @@ class ThrottleController:
     def _utilization(
         self, uuid: str, entries: _Entries, samples: list[ProcessSample] | None,
         spent: Mapping[str, int], dt_s: float = 0.0, untrusted: Collection[str] = (),
-        solo: str = "", resting: Collection[str] = (),
+        solo: str = "",
     ) -> tuple[Mapping[str, float | None], float, int] | None:
         """SM percent per alloc_id from this tick's samples (None for one that spent while
         none of its processes was listed), the seconds they describe and how many samples per
@@ -1230,8 +1176,7 @@ class ThrottleController:
         tokens each container is believed to have spent in the tick (`audit.believed_spend`),
         which lasted `dt_s` (the split learns use per token from it; 0: not known);
         `untrusted` those whose claims were lately cut, `solo` the container given a turn
-        alone (`TimeSlicedSplit.share`), `resting` containers on the GPU not steered this
-        tick (per-process GPUs only): their processes stay placed, their samples unused.
+        alone (`TimeSlicedSplit.share`).
 
         Drivers attribute a sample period in one of two ways, told apart by what they send:
         - per process: each process that ran gets a sample of its own use, all with the
@@ -1295,8 +1240,6 @@ class ThrottleController:
                 util[found] += value
                 seen.add(found)
                 recent[pid] = (found, newest, value)
-            elif found is not None and found in resting:
-                recent[pid] = (found, newest, value)
             else:
                 unplaced.append((pid, value))
         if unplaced:
@@ -1319,9 +1262,9 @@ class ThrottleController:
         for pid, (alloc_id, stamp, value) in list(recent.items()):
             if pid in per_pid:
                 continue
-            if stamp < stale_us or (alloc_id not in util and alloc_id not in resting):
+            if stamp < stale_us or alloc_id not in util:
                 del recent[pid]
-            elif not sliced and alloc_id in util:
+            elif not sliced:
                 util[alloc_id] += value
                 seen.add(alloc_id)
         if sliced:
@@ -1493,13 +1436,7 @@ class ThrottleController:
         # (on a time-sliced GPU: those lately caught claiming more than their buckets allowed)
         untrusted = [device.alloc_id for device, _ in entries if device.liar_cap is not None
                      or device.key in liars] if uuid in self._sliced else ()
-        # the GPU's devices that rest this tick (not read, not steered: `_set_resting_aside`)
-        resting = self._resting.get(uuid)
-        if resting:
-            now_steered = {device for device, _ in entries}
-            resting = {d for d in resting if d not in now_steered}
-        measured = self._utilization(uuid, entries, samples, spent_by, dt_s, untrusted, solo,
-                                     {d.alloc_id for d in resting} if resting else ())
+        measured = self._utilization(uuid, entries, samples, spent_by, dt_s, untrusted, solo)
         if solo:
             # the readings of a turn alone say nothing of the shares: the law waits for its end
             self._changed = self._lent = True  # fast ticks until the turn ends and after
@@ -1526,13 +1463,8 @@ class ThrottleController:
             # split shares are estimates, not NVML's skewed samples: a far-off one is the
             # split re-learning (a change of phase found), followed at once
             params = self._split_params
-        decisions = (self._law_by_interval(observations, steered, states, dt_s, params)
-                     if uuid in self._resting else self.law(observations, states, dt_s, params))
-        new_states = {key: d.state for key, d in decisions.items()}
-        if resting:
-            # (kept as they were: `_forget` drops those of devices gone)
-            new_states.update((d.key, states[d.key]) for d in resting if d.key in states)
-        self._states[uuid] = new_states
+        decisions = self.law(observations, states, dt_s, params)
+        self._states[uuid] = {key: d.state for key, d in decisions.items()}
         open_loop = uuid in self._open_loop
         # a reclaim may be needed at any moment that only a tick would see (see the module
         # note): a device not observed, limits that do not fit
@@ -1568,91 +1500,10 @@ class ThrottleController:
             self._lent = True  # no slower than `max_tick_s` (see the module note)
         if not self._lent:
             self._launching = steered  # watched for their launches' cost where ticks are slow
-        self._note_rest(uuid, observations, steered, decisions, states, resting or set())
         if self.solo_turns and sliced and not liars and keeper.offer(
                 uuid, self._sliced[uuid], steered, spent_by, self._now_ns,
                 self._sample_clock.period_us(uuid) / 1e6, uuid in self._beyond_work_logged):
             self._changed = True
-
-    def _law_by_interval(self, observations: list[Observation],
-                         steered: list[tuple[_Device, int, int]], states: Mapping[str, LoopState],
-                         dt_s: float, params: ControlParams) -> dict[str, Decision]:
-        """On a GPU some of whose devices rest: the law's decisions, each device's over the
-        time since it was last steered (`dt_s`, the GPU's, for one never steered), one call per
-        such time. The law then decides on each group alone, which only GPUs whose containers'
-        decisions do not depend on each other allow (`_note_rest`)."""
-        now = self._now_ns
-        groups: dict[float, list[Observation]] = defaultdict(list)
-        for obs, (device, _, _) in zip(observations, steered, strict=True):
-            last_ns = device.steered_ns
-            groups[dt_s if last_ns is None else max((now - last_ns) / 1e9, 1e-3)].append(obs)
-        decisions: dict[str, Decision] = {}
-        for own_s, group in groups.items():
-            decisions.update(self.law(group, states, own_s, params))
-        return decisions
-
-    def _note_rest(self, uuid: str, observations: list[Observation],
-                   steered: list[tuple[_Device, int, int]], decisions: Mapping[str, Decision],
-                   before: Mapping[str, LoopState], resting: set[_Device]) -> None:
-        """Each steered device's own calm, and whether it rests from now on (see the module
-        note): only on a GPU whose containers' decisions do not depend on each other (read per
-        process, every one strict, their limits within the GPU, nothing lent, none caught
-        overclaiming or paused); elsewhere all of its devices are steered at each tick."""
-        now = self._now_ns
-        pace = self._paces.get(uuid)
-        if (self._lent or uuid in self._sliced or uuid in self._open_loop
-                or (pace is not None and pace.interval_s >= self.max_tick_s * (1 - 1e-9))):
-            # (a GPU ticking as slowly as they would rest steers all of them at each tick)
-            for device, _, _ in steered:
-                device.steered_ns = now
-            self._wake(uuid)
-            return
-        # calm this long, a device rests: the calm after which a GPU of its own would tick
-        # every `max_tick_s`
-        rest_after_ns = round((max(1.0, self.max_tick_s / self.tick_s) - 1)
-                              * self.calm_ticks * self.tick_s * 1e9)
-        fraction, points = self.calm_rate_fraction, self.calm_target_points
-        now_resting = self._resting.get(uuid)
-        ready: list[_Device] = []
-        for obs, (device, _, _) in zip(observations, steered, strict=True):
-            device.steered_ns = now
-            decision, prev = decisions[obs[0]], before.get(obs[0])
-            state = decision.state
-            if (prev is None or prev.tokens_per_pct <= 0 or state.lower_bound
-                    or state.surprise != 0 or abs(decision.target - prev.target) > points
-                    or abs(decision.rate - obs[8]) > fraction * obs[8]):
-                if device.rest_ns is not None:
-                    device.rest_ns = None
-                    self._rest_regions.pop(id(device.region), None)
-                device.calm_ns = now
-                if now_resting:
-                    now_resting.discard(device)
-            elif device.calm_ns is None:
-                device.calm_ns = now
-            elif now - device.calm_ns >= rest_after_ns:
-                ready.append(device)
-        if not ready:
-            if now_resting is not None and not now_resting:
-                del self._resting[uuid]
-            return
-        every = [device for device, _, _ in steered]
-        every.extend(resting)
-        if any([d.limits is None or d.limits[1] != "strict" or d.liar_cap is not None
-                or d.paused for d in every]) \
-                or sum([d.limits[0] if d.limits else 0.0 for d in every]) \
-                > FULL_SHARE + _SHARE_EPS:
-            for device in ready:
-                device.rest_ns = None
-                self._rest_regions.pop(id(device.region), None)
-            self._wake(uuid)
-            return
-        next_ns = on_grid(now, round(self.max_tick_s * 1e9), round(self.tick_s * 5e8))
-        if now_resting is None:
-            now_resting = self._resting[uuid] = set()
-        for device in ready:
-            device.rest_ns = next_ns
-            now_resting.add(device)
-            self._mark_rest(device.region)
 
     def _per_launch(self, uuid: str, spent: Mapping[str, int]) -> dict[str, float] | None:
         """The tokens one launch costs (the law's `cost_per_launch`, the largest of its
@@ -1876,15 +1727,12 @@ class ThrottleController:
         tick; the GPUs that lost a device (a change)."""
         present_gpus = self._present
         for uuid in list(self._states):
-            if uuid not in present_gpus or (uuid in due and uuid not in by_gpu
-                                            and uuid not in self._rested):
+            if uuid not in present_gpus or (uuid in due and uuid not in by_gpu):
                 del self._states[uuid]
                 self._end_turn(uuid, "not_read")
                 self._drop_split(uuid)
                 self._turnkeeper.forget(uuid)
                 self._stranger_watch.forget(uuid)
-        for uuid in [u for u in self._resting if u not in self._states]:
-            self._wake(uuid)
         for uuid in [u for u in self._sampled_pids if u not in present_gpus]:
             del self._sampled_pids[uuid]
             self._recent.pop(uuid, None)
@@ -1908,9 +1756,6 @@ class ThrottleController:
             # Unreadable this tick, or gone: the next reading is a new baseline.
             gone = {d.key for d in lost}
             self._devices = {k: d for k, d in self._devices.items() if k not in gone}
-            for device in lost:
-                self._resting.get(device.uuid, set()).discard(device)
-                self._rest_regions.pop(id(device.region), None)
             self._layout = None
             if present is None:
                 present = {id(region) for region in regions}
