@@ -5,6 +5,7 @@
                                      [--windows 3]
                                      [--seconds 20] [--settle 30] [--rounds 3]
                                      [--baseline DIR] [--by-part] [--nvml-call-ms 0]
+                                     [--nvml-poll-periods 1]
 
 `bench_scrape.py`'s node (8 simulated GPUs, strict containers, honest shims whose spending the
 simulated drivers turn into NVML samples) with the whole agent in a child process: after
@@ -82,7 +83,8 @@ def windows(args: argparse.Namespace) -> dict[str, list[Any]]:
         tracked = getattr(accounting, "tracking", lambda: (0.0, 0))
         track: list[float | None] = []
         with shim.moving(), node.running_node(root, 8, args.changing, sliced=sliced,
-                                          nvml_call_ms=args.nvml_call_ms) as (
+                                          nvml_call_ms=args.nvml_call_ms,
+                                          nvml_poll_periods=args.nvml_poll_periods) as (
                 child, port):
             node.pause_with_shim(shim, args.settle)
             for _ in range(args.windows):
@@ -125,7 +127,9 @@ def child_args(args: argparse.Namespace) -> list[str]:
             str(args.scrape_every), "--windows", str(args.windows), "--seconds",
             str(args.seconds), "--settle", str(args.settle),
             *(["--by-part"] if args.by_part else []),
-            *(["--nvml-call-ms", str(args.nvml_call_ms)] if args.nvml_call_ms else [])]
+            *(["--nvml-call-ms", str(args.nvml_call_ms)] if args.nvml_call_ms else []),
+            *(["--nvml-poll-periods", str(args.nvml_poll_periods)]
+              if args.nvml_poll_periods != 1 else [])]
 
 
 def part_table(by_part: dict[str, list[dict[str, float]]]) -> str:
@@ -175,15 +179,19 @@ def main() -> int:
     parser.add_argument("--nvml-call-ms", type=float, default=0.0,
                         help="CPU each NVML per-process call burns, as a real driver's do "
                              "(about 2.2 ms on an H200); 0: the simulated driver's own")
+    parser.add_argument("--nvml-poll-periods", type=int, default=1,
+                        help="the agent's throttle_nvml_poll_periods: NVML asked once every "
+                             "this many sample periods")
     parser.add_argument("--by-part", action="store_true",
                         help="split each window's CPU by task, NVML's calls and thread")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.settle is None:
         args.settle = 3.0 if args.changing else 30.0
-    for name in ("devices", "windows", "rounds"):
+    for name in ("devices", "windows", "rounds", "nvml_poll_periods"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be 1 or more, got {getattr(args, name)!r}")
+            parser.error(f"--{name.replace('_', '-')} must be 1 or more, "
+                         f"got {getattr(args, name)!r}")
     for name in ("seconds", "settle", "scrape_every", "phase_every"):
         value = getattr(args, name)
         if not 0 <= value < float("inf") or (name == "seconds" and value == 0):
@@ -205,6 +213,8 @@ def main() -> int:
              f"each container changing phase every {args.phase_every:g} s, "
              if args.phase_every else "steady, ")
           + (f"a scrape every {args.scrape_every:g} s, " if args.scrape_every else "unscraped, ")
+          + (f"NVML asked every {args.nvml_poll_periods} periods, "
+             if args.nvml_poll_periods != 1 else "")
           + f"{args.windows} windows of {args.seconds:g} s after {args.settle:g} s, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     trees = [("this tree", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])

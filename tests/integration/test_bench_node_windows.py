@@ -59,6 +59,7 @@ def test_containers_changing_phase_at_their_own_pace_are_measured_with_how_close
     (("--changing", "--phase-every", "30"), "not allowed with argument"),
     (("--phase-every", "-1"), "--phase-every must be a number of seconds >= 0, got -1.0"),
     (("--windows", "0"), "--windows must be 1 or more, got 0"),
+    (("--nvml-poll-periods", "0"), "--nvml-poll-periods must be 1 or more, got 0"),
     (("--seconds", "0"), "--seconds must be a number of seconds > 0, got 0.0"),
     (("--settle", "nan"), "--settle must be a number of seconds >= 0, got nan"),
     (("--scrape-every", "-1"), "--scrape-every must be a number of seconds >= 0, got -1.0"),
