@@ -19,6 +19,9 @@ Each noisy cell runs on `--seeds N` seeds of the plant (its noise, jitter and mi
 8 by default) and prints the median MAE, p95 and p99, and per change the median settling with
 the worst in brackets; a cell meets the goals when its medians do. Fewer seeds mislead near a
 goal: the same tree's medians over three seeds and over eight put cells on either side of it.
+`cpu s` is the controller's CPU a run (this machine's), `nvml/s` how often it asked NVML for
+per-process samples, a simulated second, the seeds' median (each ask costs about 2.2 ms of CPU
+on an H200; `--nvml-poll-periods` moves it).
 
 `bound s` (per-process attribution) is the median settling of an estimator that learns every
 new workload's cost from the plant's NVML samples as well as they allow and is otherwise ideal
@@ -361,7 +364,8 @@ def main() -> int:
           "expected shares of a full GPU less the plant's context-switch cost")
     header = (f"{'plant':6} {'scenario':28} | {'ours MAE':>8} {'p50':>5} {'p95':>5} {'p99':>5} "
               f"{'settle s':>8} {'bound s':>9} | {'peer MAE':>8} {'p50':>5} {'p95':>5} {'p99':>5} "
-              f"{'settle s':>8} | {'none MAE':>8} | {'peer/ours':>9} | {'goals':>6} | {'cpu s':>5}")
+              f"{'settle s':>8} | {'none MAE':>8} | {'peer/ours':>9} | {'goals':>6} | {'cpu s':>5} "
+              f"{'nvml/s':>6}")
     print(header)
     print("-" * len(header))
     missed: list[str] = []
@@ -380,12 +384,13 @@ def main() -> int:
             if args.only and args.only not in sc.name:
                 continue
             seeds = range(1 if plant.name == "ideal" else max(1, args.seeds))
-            ours_runs, peer_runs, none_runs, cpu_s = [], [], [], 0.0
+            ours_runs, peer_runs, none_runs, cpu_s, calls = [], [], [], 0.0, []
             for seed in seeds:
                 spec = replace(spec_of(plant, args), seed=seed)
                 seeded = attainable(sc, spec)
                 ours_run = run_ours(seeded, spec, args)
                 cpu_s += ours_run.cpu_s
+                calls.append(ours_run.nvml_calls / sc.duration_s)
                 for kind, count in ours_run.errors.items():
                     counted[kind] = counted.get(kind, 0) + count
                 ours_runs.append(evaluate(ours_run))
@@ -444,7 +449,8 @@ def main() -> int:
                   f"{ours_settle:>8} {bound_text:>9} | {peer.mean_abs_error:8.2f} "
                   f"{peer.median_error:5.2f} "
                   f"{peer.p95_error:5.2f} {peer.p99_error:5.2f} {peer_settle:>8} | "
-                  f"{unlimited:8.2f} | {ratio_text} | {'met' if met else 'MISSED':>6} | {cpu_s / len(seeds):5.1f}")
+                  f"{unlimited:8.2f} | {ratio_text} | {'met' if met else 'MISSED':>6} | {cpu_s / len(seeds):5.1f} "
+                  f"{statistics.median(calls):6.2f}")
             sys.stdout.flush()
     print("all goals met" if not missed else f"goals MISSED in {len(missed)}: {'; '.join(missed)}")
     if beyond:

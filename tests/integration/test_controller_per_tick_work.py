@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,10 +22,11 @@ from vgpu_agent.gpu.model import ProcessSample
 from vgpu_agent.shm.api import CorePolicy, RegionUsage
 from vgpu_agent.shm.regions import Region, format_alloc_id
 from vgpu_agent.simulation.gpu import SimBackend, SimGpu, SimHostEvidence, Workload
+from vgpu_agent.simulation.imperfections import REAL
 from vgpu_agent.simulation.region import SimRegion
 from vgpu_agent.simulation.runner import SIM_UUID
 from vgpu_agent.throttle import controller as controller_module
-from vgpu_agent.throttle.control import UNLIMITED_RATE, Observation
+from vgpu_agent.throttle.control import UNLIMITED_RATE, LoopState, Observation
 from vgpu_agent.throttle.controller import ThrottleController
 from vgpu_agent.throttle.fastlaw import control_step_gpu
 
@@ -317,6 +319,44 @@ async def test_nvml_is_asked_once_a_period_not_every_tick(period_s, poll_periods
     # the controller's own count (`vgpu_gpu_nvml_process_utilization_calls_total`) is the driver's
     assert controller.nvml_utilization_calls[SIM_UUID][0] == backend.calls
     assert [gpu.shares(p, 5)[-1][1] for p in procs] == pytest.approx([30, 50], abs=2)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_asked_every_few_periods_a_gpu_still_learning_is_asked_every_period(seed):
+    # NVML every other period (`nvml_poll_periods` 2) on a noisy plant (sigma 8): after the
+    # cold start every period is asked for while the estimates are loose, every other period
+    # once they are tight, and the shares are held.
+    gpu = SimGpu(SIM_UUID, imperfections=replace(REAL, nvml_sigma=8.0), seed=seed)
+    regions = [SimRegion(name, (SIM_UUID,), (pct,), ("strict",))
+               for name, pct in (("a", 20.0), ("b", 30.0), ("c", 50.0))]
+    procs = [gpu.shim_process(r.alloc_id, BUSY, r) for r in regions]
+    backend = SimBackend([gpu])
+    controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
+                                    evidence=SimHostEvidence([gpu]), nvml_poll_periods=2)
+    per_second = []
+    for _ in range(20):
+        before = backend.calls
+        for _ in range(10):
+            gpu.advance(0.1)
+            await controller.tick()
+        per_second.append(backend.calls - before)
+    assert min(per_second[:2]) >= 6  # every period (6 a second) while learning
+    assert sum(per_second[10:]) <= 33  # every other period once tight: 30, not 60
+    assert [gpu.shares(p, 10)[-1][1] for p in procs] == pytest.approx([20, 30, 50], abs=2.5)
+
+
+@pytest.mark.parametrize(("state", "loose"), [
+    (LoopState(), False),  # never spent: nothing to learn from samples
+    (LoopState(tokens_per_pct=1e5, target=50.0, spread=0.03**2), False),  # 1.5 points
+    (LoopState(tokens_per_pct=1e5, target=50.0, spread=0.05**2), True),  # 2.5 points
+    (LoopState(tokens_per_pct=1e5, target=5.0, spread=0.3**2), False),  # a small share
+    (LoopState(tokens_per_pct=1e5, target=50.0, spread=0.0, lower_bound=True), True),
+    (LoopState(tokens_per_pct=1e5, target=50.0, spread=0.0, surprise=-12.0), True),
+])
+def test_a_gpu_is_loose_while_a_share_is_uncertain_by_more_than_two_points(state, loose):
+    calm = LoopState(tokens_per_pct=2e5, target=30.0, spread=0.01**2)
+    assert controller_module._loose([calm, state]) is loose
+    assert controller_module._loose([calm]) is False
 
 
 @pytest.mark.parametrize("periods", [0, 11, 1.5, True])

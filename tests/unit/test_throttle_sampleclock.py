@@ -116,6 +116,50 @@ def test_asked_every_few_periods_where_the_operator_says_so():
     assert clock.due(GPU, now_ns=due_ns)
 
 
+def test_a_learning_gpu_is_asked_every_period_then_every_few_again():
+    clock = SampleClock(tick_s=0.1, poll_periods=3)
+    clock.due(GPU, now_ns=0)
+    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
+    clock.every_period(GPU, True)
+    clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
+    due_ns = (1_200 + 200) * MS * 1_000 - ASK_EARLY_NS  # the next period, not the third
+    assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (False, True)
+    clock.every_period(GPU, False)
+    clock.span(GPU, _at(1_400 * MS), now_ns=1_400 * MS * 1_000)
+    due_ns = (1_400 + 3 * 200) * MS * 1_000 - ASK_EARLY_NS
+    assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (False, True)
+
+
+def test_turning_loose_brings_the_next_ask_forward_to_the_next_period():
+    # a far reading awaits the next to confirm it: asked in a period, not in three
+    clock = SampleClock(tick_s=0.1, poll_periods=3)
+    clock.due(GPU, now_ns=0)
+    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
+    clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
+    assert not clock.due(GPU, now_ns=1_500 * MS * 1_000)
+    clock.every_period(GPU, True)
+    due_ns = (1_200 + 200) * MS * 1_000 - ASK_EARLY_NS
+    assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (False, True)
+    # still loose at the next tick: nothing moves again
+    clock.every_period(GPU, True)
+    assert clock.due(GPU, now_ns=due_ns)
+    # and another GPU, never read, is not touched (nothing to schedule from)
+    clock.every_period("GPU-b", True)
+    assert clock.due("GPU-b", now_ns=0)
+
+
+def test_learning_changes_nothing_where_every_period_is_asked():
+    clock = SampleClock(tick_s=0.1)
+    clock.due(GPU, now_ns=0)
+    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
+    clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
+    due_ns = (1_200 + 200) * MS * 1_000 - ASK_EARLY_NS
+    for loose in (True, False):
+        clock.every_period(GPU, loose)
+        assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (
+            False, True)
+
+
 def test_gpus_are_kept_apart():
     clock = SampleClock(tick_s=0.1)
     clock.accepted(GPU, _at(1_000 * MS, 1_200 * MS))

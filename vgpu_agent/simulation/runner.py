@@ -104,6 +104,7 @@ class RunResult:
     window_s: float
     # what the controller counted (a container it took for a liar, a tick that failed)
     errors: dict[str, int] = field(default_factory=dict)
+    nvml_calls: int = 0  # NVML's per-process utilization asked for, all GPUs
 
 
 @dataclass(frozen=True)
@@ -217,8 +218,10 @@ async def run_controlled(scenario: Scenario, *, tick_s: float = 0.1, window_s: f
                         paced=paced, nvml_poll_periods=nvml_poll_periods,
                         solo_turns=solo_turns, figure_max_age_s=figure_max_age_s)
     await run.advance(scenario.duration_s)
+    calls = sum([made for made, _ in run.controller.nvml_utilization_calls.values()])
     return RunResult(scenario, _series(run.gpu, run.procs, window_s),
-                     time.process_time() - started, window_s, dict(run.controller.error_counts))
+                     time.process_time() - started, window_s, dict(run.controller.error_counts),
+                     calls)
 
 
 def run_peer(scenario: Scenario, *, window_s: float = 0.5, peer_gpu: PeerGpu | None = None,

@@ -12,6 +12,14 @@ a tick later). Asked a quarter tick earlier, as it once was, a fifth of a changi
 calls found nothing new, each costing what a full one does (BENCHMARKS.md). Until the period
 is known, every tick asks.
 
+A GPU the controller marks (`every_period`) is asked every period whatever `poll_periods`
+says: one whose containers' estimates are still loose (a newcomer, a far reading awaiting the
+next to confirm it, a change of workload being re-learned), where a sample is worth most and
+two periods read at once came a period late for a cold start's (simulated: a cold start at
+sigma 8 settled in 9.8 s asked every other period, 3.6 s asked every period, BENCHMARKS.md);
+and one whose periods are time-sliced, where the driver answers a read of several periods with
+one sample per process for all of them, and who was given which period is lost.
+
 Pure: no I/O; the controller passes its clock's time.
 """
 
@@ -37,8 +45,8 @@ ASK_EARLY_NS = 1_000_000
 class SampleClock:
     """The sample bookkeeping of a node's GPUs, by uuid."""
 
-    __slots__ = ("_delays_us", "_due_ns", "_first_read_ns", "_newest_us", "_period_us",
-                 "_since_us", "poll_periods", "tick_s")
+    __slots__ = ("_delays_us", "_due_ns", "_every", "_first_read_ns", "_newest_us",
+                 "_period_us", "_since_us", "poll_periods", "tick_s")
 
     def __init__(self, tick_s: float, poll_periods: int = 1) -> None:
         if not tick_s > 0:
@@ -52,6 +60,7 @@ class SampleClock:
         self._newest_us: dict[str, int] = {}  # the newest stamp of a batch read
         self._period_us: dict[str, int] = {}  # NVML's sample period, as seen (0: not yet)
         self._first_read_ns: dict[str, int] = {}  # when its samples were first asked for
+        self._every: set[str] = set()  # asked every period (see the module note)
 
     def due(self, uuid: str, now_ns: int) -> bool:
         """Whether to ask NVML for `uuid`'s samples now (its next period may be over)."""
@@ -73,6 +82,22 @@ class SampleClock:
     def periods_s(self) -> dict[str, float]:
         """Every GPU's sample period known so far, in seconds."""
         return {uuid: period / 1e6 for uuid, period in self._period_us.items() if period}
+
+    def every_period(self, uuid: str, wanted: bool) -> None:
+        """Whether `uuid` is asked every period (see the module note) or every `poll_periods`;
+        a GPU turning to every period has its next ask brought forward to its next period."""
+        marked = self._every
+        if not wanted:
+            marked.discard(uuid)
+            return
+        if uuid in marked:
+            return
+        marked.add(uuid)
+        newest, period = self._newest_us.get(uuid), self._period_us.get(uuid, 0)
+        delays = self._delays_us.get(uuid)
+        if self.poll_periods > 1 and newest is not None and period and delays:
+            self._due_ns[uuid] = min(self._due_ns.get(uuid, 0),
+                                     (newest + period + min(delays)) * 1000 - ASK_EARLY_NS)
 
     def accepted(self, uuid: str, samples: list[ProcessSample]) -> list[ProcessSample]:
         """What of a call's non-empty answer describes the present, its stamps one per
@@ -119,7 +144,8 @@ class SampleClock:
         delays = self._delays_us.setdefault(uuid, deque(maxlen=LAG_READINGS))
         delays.append(now_ns // 1000 - newest_us)
         if period_us:
-            self._due_ns[uuid] = (newest_us + period_us * self.poll_periods
+            periods = 1 if uuid in self._every else self.poll_periods
+            self._due_ns[uuid] = (newest_us + period_us * periods
                                   + min(delays)) * 1000 - ASK_EARLY_NS
 
 
