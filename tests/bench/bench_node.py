@@ -5,7 +5,7 @@
                                      [--windows 3]
                                      [--seconds 20] [--settle 30] [--rounds 3]
                                      [--baseline DIR] [--by-part] [--nvml-call-ms 0]
-                                     [--nvml-poll-periods 1]
+                                     [--nvml-poll-periods N]
 
 `bench_scrape.py`'s node (8 simulated GPUs, strict containers, honest shims whose spending the
 simulated drivers turn into NVML samples) with the whole agent in a child process: after
@@ -129,7 +129,7 @@ def child_args(args: argparse.Namespace) -> list[str]:
             *(["--by-part"] if args.by_part else []),
             *(["--nvml-call-ms", str(args.nvml_call_ms)] if args.nvml_call_ms else []),
             *(["--nvml-poll-periods", str(args.nvml_poll_periods)]
-              if args.nvml_poll_periods != 1 else [])]
+              if args.nvml_poll_periods is not None else [])]
 
 
 def part_table(by_part: dict[str, list[dict[str, float]]]) -> str:
@@ -179,9 +179,9 @@ def main() -> int:
     parser.add_argument("--nvml-call-ms", type=float, default=0.0,
                         help="CPU each NVML per-process call burns, as a real driver's do "
                              "(about 2.2 ms on an H200); 0: the simulated driver's own")
-    parser.add_argument("--nvml-poll-periods", type=int, default=1,
+    parser.add_argument("--nvml-poll-periods", type=int,
                         help="the agent's throttle_nvml_poll_periods: NVML asked once every "
-                             "this many sample periods")
+                             "this many sample periods (default: the agent's)")
     parser.add_argument("--by-part", action="store_true",
                         help="split each window's CPU by task, NVML's calls and thread")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -189,7 +189,7 @@ def main() -> int:
     if args.settle is None:
         args.settle = 3.0 if args.changing else 30.0
     for name in ("devices", "windows", "rounds", "nvml_poll_periods"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be 1 or more, "
                          f"got {getattr(args, name)!r}")
     for name in ("seconds", "settle", "scrape_every", "phase_every"):
@@ -214,7 +214,7 @@ def main() -> int:
              if args.phase_every else "steady, ")
           + (f"a scrape every {args.scrape_every:g} s, " if args.scrape_every else "unscraped, ")
           + (f"NVML asked every {args.nvml_poll_periods} periods, "
-             if args.nvml_poll_periods != 1 else "")
+             if args.nvml_poll_periods is not None else "")
           + f"{args.windows} windows of {args.seconds:g} s after {args.settle:g} s, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     trees = [("this tree", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])

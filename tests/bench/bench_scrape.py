@@ -461,11 +461,11 @@ def time_sliced(uuid: str, pids: list[int], periods: list[tuple[int, tuple[int, 
             for pid, (n, use) in given.items()]
 
 
-def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int = 1,
+def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int | None = None,
                  policy: str = "strict") -> object:
     """The agent's configuration on the bench node: its defaults but for the paths, the
-    simulated GPUs, the node's core policy (the bench's regions' own) and, while shares change,
-    a tick held at 100 ms."""
+    simulated GPUs, the node's core policy (the bench's regions' own), while shares change a
+    tick held at 100 ms, and NVML's poll periods where given (None: the agent's)."""
     from vgpu_agent.config import Config
 
     return Config(
@@ -482,8 +482,9 @@ def agent_config(root: Path, gpus: int, changing: bool, nvml_poll_periods: int =
         region_gc_grace_seconds=0,
         # as if something changed every tick: the cost of a controller that never calms down
         throttle_calm_slowdown=1 if changing else 4,
-        throttle_nvml_poll_periods=nvml_poll_periods,
         core_policy=policy,
+        **({} if nvml_poll_periods is None
+           else {"throttle_nvml_poll_periods": nvml_poll_periods}),
     )
 
 
@@ -508,7 +509,8 @@ def cpu_burner(ms: float) -> Callable[[], None]:
 
 async def serve(root: Path, gpus: int, port_file: Path, changing: bool = False,
                 reference_law: bool = False, nvml_call_ms: float = 0.0,
-                nvml_poll_periods: int = 1, policy: str = "strict", sliced: bool = False
+                nvml_poll_periods: int | None = None, policy: str = "strict",
+                sliced: bool = False
                 ) -> None:
     """The whole agent, as `vgpu-agent run` composes it (`Agent` on its own event loop), on
     simulated GPUs whose per-process samples are the containers' and whose processes belong to
@@ -734,7 +736,8 @@ def stop_child(child: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def running_node(root: Path, gpus: int, changing: bool = False, reference_law: bool = False,
-                 nvml_call_ms: float = 0.0, nvml_poll_periods: int = 1, policy: str = "strict",
+                 nvml_call_ms: float = 0.0, nvml_poll_periods: int | None = None,
+                 policy: str = "strict",
                  sliced: bool = False) -> Iterator[tuple[subprocess.Popen, int]]:
     """The kubelet stand-in and the whole agent, each in its own process, on the node built in
     `root`: yields the agent's process and its metrics port once it serves."""
@@ -749,7 +752,9 @@ def running_node(root: Path, gpus: int, changing: bool = False, reference_law: b
              *(["--changing"] if changing else []),
              *(["--reference-law"] if reference_law else []),
              *(["--time-sliced"] if sliced else []),
-             "--nvml-call-ms", str(nvml_call_ms), "--nvml-poll-periods", str(nvml_poll_periods),
+             "--nvml-call-ms", str(nvml_call_ms),
+             *([] if nvml_poll_periods is None
+               else ["--nvml-poll-periods", str(nvml_poll_periods)]),
              "--policy", policy, "--port-file", str(port_file)],
             port_file, "the agent")
         try:
@@ -888,9 +893,9 @@ def main() -> int:
                              "released (an H200 with driver 580: about 2.2 ms through "
                              "pynvml's two driver calls, which the agent makes one; default: "
                              "none)")
-    parser.add_argument("--nvml-poll-periods", type=int, default=1,
+    parser.add_argument("--nvml-poll-periods", type=int,
                         help="the agent's throttle_nvml_poll_periods: NVML asked once every "
-                             "this many sample periods")
+                             "this many sample periods (default: the agent's)")
     parser.add_argument("--policy", choices=("strict", "work-conserving"), default="strict",
                         help="every container's core policy (its region's and the node's "
                              "core_policy)")

@@ -67,13 +67,14 @@ import itertools
 import math
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 # this tree's code, not whichever checkout is installed (comparisons run older trees)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.bench import machine
+from vgpu_agent.config import Config
 from vgpu_agent.logging import configure as configure_logging
 from vgpu_agent.simulation.bound import BoundSpec, Learner, median_bound, steady_error_bound
 from vgpu_agent.simulation.gpu import Workload
@@ -92,6 +93,9 @@ from vgpu_agent.simulation.runner import (
 from vgpu_agent.throttle.soloturn import turn_fits
 
 FOREVER = math.inf
+# what the agent ships (`throttle_nvml_poll_periods`), so that the table is of its configuration
+AGENT_POLL_PERIODS = next(f.default for f in fields(Config)
+                          if f.name == "throttle_nvml_poll_periods")
 LONG = Workload(kernel_s=0.002, blocks=1024, threads_per_block=256)
 # Twice as long with half the blocks: four times LONG's SM time per token.
 COSTLY = Workload(kernel_s=0.004, blocks=512, threads_per_block=256)
@@ -335,9 +339,10 @@ def main() -> int:
                         help="... plus up to this much more, drawn per period")
     parser.add_argument("--tick", type=float, default=0.1,
                         help="the controller's tick_s (its fastest tick), s")
-    parser.add_argument("--nvml-poll-periods", type=int, default=1,
+    parser.add_argument("--nvml-poll-periods", type=int, default=AGENT_POLL_PERIODS,
                         help="NVML asked once every this many sample periods (the agent's "
-                             "throttle_nvml_poll_periods)")
+                             "throttle_nvml_poll_periods; default: the agent's, "
+                             f"{AGENT_POLL_PERIODS})")
     parser.add_argument("--seeds", type=int, default=8,
                         help="plant seeds per noisy cell (medians printed; the ideal plant has "
                              "no randomness and runs once)")
@@ -354,7 +359,10 @@ def main() -> int:
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1000), "
                          f"got {getattr(args, name)}")
     print(f"machine: {machine.describe()}; "
-          f"NVML attribution {args.attribution}"
+          f"NVML attribution {args.attribution}, asked every "
+          + ("period" if args.nvml_poll_periods == 1 else
+             f"{args.nvml_poll_periods} periods (every period while estimates are loose or "
+             "periods time-sliced)")
           + (f", {args.launch_hold_us:g} us held per launch" if args.launch_hold_us else "")
           + (f", samples readable {args.sample_lag_ms:g} ms (+ up to "
              f"{args.sample_lag_jitter_ms:g}) after their stamps"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -343,6 +343,41 @@ async def test_asked_every_few_periods_a_gpu_still_learning_is_asked_every_perio
     assert min(per_second[:2]) >= 6  # every period (6 a second) while learning
     assert sum(per_second[10:]) <= 33  # every other period once tight: 30, not 60
     assert [gpu.shares(p, 10)[-1][1] for p in procs] == pytest.approx([20, 30, 50], abs=2.5)
+
+
+@pytest.mark.parametrize(("containers", "calls_a_second"), [(2, 6), (1, 3)])
+async def test_a_time_sliced_gpu_shared_by_two_is_asked_every_period(containers, calls_a_second):
+    # Read two periods at once, a time-sliced driver answers one sample per process for both
+    # (who was given which is lost): where two containers spend, every period is asked for
+    # whatever `nvml_poll_periods` says, and the GPU is steered as if it were 1; a container
+    # alone reads the same either way, and is asked every other period.
+    async def run(poll_periods: int) -> tuple[list[int], list[float]]:
+        gpu = SimGpu(SIM_UUID, imperfections=replace(REAL, nvml_sigma=0.0,
+                                                     nvml_attribution="time-sliced"))
+        regions = [SimRegion(name, (SIM_UUID,), (pct,), ("strict",))
+                   for name, pct in (("a", 30.0), ("b", 50.0))[:containers]]
+        procs = [gpu.shim_process(r.alloc_id, BUSY, r) for r in regions]
+        backend = SimBackend([gpu])
+        controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
+                                        evidence=SimHostEvidence([gpu]),
+                                        nvml_poll_periods=poll_periods)
+        calls = []
+        for _ in range(15):
+            before = backend.calls
+            for _ in range(10):
+                gpu.advance(0.1)
+                await controller.tick()
+            calls.append(backend.calls - before)
+        return calls, [gpu.shares(p, 5)[-1][1] for p in procs]
+
+    calls, shares = await run(2)
+    assert calls[5:] == [calls_a_second] * 10
+    every_period = await run(1)
+    if containers == 2:
+        assert (calls, shares) == every_period
+    else:
+        assert shares == pytest.approx([30], abs=1)
+        assert every_period[0][5:] == [6] * 10
 
 
 @pytest.mark.parametrize(("state", "loose"), [

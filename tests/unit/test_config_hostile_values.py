@@ -166,7 +166,7 @@ def test_the_calm_slowdown_sets_how_slow_the_settled_controller_ticks():
     from vgpu_agent.agent import Agent
 
     assert build_config(ConfigSources()).throttle_calm_slowdown == 4
-    assert build_config(ConfigSources()).throttle_nvml_poll_periods == 1
+    assert build_config(ConfigSources()).throttle_nvml_poll_periods == 2
     for raw, tick, expected, unlent in (("1", "0.2", 0.2, 0.2), ("3", "0.2", 0.6, 2.0),
                                         ("10", "0.3", 3.0, 3.0)):
         config = build_config(ConfigSources(env={

@@ -1466,7 +1466,9 @@ class ThrottleController:
         decisions = self.law(observations, states, dt_s, params)
         learned = self._states[uuid] = {key: d.state for key, d in decisions.items()}
         if self.nvml_poll_periods > 1:
-            self._sample_clock.every_period(uuid, sliced or _loose(learned.values()))
+            # (a time-sliced GPU's periods read together lose who was given which: asked every
+            # period where two containers or more spend there)
+            self._sample_clock.every_period(uuid, split or _loose(learned.values()))
         open_loop = uuid in self._open_loop
         # a reclaim may be needed at any moment that only a tick would see (see the module
         # note): a device not observed, limits that do not fit

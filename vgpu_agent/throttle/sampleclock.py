@@ -17,8 +17,9 @@ says: one whose containers' estimates are still loose (a newcomer, a far reading
 next to confirm it, a change of workload being re-learned), where a sample is worth most and
 two periods read at once came a period late for a cold start's (simulated: a cold start at
 sigma 8 settled in 9.8 s asked every other period, 3.6 s asked every period, BENCHMARKS.md);
-and one whose periods are time-sliced, where the driver answers a read of several periods with
-one sample per process for all of them, and who was given which period is lost.
+and one whose periods are time-sliced among two containers or more, where the driver answers
+a read of several periods with one sample per process for all of them, and who was given which
+period is lost.
 
 Pure: no I/O; the controller passes its clock's time.
 """
