@@ -213,8 +213,9 @@ def main() -> int:
              f"each container changing phase every {args.phase_every:g} s, "
              if args.phase_every else "steady, ")
           + (f"a scrape every {args.scrape_every:g} s, " if args.scrape_every else "unscraped, ")
-          + (f"NVML asked every {args.nvml_poll_periods} periods, "
-             if args.nvml_poll_periods is not None else "")
+          + ("" if args.nvml_poll_periods is None else "NVML asked every period, "
+             if args.nvml_poll_periods == 1 else
+             f"NVML asked every {args.nvml_poll_periods} periods, ")
           + f"{args.windows} windows of {args.seconds:g} s after {args.settle:g} s, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
     trees = [("this tree", REPO)] + ([("baseline", args.baseline)] if args.baseline else [])

@@ -394,6 +394,21 @@ def test_a_gpu_is_loose_while_a_share_is_uncertain_by_more_than_two_points(state
     assert controller_module._loose([calm]) is False
 
 
+@pytest.mark.parametrize(("spent", "launches", "changed"), [
+    (100 * 2_000, 100, True),  # each launch twice as dear: new kernels, NVML's news to come
+    (100 * 400, 100, True),  # a third
+    (100 * 1_200, 100, False),  # within LAUNCH_COST_MOVE
+    (7 * 4_000, 7, False),  # too few launches to tell
+])
+def test_a_gpu_whose_kernels_changed_is_loose(spent, launches, changed):
+    before = {"a": LoopState(tokens_per_pct=1e5, cost_per_launch=1_000.0),
+              "new": LoopState()}
+    observations = [Observation("a", 30.0, "strict", spent=spent, launches=launches),
+                    Observation("new", 30.0, "strict", spent=50_000, launches=50)]
+    assert controller_module._kernels_changed(observations, before) is changed
+    assert controller_module._kernels_changed(observations, {}) is False
+
+
 @pytest.mark.parametrize("periods", [0, 11, 1.5, True])
 def test_nvml_poll_periods_out_of_range_are_refused(periods):
     with pytest.raises(ValueError, match="from 1 to 10"):

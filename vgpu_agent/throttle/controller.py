@@ -1468,7 +1468,8 @@ class ThrottleController:
         if self.nvml_poll_periods > 1:
             # (a time-sliced GPU's periods read together lose who was given which: asked every
             # period where two containers or more spend there)
-            self._sample_clock.every_period(uuid, split or _loose(learned.values()))
+            self._sample_clock.every_period(uuid, split or _loose(learned.values())
+                                            or _kernels_changed(observations, states))
         open_loop = uuid in self._open_loop
         # a reclaim may be needed at any moment that only a tick would see (see the module
         # note): a device not observed, limits that do not fit
@@ -1839,6 +1840,21 @@ def _loose(states: Iterable[LoopState]) -> bool:
     return any([s.tokens_per_pct > 0 and (s.lower_bound or s.surprise != 0
                                           or s.spread * s.target * s.target > limit)
                 for s in states])
+
+
+def _kernels_changed(observations: list[Observation], states: Mapping[str, LoopState]) -> bool:
+    """Whether a container's launches cost other tokens this tick than before (LAUNCH_COST_MOVE
+    times more or less than the law's `cost_per_launch`, over WATCH_LAUNCHES launches or more):
+    most changes of phase change the kernels, and NVML shows what the new ones buy a period or
+    two later."""
+    for obs in observations:
+        state = states.get(obs.key)
+        if state is None or state.cost_per_launch <= 0 or obs.launches < WATCH_LAUNCHES:
+            continue
+        moved = obs.spent / obs.launches / state.cost_per_launch
+        if not 1 / LAUNCH_COST_MOVE <= moved <= LAUNCH_COST_MOVE:
+            return True
+    return False
 
 
 def on_grid(now_ns: int, interval_ns: int, share_ns: int) -> int:
