@@ -29,6 +29,13 @@ What a tick costs, and how often it runs:
   tick that asked it took over `inline_read_s` per call times the GPUs, so that a tick that
   asked one GPU cannot put the next, which asks all, on the loop; a real driver's calls take
   about 2 ms each, and one in trouble may hang), inline while they cost less than the hop.
+- NVML is asked once every `nvml_poll_periods` of a GPU's sample periods (the agent's default,
+  2, halves a real driver's calls), but every period while that GPU's samples are worth most
+  (`SampleClock.every_period`): a container's estimate is loose (`_loose`: only the cold-start
+  bound, a far reading awaiting the next, or its share uncertain by more than LOOSE_POINTS),
+  its launches came to cost other tokens (`_kernels_changed`: a change of phase NVML shows a
+  period or two later), or two containers or more spend on a time-sliced GPU (whose periods
+  read together lose who was given which).
 - Every region's heartbeat is refreshed every `heartbeat_s`, not every tick (and every tick
   where ticks are further apart).
 - Each GPU keeps its own tick (`_Pace`): a GPU whose containers change is steered every
