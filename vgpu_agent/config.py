@@ -118,7 +118,8 @@ class Config:
     # the longest tick of a GPU where every container is settled and nothing is lent
     throttle_settled_tick_seconds: float = 2.0
     # NVML's per-process samples asked for once every this many sample periods (a GPU whose
-    # estimates are loose, or whose periods are time-sliced, is asked every period all the same)
+    # estimates are loose or kernels changed, or whose periods two containers or more share
+    # time-sliced, is asked every period all the same)
     throttle_nvml_poll_periods: int = 2
     # a container sharing a time-sliced GPU, never seen alone there, is given a turn alone
     throttle_solo_turns: bool = True
