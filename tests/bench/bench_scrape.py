@@ -342,9 +342,11 @@ class Accounting:
     HISTORY = 10
     RECORD = struct.Struct("<Q")  # a period's index, then one u16 per container on the GPU
 
-    def __init__(self, directory: Path, rows: list[dict[str, object]]):
+    def __init__(self, directory: Path, rows: list[dict[str, object]],
+                 clock: Callable[[], int] = time.time_ns):
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
+        self.clock = clock  # ns, on NVML's clock (the wall clock, as a driver stamps)
         self.changing = False
         self.changing_gpus: set[str] | None = None  # None: all of them
         # While changing: 0, the work a token buys flips every other 2 s, half the containers
@@ -356,8 +358,8 @@ class Accounting:
         self.error_sum = 0.0
         self.error_count = 0
         self.on_gpu = devices_on_gpus(rows)
-        self.period = time.time_ns() // 1000 // SAMPLE_PERIOD_US
-        self.read_us = time.time_ns() // 1000
+        self.read_us = clock() // 1000
+        self.period = self.read_us // SAMPLE_PERIOD_US
         self.spent: dict[tuple[int, int], int] = {}
         self.kept: dict[str, list[bytes]] = {uuid: [] for uuid in self.on_gpu}
 
@@ -380,7 +382,7 @@ class Accounting:
     def update(self, totals: dict[tuple[int, int], list[int]]) -> None:
         """After the shims moved: the periods that ended since the last call, each given the
         average use over that time."""
-        now_us = time.time_ns() // 1000
+        now_us = self.clock() // 1000
         newest = now_us // SAMPLE_PERIOD_US
         if newest == self.period:
             return

@@ -38,13 +38,15 @@ def test_each_container_changes_phase_at_its_own_moments_every_interval(tmp_path
     assert len(set(flips_at)) == len(rows)  # not all at once
 
 
-def test_tracking_counts_each_container_periods_distance_from_its_share(tmp_path, monkeypatch):
-    accounting, _ = _accounting(tmp_path, containers=6)
+def test_tracking_counts_each_container_periods_distance_from_its_share(tmp_path):
+    rows = node.build_regions(tmp_path, 1, 6)
+    now_ns = [1_765_000_000_000_000_000]  # NVML's clock, as this test moves it
+    accounting = Accounting(tmp_path / "nvml", rows, clock=lambda: now_ns[0])
     on_gpu = accounting.on_gpu
     assert accounting.tracking() == (0.0, 0)
     totals = {pair: [0] * 6 for pairs in on_gpu.values() for pair, _ in pairs}
     first_us = (accounting.period + 1) * SAMPLE_PERIOD_US
-    monkeypatch.setattr(node.time, "time_ns", lambda: first_us * 1000)
+    now_ns[0] = first_us * 1000
     accounting.update(totals)  # a period ended: where the counters stand is noted
     before = accounting.tracking()
     now_us = (accounting.period + 3) * SAMPLE_PERIOD_US
@@ -57,7 +59,7 @@ def test_tracking_counts_each_container_periods_distance_from_its_share(tmp_path
             use = share if n == 0 else share / 2
             totals[pair][0] = round(use * TOKENS_PER_PERCENT * elapsed_s)
             expected += [abs(use - share)] * 3
-    monkeypatch.setattr(node.time, "time_ns", lambda: now_us * 1000)
+    now_ns[0] = now_us * 1000
     accounting.update(totals)
     error, periods = (a - b for a, b in zip(accounting.tracking(), before, strict=True))
     assert periods == len(totals) * 3  # every container-device, three periods ended
