@@ -555,6 +555,7 @@ class Agent:
             solo_turns=lambda: self.controller.solo_turns_given,
             unmeasured=lambda: self.controller.unmeasured_containers,
             sample_periods=lambda: self.controller.nvml_sample_periods,
+            poll_periods=lambda: self.controller.nvml_poll_periods_now,
             nvml_utilization_calls=lambda: self.controller.nvml_utilization_calls,
             throttle_ticks=lambda: self.controller.ticks,
             registration=self._registration,

@@ -502,6 +502,14 @@ async def test_the_nvml_sample_period_is_a_series_of_each_gpu_read(node: Node) -
     assert "vgpu_gpu_nvml_sample_period_seconds" not in names(await node.scrape())
 
 
+async def test_the_nvml_poll_periods_are_a_series_of_each_gpu_read(node: Node) -> None:
+    text = await node.scrape(poll_periods=lambda: {G0: 1, G1: 2})
+    assert value(text, "vgpu_gpu_nvml_poll_periods", gpu_uuid=G0) == 1
+    assert value(text, "vgpu_gpu_nvml_poll_periods", gpu_uuid=G1) == 2
+    assert value(text, "vgpu_gpu_nvml_poll_periods", gpu_uuid=G2) is None
+    assert "vgpu_gpu_nvml_poll_periods" not in names(await node.scrape())
+
+
 async def test_nvml_calls_and_their_seconds_are_counters_of_the_gpu_and_ticks_of_the_agent(
         node: Node) -> None:
     asked = {G1: (12, 0.0264), G0: (1, 0.5)}

@@ -148,6 +148,20 @@ def test_turning_loose_brings_the_next_ask_forward_to_the_next_period():
     assert clock.due("GPU-b", now_ns=0)
 
 
+def test_the_periods_between_asks_are_told_per_gpu_whose_period_is_known():
+    clock = SampleClock(tick_s=0.1, poll_periods=3)
+    assert clock.poll_periods_now() == {}
+    clock.due(GPU, now_ns=0)
+    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
+    assert clock.poll_periods_now() == {}  # one stamp: no period yet
+    clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
+    assert clock.poll_periods_now() == {GPU: 3}
+    clock.every_period(GPU, True)
+    assert clock.poll_periods_now() == {GPU: 1}
+    clock.every_period(GPU, False)
+    assert clock.poll_periods_now() == {GPU: 3}
+
+
 def test_learning_changes_nothing_where_every_period_is_asked():
     clock = SampleClock(tick_s=0.1)
     clock.due(GPU, now_ns=0)

@@ -116,6 +116,7 @@ class Snapshot:
     solo_turns: Mapping[str, int] | None = None  # turns alone given, per GPU
     unmeasured: Mapping[str, int] | None = None  # per time-sliced GPU: without a figure
     sample_periods: Mapping[str, float] | None = None  # NVML's sample period, s, per GPU read
+    poll_periods: Mapping[str, int] | None = None  # sample periods between two asks, per GPU
     # per GPU asked: NVML's per-process utilization calls and their seconds (None: no controller)
     nvml_calls: Mapping[str, tuple[int, float]] | None = None
     throttle_ticks: int | None = None
@@ -327,6 +328,7 @@ def gather_snapshot(
         solo_turns=dict(sources.solo_turns()) if sources.solo_turns else None,
         unmeasured=dict(sources.unmeasured()) if sources.unmeasured else None,
         sample_periods=dict(sources.sample_periods()) if sources.sample_periods else None,
+        poll_periods=dict(sources.poll_periods()) if sources.poll_periods else None,
         nvml_calls=(dict(sources.nvml_utilization_calls()) if sources.nvml_utilization_calls
                     else None),
         throttle_ticks=sources.throttle_ticks() if sources.throttle_ticks else None,
@@ -459,10 +461,19 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
         "(throttle_solo_turns_impossible in the log).",
         GPU_LABELS,
     )
+    poll_periods = _gauge(
+        "vgpu_gpu_nvml_poll_periods",
+        "NVML sample periods between two of the throttle's asks for the GPU's per-process "
+        "samples while it steers the GPU fast: throttle_nvml_poll_periods where the containers' "
+        "estimates are tight, 1 while one is learning (new, or re-learning a change of phase), "
+        "its kernels changed, or two containers or more share the GPU time-sliced.",
+        GPU_LABELS,
+    )
     nvml_calls = _counter(
         "vgpu_gpu_nvml_process_utilization_calls",
-        "NVML per-process utilization calls the throttle made for the GPU (one a sample period "
-        "while it steers the GPU fast, fewer while calm; failed calls included).",
+        "NVML per-process utilization calls the throttle made for the GPU (one every "
+        "vgpu_gpu_nvml_poll_periods sample periods while it steers the GPU fast, fewer while "
+        "calm; failed calls included).",
         GPU_LABELS,
     )
     nvml_seconds = _counter(
@@ -492,6 +503,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(unmeasured, labels, snap.unmeasured[gpu.uuid])
         if snap.sample_periods is not None and gpu.uuid in snap.sample_periods:
             _put(sample_period, labels, snap.sample_periods[gpu.uuid])
+        if snap.poll_periods is not None and gpu.uuid in snap.poll_periods:
+            _put(poll_periods, labels, snap.poll_periods[gpu.uuid])
         if snap.uncharged is not None and gpu.uuid in snap.uncharged:
             _put(uncharged, labels, snap.uncharged[gpu.uuid])
         if snap.healthy is not None and gpu.uuid in snap.healthy:
@@ -516,7 +529,8 @@ def _gpu_families(snap: Snapshot, sets: LabelSets) -> Iterator[Family]:
             _put(power, labels, r.power_w)
     yield from (mem_total, mem_used, util, temp, power, stale, failures, healthy, xids)
     yield from (slices_total, slices_alloc, time_sliced, only_strangers, sample_period,
-                phase_changes, uncharged, solo_turns, unmeasured, nvml_calls, nvml_seconds)
+                poll_periods, phase_changes, uncharged, solo_turns, unmeasured, nvml_calls,
+                nvml_seconds)
 
 
 _KIND_LABELS = (*CONTAINER_LABELS, "kind")

@@ -128,6 +128,9 @@ class MetricsSources:
     # per GPU read so far, NVML's sample period in seconds (`ThrottleController.
     # nvml_sample_periods`)
     sample_periods: Callable[[], Mapping[str, float]] | None = None
+    # per GPU read so far, NVML's sample periods between two asks now (`ThrottleController.
+    # nvml_poll_periods_now`)
+    poll_periods: Callable[[], Mapping[str, int]] | None = None
     # per GPU asked so far, NVML's per-process utilization calls and the seconds they took
     # (`ThrottleController.nvml_utilization_calls`)
     nvml_utilization_calls: Callable[[], Mapping[str, tuple[int, float]]] | None = None

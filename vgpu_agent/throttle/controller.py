@@ -604,6 +604,12 @@ class ThrottleController:
         return self._sample_clock.periods_s()
 
     @property
+    def nvml_poll_periods_now(self) -> Mapping[str, int]:
+        """Per GPU read so far, NVML's sample periods between two asks now: `nvml_poll_periods`
+        where its estimates are tight, 1 where it is asked every period (see the module note)."""
+        return self._sample_clock.poll_periods_now()
+
+    @property
     def nvml_utilization_calls(self) -> Mapping[str, tuple[int, float]]:
         """Per GPU asked so far, NVML's per-process utilization calls made (failed ones too) and
         the seconds they took: on a real driver, what the samples cost the node."""

@@ -84,6 +84,13 @@ class SampleClock:
         """Every GPU's sample period known so far, in seconds."""
         return {uuid: period / 1e6 for uuid, period in self._period_us.items() if period}
 
+    def poll_periods_now(self) -> dict[str, int]:
+        """Per GPU whose sample period is known, the periods between its asks now: 1 where
+        marked (`every_period`), `poll_periods` elsewhere."""
+        every, periods = self._every, self.poll_periods
+        return {uuid: 1 if uuid in every else periods
+                for uuid, period in self._period_us.items() if period}
+
     def every_period(self, uuid: str, wanted: bool) -> None:
         """Whether `uuid` is asked every period (see the module note) or every `poll_periods`;
         a GPU turning to every period has its next ask brought forward to its next period."""
