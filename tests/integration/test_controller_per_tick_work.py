@@ -291,6 +291,32 @@ def test_a_closed_region_refuses_rate_reads_and_beats(tmp_path):
         region.beat(8)
 
 
+def _strict_node(gpu: SimGpu, shares: tuple[tuple[str, float], ...], poll_periods: int
+                 ) -> tuple[list, SimBackend, ThrottleController]:
+    """Strict containers busy on `gpu` at `shares`, steered by a controller asking NVML every
+    `poll_periods` periods: their processes, the driver (counting its calls), the controller."""
+    regions = [SimRegion(name, (SIM_UUID,), (pct,), ("strict",)) for name, pct in shares]
+    procs = [gpu.shim_process(r.alloc_id, BUSY, r) for r in regions]
+    backend = SimBackend([gpu])
+    controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
+                                    evidence=SimHostEvidence([gpu]),
+                                    nvml_poll_periods=poll_periods)
+    return procs, backend, controller
+
+
+async def _calls_each_second(gpu: SimGpu, backend: SimBackend,
+                             controller: ThrottleController, seconds: int) -> list[int]:
+    """Tick every 0.1 s for `seconds`: NVML's calls in each second."""
+    per_second = []
+    for _ in range(seconds):
+        before = backend.calls
+        for _ in range(10):
+            gpu.advance(0.1)
+            await controller.tick()
+        per_second.append(backend.calls - before)
+    return per_second
+
+
 @pytest.mark.parametrize(("period_s", "poll_periods"),
                          [(1.0, 1), (0.2, 1), (1 / 6, 1), (0.2, 2), (1 / 6, 3)])
 async def test_nvml_is_asked_once_a_period_not_every_tick(period_s, poll_periods):
@@ -298,13 +324,7 @@ async def test_nvml_is_asked_once_a_period_not_every_tick(period_s, poll_periods
     # two of NVML's periods do without it, and the shares are held all the same. Asked every
     # few periods (`nvml_poll_periods`), it answers with the samples in between.
     gpu = SimGpu(SIM_UUID, sample_period_s=period_s)
-    regions = [SimRegion(name, (SIM_UUID,), (pct,), ("strict",))
-               for name, pct in (("a", 30.0), ("b", 50.0))]
-    procs = [gpu.shim_process(r.alloc_id, BUSY, r) for r in regions]
-    backend = SimBackend([gpu])
-    controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
-                                    evidence=SimHostEvidence([gpu]),
-                                    nvml_poll_periods=poll_periods)
+    procs, backend, controller = _strict_node(gpu, (("a", 30.0), ("b", 50.0)), poll_periods)
 
     async def calls_in(seconds: float) -> int:
         before = backend.calls
@@ -327,19 +347,9 @@ async def test_asked_every_few_periods_a_gpu_still_learning_is_asked_every_perio
     # cold start every period is asked for while the estimates are loose, every other period
     # once they are tight, and the shares are held.
     gpu = SimGpu(SIM_UUID, imperfections=replace(REAL, nvml_sigma=8.0), seed=seed)
-    regions = [SimRegion(name, (SIM_UUID,), (pct,), ("strict",))
-               for name, pct in (("a", 20.0), ("b", 30.0), ("c", 50.0))]
-    procs = [gpu.shim_process(r.alloc_id, BUSY, r) for r in regions]
-    backend = SimBackend([gpu])
-    controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
-                                    evidence=SimHostEvidence([gpu]), nvml_poll_periods=2)
-    per_second = []
-    for _ in range(20):
-        before = backend.calls
-        for _ in range(10):
-            gpu.advance(0.1)
-            await controller.tick()
-        per_second.append(backend.calls - before)
+    procs, backend, controller = _strict_node(
+        gpu, (("a", 20.0), ("b", 30.0), ("c", 50.0)), poll_periods=2)
+    per_second = await _calls_each_second(gpu, backend, controller, 20)
     assert min(per_second[:2]) >= 6  # every period (6 a second) while learning
     assert sum(per_second[10:]) <= 33  # every other period once tight: 30, not 60
     assert [gpu.shares(p, 10)[-1][1] for p in procs] == pytest.approx([20, 30, 50], abs=2.5)
@@ -354,20 +364,9 @@ async def test_a_time_sliced_gpu_shared_by_two_is_asked_every_period(containers,
     async def run(poll_periods: int) -> tuple[list[int], list[float]]:
         gpu = SimGpu(SIM_UUID, imperfections=replace(REAL, nvml_sigma=0.0,
                                                      nvml_attribution="time-sliced"))
-        regions = [SimRegion(name, (SIM_UUID,), (pct,), ("strict",))
-                   for name, pct in (("a", 30.0), ("b", 50.0))[:containers]]
-        procs = [gpu.shim_process(r.alloc_id, BUSY, r) for r in regions]
-        backend = SimBackend([gpu])
-        controller = ThrottleController(backend, lambda: regions, clock=lambda: gpu.now_ns,
-                                        evidence=SimHostEvidence([gpu]),
-                                        nvml_poll_periods=poll_periods)
-        calls = []
-        for _ in range(15):
-            before = backend.calls
-            for _ in range(10):
-                gpu.advance(0.1)
-                await controller.tick()
-            calls.append(backend.calls - before)
+        procs, backend, controller = _strict_node(
+            gpu, (("a", 30.0), ("b", 50.0))[:containers], poll_periods)
+        calls = await _calls_each_second(gpu, backend, controller, 15)
         return calls, [gpu.shares(p, 5)[-1][1] for p in procs]
 
     calls, shares = await run(2)

@@ -106,40 +106,43 @@ def test_the_least_delay_of_recent_readings_sets_the_schedule():
             False, True), reading
 
 
-def test_asked_every_few_periods_where_the_operator_says_so():
-    clock = SampleClock(tick_s=0.1, poll_periods=3)
+def _read_200ms_apart(poll_periods: int, *stamps_ms: int) -> SampleClock:
+    """A clock that read one GPU's periods stamped at `stamps_ms`, each as it was stamped."""
+    clock = SampleClock(tick_s=0.1, poll_periods=poll_periods)
     clock.due(GPU, now_ns=0)
-    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
-    clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
-    due_ns = (1_200 + 3 * 200) * MS * 1_000 - ASK_EARLY_NS
-    assert not clock.due(GPU, now_ns=due_ns - 1)
-    assert clock.due(GPU, now_ns=due_ns)
+    for stamp_ms in stamps_ms:
+        clock.span(GPU, _at(stamp_ms * MS), now_ns=stamp_ms * MS * 1_000)
+    return clock
+
+
+def _first_due_at(clock: SampleClock, due_ns: int) -> bool:
+    """Whether the GPU is due at `due_ns` and not a nanosecond before."""
+    return (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (False, True)
+
+
+def test_asked_every_few_periods_where_the_operator_says_so():
+    clock = _read_200ms_apart(3, 1_000, 1_200)
+    assert _first_due_at(clock, (1_200 + 3 * 200) * MS * 1_000 - ASK_EARLY_NS)
 
 
 def test_a_learning_gpu_is_asked_every_period_then_every_few_again():
-    clock = SampleClock(tick_s=0.1, poll_periods=3)
-    clock.due(GPU, now_ns=0)
-    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
+    clock = _read_200ms_apart(3, 1_000)
     clock.every_period(GPU, True)
     clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
-    due_ns = (1_200 + 200) * MS * 1_000 - ASK_EARLY_NS  # the next period, not the third
-    assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (False, True)
+    # the next period, not the third
+    assert _first_due_at(clock, (1_200 + 200) * MS * 1_000 - ASK_EARLY_NS)
     clock.every_period(GPU, False)
     clock.span(GPU, _at(1_400 * MS), now_ns=1_400 * MS * 1_000)
-    due_ns = (1_400 + 3 * 200) * MS * 1_000 - ASK_EARLY_NS
-    assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (False, True)
+    assert _first_due_at(clock, (1_400 + 3 * 200) * MS * 1_000 - ASK_EARLY_NS)
 
 
 def test_turning_loose_brings_the_next_ask_forward_to_the_next_period():
     # a far reading awaits the next to confirm it: asked in a period, not in three
-    clock = SampleClock(tick_s=0.1, poll_periods=3)
-    clock.due(GPU, now_ns=0)
-    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
-    clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
+    clock = _read_200ms_apart(3, 1_000, 1_200)
     assert not clock.due(GPU, now_ns=1_500 * MS * 1_000)
     clock.every_period(GPU, True)
     due_ns = (1_200 + 200) * MS * 1_000 - ASK_EARLY_NS
-    assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (False, True)
+    assert _first_due_at(clock, due_ns)
     # still loose at the next tick: nothing moves again
     clock.every_period(GPU, True)
     assert clock.due(GPU, now_ns=due_ns)
@@ -149,10 +152,8 @@ def test_turning_loose_brings_the_next_ask_forward_to_the_next_period():
 
 
 def test_the_periods_between_asks_are_told_per_gpu_whose_period_is_known():
-    clock = SampleClock(tick_s=0.1, poll_periods=3)
-    assert clock.poll_periods_now() == {}
-    clock.due(GPU, now_ns=0)
-    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
+    assert SampleClock(tick_s=0.1, poll_periods=3).poll_periods_now() == {}
+    clock = _read_200ms_apart(3, 1_000)
     assert clock.poll_periods_now() == {}  # one stamp: no period yet
     clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
     assert clock.poll_periods_now() == {GPU: 3}
@@ -163,15 +164,10 @@ def test_the_periods_between_asks_are_told_per_gpu_whose_period_is_known():
 
 
 def test_learning_changes_nothing_where_every_period_is_asked():
-    clock = SampleClock(tick_s=0.1)
-    clock.due(GPU, now_ns=0)
-    clock.span(GPU, _at(1_000 * MS), now_ns=1_000 * MS * 1_000)
-    clock.span(GPU, _at(1_200 * MS), now_ns=1_200 * MS * 1_000)
-    due_ns = (1_200 + 200) * MS * 1_000 - ASK_EARLY_NS
+    clock = _read_200ms_apart(1, 1_000, 1_200)
     for loose in (True, False):
         clock.every_period(GPU, loose)
-        assert (clock.due(GPU, now_ns=due_ns - 1), clock.due(GPU, now_ns=due_ns)) == (
-            False, True)
+        assert _first_due_at(clock, (1_200 + 200) * MS * 1_000 - ASK_EARLY_NS)
 
 
 def test_gpus_are_kept_apart():

@@ -1794,8 +1794,8 @@ class ThrottleController:
 # Where NVML is asked every few periods (`nvml_poll_periods`), a GPU is asked every period
 # while a container's share is uncertain by more than this many points (one standard
 # deviation of its `k`, at its target): the settling tolerance's two points. At sigma 8 the
-# estimates of three containers at 20-50 % came under it about 5 s after a cold start
-# (simulated).
+# estimates of three strict containers at 20-50 % came under it 2-4 s after a cold start
+# (simulated, two seeds).
 LOOSE_POINTS = 2.0
 # Regions read between two yields to the loop: 32 headers and controls took about 0.4 ms in
 # the agent at 144 busy container-devices (the shims writing the same pages meanwhile).
@@ -1864,8 +1864,7 @@ def _kernels_changed(observations: list[Observation], states: Mapping[str, LoopS
         state = states.get(obs.key)
         if state is None or state.cost_per_launch <= 0 or obs.launches < WATCH_LAUNCHES:
             continue
-        moved = obs.spent / obs.launches / state.cost_per_launch
-        if not 1 / LAUNCH_COST_MOVE <= moved <= LAUNCH_COST_MOVE:
+        if _cost_moved(obs.spent / obs.launches / state.cost_per_launch):
             return True
     return False
 
@@ -1968,8 +1967,13 @@ def _launch_cost_moved(device: _Device, spent_total: int, launches_total: int,
     if launches < WATCH_LAUNCHES:
         return False
     device.looked = (device.read_ns, spent_total, launches_total)
-    moved = spent / launches / per_launch
-    return not 1 / LAUNCH_COST_MOVE <= moved <= LAUNCH_COST_MOVE
+    return _cost_moved(spent / launches / per_launch)
+
+
+def _cost_moved(ratio: float) -> bool:
+    """Whether launches costing `ratio` times what they did are other kernels: LAUNCH_COST_MOVE
+    times more or less."""
+    return not 1 / LAUNCH_COST_MOVE <= ratio <= LAUNCH_COST_MOVE
 
 
 def _counters(region: RegionHandle, peek: bool = False) -> tuple[int, ...] | None:
